@@ -1,0 +1,50 @@
+# plexgt: two commands on a fresh machine.
+#   make demo   create .venv, install, run the main job on an embedded default
+#   make test   create .venv, install, run the whole suite (serial and multi-rank)
+#
+# Knobs (make VAR=value):
+#   PYTHON      interpreter that creates the venv            (python3.11, else python3)
+#   TORCH_SPEC  the torch to install; a site torch is kept    (torch==2.13.0, a CPU build here)
+#   MPI         wheel: the MPICH wheel from PyPI | system: build mpi4py against your mpicc
+#   MPI_SIZES   rank counts the multi-rank suite runs under   (1 2 3 4 8)
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+MPI ?= wheel
+MPI_SIZES ?= 1 2 3 4 8
+PY := $(VENV)/bin/python
+MPIEXEC ?= $(VENV)/bin/mpiexec
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: install demo test lint clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install "$(TORCH_SPEC)"
+ifeq ($(MPI),wheel)
+	$(PY) -m pip install "mpich>=4.2" "mpi4py>=4.0"
+else
+	$(PY) -m pip install --no-binary mpi4py "mpi4py>=4.0"
+endif
+	$(PY) -m pip install -e ".[test]"
+	touch $@
+
+demo: install
+	$(MPIEXEC) -n 4 $(VENV)/bin/plexgt info --grid 2x2x1
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install lint
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/integration tests/data
+	@for n in $(MPI_SIZES); do \
+		echo "== multi-rank suite on $$n ranks"; \
+		timeout 900 $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest -q -p no:cacheprovider \
+			-o timeout_method=thread tests/mpi || exit 1; \
+	done
+
+clean:
+	rm -rf $(VENV) build *.egg-info

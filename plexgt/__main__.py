@@ -1,0 +1,5 @@
+import sys
+
+from plexgt.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""One reader per source format; each returns a validated :class:`plexgt.data.graph.GraphData`."""

@@ -1,0 +1,98 @@
+"""The in-memory graph every reader produces and every consumer (prep, reference models) takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class DataError(ValueError):
+    """Bad input data. The message names the file (or dataset) and the problem in one line."""
+
+
+@dataclass
+class GraphData:
+    """A graph with optional node features, labels and split.
+
+    Edges are a COO pair ``src -> dst`` (int64, 0-based); a message flows from ``src`` to
+    ``dst``, so the aggregation matrix A has A[dst, src] = 1.
+    """
+
+    name: str
+    """Where the graph came from (a file path or a generator description)."""
+    num_nodes: int
+    """N."""
+    src: np.ndarray
+    """[E] int64 source ids."""
+    dst: np.ndarray
+    """[E] int64 destination ids."""
+    features: np.ndarray | None = None
+    """[N, F] float32 or float16, or None for a featureless graph."""
+    labels: np.ndarray | None = None
+    """[N] int64 class ids; -1 marks an unlabelled node."""
+    splits: dict[str, np.ndarray] = field(default_factory=dict)
+    """Node-index arrays keyed 'train', 'valid', 'test' (may be empty: :func:`random_split`)."""
+
+    @property
+    def num_edges(self) -> int:
+        return int(self.src.shape[0])
+
+    @property
+    def num_features(self) -> int:
+        return 0 if self.features is None else int(self.features.shape[1])
+
+    @property
+    def num_classes(self) -> int:
+        if self.labels is None or self.labels.size == 0:
+            return 0
+        return int(self.labels.max()) + 1
+
+    def validate(self) -> None:
+        """Raise :class:`DataError` for ids out of range, shape mismatches and non-finite data."""
+        n = self.num_nodes
+        if n <= 0:
+            raise DataError(f"{self.name}: empty graph (0 nodes)")
+        if self.src.shape != self.dst.shape or self.src.ndim != 1:
+            raise DataError(f"{self.name}: edge source/destination arrays differ in shape")
+        for arr, what in ((self.src, "source"), (self.dst, "destination")):
+            if arr.size and (arr.min() < 0 or arr.max() >= n):
+                bad = int(arr[(arr < 0) | (arr >= n)][0])
+                raise DataError(f"{self.name}: edge {what} id {bad} is outside [0, {n})")
+        if self.features is not None:
+            if self.features.ndim != 2 or self.features.shape[0] != n:
+                raise DataError(
+                    f"{self.name}: feature rows {self.features.shape[0]} disagree with N={n}"
+                )
+            if not np.isfinite(self.features).all():
+                row = int(np.nonzero(~np.isfinite(self.features).all(axis=1))[0][0])
+                raise DataError(f"{self.name}: non-finite feature value in row {row}")
+        if self.labels is not None and self.labels.shape != (n,):
+            raise DataError(f"{self.name}: {self.labels.shape[0]} labels disagree with N={n}")
+        for key, idx in self.splits.items():
+            if idx.size and (idx.min() < 0 or idx.max() >= n):
+                raise DataError(f"{self.name}: split '{key}' holds a node id outside [0, {n})")
+
+
+def symmetrize(g: GraphData) -> GraphData:
+    """Add every reverse edge and merge duplicates (self loops kept once)."""
+    src = np.concatenate([g.src, g.dst])
+    dst = np.concatenate([g.dst, g.src])
+    src, dst = dedup_edges(src, dst, g.num_nodes)
+    return GraphData(g.name, g.num_nodes, src, dst, g.features, g.labels, dict(g.splits))
+
+
+def dedup_edges(src: np.ndarray, dst: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Merge duplicate (src, dst) pairs; the result is sorted by (dst, src)."""
+    key = np.unique(dst.astype(np.int64) * n + src.astype(np.int64))
+    return (key % n).astype(np.int64), (key // n).astype(np.int64)
+
+
+def random_split(
+    n: int, seed: int, fractions: tuple[float, float] = (0.6, 0.2)
+) -> dict[str, np.ndarray]:
+    """A seeded random train/valid/test split of ``n`` nodes (default 60/20/20)."""
+    perm = np.random.default_rng(seed).permutation(n)
+    a = int(round(fractions[0] * n))
+    b = a + int(round(fractions[1] * n))
+    return {"train": np.sort(perm[:a]), "valid": np.sort(perm[a:b]), "test": np.sort(perm[b:])}

@@ -1,0 +1,33 @@
+"""Tests that launch real jobs (mpiexec, several plexgt processes) from a serial pytest."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent
+
+
+def mpiexec() -> str:
+    exe = shutil.which("mpiexec", path=str(BIN)) or shutil.which("mpiexec")
+    if exe is None:
+        pytest.skip("no mpiexec on PATH: install the mpich wheel (make test does)")
+    return exe
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.update(extra)
+    return env
+
+
+def run_job(args: list[str], timeout: float = 180, **extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        args, capture_output=True, text=True, timeout=timeout, env=job_env(**extra)
+    )

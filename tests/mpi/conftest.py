@@ -1,0 +1,55 @@
+"""Multi-rank tests: run as ``mpiexec -n N python -m mpi4py -m pytest tests/mpi``.
+
+Every rank runs the same tests in the same order (collectives must match). Rank 0 reports to
+the terminal; the other ranks write their report to a per-rank log and print its path when
+they fail, so the job's output stays readable. With one rank (plain ``pytest``) it all runs
+as a trivial world of size 1.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import pytest
+from mpi4py import MPI
+
+from plexgt.dist.grid import factorizations
+
+WORLD = MPI.COMM_WORLD.Get_size()
+RANK = MPI.COMM_WORLD.Get_rank()
+
+_log = os.path.join(
+    os.environ.get("PLEXGT_TEST_LOGDIR") or tempfile.gettempdir(),
+    f"plexgt-mpi-n{WORLD}-rank{RANK}.log",
+)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_configure(config):
+    if RANK > 0:
+        from _pytest._io import TerminalWriter
+
+        reporter = config.pluginmanager.getplugin("terminalreporter")
+        if reporter is not None:
+            reporter._tw = TerminalWriter(open(_log, "w"))  # noqa: SIM115 - lives for the run
+
+
+def grids_for_world() -> list:
+    """Every Gx x Gy x Gz of the current world size (parametrises grid tests)."""
+    return factorizations(WORLD)
+
+
+@pytest.fixture(scope="session")
+def dist_ctx():
+    from plexgt.dist.bootstrap import init_distributed, shutdown
+
+    ctx = init_distributed("gloo", timeout_s=120, abort_on_error=False)
+    yield ctx
+    shutdown(ctx)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if RANK > 0 and exitstatus not in (0, 5):
+        sys.stderr.write(f"rank {RANK}: tests failed (exit {exitstatus}); report in {_log}\n")

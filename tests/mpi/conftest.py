@@ -50,6 +50,25 @@ def dist_ctx():
     shutdown(ctx)
 
 
+@pytest.fixture(scope="session")
+def grid_groups(dist_ctx):
+    """``grid_groups(grid)``: the GridGroups of ``grid``, built once per session and grid.
+
+    Groups are never freed by torch until teardown, and each gloo group holds threads and
+    sockets: rebuilding them in every test oversubscribes a small machine badly.
+    """
+    from plexgt.dist.grid import build_groups
+
+    cache = {}
+
+    def get(grid):
+        if grid not in cache:
+            cache[grid] = build_groups(grid, dist_ctx.rank, dist_ctx.world_size)
+        return cache[grid]
+
+    return get
+
+
 def pytest_sessionfinish(session, exitstatus):
     if RANK > 0 and exitstatus not in (0, 5):
         sys.stderr.write(f"rank {RANK}: tests failed (exit {exitstatus}); report in {_log}\n")

@@ -20,7 +20,7 @@ from plexgt.dist.collectives import (
     reduce_scatter,
     shift,
 )
-from plexgt.dist.grid import AXES, PLANES, build_groups
+from plexgt.dist.grid import AXES, PLANES
 
 from .conftest import WORLD, grids_for_world
 
@@ -33,8 +33,8 @@ def _rand(seed: int, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=g, dtype=torch.float64)
 
 
-def _groups(dist_ctx, grid):
-    gg = build_groups(grid, dist_ctx.rank, dist_ctx.world_size)
+def _groups(dist_ctx, grid_groups, grid):
+    gg = grid_groups(grid)
     out = {a: (gg.axis[a], grid.axis_members(dist_ctx.rank, a)) for a in AXES}
     out.update({p: (gg.plane[p], grid.plane_members(dist_ctx.rank, p)) for p in PLANES})
     out["world"] = (dist.group.WORLD, list(range(dist_ctx.world_size)))
@@ -52,9 +52,9 @@ def _check(mine_out, my_leaf, sim_outs, sim_leaves, members, me, weights):
 
 @pytest.mark.parametrize("grid", grids_for_world(), ids=str)
 @pytest.mark.parametrize("dim", [0, 1])
-def test_all_gather_reduce_scatter_all_reduce(dist_ctx, grid, dim):
+def test_all_gather_reduce_scatter_all_reduce(dist_ctx, grid_groups, grid, dim):
     me = dist_ctx.rank
-    for name, (group, members) in _groups(dist_ctx, grid).items():
+    for name, (group, members) in _groups(dist_ctx, grid_groups, grid).items():
         p = len(members)
         ledger = CommLedger()
         comm = Comm.from_group(group, name, ledger)
@@ -106,9 +106,9 @@ def _splits(p: int, sender: int) -> list[int]:
 
 
 @pytest.mark.parametrize("grid", grids_for_world(), ids=str)
-def test_all_to_all_uneven(dist_ctx, grid):
+def test_all_to_all_uneven(dist_ctx, grid_groups, grid):
     me = dist_ctx.rank
-    for name, (group, members) in _groups(dist_ctx, grid).items():
+    for name, (group, members) in _groups(dist_ctx, grid_groups, grid).items():
         p = len(members)
         ledger = CommLedger()
         comm = Comm.from_group(group, name, ledger)
@@ -132,9 +132,9 @@ def test_all_to_all_uneven(dist_ctx, grid):
 
 @pytest.mark.parametrize("grid", grids_for_world(), ids=str)
 @pytest.mark.parametrize("offset", [1, -1, 2])
-def test_shift(dist_ctx, grid, offset):
+def test_shift(dist_ctx, grid_groups, grid, offset):
     me = dist_ctx.rank
-    for name, (group, members) in _groups(dist_ctx, grid).items():
+    for name, (group, members) in _groups(dist_ctx, grid_groups, grid).items():
         p = len(members)
         ledger = CommLedger()
         comm = Comm.from_group(group, name, ledger)

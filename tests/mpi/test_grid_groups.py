@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from plexgt.dist.grid import AXES, PLANES, build_groups
+from plexgt.dist.grid import AXES, PLANES
 
 from .conftest import grids_for_world
 
@@ -12,8 +12,8 @@ pytestmark = pytest.mark.timeout(120)
 
 
 @pytest.mark.parametrize("grid", grids_for_world(), ids=str)
-def test_groups_match_rank_arithmetic(dist_ctx, grid):
-    gg = build_groups(grid, dist_ctx.rank, dist_ctx.world_size)
+def test_groups_match_rank_arithmetic(dist_ctx, grid_groups, grid):
+    gg = grid_groups(grid)
     for a in AXES:
         assert dist.get_process_group_ranks(gg.axis[a]) == grid.axis_members(dist_ctx.rank, a)
         # a real collective over the group sums exactly its members' ranks

@@ -6,13 +6,13 @@
 #   PYTHON      interpreter that creates the venv            (python3.11, else python3)
 #   TORCH_SPEC  the torch to install; a site torch is kept    (torch==2.13.0, a CPU build here)
 #   MPI         wheel: the MPICH wheel from PyPI | system: build mpi4py against your mpicc
-#   MPI_SIZES   rank counts the multi-rank suite runs under   (1 2 3 4 8)
+#   MPI_SIZES   rank counts the multi-rank suite runs under   (1 2 3 4 6 8)
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 MPI ?= wheel
-MPI_SIZES ?= 1 2 3 4 8
+MPI_SIZES ?= 1 2 3 4 6 8
 PY := $(VENV)/bin/python
 MPIEXEC ?= $(VENV)/bin/mpiexec
 export OMP_NUM_THREADS ?= 1

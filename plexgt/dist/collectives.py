@@ -121,6 +121,8 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
+_OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+
 # -- raw operations (record in the ledger, no autograd) -------------------------------------
 
 
@@ -153,12 +155,12 @@ def _reduce_scatter(x: torch.Tensor, comm: Comm, dim: int) -> torch.Tensor:
     return out.movedim(0, dim)
 
 
-def _all_reduce(x: torch.Tensor, comm: Comm, async_op: bool = False) -> Any:
+def _all_reduce(x: torch.Tensor, comm: Comm, async_op: bool = False, op: str = "sum") -> Any:
     if comm.size == 1:
         return None
     b = all_reduce_bytes(_nbytes(x), comm.size)
     comm.ledger.record(comm.name, "all_reduce", b, b)
-    return dist.all_reduce(x, group=comm.group, async_op=async_op)
+    return dist.all_reduce(x, op=_OPS[op], group=comm.group, async_op=async_op)
 
 
 def _all_to_all(
@@ -236,6 +238,19 @@ class _AllReduce(torch.autograd.Function):
         out = x.clone()
         _all_reduce(out, comm)
         return out
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        out = g.clone()
+        _all_reduce(out, ctx.comm)
+        return out, None
+
+
+class _Replicated(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, comm: Comm) -> torch.Tensor:
+        ctx.comm = comm
+        return x.view_as(x)
 
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
@@ -326,7 +341,19 @@ def all_reduce_async(x: torch.Tensor, comm: Comm) -> Any:
     return _all_reduce(x, comm, async_op=True)
 
 
-def all_reduce_(x: torch.Tensor, comm: Comm) -> torch.Tensor:
-    """In-place all-reduce without autograd, recorded in the ledger (for gradients, metrics)."""
-    _all_reduce(x, comm)
+def all_reduce_(x: torch.Tensor, comm: Comm, op: str = "sum") -> torch.Tensor:
+    """In-place all-reduce ('sum', 'max' or 'min') without autograd, recorded in the ledger.
+
+    For statistics (row maxima, counts, metrics) whose gradient is not wanted.
+    """
+    _all_reduce(x, comm, op=op)
     return x
+
+
+def replicated(x: torch.Tensor, comm: Comm) -> torch.Tensor:
+    """Identity on a tensor held identically by every rank of ``comm`` (a parameter copy).
+
+    Each copy feeds a different computation, so its true gradient is the sum of the copies'
+    gradients: backward all-reduces, which keeps the copies identical after an optimizer step.
+    """
+    return _Replicated.apply(x, comm)

@@ -1,0 +1,379 @@
+"""3D tensor-parallel GCN (Plexus): Agarwal's 3D matrix multiply applied to GCN layers.
+
+Layer l with roles (a, b, c) (:mod:`plexgt.parallel.layout3d` has every block's shape):
+
+forward
+    H [N/Ga, d/(Gb·Gc)] --all-gather over c--> [N/Ga, d/Gb]
+    S = Â[rows c, cols a] · H                  local SpMM, in row blocks
+    Z = all-reduce of S over a                 each block's all-reduce overlaps the next SpMM
+    W [d/(Gb·Gc), d'/Ga] --all-gather over c--> [d/Gb, d'/Ga]
+    P = Z · W                                  local GEMM, partial over b
+    Y = reduce-scatter of P over b, + bias     [N/Gc, d'/(Ga·Gb)]: the next layer's input
+backward (autograd, every collective's adjoint)
+    dY --all-gather over b--> dP; dW = Zᵀ·dP --reduce-scatter over c-->; dZ = dP·Wᵀ;
+    dS = all-reduce of dZ over a (blocked, overlapped with Âᵀ·dS); dH --reduce-scatter over c-->
+
+Plexus all-reduces P over b; only the slice the next layer uses is kept, so a reduce-scatter
+moves half the bytes for the same result. Every parameter element lives on exactly one rank
+(the bias has copies over c, whose gradients are summed), so no gradient all-reduce follows.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+from torch import nn
+
+from plexgt.dist.collectives import (
+    Comm,
+    all_gather,
+    all_reduce_,
+    all_reduce_async,
+    reduce_scatter,
+    replicated,
+)
+from plexgt.parallel.layout3d import LayerLayout, row_blocks
+
+
+def gcn_block_values(adj: sp.csr_matrix, deg_rows: np.ndarray, deg_cols: np.ndarray
+                     ) -> sp.csr_matrix:
+    """The block of Â = D^-1/2 A D^-1/2 given the pattern block and both sides' degrees."""
+    a = adj.tocsr().astype(np.float64)
+    r = np.repeat(np.arange(a.shape[0]), np.diff(a.indptr))
+    a.data = (1.0 / np.sqrt(deg_rows[r].astype(np.float64))) * (
+        1.0 / np.sqrt(deg_cols[a.indices].astype(np.float64))
+    )
+    return a
+
+
+def _torch_csr(m: sp.csr_matrix, dtype: torch.dtype) -> torch.Tensor:
+    m = m.tocsr()
+    return torch.sparse_csr_tensor(  # indices come sorted and in range from scipy
+        torch.from_numpy(m.indptr.astype(np.int64)),
+        torch.from_numpy(m.indices.astype(np.int64)),
+        torch.from_numpy(m.data).to(dtype),
+        size=m.shape,
+        check_invariants=False,
+    )
+
+
+class BlockedAdjacency:
+    """One rank's Â block [rows_pad, cols_pad] cut in row blocks, with each block's transpose.
+
+    The blocks bound how much of the aggregate waits for its all-reduce: block k's all-reduce
+    runs while block k+1 is multiplied.
+    """
+
+    def __init__(self, block: sp.csr_matrix, shape: tuple[int, int], block_rows: int | None,
+                 dtype: torch.dtype) -> None:
+        full = sp.csr_matrix(shape, dtype=np.float64)
+        if block.shape[0] and block.shape[1]:
+            full = sp.csr_matrix(
+                (block.data, block.indices, np.concatenate(
+                    [block.indptr, np.full(shape[0] - block.shape[0], block.indptr[-1])])),
+                shape=shape,
+            )
+        self.shape = shape
+        self.bounds = row_blocks(shape[0], block_rows)
+        self.fwd = [_torch_csr(full[r0:r1], dtype) for r0, r1 in self.bounds]
+        self.bwd = [_torch_csr(full[r0:r1].T.tocsr(), dtype) for r0, r1 in self.bounds]
+        self.nnz = int(full.nnz)
+
+
+class _AggregateAllReduce(torch.autograd.Function):
+    """Z = all-reduce over a of (Â_block · H), blocked so communication overlaps the SpMM."""
+
+    @staticmethod
+    def forward(ctx: Any, h: torch.Tensor, adj: BlockedAdjacency, comm: Comm) -> torch.Tensor:
+        ctx.adj, ctx.comm = adj, comm
+        out = torch.empty((adj.shape[0], h.shape[1]), dtype=h.dtype, device=h.device)
+        handles = []
+        for (r0, r1), blk in zip(adj.bounds, adj.fwd):
+            out[r0:r1] = torch.sparse.mm(blk, h) if r1 > r0 else out[r0:r1]
+            handles.append(all_reduce_async(out[r0:r1], comm))
+        for hd in handles:
+            if hd is not None:
+                hd.wait()
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        adj, comm = ctx.adj, ctx.comm
+        g = g.contiguous().clone()
+        handles = [all_reduce_async(g[r0:r1], comm) for r0, r1 in adj.bounds]
+        dh = torch.zeros((adj.shape[1], g.shape[1]), dtype=g.dtype, device=g.device)
+        for (r0, r1), blk_t, hd in zip(adj.bounds, adj.bwd, handles):
+            if hd is not None:
+                hd.wait()
+            if r1 > r0:
+                dh += torch.sparse.mm(blk_t, g[r0:r1])
+        return dh, None, None
+
+
+class TunedMatmul:
+    """Chooses, per GEMM shape, between ``a @ b`` and ``(bᵀ @ aᵀ)ᵀ`` by timing both once.
+
+    BLAS speed depends on the operands' memory order and aspect ratio; which form wins differs
+    between forward (Z·W), input-gradient (dP·Wᵀ) and weight-gradient (Zᵀ·dP) shapes.
+    """
+
+    def __init__(self, enabled: bool = True, repeats: int = 2) -> None:
+        self.enabled = enabled
+        self.repeats = repeats
+        self.choice: dict[tuple[Any, ...], int] = {}
+
+    @staticmethod
+    def _forms() -> list[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]:
+        return [lambda a, b: a @ b, lambda a, b: (b.t() @ a.t()).t()]
+
+    def __call__(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return a @ b
+        key = (tuple(a.shape), tuple(b.shape), a.stride(), b.stride(), a.dtype, a.device.type)
+        forms = self._forms()
+        if key not in self.choice:
+            best, best_t = 0, float("inf")
+            for i, f in enumerate(forms):
+                t0 = time.perf_counter()
+                for _ in range(self.repeats):
+                    f(a, b)
+                t = time.perf_counter() - t0
+                if t < best_t:
+                    best, best_t = i, t
+            self.choice[key] = best
+        return forms[self.choice[key]](a, b)
+
+
+class _TunedMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, mm: TunedMatmul) -> torch.Tensor:
+        ctx.save_for_backward(a, b)
+        ctx.mm = mm
+        return mm(a, b)
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        a, b = ctx.saved_tensors
+        da = ctx.mm(g, b.t()) if ctx.needs_input_grad[0] else None
+        db = ctx.mm(a.t(), g) if ctx.needs_input_grad[1] else None
+        return da, db, None
+
+
+class Plexus3DGCN(nn.Module):
+    """A GCN whose every layer is 3D tensor-parallel; mirrors :class:`plexgt.models.gcn.GCN`.
+
+    Input: this rank's layer-0 feature shard [ceil(N/Gx), d_0/(Gy·Gz)]. Output: the logits
+    shard [ceil(N/Gc_L), d_L/(Ga_L·Gb_L)] of the last layer. ``comms`` maps each axis name to
+    its :class:`Comm`; ``adj`` holds each layer's normalised block (already in that layer's
+    output x input order).
+    """
+
+    def __init__(
+        self,
+        layouts: Sequence[LayerLayout],
+        comms: dict[str, Comm],
+        adj: Sequence[sp.csr_matrix],
+        dropout: float = 0.0,
+        block_rows: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        tune_gemm: bool = True,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        self.layouts = list(layouts)
+        self.comms = comms
+        self.dropout = dropout
+        self.seed = seed
+        self.step = 0
+        self.mm = TunedMatmul(tune_gemm)
+        self.adj = [
+            BlockedAdjacency(a, (lay.rows_pad, lay.cols_pad), block_rows, dtype)
+            for a, lay in zip(adj, self.layouts)
+        ]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for lay in self.layouts:
+            r0, r1 = lay.in_cols
+            c0, c1 = lay.w_cols
+            o0, o1 = lay.out_cols
+            self.weights.append(nn.Parameter(torch.zeros(r1 - r0, c1 - c0, dtype=dtype)))
+            self.biases.append(nn.Parameter(torch.zeros(o1 - o0, dtype=dtype)))
+
+    @torch.no_grad()
+    def load_full(self, params: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Copy this rank's shards out of full (weight [d_out, d_in], bias [d_out]) pairs.
+
+        The pairs are nn.Linear's, so a distributed model starts from exactly the reference
+        model's initialisation.
+        """
+        for lay, w, b, (wf, bf) in zip(self.layouts, self.weights, self.biases, params):
+            wt = torch.zeros(lay.d_in, lay.d_out, dtype=w.dtype)
+            wt[: lay.d_in_true, : lay.d_out_true] = wf.detach().t().to(w.dtype)
+            bp = torch.zeros(lay.d_out, dtype=b.dtype)
+            bp[: lay.d_out_true] = bf.detach().to(b.dtype)
+            w.copy_(wt[slice(*lay.in_cols), slice(*lay.w_cols)])
+            b.copy_(bp[slice(*lay.out_cols)])
+
+    def _dropout(self, h: torch.Tensor, lay: LayerLayout) -> torch.Tensor:
+        """Dropout with a mask drawn per (step, layer, block): identical wherever the same
+        block is held twice, independent across blocks."""
+        if not self.training or self.dropout <= 0:
+            return h
+        key = (self.seed, self.step, lay.layer, lay.cols[0], lay.in_cols[0])
+        gen = torch.Generator().manual_seed(hash(key) & 0x7FFFFFFFFFFF)
+        keep = torch.rand(h.shape, generator=gen) >= self.dropout
+        return h * keep.to(h.dtype) / (1 - self.dropout)
+
+    def layer(self, h: torch.Tensor, l: int) -> torch.Tensor:
+        lay = self.layouts[l]
+        a, b, c = lay.roles
+        hg = all_gather(h, self.comms[c], dim=1)
+        z = _AggregateAllReduce.apply(hg, self.adj[l], self.comms[a])
+        w = all_gather(self.weights[l], self.comms[c], dim=0)
+        p = _TunedMM.apply(z, w, self.mm)
+        y = reduce_scatter(p, self.comms[b], dim=1)
+        return y + replicated(self.biases[l], self.comms[c])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x
+        for l, lay in enumerate(self.layouts):
+            h = self.layer(self._dropout(h, lay), l)
+            if l < len(self.layouts) - 1:
+                h = torch.relu(h)
+        if self.training:
+            self.step += 1
+        return h
+
+
+class _ParallelCrossEntropy(torch.autograd.Function):
+    """Mean softmax cross-entropy over class shards held by the ranks of one plane.
+
+    Forward reduces row maxima, exp-sums and target logits over the plane and the loss sum over
+    the row axis; backward is local: (softmax - onehot) / n for this rank's class columns.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, z: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,
+                col0: int, n_classes: int, plane: Comm, rows: Comm) -> torch.Tensor:
+        cols = torch.arange(col0, col0 + z.shape[1], device=z.device)
+        valid = cols < n_classes
+        zm = z.masked_fill(~valid, float("-inf"))
+        m = zm.max(dim=1).values if z.shape[1] else torch.full(
+            (z.shape[0],), float("-inf"), dtype=z.dtype)
+        all_reduce_(m, plane, "max")
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        e = torch.exp(zm - m[:, None])
+        s = e.sum(dim=1)
+        local = (target[:, None] == cols[None, :]) & valid
+        zt = (z * local).sum(dim=1)
+        stats = torch.stack([s, zt], dim=1)
+        all_reduce_(stats, plane)
+        s, zt = stats[:, 0], stats[:, 1]
+        maskf = mask.to(z.dtype)
+        tot = torch.stack([((torch.log(s) + m - zt) * maskf).sum(), maskf.sum()])
+        all_reduce_(tot, rows)
+        n = tot[1].clamp(min=1)
+        ctx.save_for_backward(e / s[:, None], local, maskf, n)
+        return tot[0] / n
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+        p, local, maskf, n = ctx.saved_tensors
+        dz = (p - local.to(p.dtype)) * (maskf / n)[:, None] * g
+        return dz, None, None, None, None, None, None
+
+
+def parallel_cross_entropy(z: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,
+                           lay: LayerLayout, comms: dict[str, Comm]) -> torch.Tensor:
+    """Mean cross-entropy over ``mask``ed rows of the last layer's logits shard.
+
+    z: [ceil(N/Gc), C_pad/(Ga·Gb)] (rows over c, classes over a·b); target, mask: [ceil(N/Gc)].
+    Returns the global mean (the same scalar on every rank).
+    """
+    return _ParallelCrossEntropy.apply(
+        z, target, mask, lay.out_cols[0], lay.d_out_true, comms["plane"], comms[lay.roles[2]]
+    )
+
+
+@torch.no_grad()
+def parallel_correct(z: torch.Tensor, target: torch.Tensor, masks: dict[str, torch.Tensor],
+                     lay: LayerLayout, comms: dict[str, Comm]) -> dict[str, tuple[int, int]]:
+    """(correct, total) per split, argmax over the class shards (ties: lowest class id)."""
+    cols = torch.arange(lay.out_cols[0], lay.out_cols[1])
+    zm = z.masked_fill(cols[None, :] >= lay.d_out_true, float("-inf"))
+    if z.shape[1]:
+        best, arg = zm.max(dim=1)
+    else:
+        best = torch.full((z.shape[0],), float("-inf"), dtype=z.dtype)
+        arg = torch.zeros(z.shape[0], dtype=torch.long)
+    gbest = best.clone()
+    all_reduce_(gbest, comms["plane"], "max")
+    big = torch.iinfo(torch.int64).max
+    cand = torch.where(best == gbest, arg + lay.out_cols[0], torch.full_like(arg, big))
+    all_reduce_(cand, comms["plane"], "min")
+    counts = torch.tensor(
+        [[int(((cand == target) & m).sum()), int(m.sum())] for m in masks.values()],
+        dtype=torch.int64,
+    )
+    all_reduce_(counts, comms[lay.roles[2]])
+    return {k: (int(c[0]), int(c[1])) for k, c in zip(masks, counts)}
+
+
+def _pad2(a: np.ndarray, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.zeros(rows, cols, dtype=dtype)
+    if a.size:
+        out[: a.shape[0], : a.shape[1]] = torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
+    return out
+
+
+def _clip(r: tuple[int, int], n: int) -> tuple[int, int]:
+    return min(r[0], n), min(r[1], n)
+
+
+class PlexusData:
+    """What one rank reads from a prepared directory for an L-layer 3D-parallel GCN.
+
+    x [ceil(N/Gx), d_0/(Gy·Gz)] (Q order); per layer the normalised Â block; labels and split
+    masks of the last layer's output rows [ceil(N/Gc_L)] in its output order.
+    """
+
+    def __init__(self, pg: Any, layouts: Sequence[LayerLayout], dtype: torch.dtype) -> None:
+        first, last = layouts[0], layouts[-1]
+        before = pg.bytes_read
+        self.adj = []
+        for lay in layouts:
+            out_o, in_o = ("P", "Q") if lay.matrix == "A1" else ("Q", "P")
+            block = pg.read_adjacency(lay.matrix, lay.rows, lay.cols)
+            self.adj.append(gcn_block_values(
+                block, pg.read_degrees(lay.rows, out_o), pg.read_degrees(lay.cols, in_o)))
+        fc = _clip(first.in_cols, pg.F)
+        feats = pg.read_features(first.cols, fc) if fc[1] > fc[0] else np.zeros((0, 0))
+        w = first.in_cols[1] - first.in_cols[0]
+        self.x = _pad2(feats, first.cols_pad, w, dtype)
+        rows, order = last.rows, last.out_order
+        self.rows, self.order = rows, order
+        pad = last.rows_pad - (rows[1] - rows[0])
+        lab = torch.from_numpy(pg.read_labels(rows, order).astype(np.int64))
+        self.labels = torch.cat([lab, torch.full((pad,), -1, dtype=torch.int64)])
+        self.masks = {
+            s: torch.cat([torch.from_numpy(pg.read_mask(s, rows, order).astype(bool)),
+                          torch.zeros(pad, dtype=torch.bool)])
+            for s in ("train", "valid", "test")
+        }
+        self.bytes_read = pg.bytes_read - before
+
+
+def plexus_comms(groups: Any, ledger: Any, last: LayerLayout) -> dict[str, Comm]:
+    """Comm per axis from a :class:`~plexgt.dist.grid.GridGroups`, plus 'plane': the group of
+    the last layer's class shards (roles a and b)."""
+    from plexgt.parallel.layout3d import output_plane
+
+    comms = {a: Comm.from_group(groups.axis[a], a, ledger) for a in ("x", "y", "z")}
+    plane = output_plane(last.roles)
+    comms["plane"] = Comm.from_group(groups.plane[plane], plane, ledger)
+    return comms

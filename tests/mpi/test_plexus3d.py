@@ -1,0 +1,174 @@
+"""3D tensor-parallel GCN against the single-process GCN, for every grid of the world size.
+
+Blocks come through the data-prep loader from a prepared directory (double-permuted); the
+reference runs on the original graph, rebuilt from the same directory, so the comparison covers
+the permutations too. float64 throughout, tolerance 1e-6 relative.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from mpi4py import MPI
+
+from plexgt.data.loader import PreparedGraph
+from plexgt.data.shard import PrepOptions, prepare
+from plexgt.data.source import MemorySource
+from plexgt.data.synthetic import sbm
+from plexgt.dist.collectives import CommLedger
+from plexgt.ops.csr import CSRGraph
+from plexgt.ops.gcn import gcn_norm, gcn_spmm
+from plexgt.parallel.layout3d import layer_layouts
+from plexgt.parallel.plexus3d import (
+    Plexus3DGCN,
+    PlexusData,
+    parallel_correct,
+    parallel_cross_entropy,
+    plexus_comms,
+)
+from plexgt.parallel.plexus_cost import plexus_step_bytes
+
+from .conftest import grids_for_world
+
+pytestmark = pytest.mark.timeout(300)
+N, F, C = 53, 7, 5
+HIDDEN = [6, 9]
+DT = torch.float64
+TOL = dict(rtol=1e-6, atol=1e-9)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    comm = MPI.COMM_WORLD
+    path = None
+    if comm.rank == 0:
+        g = sbm(num_nodes=N, num_edges=360, num_classes=C, num_features=F, seed=3)
+        path = tmp_path_factory.mktemp("plexus") / "prep"
+        prepare(MemorySource(g), PrepOptions(out=path, tiles=3, symmetrize=True,
+                                             progress=False, seed=5))
+    path = comm.bcast(path)
+    return PreparedGraph(path)
+
+
+def _reference(pg):
+    """Original-order Â, X, labels, train mask, and perms (position -> original id)."""
+    a1 = pg.read_adjacency("A1").tocoo()
+    pp, pq = pg.read_perm("P"), pg.read_perm("Q")
+    g = CSRGraph.from_coo(pp[a1.row], pq[a1.col], N, N)
+    ahat = gcn_norm(g, self_loops=True, dtype=DT)
+    x = torch.zeros(N, F, dtype=DT)
+    x[pq] = torch.from_numpy(pg.read_features().astype(np.float64))
+    labels = np.empty(N, dtype=np.int64)
+    labels[pp] = pg.read_labels(None, "P")
+    train = np.empty(N, dtype=bool)
+    train[pp] = pg.read_mask("train", None, "P")
+    return ahat, x, torch.from_numpy(labels), torch.from_numpy(train), pp
+
+
+def _reference_model(seed: int):
+    torch.manual_seed(seed)
+    dims = [F, *HIDDEN, C]
+    return torch.nn.ModuleList(
+        [torch.nn.Linear(dims[i], dims[i + 1], dtype=DT) for i in range(len(dims) - 1)]
+    )
+
+
+def _reference_forward(lins, ahat, x):
+    h = x
+    for i, lin in enumerate(lins):
+        h = gcn_spmm(ahat, h @ lin.weight.t()) + lin.bias
+        if i < len(lins) - 1:
+            h = torch.relu(h)
+    return h
+
+
+def _distributed(pg, dist_ctx, grid_groups, grid, block_rows=None):
+    dims = [F, *HIDDEN, C]
+    lays = layer_layouts(grid, dist_ctx.rank, N, dims)
+    ledger = CommLedger()
+    comms = plexus_comms(grid_groups(grid), ledger, lays[-1])
+    data = PlexusData(pg, lays, DT)
+    model = Plexus3DGCN(lays, comms, data.adj, block_rows=block_rows, dtype=DT)
+    return lays, ledger, comms, data, model
+
+
+def _my_slice(t, lay, pp):
+    """Reference rows of this rank's output block (output order) and its class columns."""
+    r0, r1 = lay.rows
+    c0, c1 = lay.out_cols
+    return t[torch.from_numpy(pp[r0:r1])][:, min(c0, C):min(c1, C)]
+
+
+@pytest.mark.parametrize("grid", grids_for_world(), ids=str)
+@pytest.mark.parametrize("block_rows", [None, 4])
+def test_forward_loss_and_gradients_equal_reference(prepared, dist_ctx, grid_groups, grid,
+                                                    block_rows):
+    pg = prepared
+    ahat, x, labels, train, pp = _reference(pg)
+    ref = _reference_model(7)
+    out_ref = _reference_forward(ref, ahat, x)
+    loss_ref = torch.nn.functional.cross_entropy(out_ref[train], labels[train])
+    loss_ref.backward()
+
+    lays, ledger, comms, data, model = _distributed(pg, dist_ctx, grid_groups, grid, block_rows)
+    model.load_full([(lin.weight, lin.bias) for lin in ref])
+    out = model(data.x)
+    last = lays[-1]
+    loss = parallel_cross_entropy(out, data.labels, data.masks["train"], last, comms)
+    loss.backward()
+    # every collective has run: a failing assertion below cannot leave other ranks waiting
+    assert data.order == "P"  # three layers: A1, A2, A1
+    r = last.rows[1] - last.rows[0]
+    mine = _my_slice(out_ref, last, pp)
+    torch.testing.assert_close(out[:r, : mine.shape[1]], mine.detach(), **TOL)
+    torch.testing.assert_close(loss, loss_ref.detach(), **TOL)
+    for lay, w, b, lin in zip(lays, model.weights, model.biases, ref):
+        wt = torch.zeros(lay.d_in, lay.d_out, dtype=DT)
+        wt[: lay.d_in_true, : lay.d_out_true] = lin.weight.grad.t()
+        torch.testing.assert_close(w.grad, wt[slice(*lay.in_cols), slice(*lay.w_cols)], **TOL)
+        bp = torch.zeros(lay.d_out, dtype=DT)
+        bp[: lay.d_out_true] = lin.bias.grad
+        torch.testing.assert_close(b.grad, bp[slice(*lay.out_cols)], **TOL)
+    # the ledger equals the planner's formula, per axis, to the byte
+    expect = plexus_step_bytes(grid, dist_ctx.rank, N, [F, *HIDDEN, C], 8, block_rows)
+    assert ledger.by_name("sent") == expect
+    assert ledger.by_name("recv") == expect
+
+
+@pytest.mark.parametrize("grid", grids_for_world(), ids=str)
+def test_twenty_adamw_steps_follow_reference_curve(prepared, dist_ctx, grid_groups, grid):
+    pg = prepared
+    ahat, x, labels, train, pp = _reference(pg)
+    ref = _reference_model(11)
+    lays, ledger, comms, data, model = _distributed(pg, dist_ctx, grid_groups, grid, 5)
+    model.load_full([(lin.weight, lin.bias) for lin in ref])
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=0.05, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01)
+    losses = []
+    for _ in range(20):
+        opt_ref.zero_grad()
+        loss_ref = torch.nn.functional.cross_entropy(
+            _reference_forward(ref, ahat, x)[train], labels[train])
+        loss_ref.backward()
+        opt_ref.step()
+        opt.zero_grad()
+        loss = parallel_cross_entropy(model(data.x), data.labels, data.masks["train"], lays[-1],
+                                      comms)
+        loss.backward()
+        opt.step()
+        losses.append((loss.item(), loss_ref.item()))
+    # accuracy computed in parallel equals the reference's
+    model.eval()
+    out = model(data.x)
+    got = parallel_correct(out, data.labels, data.masks, lays[-1], comms)
+    got_curve, ref_curve = zip(*losses)
+    np.testing.assert_allclose(got_curve, ref_curve, rtol=1e-6)
+    assert ref_curve[-1] < ref_curve[0]
+    with torch.no_grad():
+        pred = _reference_forward(ref, ahat, x).argmax(1)
+    for split in ("train", "valid", "test"):
+        m = np.empty(N, dtype=bool)
+        m[pp] = pg.read_mask(split, None, "P")
+        m = torch.from_numpy(m)
+        assert got[split] == (int((pred[m] == labels[m]).sum()), int(m.sum()))

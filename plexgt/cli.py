@@ -14,6 +14,8 @@ import sys
 #: subcommand name -> module under plexgt.commands (and its one-line help)
 COMMANDS: dict[str, str] = {
     "info": "Print the process grid: each rank's coordinates and group members.",
+    "prep": "Shard a dataset into adjacency tiles, features and node arrays (out of core, MPI).",
+    "verify": "Check a prepared directory: checksums, tile invariants, permutations.",
 }
 
 

@@ -3,6 +3,11 @@
 Keys: ``adj_data adj_indices adj_indptr adj_shape`` (CSR adjacency, row = source),
 ``attr_*`` (CSR or dense features), ``labels``. Loaded with ``allow_pickle=False``: a file that
 needs unpickling is refused, never executed.
+
+A directory holding ``reddit_data.npz`` (``feature`` [N, F], ``label`` [N], ``node_types`` [N]:
+1 train, 2 valid, 3 test) and ``reddit_graph.npz`` (a scipy ``save_npz`` COO matrix, row =
+source) is the other npz layout PyG reads (Reddit, as DGL publishes it); :func:`read_reddit`
+reads it, and :func:`read_gnn_benchmark` dispatches to it when given such a directory.
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ def _csr(z: np.lib.npyio.NpzFile, prefix: str, path: Path) -> sp.csr_matrix:
 def read_gnn_benchmark(path: str | Path) -> GraphData:
     """Read one gnn-benchmark ``.npz`` file (edges as stored: possibly directed)."""
     path = Path(path)
+    if path.is_dir():
+        return read_reddit(path)
     try:
         with np.load(path, allow_pickle=False) as z:
             adj = _csr(z, "adj", path).tocoo()
@@ -62,5 +69,46 @@ def read_gnn_benchmark(path: str | Path) -> GraphData:
         features=feats,
         labels=labels,
     )
+    g.validate()
+    return g
+
+
+def _load(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [k for k in keys if k not in z.files]
+            if missing:
+                raise DataError(f"{path}: missing key {missing[0]!r}")
+            return {k: np.asarray(z[k]) for k in keys}
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+        if isinstance(e, DataError):
+            raise
+        raise DataError(f"{path}: not a readable npz file ({e})") from None
+
+
+def read_reddit(root: str | Path) -> GraphData:
+    """Read the Reddit npz pair (``reddit_data.npz`` + ``reddit_graph.npz``) in ``root``."""
+    root = Path(root)
+    d = _load(root / "reddit_data.npz", ("feature", "label", "node_types"))
+    gp = root / "reddit_graph.npz"
+    a = _load(gp, ("row", "col", "shape", "format"))
+    if a["format"].tobytes().rstrip(b"\0") != b"coo":
+        raise DataError(f"{gp}: sparse format {a['format']!r} unsupported (expected coo)")
+    shape = tuple(int(s) for s in a["shape"])
+    n = d["feature"].shape[0] if d["feature"].ndim == 2 else -1
+    if shape != (n, n):
+        raise DataError(f"{gp}: adjacency shape {shape} disagrees with {n} feature rows")
+    if a["row"].shape != a["col"].shape:
+        raise DataError(f"{gp}: row and col arrays differ in length")
+    types = d["node_types"].astype(np.int64)
+    if types.shape != (n,):
+        raise DataError(f"{root / 'reddit_data.npz'}: {types.shape[0]} node types disagree "
+                        f"with N={n}")
+    splits = {k: np.nonzero(types == t)[0] for k, t in (("train", 1), ("valid", 2), ("test", 3))}
+    g = GraphData(str(root), n, a["row"].astype(np.int64), a["col"].astype(np.int64),
+                  np.asarray(d["feature"], dtype=np.float32), d["label"].astype(np.int64),
+                  splits)
     g.validate()
     return g

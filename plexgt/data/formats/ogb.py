@@ -1,0 +1,240 @@
+"""OGB node-property raw layouts (the files OGB downloads, read without the ogb package).
+
+Two layouts, told apart by what ``ROOT/raw`` holds:
+
+- csv.gz (ogbn-arxiv, ogbn-products): ``edge.csv.gz`` (``src,dst`` per line),
+  ``node-feat.csv.gz`` (F comma-separated floats per line), ``node-label.csv.gz``,
+  ``num-node-list.csv.gz``, ``num-edge-list.csv.gz``.
+- npz (ogbn-papers100M): ``data.npz`` with ``edge_index`` int64 [2, E], ``node_feat`` [N, F]
+  (float16), ``num_nodes_list``, ``num_edges_list``; ``node-label.npz`` with ``node_label``
+  float [N, 1] (NaN = unlabelled).
+
+Splits: ``ROOT/split/NAME/{train,valid,test}.csv.gz`` (one node id per line). Edges are read
+as stored (a pair ``a,b`` is the message a -> b); pass ``--symmetrize`` for undirected models.
+The npz layout is streamed (:class:`OgbNpzSource`): papers100M never has to fit in memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from plexgt.data.graph import DataError, GraphData
+from plexgt.data.npzio import NpzArray, npz_keys
+from plexgt.data.source import GraphSource, MemorySource, check_finite, check_ids
+from plexgt.data.textio import read_all_rows
+
+SPLIT_KEYS = ("train", "valid", "test")
+
+
+def _layout(root: Path) -> str:
+    raw = root / "raw"
+    if (raw / "data.npz").exists():
+        return "npz"
+    if (raw / "edge.csv.gz").exists():
+        return "csv"
+    if not root.exists():
+        raise DataError(f"{root}: no such directory")
+    raise DataError(f"{root}: neither raw/data.npz nor raw/edge.csv.gz found (not an OGB root)")
+
+
+def _one_count(path: Path, what: str) -> int:
+    rows = read_all_rows(path, ncols=1, dtype=np.int64, delimiter=",")
+    if rows.shape[0] != 1:
+        raise DataError(f"{path}: holds {rows.shape[0]} {what} counts; a node-property dataset "
+                        "has exactly one graph")
+    v = int(rows[0, 0])
+    if v <= 0:
+        raise DataError(f"{path}: {what} count {v} is not positive")
+    return v
+
+
+def _labels_from_float(lab: np.ndarray, n: int, where: str) -> np.ndarray:
+    lab = np.asarray(lab, dtype=np.float64).reshape(lab.shape[0], -1)
+    if lab.shape[1] != 1:
+        raise DataError(f"{where}: labels have {lab.shape[1]} columns; expected 1")
+    if lab.shape[0] != n:
+        raise DataError(f"{where}: {lab.shape[0]} labels disagree with N={n}")
+    lab = lab[:, 0]
+    known = np.isfinite(lab)
+    if np.any(lab[known] < 0) or np.any(lab[known] != np.round(lab[known])):
+        raise DataError(f"{where}: labels must be non-negative integers (NaN = unlabelled)")
+    out = np.full(n, -1, dtype=np.int64)
+    out[known] = lab[known].astype(np.int64)
+    return out
+
+
+def read_splits(root: Path, n: int, split: str | None = None) -> dict[str, np.ndarray]:
+    """{train, valid, test} node ids from ``ROOT/split/NAME`` ({} when there is no split dir)."""
+    base = root / "split"
+    if not base.is_dir():
+        return {}
+    names = sorted(p.name for p in base.iterdir() if p.is_dir())
+    if split is None:
+        if not names:
+            return {}
+        split = names[0]
+    if split not in names:
+        raise DataError(f"{base}: no split {split!r} (found: {', '.join(names) or 'none'})")
+    out = {}
+    for key in SPLIT_KEYS:
+        path = base / split / f"{key}.csv.gz"
+        ids = read_all_rows(path, ncols=1, dtype=np.int64, delimiter=",")[:, 0]
+        if ids.size and (ids.min() < 0 or ids.max() >= n):
+            bad = int(ids[(ids < 0) | (ids >= n)][0])
+            raise DataError(f"{path}: node id {bad} is outside [0, {n})")
+        out[key] = ids
+    return out
+
+
+def _read_csv(root: Path, split: str | None) -> tuple[GraphData, list[Path]]:
+    raw = root / "raw"
+    n = _one_count(raw / "num-node-list.csv.gz", "node")
+    e = _one_count(raw / "num-edge-list.csv.gz", "edge")
+    edges = read_all_rows(raw / "edge.csv.gz", ncols=2, dtype=np.int64, delimiter=",")
+    if edges.shape[0] != e:
+        raise DataError(f"{raw / 'edge.csv.gz'}: holds {edges.shape[0]} edges but "
+                        f"num-edge-list.csv.gz claims {e}")
+    check_ids(edges[:, 0], edges[:, 1], n, str(raw / "edge.csv.gz"))
+    files = [raw / "num-node-list.csv.gz", raw / "num-edge-list.csv.gz", raw / "edge.csv.gz"]
+    feats = None
+    if (raw / "node-feat.csv.gz").exists():
+        p = raw / "node-feat.csv.gz"
+        feats = read_all_rows(p, ncols=None, dtype=np.float32, delimiter=",")
+        if feats.shape[0] != n:
+            raise DataError(f"{p}: {feats.shape[0]} feature rows disagree with N={n}")
+        check_finite(feats, 0, str(p))
+        files.append(p)
+    labels = None
+    if (raw / "node-label.csv.gz").exists():
+        p = raw / "node-label.csv.gz"
+        labels = _labels_from_float(read_all_rows(p, ncols=1, dtype=np.float64, delimiter=","),
+                                    n, str(p))
+        files.append(p)
+    g = GraphData(str(root), n, edges[:, 0].copy(), edges[:, 1].copy(), feats, labels,
+                  read_splits(root, n, split))
+    return g, files
+
+
+class OgbNpzSource(GraphSource):
+    """The npz layout streamed: edges and feature rows are read in chunks, never whole."""
+
+    def __init__(self, root: Path, split: str | None = None) -> None:
+        raw = root / "raw"
+        data = raw / "data.npz"
+        keys = npz_keys(data)
+        for k in ("edge_index", "num_nodes_list"):
+            if k not in keys:
+                raise DataError(f"{data}: missing array {k!r}")
+        self.name = str(root)
+        self.files = [data]
+        nn = NpzArray(data, "num_nodes_list").read_all().ravel()
+        if nn.size != 1 or int(nn[0]) <= 0:
+            raise DataError(f"{data}: num_nodes_list must hold one positive count, got {nn[:4]}")
+        self.num_nodes = n = int(nn[0])
+        self.edge_index = NpzArray(data, "edge_index")
+        if len(self.edge_index.shape) != 2 or self.edge_index.shape[0] != 2:
+            raise DataError(
+                f"{data}: edge_index has shape {self.edge_index.shape}; expected [2, E]")
+        if not np.issubdtype(self.edge_index.dtype, np.integer):
+            raise DataError(f"{data}: edge_index has dtype {self.edge_index.dtype}; expected int")
+        self.num_edges = self.edge_index.shape[1]
+        if self.num_edges == 0:
+            raise DataError(f"{data}: empty graph (no edges)")
+        if "num_edges_list" in keys:
+            ne = NpzArray(data, "num_edges_list").read_all().ravel()
+            if ne.size != 1 or int(ne[0]) != self.num_edges:
+                raise DataError(f"{data}: num_edges_list claims {ne[:4]} edges but edge_index "
+                                f"holds {self.num_edges}")
+        self.feat = None
+        if "node_feat" in keys:
+            self.feat = NpzArray(data, "node_feat")
+            if len(self.feat.shape) != 2 or self.feat.shape[0] != n:
+                raise DataError(f"{data}: node_feat has shape {self.feat.shape}; feature rows "
+                                f"disagree with N={n}")
+            if self.feat.dtype.kind != "f":
+                raise DataError(f"{data}: node_feat has dtype {self.feat.dtype}; expected float")
+            self.num_features = self.feat.shape[1]
+            self.feature_dtype = self.feat.dtype
+        self._labels = None
+        lab_path = raw / "node-label.npz"
+        if lab_path.exists():
+            self.files.append(lab_path)
+            arr = NpzArray(lab_path, "node_label")
+            if arr.shape[0] != n:
+                raise DataError(f"{lab_path}: {arr.shape[0]} labels disagree with N={n}")
+            self._labels = _labels_from_float(arr.read_all(), n, str(lab_path))
+        self._splits = read_splits(root, n, split)
+
+    def num_edges_hint(self) -> int:
+        return self.num_edges
+
+    def edge_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
+        e = self.num_edges
+        lo, hi = e * part // nparts, e * (part + 1) // nparts
+        srcs = self.edge_index.iter_flat(lo, hi, chunk)
+        dsts = self.edge_index.iter_flat(e + lo, e + hi, chunk)
+        pos = lo
+        for s, d in zip(srcs, dsts):
+            s, d = s.astype(np.int64), d.astype(np.int64)
+            check_ids(s, d, self.num_nodes, f"{self.edge_index.path}: edge_index[:, {pos}:]")
+            pos += s.size
+            yield s, d
+
+    def feature_chunks(self, part, nparts, chunk_rows):  # noqa: ANN001, ANN201 - see base
+        if self.feat is None:
+            return
+        n, f = self.num_nodes, self.num_features
+        lo, hi = n * part // nparts, n * (part + 1) // nparts
+        row = lo
+        for flat in self.feat.iter_flat(lo * f, hi * f, max(1, chunk_rows) * f):
+            rows = flat.reshape(-1, f)
+            check_finite(rows, row, f"{self.feat.path}: node_feat")
+            yield row, rows
+            row += rows.shape[0]
+
+    def labels(self) -> np.ndarray | None:
+        return self._labels
+
+    def splits(self) -> dict[str, np.ndarray]:
+        return dict(self._splits)
+
+    def close(self) -> None:
+        self.edge_index.close()
+        if self.feat is not None:
+            self.feat.close()
+
+
+def open_ogb(root: str | Path, split: str | None = None) -> GraphSource:
+    """A streaming source for an OGB root directory (npz streamed, csv.gz parsed in memory)."""
+    root = Path(root)
+    if _layout(root) == "npz":
+        return OgbNpzSource(root, split)
+    g, files = _read_csv(root, split)
+    return MemorySource(g, files)
+
+
+def read_ogb(root: str | Path, split: str | None = None) -> GraphData:
+    """Read an OGB node-property root (either layout) into memory, validated."""
+    root = Path(root)
+    if _layout(root) == "csv":
+        g, _ = _read_csv(root, split)
+        g.validate()
+        return g
+    src = OgbNpzSource(root, split)
+    try:
+        e = src.num_edges
+        ei = src.edge_index.read_all().astype(np.int64)
+        check_ids(ei[0], ei[1], src.num_nodes, str(src.edge_index.path))
+        feats = None
+        if src.feat is not None:
+            feats = src.feat.read_all()
+            check_finite(feats, 0, f"{src.feat.path}: node_feat")
+        g = GraphData(str(root), src.num_nodes, ei[0].copy(), ei[1].copy(), feats,
+                      src.labels(), src.splits())
+        assert g.num_edges == e
+    finally:
+        src.close()
+    g.validate()
+    return g

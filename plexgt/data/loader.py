@@ -1,0 +1,346 @@
+"""Per-rank reader of a prepared directory: each rank reads only the tiles covering its blocks.
+
+:class:`PreparedGraph` opens the manifest (a directory without one is refused: it is an
+interrupted prep) and reads hyperslabs: adjacency blocks from the tiles that intersect them,
+feature rows x columns, node arrays. ``bytes_read`` counts the payload bytes of every hyperslab
+read, so benchmarks compare a rank's I/O with its ideal share.
+
+:func:`read_rank_blocks` gives one rank of a Gx x Gy x Gz grid exactly what 3D tensor
+parallelism needs (see :func:`plexgt.dist.grid.layer_roles`): at layer l with roles (a, b, c),
+the adjacency block [rows over c, columns over a] of A1 (l even) or A2 (l odd); the layer-0
+features [rows over x, feature dims over y then z]; labels and masks of the final layer's output
+rows in its order (P when the number of layers is odd, Q when even). :func:`read_row_block` is
+the 1D partition of graph transformers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+import scipy.sparse as sp
+
+from plexgt.data.graph import DataError
+from plexgt.data.runtime import read_json
+from plexgt.dist.grid import Grid3D, block_bounds, layer_roles
+
+FORMAT_VERSION = 1
+Range = tuple[int, int]
+
+
+class PreparedGraph:
+    """A prepared directory opened for reading (see :mod:`plexgt.data.shard` for the layout)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        mpath = self.path / "manifest.json"
+        if not mpath.exists():
+            why = ("an interrupted prep: run plexgt prep --resume" if (self.path / ".staging")
+                   .exists() else "not a prepared directory")
+            raise DataError(f"{self.path}: no manifest.json ({why})")
+        m = self.manifest = read_json(mpath)
+        if m.get("format") != "plexgt-prepared" or m.get("format_version") != FORMAT_VERSION:
+            raise DataError(f"{mpath}: unsupported format {m.get('format')!r} version "
+                            f"{m.get('format_version')!r} (expected {FORMAT_VERSION})")
+        try:
+            self.N, self.E, self.F, self.C = (int(m[k]) for k in ("N", "E", "F", "C"))
+            self.T, self.tile_size = int(m["T"]), int(m["tile_size"])
+            self.feature_block_rows = int(m["feature_block_rows"])
+            self.anchor_stride = int(m["anchor_stride"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise DataError(f"{mpath}: missing or bad field ({e})") from None
+        self.self_loops = bool(m.get("self_loops"))
+        self.symmetrized = bool(m.get("symmetrized"))
+        self.bytes_read = 0
+        """Payload bytes of every hyperslab read so far."""
+        self._files: dict[str, h5py.File] = {}
+
+    # -- files ------------------------------------------------------------------------
+    def _file(self, rel: str) -> h5py.File:
+        f = self._files.get(rel)
+        if f is None:
+            p = self.path / rel
+            if not p.exists():
+                raise DataError(f"{p}: missing file of the prepared directory")
+            try:
+                f = h5py.File(p, "r")
+            except OSError as e:
+                raise DataError(f"{p}: corrupt HDF5 file ({e})") from None
+            self._files[rel] = f
+        return f
+
+    def _read(self, rel: str, name: str, sel: Any = ()) -> np.ndarray:
+        try:
+            a = self._file(rel)[name][sel]
+        except KeyError:
+            raise DataError(f"{self.path / rel}: missing dataset {name!r}") from None
+        except OSError as e:
+            raise DataError(f"{self.path / rel}: corrupt dataset {name!r} ({e})") from None
+        a = np.asarray(a)
+        self.bytes_read += a.nbytes
+        return a
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+    def __enter__(self) -> PreparedGraph:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- ranges -----------------------------------------------------------------------
+    def _range(self, r: Range | None, n: int, what: str) -> Range:
+        if r is None:
+            return 0, n
+        lo, hi = int(r[0]), int(r[1])
+        if not 0 <= lo <= hi <= n:
+            raise DataError(f"{self.path}: {what} range [{lo}, {hi}) is outside [0, {n}]")
+        return lo, hi
+
+    @staticmethod
+    def _order(order: str) -> str:
+        if order not in ("P", "Q"):
+            raise DataError(f"order {order!r}: expected 'P' or 'Q'")
+        return order
+
+    # -- adjacency --------------------------------------------------------------------
+    def read_adjacency(self, which: str = "A1", rows: Range | None = None,
+                       cols: Range | None = None) -> sp.csr_matrix:
+        """[rows, cols] block of A1 or A2 as CSR with local indices (values: ones, float32).
+
+        Reads exactly the tiles that intersect the block: per tile, the row counts of the
+        block and the contiguous run of indices they cover (columns outside are dropped).
+        """
+        if which not in ("A1", "A2"):
+            raise DataError(f"matrix {which!r}: expected 'A1' or 'A2'")
+        r0, r1 = self._range(rows, self.N, "row")
+        c0, c1 = self._range(cols, self.N, "column")
+        s = self.tile_size
+        rr: list[np.ndarray] = []
+        cc: list[np.ndarray] = []
+        if r1 > r0 and c1 > c0:
+            for ti in range(r0 // s, math.ceil(r1 / s)):
+                rel = f"{which}/rows_{ti:05d}.h5"
+                tr = ti * s
+                a, b = max(r0, tr) - tr, min(r1, tr + s) - tr
+                for tj in range(c0 // s, math.ceil(c1 / s)):
+                    tc = tj * s
+                    ca, cb = max(c0, tc) - tc, min(c1, tc + s) - tc
+                    cnt, ind = self.read_tile_rows(rel, f"t{tj:05d}", a, b)
+                    lr = np.repeat(np.arange(b - a, dtype=np.int64), cnt)
+                    keep = (ind >= ca) & (ind < cb)
+                    rr.append(lr[keep] + (tr + a - r0))
+                    cc.append(ind[keep].astype(np.int64) + (tc - c0))
+        return _csr(rr, cc, (r1 - r0, c1 - c0))
+
+    def read_tile_rows(self, rel: str, tile: str, a: int, b: int
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """(counts [b-a] int64, indices) of local rows [a, b) of one tile (shard.encode_counts).
+
+        One anchor gives the offset of row (a // stride) * stride; fewer than ``stride`` counts
+        before ``a`` are summed to reach row a.
+        """
+        if b <= a:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
+        stride = self.anchor_stride
+        k = a // stride
+        base = int(self._read(rel, f"{tile}/anchors", np.s_[k : k + 1])[0])
+        cnt = self._read(rel, f"{tile}/counts", np.s_[k * stride : b]).astype(np.int64)
+        start = base + int(cnt[: a - k * stride].sum())
+        cnt = cnt[a - k * stride :]
+        ind = self._read(rel, f"{tile}/indices", np.s_[start : start + int(cnt.sum())])
+        return cnt, ind
+
+    # -- node data --------------------------------------------------------------------
+    def read_features(self, rows: Range | None = None, cols: Range | None = None) -> np.ndarray:
+        """[rows, cols] of the features, rows in Q order (the order A1 consumes)."""
+        r0, r1 = self._range(rows, self.N, "feature row")
+        c0, c1 = self._range(cols, self.F, "feature column")
+        dtype = np.dtype(self.manifest["dtypes"]["features"])
+        out = np.empty((r1 - r0, c1 - c0), dtype=dtype)
+        if r1 == r0 or c1 == c0:
+            return out
+        fb = self.feature_block_rows
+        for b in range(r0 // fb, math.ceil(r1 / fb)):
+            lo = b * fb
+            a, z = max(r0, lo) - lo, min(r1, lo + fb) - lo
+            out[lo + a - r0 : lo + z - r0] = self._read(f"features/rows_{b:05d}.h5", "x",
+                                                        np.s_[a:z, c0:c1])
+        return out
+
+    def read_labels(self, rows: Range | None = None, order: str = "P") -> np.ndarray:
+        """[rows] int64 labels (-1 unlabelled) in P or Q order."""
+        lo, hi = self._range(rows, self.N, "label row")
+        return self._read("nodes.h5", f"labels_{self._order(order)}", np.s_[lo:hi])
+
+    def read_mask(self, split: str, rows: Range | None = None, order: str = "P") -> np.ndarray:
+        """[rows] bool mask of split 'train' | 'valid' | 'test' in P or Q order."""
+        if split not in ("train", "valid", "test"):
+            raise DataError(f"split {split!r}: expected train, valid or test")
+        lo, hi = self._range(rows, self.N, "mask row")
+        return self._read("nodes.h5", f"mask_{split}_{self._order(order)}", np.s_[lo:hi])
+
+    def read_degrees(self, rows: Range | None = None, order: str = "P") -> np.ndarray:
+        """[rows] int64 row counts of A1 (order P) or A2 (order Q), self loops included.
+
+        GCN normalisation of A1[i, j] is deg_P[i]^-1/2 * deg_Q[j]^-1/2 (A2: the reverse).
+        """
+        lo, hi = self._range(rows, self.N, "degree row")
+        return self._read("nodes.h5", f"deg_{self._order(order)}", np.s_[lo:hi])
+
+    def read_perm(self, order: str = "P", rows: Range | None = None) -> np.ndarray:
+        """[rows] int64 original node id of each position of the P or Q order."""
+        lo, hi = self._range(rows, self.N, "permutation row")
+        return self._read("nodes.h5", f"perm_{self._order(order).lower()}", np.s_[lo:hi])
+
+    def to_original(self, values: np.ndarray, order: str = "P") -> np.ndarray:
+        """[N, ...] values in P or Q order -> the same values in original node order."""
+        perm = self.read_perm(order)
+        out = np.empty_like(values)
+        out[perm] = values
+        return out
+
+
+def _csr(rr: list[np.ndarray], cc: list[np.ndarray], shape: tuple[int, int]) -> sp.csr_matrix:
+    """CSR from row-major COO pieces (columns ascending within each row after a stable sort)."""
+    r = np.concatenate(rr) if rr else np.empty(0, dtype=np.int64)
+    c = np.concatenate(cc) if cc else np.empty(0, dtype=np.int64)
+    order = np.argsort(r, kind="stable")
+    idx_t = np.int32 if max(shape) < 2**31 and r.size < 2**31 else np.int64
+    indptr = np.zeros(shape[0] + 1, dtype=idx_t)
+    np.cumsum(np.bincount(r, minlength=shape[0]), out=indptr[1:])
+    m = sp.csr_matrix((np.ones(r.size, dtype=np.float32), c[order].astype(idx_t), indptr),
+                      shape=shape)
+    m.has_sorted_indices = True
+    return m
+
+
+@dataclass
+class LayerBlock:
+    """One layer's adjacency block on one rank (3D tensor parallelism)."""
+
+    layer: int
+    matrix: str
+    """'A1' (even layers: Q order in, P order out) or 'A2' (odd layers: P in, Q out)."""
+    rows: Range
+    """Output node range (over role c), in the output order."""
+    cols: Range
+    """Input node range (over role a), in the input order."""
+    adj: sp.csr_matrix
+    """[rows, cols] pattern, local indices."""
+    deg_rows: np.ndarray
+    """[rows] degrees of the output nodes (GCN normalisation)."""
+    deg_cols: np.ndarray
+    """[cols] degrees of the input nodes."""
+
+
+@dataclass
+class RankBlocks:
+    """Everything one rank of a 3D grid reads for an ``num_layers``-layer model."""
+
+    grid: Grid3D
+    rank: int
+    num_layers: int
+    layers: list[LayerBlock]
+    feature_rows: Range
+    """Layer-0 input rows (over x), Q order."""
+    feature_cols: Range
+    """Feature columns: flat block y*Gz + z of Gy*Gz equal blocks (dims over y, then z)."""
+    features: np.ndarray
+    """[feature_rows, feature_cols]."""
+    output_rows: Range
+    """Final layer's output rows (over its role c)."""
+    output_order: str
+    """'P' (odd layer count) or 'Q' (even)."""
+    labels: np.ndarray
+    masks: dict[str, np.ndarray] = field(default_factory=dict)
+    bytes_read: int = 0
+
+
+def check_grid(pg: PreparedGraph, grid: Grid3D, num_layers: int = 1) -> None:
+    """Raise :class:`DataError` when this prepared graph cannot serve ``grid``.
+
+    Tiles are grid independent, so any grid is served by hyperslabs, except one that cuts the
+    N nodes into more row blocks than there are nodes along some axis (every such split would
+    leave whole ranks with nothing on every layer) or a model without layers.
+    """
+    if num_layers < 1:
+        raise DataError(f"{pg.path}: a model needs at least one layer (got {num_layers})")
+    for axis in ("x", "y", "z"):
+        g = grid.dim(axis)
+        if g > pg.N:
+            raise DataError(f"{pg.path}: grid {grid} splits N={pg.N} nodes into {g} blocks along "
+                            f"{axis}: more blocks than nodes; use a smaller grid")
+
+
+def read_rank_blocks(pg: PreparedGraph, grid: Grid3D, rank: int, num_layers: int
+                     ) -> RankBlocks:
+    """Read the blocks ``rank`` of ``grid`` needs for ``num_layers`` layers (module docstring)."""
+    check_grid(pg, grid, num_layers)
+    before = pg.bytes_read
+    coords = dict(zip(("x", "y", "z"), grid.coords(rank)))
+    n = pg.N
+    layers = []
+    for layer in range(num_layers):
+        a, _b, c = layer_roles(layer)
+        rows = block_bounds(n, grid.dim(c), coords[c])
+        cols = block_bounds(n, grid.dim(a), coords[a])
+        which, out_o, in_o = ("A1", "P", "Q") if layer % 2 == 0 else ("A2", "Q", "P")
+        adj = pg.read_adjacency(which, rows, cols)
+        layers.append(LayerBlock(layer, which, rows, cols, adj,
+                                 pg.read_degrees(rows, out_o), pg.read_degrees(cols, in_o)))
+    frows = block_bounds(n, grid.gx, coords["x"])
+    # flat block y*Gz + z of Gy*Gz equal blocks: the layout of plexgt.parallel.layout3d
+    fcols = block_bounds(pg.F, grid.gy * grid.gz, coords["y"] * grid.gz + coords["z"])
+    feats = pg.read_features(frows, fcols)
+    last_c = layer_roles(num_layers - 1)[2]
+    orows = block_bounds(n, grid.dim(last_c), coords[last_c])
+    order = "P" if (num_layers - 1) % 2 == 0 else "Q"
+    labels = pg.read_labels(orows, order)
+    masks = {s: pg.read_mask(s, orows, order) for s in ("train", "valid", "test")}
+    return RankBlocks(grid, rank, num_layers, layers, frows, fcols, feats, orows, order, labels,
+                      masks, pg.bytes_read - before)
+
+
+@dataclass
+class RowBlock:
+    """Rows block i of p in Q order (1D node partition of graph transformers)."""
+
+    rows: Range
+    adj: sp.csr_matrix
+    """[rows, N]: Q A Q^T rows (one permutation on both sides, so residuals line up)."""
+    features: np.ndarray
+    """[rows, F] (Q order: contiguous)."""
+    labels: np.ndarray
+    masks: dict[str, np.ndarray]
+    deg: np.ndarray
+    """[rows] deg_Q of the block's nodes."""
+    bytes_read: int = 0
+
+
+def read_row_block(pg: PreparedGraph, i: int, p: int) -> RowBlock:
+    """Block i of p of the nodes in Q order, with their adjacency rows over all N nodes.
+
+    Why Q order and A2: an attention layer needs rows and columns in one order (residuals),
+    A2 = Q A P^T has Q-ordered rows, and relabelling its columns P -> Q (via perm_p and the
+    inverse of perm_q, 16 N bytes) gives Q A Q^T; features and labels are then contiguous.
+    """
+    before = pg.bytes_read
+    rows = block_bounds(pg.N, p, i)
+    a2 = pg.read_adjacency("A2", rows, None).tocoo()
+    perm_p, perm_q = pg.read_perm("P"), pg.read_perm("Q")
+    qinv = np.empty_like(perm_q)
+    qinv[perm_q] = np.arange(pg.N, dtype=perm_q.dtype)
+    cols = qinv[perm_p[a2.col]]
+    adj = _csr([a2.row.astype(np.int64)], [cols], (rows[1] - rows[0], pg.N))
+    adj.sort_indices()
+    return RowBlock(rows, adj, pg.read_features(rows), pg.read_labels(rows, "Q"),
+                    {s: pg.read_mask(s, rows, "Q") for s in ("train", "valid", "test")},
+                    pg.read_degrees(rows, "Q"), pg.bytes_read - before)

@@ -1,0 +1,139 @@
+"""What prep needs from its surroundings: an MPI communicator (or none), progress, atomic files.
+
+Why a wrapper around mpi4py: prep runs the same code as one process or under ``mpiexec``; the
+wrapper turns every stage boundary into an *agreement* (all ranks exchange their error, if any),
+so a bad input found by one rank stops every rank at the same point instead of leaving the
+others waiting in a barrier.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from plexgt.data.graph import DataError
+
+
+class Comm:
+    """Rank, size and the few collectives prep uses; ``Comm(None)`` is a world of one."""
+
+    def __init__(self, comm: Any | None = None) -> None:
+        self.c = comm if comm is not None and comm.Get_size() > 1 else None
+        self.rank = 0 if self.c is None else self.c.Get_rank()
+        self.size = 1 if self.c is None else self.c.Get_size()
+
+    def bcast(self, obj: Any) -> Any:
+        return obj if self.c is None else self.c.bcast(obj, root=0)
+
+    def allgather(self, obj: Any) -> list[Any]:
+        return [obj] if self.c is None else self.c.allgather(obj)
+
+    def sum(self, arr: np.ndarray) -> np.ndarray:
+        """Element-wise sum over ranks (collective), in place."""
+        if self.c is not None:
+            from mpi4py import MPI
+
+            self.c.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM)
+        return arr
+
+    def agree(self, err: BaseException | None) -> None:
+        """Collective: re-raise on every rank the first rank's error (DataError stays DataError)."""
+        info = None if err is None else (isinstance(err, DataError), f"{err}")
+        if self.c is None:
+            if err is not None:
+                raise err
+            return
+        infos = self.c.allgather(info)
+        for r, i in enumerate(infos):
+            if i is not None:
+                if err is not None:
+                    raise err
+                if i[0]:
+                    raise DataError(i[1])
+                raise RuntimeError(f"rank {r} failed: {i[1]}")
+
+
+def world_comm() -> Comm:
+    """COMM_WORLD when mpi4py imports and the job has several ranks, else a world of one."""
+    if os.environ.get("PLEXGT_NO_MPI"):
+        return Comm(None)
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return Comm(None)
+    return Comm(MPI.COMM_WORLD)
+
+
+class Progress:
+    """A progress line on stderr: redrawn on a TTY, else printed every ``every_s`` seconds."""
+
+    def __init__(self, label: str, total: float, enabled: bool = True, every_s: float = 5.0
+                 ) -> None:
+        self.label, self.total, self.done = label, max(total, 1.0), 0.0
+        self.tty = sys.stderr.isatty()
+        self.enabled = enabled
+        self.every = 0.2 if self.tty else every_s
+        self.t0 = self.last = time.monotonic()
+
+    def update(self, amount: float) -> None:
+        self.done += amount
+        now = time.monotonic()
+        if self.enabled and now - self.last >= self.every:
+            self.last = now
+            self._draw(now)
+
+    def _draw(self, now: float, end: str = "") -> None:
+        frac = min(1.0, self.done / self.total)
+        el = now - self.t0
+        eta = el / frac - el if frac > 0 else float("nan")
+        bar = "#" * int(frac * 30)
+        text = f"{self.label} [{bar:<30}] {100 * frac:5.1f}% {el:6.1f}s eta {eta:6.1f}s"
+        if self.tty:
+            sys.stderr.write("\r" + text + end)
+        else:
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty and time.monotonic() - self.t0 > self.every:
+            self._draw(time.monotonic(), end="\n")
+
+
+def sha256_file(path: Path, block: int = 8 << 20) -> str:
+    """Hex sha256 of a file, read in blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(block)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON to ``path.tmp``, fsync, then rename: readers see all of it or nothing."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1, sort_keys=True)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: corrupt JSON ({e})") from None

@@ -1,0 +1,180 @@
+"""Graph sources: what ``plexgt prep`` streams from, in chunks, without holding the edge list.
+
+A source knows N, and yields edges and feature rows in chunks, each chunk already validated
+(ids in range, features finite). ``part``/``nparts`` split the chunks over MPI ranks: every
+chunk goes to exactly one part. Node-sized arrays (labels, splits) are returned whole: prep
+memory is O(N + chunk), never O(E) or O(N * F).
+
+Readers that return a :class:`GraphData` are wrapped by :class:`MemorySource`; the huge
+formats (R-MAT, the OGB npz layout of ogbn-papers100M) have their own streaming sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from plexgt.data.graph import DataError, GraphData
+
+
+class GraphSource:
+    """Base class: a graph streamed in chunks (see module docstring)."""
+
+    name: str = "graph"
+    num_nodes: int = 0
+    num_features: int = 0
+    feature_dtype: np.dtype | None = None
+    files: list[Path] = []
+    """Input files (their sha256 go into the manifest)."""
+
+    def num_edges_hint(self) -> int:
+        """Approximate stored edge count (chooses the default tile count)."""
+        raise NotImplementedError
+
+    def edge_chunks(self, part: int, nparts: int, chunk: int
+                    ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Yield (src [k], dst [k]) int64 blocks of this part's share of the edges."""
+        raise NotImplementedError
+
+    def feature_chunks(self, part: int, nparts: int, chunk_rows: int
+                       ) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield (first row, rows [k, F]) blocks, original node order; none when F == 0."""
+        return iter(())
+
+    #: True when :meth:`feature_rows` works (prep then gathers rows, skipping the buckets)
+    random_access_features: bool = False
+
+    def feature_rows(self, ids: np.ndarray) -> np.ndarray:
+        """[len(ids), F] rows of the given original ids (only if random_access_features)."""
+        raise NotImplementedError
+
+    def labels(self) -> np.ndarray | None:
+        """[N] int64 class ids (-1 unlabelled) or None."""
+        return None
+
+    def splits(self) -> dict[str, np.ndarray]:
+        """Node-index arrays keyed train/valid/test, or {} (prep then draws a random split)."""
+        return {}
+
+    def close(self) -> None:
+        """Release open files."""
+
+
+def parts_of(total: int, chunk: int, part: int, nparts: int) -> Iterator[tuple[int, int]]:
+    """[lo, hi) ranges of ``chunk`` items, the k-th belonging to part k % nparts."""
+    for k, lo in enumerate(range(0, total, max(1, chunk))):
+        if k % nparts == part:
+            yield lo, min(total, lo + chunk)
+
+
+class MemorySource(GraphSource):
+    """A :class:`GraphData` already in memory (the small readers' output)."""
+
+    def __init__(self, g: GraphData, files: list[Path] | None = None) -> None:
+        g.validate()
+        if g.num_edges == 0:
+            raise DataError(f"{g.name}: empty graph (no edges)")
+        self.g = g
+        self.name = g.name
+        self.num_nodes = g.num_nodes
+        self.num_features = g.num_features
+        self.feature_dtype = None if g.features is None else g.features.dtype
+        self.files = list(files or [])
+        self.random_access_features = g.features is not None
+
+    def num_edges_hint(self) -> int:
+        return self.g.num_edges
+
+    def edge_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
+        for lo, hi in parts_of(self.g.num_edges, chunk, part, nparts):
+            s, d = self.g.src[lo:hi], self.g.dst[lo:hi]
+            check_ids(s, d, self.num_nodes, f"{self.name}: edges [{lo}, {hi})")
+            yield s, d
+
+    def feature_chunks(self, part, nparts, chunk_rows):  # noqa: ANN001, ANN201 - see base
+        if self.g.features is None:
+            return
+        for lo, hi in parts_of(self.num_nodes, chunk_rows, part, nparts):
+            yield lo, self.g.features[lo:hi]
+
+    def feature_rows(self, ids: np.ndarray) -> np.ndarray:
+        return self.g.features[ids]
+
+    def labels(self) -> np.ndarray | None:
+        return self.g.labels
+
+    def splits(self) -> dict[str, np.ndarray]:
+        return dict(self.g.splits)
+
+
+class GeneratedFeatures(GraphSource):
+    """Wrap a featureless source with seeded uniform [-1, 1) features [N, F], labels in [0, C).
+
+    Only used when asked (``--features``/``--classes`` on a featureless input): the values carry
+    no signal, they exist so that benchmarks can run models on real topologies. Chunk k of rows
+    is drawn from its own seed, so any rank regenerates any chunk identically.
+    """
+
+    def __init__(self, base: GraphSource, num_features: int, num_classes: int, seed: int) -> None:
+        self.base, self.seed = base, seed
+        self.name = f"{base.name} + generated features"
+        self.num_nodes = base.num_nodes
+        self.files = base.files
+        self.num_features = num_features if num_features else base.num_features
+        self.feature_dtype = np.dtype(np.float32) if num_features else base.feature_dtype
+        self._gen_f = num_features > 0
+        self._classes = num_classes
+        self.random_access_features = not self._gen_f and base.random_access_features
+
+    def num_edges_hint(self) -> int:
+        return self.base.num_edges_hint()
+
+    def edge_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
+        return self.base.edge_chunks(part, nparts, chunk)
+
+    def feature_chunks(self, part, nparts, chunk_rows):  # noqa: ANN001, ANN201 - see base
+        if not self._gen_f:
+            yield from self.base.feature_chunks(part, nparts, chunk_rows)
+            return
+        step = 1 << 16
+        for k, lo in enumerate(range(0, self.num_nodes, step)):
+            if k % nparts == part:
+                hi = min(self.num_nodes, lo + step)
+                rng = np.random.default_rng([self.seed, 7, k])
+                x = rng.random((hi - lo, self.num_features), dtype=np.float32)
+                x *= 2
+                x -= 1
+                yield lo, x
+
+    def feature_rows(self, ids: np.ndarray) -> np.ndarray:
+        return self.base.feature_rows(ids)
+
+    def labels(self) -> np.ndarray | None:
+        if not self._classes:
+            return self.base.labels()
+        rng = np.random.default_rng([self.seed, 8])
+        return rng.integers(0, self._classes, self.num_nodes, dtype=np.int64)
+
+    def splits(self) -> dict[str, np.ndarray]:
+        return self.base.splits()
+
+    def close(self) -> None:
+        self.base.close()
+
+
+def check_ids(src: np.ndarray, dst: np.ndarray, n: int, where: str) -> None:
+    """Raise naming ``where`` when an id of the chunk is negative or >= n."""
+    for arr, what in ((src, "source"), (dst, "destination")):
+        if arr.size and (arr.min() < 0 or arr.max() >= n):
+            bad = int(arr[(arr < 0) | (arr >= n)][0])
+            raise DataError(f"{where}: edge {what} id {bad} is outside [0, {n})")
+
+
+def check_finite(rows: np.ndarray, first_row: int, where: str) -> None:
+    """Raise naming ``where`` and the row when a feature value is NaN or infinite."""
+    ok = np.isfinite(rows)
+    if not ok.all():
+        r = int(np.nonzero(~ok.all(axis=1))[0][0])
+        raise DataError(f"{where}: non-finite feature value in row {first_row + r}")

@@ -1,0 +1,119 @@
+"""Writers of small graphs in every layout the readers accept, for tests and examples.
+
+Each writer emits the layout exactly as its publisher does (gnn-benchmark npz, the OGB csv.gz
+and npz raw layouts, SNAP edge lists, MatrixMarket), so a round trip writer -> reader -> prep
+exercises the same code paths as the real downloads.
+"""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from plexgt.data.graph import GraphData
+
+
+def small_graph(n: int = 37, e: int = 150, f: int = 5, c: int = 3, seed: int = 0) -> GraphData:
+    """A random directed graph with duplicates and self loops, features, labels and a split."""
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, n, e, dtype=np.int64)
+    dst = rng.integers(0, n, e, dtype=np.int64)
+    src[:3], dst[:3] = src[3:6], dst[3:6]  # duplicates
+    src[6], dst[6] = 4, 4  # a self loop
+    feats = rng.standard_normal((n, f)).astype(np.float32)
+    labels = rng.integers(0, c, n, dtype=np.int64)
+    perm = rng.permutation(n)
+    a, b = int(0.5 * n), int(0.75 * n)
+    splits = {"train": np.sort(perm[:a]), "valid": np.sort(perm[a:b]), "test": np.sort(perm[b:])}
+    return GraphData("small", n, src, dst, feats, labels, splits)
+
+
+def write_gnn_benchmark(path: Path, g: GraphData) -> Path:
+    """gnn-benchmark npz: CSR adjacency (row = source), CSR features, labels."""
+    adj = sp.csr_matrix((np.ones(g.num_edges, dtype=np.float32), (g.src, g.dst)),
+                        shape=(g.num_nodes, g.num_nodes))
+    attr = sp.csr_matrix(g.features)
+    np.savez(path, adj_data=adj.data, adj_indices=adj.indices, adj_indptr=adj.indptr,
+             adj_shape=np.array(adj.shape), attr_data=attr.data, attr_indices=attr.indices,
+             attr_indptr=attr.indptr, attr_shape=np.array(attr.shape), labels=g.labels)
+    return path
+
+
+def _gz_lines(path: Path, lines: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+def _write_splits(root: Path, g: GraphData) -> None:
+    for k, ids in g.splits.items():
+        _gz_lines(root / "split" / "random" / f"{k}.csv.gz", [str(int(i)) for i in ids])
+
+
+def write_ogb_csv(root: Path, g: GraphData) -> Path:
+    """OGB csv.gz raw layout (ogbn-arxiv / ogbn-products)."""
+    raw = root / "raw"
+    _gz_lines(raw / "edge.csv.gz", [f"{s},{d}" for s, d in zip(g.src, g.dst)])
+    _gz_lines(raw / "node-feat.csv.gz", [",".join(f"{v:.9g}" for v in r) for r in g.features])
+    _gz_lines(raw / "node-label.csv.gz", [str(int(v)) for v in g.labels])
+    _gz_lines(raw / "num-node-list.csv.gz", [str(g.num_nodes)])
+    _gz_lines(raw / "num-edge-list.csv.gz", [str(g.num_edges)])
+    _write_splits(root, g)
+    return root
+
+
+def write_ogb_npz(root: Path, g: GraphData, compressed: bool = True) -> Path:
+    """OGB npz raw layout (ogbn-papers100M): float16 features, NaN = unlabelled."""
+    raw = root / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    save = np.savez_compressed if compressed else np.savez
+    save(raw / "data.npz", edge_index=np.stack([g.src, g.dst]),
+         node_feat=g.features.astype(np.float16), num_nodes_list=np.array([g.num_nodes]),
+         num_edges_list=np.array([g.num_edges]))
+    lab = g.labels.astype(np.float32).reshape(-1, 1)
+    lab[g.labels < 0] = np.nan
+    save(raw / "node-label.npz", node_label=lab)
+    _write_splits(root, g)
+    return root
+
+
+def write_snap(path: Path, g: GraphData, header: bool = True) -> Path:
+    """SNAP edge list (``.gz`` compressed when the name ends in .gz)."""
+    lines = []
+    if header:
+        lines += ["# Directed graph", f"# Nodes: {g.num_nodes} Edges: {g.num_edges}",
+                  "# FromNodeId\tToNodeId"]
+    lines += [f"{s}\t{d}" for s, d in zip(g.src, g.dst)]
+    text = "".join(line + "\n" for line in lines)
+    if path.suffix == ".gz":
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+    return path
+
+
+def write_mtx(path: Path, g: GraphData, field: str = "pattern") -> Path:
+    """MatrixMarket coordinate general: entry (dst+1, src+1)."""
+    lines = [f"%%MatrixMarket matrix coordinate {field} general", "% a comment",
+             f"{g.num_nodes} {g.num_nodes} {g.num_edges}"]
+    for s, d in zip(g.src, g.dst):
+        lines.append(f"{d + 1} {s + 1}" + (" 1.5" if field != "pattern" else ""))
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def write_reddit(root: Path, g: GraphData) -> Path:
+    """The Reddit npz pair PyG reads: reddit_data.npz and reddit_graph.npz (scipy COO)."""
+    root.mkdir(parents=True, exist_ok=True)
+    types = np.zeros(g.num_nodes, dtype=np.int64)
+    for k, t in (("train", 1), ("valid", 2), ("test", 3)):
+        types[g.splits[k]] = t
+    np.savez(root / "reddit_data.npz", feature=g.features, label=g.labels, node_types=types)
+    adj = sp.coo_matrix((np.ones(g.num_edges, dtype=np.float32), (g.src, g.dst)),
+                        shape=(g.num_nodes, g.num_nodes))
+    sp.save_npz(root / "reddit_graph.npz", adj)
+    return root

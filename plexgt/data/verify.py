@@ -1,0 +1,223 @@
+"""``plexgt verify``: every checksum and invariant of a prepared directory, out of core.
+
+Checked: the sha256 and size of every file the manifest lists (and that every expected file is
+listed); perm_p and perm_q are permutations; per tile, the row counts sum to the indices' length
+and the anchors equal the implied (monotone) indptr, indices are in range and strictly
+increasing within a row, nnz
+matches the manifest; degrees equal the row counts; the A1 and A2 nonzeros sum to E; A2 is the
+partner of A1 (both encode the same original edge set: compared by an order-independent 64-bit
+hash, one tile at a time); symmetry and self loops when the manifest claims them; labels and
+masks agree between the P and Q orders; features have the right shape and are finite.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from plexgt.data.graph import DataError
+from plexgt.data.loader import PreparedGraph
+from plexgt.data.permute import edge_hash, is_permutation
+from plexgt.data.runtime import sha256_file
+
+SPLITS = ("train", "valid", "test")
+
+
+class _Problems(list):
+    def add(self, msg: str) -> None:
+        self.append(msg)
+
+
+def _expected_files(m: dict[str, Any]) -> list[str]:
+    t, nfb = int(m["T"]), int(m.get("num_feature_blocks", 0))
+    out = ["nodes.h5"]
+    out += [f"{k}/rows_{i:05d}.h5" for k in ("A1", "A2") for i in range(t)]
+    out += [f"features/rows_{i:05d}.h5" for i in range(nfb)]
+    return out
+
+
+def _check_files(root: Path, m: dict[str, Any], bad: _Problems) -> int:
+    files = m.get("files", {})
+    for rel in _expected_files(m):
+        if rel not in files:
+            bad.add(f"{root / rel}: not listed in the manifest")
+    for rel, rec in files.items():
+        p = root / rel
+        if not p.exists():
+            bad.add(f"{p}: missing")
+            continue
+        if p.stat().st_size != rec.get("bytes"):
+            bad.add(f"{p}: size {p.stat().st_size} != manifest {rec.get('bytes')}")
+        elif sha256_file(p) != rec.get("sha256"):
+            bad.add(f"{p}: sha256 mismatch (corrupt or modified)")
+    return len(files)
+
+
+def _orig(values: np.ndarray, perm: np.ndarray) -> np.ndarray:
+    out = np.empty_like(values)
+    out[perm] = values
+    return out
+
+
+def _check_nodes(pg: PreparedGraph, bad: _Problems) -> tuple[np.ndarray, np.ndarray] | None:
+    n, where = pg.N, pg.path / "nodes.h5"
+    try:
+        p, q = pg.read_perm("P"), pg.read_perm("Q")
+    except DataError as e:
+        bad.add(str(e))
+        return None
+    for name, perm in (("perm_p", p), ("perm_q", q)):
+        if not is_permutation(perm, n):
+            bad.add(f"{where}: {name} is not a permutation of 0..{n - 1}")
+            return None
+    try:
+        lp, lq = pg.read_labels(None, "P"), pg.read_labels(None, "Q")
+        if lp.size and (lp.min() < -1 or lp.max() >= pg.C):
+            bad.add(f"{where}: labels outside [-1, C={pg.C})")
+        if not np.array_equal(_orig(lp, p), _orig(lq, q)):
+            bad.add(f"{where}: labels_P and labels_Q disagree on some node")
+        seen = np.zeros(n, dtype=bool)
+        for s in SPLITS:
+            mp, mq = pg.read_mask(s, None, "P"), pg.read_mask(s, None, "Q")
+            op = _orig(mp, p)
+            if not np.array_equal(op, _orig(mq, q)):
+                bad.add(f"{where}: mask_{s}_P and mask_{s}_Q disagree on some node")
+            if int(op.sum()) != pg.manifest.get("splits", {}).get(s, -1):
+                bad.add(f"{where}: split {s} holds {int(op.sum())} nodes, manifest says "
+                        f"{pg.manifest.get('splits', {}).get(s)}")
+            if np.any(seen & op):
+                bad.add(f"{where}: split {s} overlaps an earlier split")
+            seen |= op
+    except DataError as e:
+        bad.add(str(e))
+    return p, q
+
+
+def _check_tile(where: str, cnt: np.ndarray, anchors: np.ndarray, ind: np.ndarray,
+                nrows: int, ncols: int, stride: int, bad: _Problems) -> np.ndarray | None:
+    """The tile's indptr [nrows + 1] when every invariant holds, else None (problem added)."""
+    if cnt.shape != (nrows,) or cnt.dtype.kind != "u":
+        bad.add(f"{where}: counts have shape {cnt.shape} dtype {cnt.dtype}, expected "
+                f"({nrows},) unsigned")
+        return None
+    ip = np.zeros(nrows + 1, dtype=np.int64)
+    np.cumsum(cnt, out=ip[1:])
+    if ip[-1] != ind.shape[0]:
+        bad.add(f"{where}: row counts sum to {ip[-1]}, but the tile holds {ind.shape[0]} indices")
+        return None
+    if not np.array_equal(anchors, np.append(ip[:-1:stride], ip[-1])):
+        bad.add(f"{where}: anchors disagree with the row counts (indptr not monotone)")
+        return None
+    if ind.size and (ind.min() < 0 or ind.max() >= ncols):
+        bad.add(f"{where}: column index outside [0, {ncols})")
+        return None
+    if ind.size > 1:
+        rows = np.repeat(np.arange(nrows), np.diff(ip))
+        same = rows[1:] == rows[:-1]
+        if np.any(same & (ind[1:] <= ind[:-1])):
+            bad.add(f"{where}: indices not strictly increasing within a row (duplicates?)")
+            return None
+    return ip
+
+
+def _check_matrix(pg: PreparedGraph, which: str, p: np.ndarray, q: np.ndarray,
+                  bad: _Problems) -> tuple[int, int, int, int]:
+    """(nnz, hash of (dst, src), hash of (src, dst), self loops) of one matrix."""
+    n, s, t = pg.N, pg.tile_size, pg.T
+    rowmap, colmap = (p, q) if which == "A1" else (q, p)
+    order = "P" if which == "A1" else "Q"
+    tile_nnz = pg.manifest.get("tile_nnz", {}).get(which)
+    total = h_fwd = h_rev = loops = 0
+    deg_all = pg.read_degrees(None, order)
+    for ti in range(t):
+        r0, r1 = min(n, ti * s), min(n, ti * s + s)
+        path = pg.path / f"{which}/rows_{ti:05d}.h5"
+        try:
+            f = h5py.File(path, "r")
+        except OSError as e:
+            bad.add(f"{path}: unreadable HDF5 ({e})")
+            continue
+        with f:
+            deg = np.zeros(r1 - r0, dtype=np.int64)
+            for tj in range(t):
+                c0, c1 = min(n, tj * s), min(n, tj * s + s)
+                where = f"{path}[t{tj:05d}]"
+                try:
+                    g = f[f"t{tj:05d}"]
+                    cnt, anchors, ind = g["counts"][()], g["anchors"][()], g["indices"][()]
+                except (KeyError, OSError) as e:
+                    bad.add(f"{where}: unreadable tile ({e})")
+                    continue
+                ip = _check_tile(where, cnt, anchors, ind, r1 - r0, c1 - c0, pg.anchor_stride,
+                                 bad)
+                if ip is None:
+                    continue
+                if tile_nnz is not None and tile_nnz[ti][tj] != ind.size:
+                    bad.add(f"{where}: {ind.size} nonzeros, manifest says {tile_nnz[ti][tj]}")
+                cnt = np.diff(ip)
+                deg += cnt
+                dst = rowmap[np.repeat(np.arange(r0, r1), cnt)]
+                src = colmap[ind.astype(np.int64) + c0]
+                total += ind.size
+                h_fwd = (h_fwd + edge_hash(dst, src, n)) % 2**64
+                h_rev = (h_rev + edge_hash(src, dst, n)) % 2**64
+                loops += int(np.count_nonzero(dst == src))
+            try:
+                stored = f["deg"][()]
+            except KeyError:
+                bad.add(f"{path}: missing dataset 'deg'")
+                continue
+            if not np.array_equal(stored, deg) or not np.array_equal(deg_all[r0:r1], deg):
+                bad.add(f"{path}: degrees disagree with the tiles' row counts")
+    return total, h_fwd, h_rev, loops
+
+
+def _check_features(pg: PreparedGraph, bad: _Problems) -> None:
+    fb, nfb = pg.feature_block_rows, int(pg.manifest.get("num_feature_blocks", 0))
+    if pg.F and nfb != -(-pg.N // fb):
+        bad.add(f"{pg.path}: {nfb} feature blocks cannot hold N={pg.N} rows of {fb}")
+    for b in range(nfb):
+        path = pg.path / f"features/rows_{b:05d}.h5"
+        lo, hi = b * fb, min(pg.N, b * fb + fb)
+        try:
+            with h5py.File(path, "r") as f:
+                x = f["x"]
+                if x.shape != (hi - lo, pg.F):
+                    bad.add(f"{path}: x has shape {x.shape}, expected {(hi - lo, pg.F)}")
+                    continue
+                step = max(1, (64 << 20) // max(1, pg.F * x.dtype.itemsize))
+                for a in range(0, hi - lo, step):
+                    if not np.isfinite(x[a : a + step]).all():
+                        bad.add(f"{path}: non-finite feature value near row {lo + a}")
+                        break
+        except (OSError, KeyError) as e:
+            bad.add(f"{path}: unreadable features ({e})")
+
+
+def verify(path: str | Path, checksums: bool = True) -> dict[str, Any]:
+    """Check a prepared directory; returns {'ok', 'problems', 'files', 'seconds'}."""
+    t0 = time.monotonic()
+    bad = _Problems()
+    with PreparedGraph(path) as pg:
+        nfiles = _check_files(pg.path, pg.manifest, bad) if checksums else 0
+        perms = _check_nodes(pg, bad)
+        if perms is not None:
+            p, q = perms
+            res = {w: _check_matrix(pg, w, p, q, bad) for w in ("A1", "A2")}
+            (e1, h1, r1, l1), (e2, h2, _, _) = res["A1"], res["A2"]
+            if e1 != pg.E or e2 != pg.E:
+                bad.add(f"{pg.path}: A1 holds {e1} and A2 {e2} nonzeros; manifest E={pg.E}")
+            if h1 != h2:
+                bad.add(f"{pg.path}: A2 is not the partner of A1 (they encode different edges)")
+            if pg.symmetrized and h1 != r1:
+                bad.add(f"{pg.path}: manifest claims a symmetric graph but it is not")
+            if pg.self_loops and l1 != pg.N:
+                bad.add(f"{pg.path}: manifest claims self loops but {l1} of {pg.N} nodes have "
+                        "one")
+        _check_features(pg, bad)
+    return {"ok": not bad, "problems": list(bad), "files": nfiles,
+            "seconds": round(time.monotonic() - t0, 3)}

@@ -1,0 +1,330 @@
+"""prep -> loader round trips against the in-memory permuted matrices, verify, and resume."""
+
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from plexgt.cli import main
+from plexgt.data.graph import DataError, symmetrize
+from plexgt.data.loader import PreparedGraph, read_rank_blocks, read_row_block
+from plexgt.data.permute import inverse, permutations, processed_edges, reference_matrices
+from plexgt.data.shard import PrepOptions, prepare
+from plexgt.data.source import MemorySource
+from plexgt.data.testing import small_graph
+from plexgt.data.verify import verify
+from plexgt.dist.grid import Grid3D, block_bounds, layer_roles
+
+pytestmark = pytest.mark.timeout(120)
+
+GRIDS = [(1, 1, 1), (3, 1, 1), (3, 2, 1), (1, 3, 2), (5, 1, 1), (2, 2, 2), (1, 1, 4), (2, 3, 1),
+         (12, 1, 1), (1, 2, 12)]  # 12 blocks of ceil(37/12)=4 rows: the last two are empty
+
+
+def _prep(g, out, **kw):
+    kw.setdefault("tiles", 4)
+    return prepare(MemorySource(g), PrepOptions(out=out, progress=False, **kw))
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """N=37 (prime: no grid divides it), T=4 (tile 10: tiles never align with blocks)."""
+    g = small_graph(37, 150, f=5)
+    out = tmp_path_factory.mktemp("prep") / "p"
+    # tiny chunks and buffers: many bucket flushes and segments per tile
+    m = _prep(g, out, seed=5, chunk_edges=13, flush_items=17, feature_block_bytes=60)
+    a1, a2 = reference_matrices(g, seed=5)
+    return g, out, m, a1, a2
+
+
+def test_manifest(prepared):
+    g, out, m, a1, _ = prepared
+    assert (m["N"], m["F"], m["C"], m["T"], m["tile_size"]) == (37, 5, 3, 4, 10)
+    assert m["E"] == a1.nnz and m["self_loops"] and not m["symmetrized"]
+    assert m["splits"] == {k: int(v.size) for k, v in g.splits.items()}
+    assert m["feature_block_rows"] == 3 and m["num_feature_blocks"] == 13
+    assert set(m["files"]) >= {"nodes.h5", "A1/rows_00003.h5", "A2/rows_00000.h5"}
+    assert json.loads((out / "manifest.json").read_text())["E"] == m["E"]
+    assert not (out / ".staging").exists()
+
+
+@pytest.mark.parametrize("shape", GRIDS, ids=lambda s: "x".join(map(str, s)))
+def test_rank_blocks_equal_reference(prepared, shape):
+    g, out, _, a1, a2 = prepared
+    grid = Grid3D(*shape)
+    p, q = permutations(g.num_nodes, 5)
+    deg = {"P": np.asarray(a1.sum(1)).ravel(), "Q": np.asarray(a2.sum(1)).ravel()}
+    feats_q = g.features[q]
+    with PreparedGraph(out) as pg:
+        for rank in range(grid.size):
+            rb = read_rank_blocks(pg, grid, rank, num_layers=3)
+            c = dict(zip("xyz", grid.coords(rank)))
+            for lb in rb.layers:
+                a, _, cc = layer_roles(lb.layer)
+                rows = block_bounds(37, grid.dim(cc), c[cc])
+                cols = block_bounds(37, grid.dim(a), c[a])
+                ref = (a1 if lb.layer % 2 == 0 else a2)[rows[0] : rows[1], cols[0] : cols[1]]
+                assert (lb.rows, lb.cols) == (rows, cols)
+                assert lb.adj.shape == ref.shape and (lb.adj != ref).nnz == 0
+                assert lb.adj.has_sorted_indices
+                o_out, o_in = ("P", "Q") if lb.layer % 2 == 0 else ("Q", "P")
+                np.testing.assert_array_equal(lb.deg_rows, deg[o_out][rows[0] : rows[1]])
+                np.testing.assert_array_equal(lb.deg_cols, deg[o_in][cols[0] : cols[1]])
+            fr = block_bounds(37, grid.gx, c["x"])
+            k0, k1 = block_bounds(5, grid.gy * grid.gz, c["y"] * grid.gz + c["z"])
+            np.testing.assert_array_equal(rb.features,
+                                          feats_q[fr[0] : fr[1], k0:k1])
+            # 3 layers: the last (layer 2) uses A1, so output rows are in P order over z... roles
+            last_c = layer_roles(2)[2]
+            orow = block_bounds(37, grid.dim(last_c), c[last_c])
+            assert rb.output_order == "P" and rb.output_rows == orow
+            np.testing.assert_array_equal(rb.labels, g.labels[p][orow[0] : orow[1]])
+            mask = np.zeros(37, bool)
+            mask[g.splits["train"]] = True
+            np.testing.assert_array_equal(rb.masks["train"], mask[p][orow[0] : orow[1]])
+            assert rb.bytes_read > 0 or rb.features.size == 0
+
+
+def test_even_layer_count_outputs_q_order(prepared):
+    g, out, *_ = prepared
+    _, q = permutations(37, 5)
+    with PreparedGraph(out) as pg:
+        rb = read_rank_blocks(pg, Grid3D(1, 2, 1), 1, num_layers=2)
+        lo, hi = rb.output_rows
+        assert rb.output_order == "Q"
+        np.testing.assert_array_equal(rb.labels, g.labels[q][lo:hi])
+
+
+def test_arbitrary_ranges_and_bytes(prepared):
+    _, out, _, a1, a2 = prepared
+    rng = np.random.default_rng(0)
+    with PreparedGraph(out) as pg:
+        for _ in range(40):
+            r = np.sort(rng.integers(0, 38, 2))
+            c = np.sort(rng.integers(0, 38, 2))
+            for which, ref in (("A1", a1), ("A2", a2)):
+                got = pg.read_adjacency(which, tuple(r), tuple(c))
+                assert (got != ref[r[0] : r[1], c[0] : c[1]]).nnz == 0
+        before = pg.bytes_read
+        blk = pg.read_adjacency("A1", (0, 10), (0, 10))  # exactly tile (0, 0)
+        assert pg.bytes_read - before == 8 + 10 * 1 + blk.nnz * 4  # anchor, uint8 counts
+        assert pg.read_adjacency("A1", (5, 5), (0, 37)).shape == (0, 37)
+        assert pg.read_features((3, 3)).shape == (0, 5)
+
+
+def test_permutations_map_back(prepared):
+    g, out, *_ = prepared
+    with PreparedGraph(out) as pg:
+        p, q = pg.read_perm("P"), pg.read_perm("Q")
+        np.testing.assert_array_equal(pg.to_original(pg.read_labels(order="P"), "P"), g.labels)
+        np.testing.assert_array_equal(pg.to_original(pg.read_labels(order="Q"), "Q"), g.labels)
+        np.testing.assert_array_equal(pg.to_original(pg.read_features(), "Q"), g.features)
+    ep, eq = permutations(37, 5)
+    np.testing.assert_array_equal(p, ep)
+    np.testing.assert_array_equal(q, eq)
+
+
+def test_row_block_is_q_a_qt(prepared):
+    g, out, _, a1, _ = prepared
+    p, q = permutations(37, 5)
+    # Q A Q^T from A1 = P A Q^T: rows P -> Q
+    pinv = inverse(p)
+    aqq = a1[pinv[q]]
+    with PreparedGraph(out) as pg:
+        for i in range(4):
+            rb = read_row_block(pg, i, 4)
+            lo, hi = rb.rows
+            assert (rb.adj != aqq[lo:hi]).nnz == 0
+            np.testing.assert_array_equal(rb.features, g.features[q][lo:hi])
+            np.testing.assert_array_equal(rb.labels, g.labels[q][lo:hi])
+
+
+def test_output_independent_of_chunking_and_verify_ok(prepared, tmp_path):
+    g, out, m, *_ = prepared
+    m2 = _prep(g, tmp_path / "q", seed=5, feature_block_bytes=60)  # default chunking
+    assert m2["files"] == m["files"]
+    res = verify(out)
+    assert res["ok"], res["problems"]
+
+
+@pytest.mark.parametrize("sym,loops", [(True, True), (False, False), (True, False)])
+def test_symmetrize_and_self_loop_options(tmp_path, sym, loops):
+    g = small_graph(23, 60, f=2)
+    m = _prep(g, tmp_path / "o", tiles=3, symmetrize=sym, self_loops=loops)
+    a1, a2 = reference_matrices(g, 0, sym, loops)
+    assert m["E"] == a1.nnz and m["symmetrized"] == sym and m["self_loops"] == loops
+    with PreparedGraph(tmp_path / "o") as pg:
+        assert (pg.read_adjacency("A1") != a1).nnz == 0
+        assert (pg.read_adjacency("A2") != a2).nnz == 0
+        if sym:
+            # A2 = Q A P^T = (P A^T Q^T)^T = A1^T for a symmetric A
+            assert (pg.read_adjacency("A2") != pg.read_adjacency("A1").T).nnz == 0
+    assert verify(tmp_path / "o")["ok"]
+    if sym:
+        ref = symmetrize(g)
+        assert m["E"] == ref.num_edges + (23 - int(np.sum(ref.src == ref.dst)) if loops else 0)
+
+
+def test_verify_detects_corruption(prepared, tmp_path):
+    import shutil
+
+    _, out, *_ = prepared
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    f = bad / "A1" / "rows_00001.h5"
+    data = bytearray(f.read_bytes())
+    data[-20] ^= 0xFF
+    f.write_bytes(bytes(data))
+    res = verify(bad)
+    assert not res["ok"] and any("sha256 mismatch" in p for p in res["problems"])
+    assert main(["verify", str(bad)]) == 2
+
+
+def test_verify_detects_broken_partner_with_valid_checksums(prepared, tmp_path):
+    import shutil
+
+    from plexgt.data.runtime import sha256_file
+
+    _, out, *_ = prepared
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    rel = "A2/rows_00000.h5"
+    with h5py.File(bad / rel, "r+") as f:
+        ind = f["t00000/indices"]
+        cnt = f["t00000/counts"][()].astype(np.int64)
+        row = int(np.nonzero(cnt == 1)[0][0])  # a row with one entry: move it
+        k = int(cnt[:row].sum())
+        ind[k] = (ind[k] + 1) % 10
+    m = json.loads((bad / "manifest.json").read_text())
+    m["files"][rel] = {"bytes": (bad / rel).stat().st_size, "sha256": sha256_file(bad / rel)}
+    (bad / "manifest.json").write_text(json.dumps(m))
+    probs = verify(bad)["problems"]
+    assert any("not the partner" in p for p in probs), probs
+
+
+def test_resume_after_interruption(tmp_path, capsys):
+    g = small_graph(41, 200, f=3)
+    ref = _prep(g, tmp_path / "ref", tiles=3)
+    out = tmp_path / "o"
+    with pytest.raises(RuntimeError, match="simulated interruption"):
+        prepare(MemorySource(g), PrepOptions(out=out, tiles=3, progress=False), fail_after=2)
+    assert not (out / "manifest.json").exists()
+    (out / "A1" / "rows_00002.h5.tmp").write_bytes(b"half-written")
+    with pytest.raises(DataError, match="interrupted prep"):
+        PreparedGraph(out)
+    with pytest.raises(DataError, match="exists"):
+        prepare(MemorySource(g), PrepOptions(out=out, tiles=3, progress=False))
+    with pytest.raises(DataError, match="different options"):
+        prepare(MemorySource(g), PrepOptions(out=out, tiles=2, resume=True, progress=False))
+    done_before = sorted((out / ".staging" / "done").iterdir())
+    assert len(done_before) == 2
+    m = prepare(MemorySource(g), PrepOptions(out=out, tiles=3, resume=True, progress=False))
+    assert m["files"] == ref["files"]
+    assert not list(out.rglob("*.tmp")) and not (out / ".staging").exists()
+    assert verify(out)["ok"]
+    # resuming a complete directory is a no-op
+    assert prepare(MemorySource(g), PrepOptions(out=out, tiles=3, resume=True,
+                                                progress=False))["files"] == ref["files"]
+
+
+def test_resume_redoes_interrupted_bucketing(tmp_path):
+    g = small_graph(29, 90, f=2)
+    out = tmp_path / "o"
+    with pytest.raises(RuntimeError):
+        prepare(MemorySource(g), PrepOptions(out=out, tiles=2, progress=False), fail_after=0)
+    (out / ".staging" / "bucketed.json").unlink()
+    for f in (out / ".staging" / "buckets").iterdir():
+        f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])  # torn files
+    prepare(MemorySource(g), PrepOptions(out=out, tiles=2, resume=True, progress=False))
+    assert verify(out)["ok"]
+
+
+def test_cli_prep_and_verify(tmp_path, capsys):
+    from plexgt.data.testing import write_snap
+
+    snap = write_snap(tmp_path / "g.txt.gz", small_graph(30, 80))
+    out = tmp_path / "o"
+    rc = main(["prep", "--format", "snap", "--input", str(snap), "--out", str(out),
+               "--symmetrize", "--features", "8", "--classes", "3", "--quiet", "--tiles", "2"])
+    assert rc == 0
+    err = capsys.readouterr().err
+    assert "N=30" in err and "tiles=2x2" in err and "imbalance=" in err
+    with PreparedGraph(out) as pg:
+        assert (pg.F, pg.C, pg.symmetrized) == (8, 3, True)
+        assert pg.manifest["source_files"][0]["sha256"]
+    assert main(["verify", str(out)]) == 0
+    rc = main(["prep", "--format", "sbm", "--nodes", "300", "--edges", "3000", "--classes",
+               "3", "--features", "4", "--out", str(tmp_path / "s"), "--quiet",
+               "--no-self-loops", "--features-dtype", "float16"])
+    assert rc == 0
+    with PreparedGraph(tmp_path / "s") as pg:
+        assert pg.read_features((0, 4)).dtype == np.float16 and not pg.self_loops
+        a1 = pg.read_adjacency("A1")
+        assert sp.csr_matrix(a1).diagonal().sum() < 300
+
+
+def test_rows_beyond_an_anchor_and_wide_counts(tmp_path):
+    """Tiles of 3000 rows (anchors at 0, 1024, 2048) and a hub row (>255: uint16 counts)."""
+    rng = np.random.default_rng(1)
+    n = 3000
+    src = np.concatenate([rng.integers(0, n, 6000), np.arange(1, 400)])
+    dst = np.concatenate([rng.integers(0, n, 6000), np.zeros(399, dtype=np.int64)])
+    g = small_graph(n, 10, f=1)
+    g.src, g.dst = src.astype(np.int64), dst.astype(np.int64)
+    _prep(g, tmp_path / "o", tiles=1)
+    a1, a2 = reference_matrices(g, 0)
+    with PreparedGraph(tmp_path / "o") as pg, h5py.File(tmp_path / "o/A2/rows_00000.h5") as f:
+        assert f["t00000/counts"].dtype == np.uint16 and f["t00000/anchors"].shape == (4,)
+        for lo, hi in [(0, 3000), (1023, 1025), (1500, 2900), (2048, 2049), (2999, 3000)]:
+            for c in [(0, 3000), (700, 2100)]:
+                assert (pg.read_adjacency("A1", (lo, hi), c) != a1[lo:hi, c[0]:c[1]]).nnz == 0
+                assert (pg.read_adjacency("A2", (lo, hi), c) != a2[lo:hi, c[0]:c[1]]).nnz == 0
+    assert verify(tmp_path / "o")["ok"]
+
+
+def test_streamed_features_through_buckets(tmp_path):
+    """A streaming source (OGB npz): feature rows go through the buckets, land in Q order."""
+    from plexgt.data.formats.ogb import open_ogb
+    from plexgt.data.testing import write_ogb_npz
+
+    g = small_graph(53, 200, f=6)
+    root = write_ogb_npz(tmp_path / "ogb", g)
+    src = open_ogb(root)
+    assert not src.random_access_features
+    prepare(src, PrepOptions(out=tmp_path / "o", tiles=3, progress=False, flush_items=40,
+                             chunk_edges=17, feature_block_bytes=100))
+    _, q = permutations(53, 0)
+    with PreparedGraph(tmp_path / "o") as pg:
+        assert pg.manifest["num_feature_blocks"] > 3
+        np.testing.assert_array_equal(pg.read_features(), g.features.astype(np.float16)[q])
+        np.testing.assert_array_equal(pg.read_features((5, 40), (2, 5)),
+                                      g.features.astype(np.float16)[q][5:40, 2:5])
+    assert verify(tmp_path / "o")["ok"]
+
+
+def test_degree_stratified_permutation(tmp_path):
+    """--permutation degree: still exact (vs the oracle built from the stored perms), balanced."""
+    from plexgt.data.synthetic import rmat
+
+    g = rmat(1 << 12, 1 << 16, seed=4)
+    imb = {}
+    for method in ("random", "degree"):
+        out = tmp_path / method
+        m = _prep(g, out, tiles=8, permutation=method)
+        assert m["permutation"]["method"] == method
+        nnz = np.asarray(m["tile_nnz"]["A1"], dtype=float)
+        imb[method] = nnz.max() / nnz.mean()
+        with PreparedGraph(out) as pg:
+            p, q = pg.read_perm("P"), pg.read_perm("Q")
+            src, dst = processed_edges(g, False, True)
+            pinv, qinv = inverse(p), inverse(q)
+            ref = sp.csr_matrix((np.ones(src.size, np.float32), (pinv[dst], qinv[src])),
+                                shape=(g.num_nodes,) * 2)
+            assert (pg.read_adjacency("A1", (100, 3000), (7, 4000)) != ref[100:3000, 7:4000]
+                    ).nnz == 0
+        assert verify(out)["ok"]
+    assert imb["degree"] < imb["random"]

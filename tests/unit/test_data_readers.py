@@ -1,0 +1,176 @@
+"""Each reader on small files written in tmp_path: the graph read back equals the one written."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from plexgt.data.formats.gnn_benchmark import read_gnn_benchmark
+from plexgt.data.formats.mtx import read_mtx
+from plexgt.data.formats.ogb import open_ogb, read_ogb
+from plexgt.data.formats.snap import read_snap
+from plexgt.data.graph import DataError, dedup_edges
+from plexgt.data.source import MemorySource
+from plexgt.data.synthetic import RMAT_CHUNK, RmatSource, rmat, sbm
+from plexgt.data.testing import (
+    small_graph,
+    write_gnn_benchmark,
+    write_mtx,
+    write_ogb_csv,
+    write_ogb_npz,
+    write_snap,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _same_edges(g, src, dst):
+    a = dedup_edges(g.src, g.dst, g.num_nodes)
+    b = dedup_edges(src, dst, g.num_nodes)
+    return all(np.array_equal(x, y) for x, y in zip(a, b))
+
+
+def test_gnn_benchmark_round_trip(tmp_path):
+    g = small_graph()
+    r = read_gnn_benchmark(write_gnn_benchmark(tmp_path / "g.npz", g))
+    assert r.num_nodes == g.num_nodes and _same_edges(r, g.src, g.dst)
+    np.testing.assert_array_equal(r.features, g.features)
+    np.testing.assert_array_equal(r.labels, g.labels)
+
+
+def test_ogb_csv_round_trip(tmp_path):
+    g = small_graph()
+    r = read_ogb(write_ogb_csv(tmp_path / "ogb", g))
+    assert r.num_nodes == g.num_nodes and r.num_edges == g.num_edges
+    np.testing.assert_array_equal(r.src, g.src)
+    np.testing.assert_array_equal(r.dst, g.dst)
+    np.testing.assert_allclose(r.features, g.features, rtol=1e-6)
+    np.testing.assert_array_equal(r.labels, g.labels)
+    for k in ("train", "valid", "test"):
+        np.testing.assert_array_equal(r.splits[k], g.splits[k])
+
+
+@pytest.mark.parametrize("compressed", [True, False])
+def test_ogb_npz_round_trip_and_streaming(tmp_path, compressed):
+    g = small_graph()
+    g.labels[[1, 5]] = -1
+    root = write_ogb_npz(tmp_path / "ogb", g, compressed)
+    r = read_ogb(root)
+    np.testing.assert_array_equal(r.src, g.src)
+    np.testing.assert_array_equal(r.labels, g.labels)
+    assert r.features.dtype == np.float16
+    np.testing.assert_array_equal(r.features, g.features.astype(np.float16))
+    s = open_ogb(root)
+    try:
+        # three parts of chunk 7: every edge exactly once, every feature row exactly once
+        got = [c for p in range(3) for c in s.edge_chunks(p, 3, 7)]
+        src = np.concatenate([c[0] for c in got])
+        dst = np.concatenate([c[1] for c in got])
+        assert sorted(zip(src, dst)) == sorted(zip(g.src, g.dst))
+        rows = {}
+        for p in range(3):
+            for lo, x in s.feature_chunks(p, 3, 4):
+                for k in range(x.shape[0]):
+                    assert lo + k not in rows
+                    rows[lo + k] = x[k]
+        assert len(rows) == g.num_nodes
+        np.testing.assert_array_equal(np.stack([rows[i] for i in range(g.num_nodes)]),
+                                      r.features)
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("name", ["g.txt", "g.txt.gz"])
+def test_snap_round_trip(tmp_path, name):
+    g = small_graph()
+    r = read_snap(write_snap(tmp_path / name, g))
+    np.testing.assert_array_equal(r.src, g.src)
+    np.testing.assert_array_equal(r.dst, g.dst)
+    assert r.num_nodes == g.num_nodes and r.features is None
+
+
+def test_snap_without_header_takes_max_id(tmp_path):
+    p = tmp_path / "g.txt"
+    p.write_text("# c\n0 5\n2 3\n\n")
+    r = read_snap(p)
+    assert r.num_nodes == 6 and r.num_edges == 2
+    assert read_snap(p, num_nodes=10).num_nodes == 10
+
+
+@pytest.mark.parametrize("field", ["pattern", "real"])
+def test_mtx_general(tmp_path, field):
+    g = small_graph()
+    r = read_mtx(write_mtx(tmp_path / "g.mtx", g, field))
+    np.testing.assert_array_equal(r.src, g.src)
+    np.testing.assert_array_equal(r.dst, g.dst)
+
+
+def test_mtx_symmetric_adds_mirror(tmp_path):
+    p = tmp_path / "s.mtx"
+    p.write_text("%%MatrixMarket matrix coordinate pattern symmetric\n3 3 3\n2 1\n3 3\n3 2\n")
+    r = read_mtx(p)
+    pairs = sorted(zip(r.dst.tolist(), r.src.tolist()))
+    assert pairs == [(0, 1), (1, 0), (1, 2), (2, 1), (2, 2)]
+
+
+def test_rmat_is_seeded_and_chunk_independent():
+    a = rmat(1000, 5000, seed=3)
+    b = rmat(1000, 5000, seed=3)
+    np.testing.assert_array_equal(a.src, b.src)
+    assert a.src.max() < 1000 and a.dst.min() >= 0
+    s = RmatSource(1 << 10, 3 * RMAT_CHUNK + 5, seed=1)
+    one = np.concatenate([c[0] for c in s.edge_chunks(0, 1, 0)])
+    two = [c for p in range(2) for c in s.edge_chunks(p, 2, 0)]
+    assert one.size == 3 * RMAT_CHUNK + 5
+    assert np.array_equal(np.sort(one), np.sort(np.concatenate([c[0] for c in two])))
+    # skewed degrees: the busiest node has far more than the mean
+    deg = np.bincount(one, minlength=1 << 10)
+    assert deg.max() > 20 * deg.mean()
+
+
+def test_sbm_is_learnable_and_fast():
+    import time
+
+    t0 = time.perf_counter()
+    g = sbm(50_000, 1_000_000, 8, 64, seed=0)
+    assert time.perf_counter() - t0 < 10
+    assert g.num_edges == 1_000_000 and g.features.shape == (50_000, 64)
+    homophily = np.mean(g.labels[g.src] == g.labels[g.dst])
+    assert homophily > 0.75
+    # nearest-centroid on raw features vs on neighbour-averaged features: the graph helps
+    n = g.num_nodes
+    agg = np.zeros_like(g.features)
+    np.add.at(agg, g.dst, g.features[g.src])
+    agg /= np.maximum(np.bincount(g.dst, minlength=n), 1)[:, None]
+    tr = g.splits["train"]
+    te = g.splits["test"]
+
+    def acc(x):
+        cent = np.stack([x[tr][g.labels[tr] == c].mean(0) for c in range(8)])
+        pred = np.argmin(((x[te, None, :] - cent[None]) ** 2).sum(-1), axis=1)
+        return float(np.mean(pred == g.labels[te]))
+
+    raw, graph = acc(g.features), acc(agg)
+    assert raw < 0.8 and graph > 0.9, (raw, graph)
+
+
+def test_memory_source_rejects_edgeless_graph():
+    g = small_graph()
+    g.src, g.dst = g.src[:0], g.dst[:0]
+    with pytest.raises(DataError, match="empty graph"):
+        MemorySource(g)
+
+
+def test_reddit_npz_pair(tmp_path):
+    from plexgt.data.testing import write_reddit
+
+    g = small_graph()
+    r = read_gnn_benchmark(write_reddit(tmp_path / "reddit", g))
+    np.testing.assert_array_equal(r.src, g.src)
+    np.testing.assert_array_equal(r.dst, g.dst)
+    np.testing.assert_array_equal(r.features, g.features)
+    for k in ("train", "valid", "test"):
+        np.testing.assert_array_equal(r.splits[k], g.splits[k])
+    (tmp_path / "reddit" / "reddit_graph.npz").write_bytes(b"PK\x03\x04broken")
+    with pytest.raises(DataError, match="reddit_graph.npz: not a readable npz"):
+        read_gnn_benchmark(tmp_path / "reddit")

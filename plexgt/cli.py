@@ -16,6 +16,9 @@ COMMANDS: dict[str, str] = {
     "info": "Print the process grid: each rank's coordinates and group members.",
     "prep": "Shard a dataset into adjacency tiles, features and node arrays (out of core, MPI).",
     "verify": "Check a prepared directory: checksums, tile invariants, permutations.",
+    "train": "Train gcn, gt or gps full-graph on a prepared directory (MPI job).",
+    "profile": "Measure collectives and kernels (under mpiexec -n P); save a system profile.",
+    "plan": "Predict time and memory of each strategy and scale; choose one (AGP / Plexus).",
 }
 
 
@@ -43,13 +46,19 @@ def _module(name: str):  # noqa: ANN202 - a module object
 
 
 def main(argv: list[str] | None = None) -> int:
+    from plexgt.config import ConfigError
     from plexgt.data.graph import DataError
     from plexgt.dist.grid import GridError
 
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and not getattr(args, "accepts_overrides", False):
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.overrides = [e for e in extra if e.startswith("--") and "=" in e]
+    if len(args.overrides) != len(extra):
+        parser.error(f"unrecognized arguments: {' '.join(set(extra) - set(args.overrides))}")
     try:
         return int(_module(args._module).run(args) or 0)
-    except (UsageError, GridError, DataError) as e:
+    except (UsageError, GridError, DataError, ConfigError) as e:
         print(f"plexgt {args.command}: error: {e}", file=sys.stderr)
         return 2

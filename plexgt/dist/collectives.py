@@ -22,8 +22,10 @@ same formulas the ledger records and tests compare the two exactly.
 from __future__ import annotations
 
 import math
+import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,12 +64,22 @@ class CommLedger:
     sent: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     recv: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     calls: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    seconds: float = 0.0
+    """Wall time this rank spent inside collectives (blocking calls and waits on async ones)."""
 
     def record(self, name: str, op: str, sent: int, recv: int) -> None:
         key = (name, op)
         self.sent[key] += int(sent)
         self.recv[key] += int(recv)
         self.calls[key] += 1
+
+    @contextmanager
+    def timed(self) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds += time.perf_counter() - t0
 
     def total(self, name: str | None = None, op: str | None = None, kind: str = "sent") -> int:
         """Sum of bytes ``kind`` ('sent' or 'recv'), optionally for one group name and/or op."""
@@ -90,6 +102,7 @@ class CommLedger:
         self.sent.clear()
         self.recv.clear()
         self.calls.clear()
+        self.seconds = 0.0
 
 
 @dataclass
@@ -131,7 +144,8 @@ def _all_gather(x: torch.Tensor, comm: Comm, dim: int) -> torch.Tensor:
         return x
     xt = x.movedim(dim, 0).contiguous()
     out = torch.empty((comm.size * xt.shape[0], *xt.shape[1:]), dtype=x.dtype, device=x.device)
-    _all_gather_tensor(out, xt, group=comm.group)
+    with comm.ledger.timed():
+        _all_gather_tensor(out, xt, group=comm.group)
     b = all_gather_bytes(_nbytes(xt), comm.size)
     comm.ledger.record(comm.name, "all_gather", b, b)
     return out.movedim(0, dim)
@@ -149,7 +163,8 @@ def _reduce_scatter(x: torch.Tensor, comm: Comm, dim: int) -> torch.Tensor:
     out = torch.empty(
         (xt.shape[0] // comm.size, *xt.shape[1:]), dtype=x.dtype, device=x.device
     )
-    _reduce_scatter_tensor(out, xt, group=comm.group)
+    with comm.ledger.timed():
+        _reduce_scatter_tensor(out, xt, group=comm.group)
     b = reduce_scatter_bytes(_nbytes(xt), comm.size)
     comm.ledger.record(comm.name, "reduce_scatter", b, b)
     return out.movedim(0, dim)
@@ -160,7 +175,8 @@ def _all_reduce(x: torch.Tensor, comm: Comm, async_op: bool = False, op: str = "
         return None
     b = all_reduce_bytes(_nbytes(x), comm.size)
     comm.ledger.record(comm.name, "all_reduce", b, b)
-    return dist.all_reduce(x, op=_OPS[op], group=comm.group, async_op=async_op)
+    with comm.ledger.timed():
+        return dist.all_reduce(x, op=_OPS[op], group=comm.group, async_op=async_op)
 
 
 def _all_to_all(
@@ -178,9 +194,10 @@ def _all_to_all(
     xt = x.movedim(dim, 0).contiguous()
     row = math.prod(xt.shape[1:]) * xt.element_size()
     out = torch.empty((sum(recv_splits), *xt.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.all_to_all_single(
-        out, xt, list(map(int, recv_splits)), list(map(int, send_splits)), group=comm.group
-    )
+    with comm.ledger.timed():
+        dist.all_to_all_single(
+            out, xt, list(map(int, recv_splits)), list(map(int, send_splits)), group=comm.group
+        )
     me = comm.rank
     sent = (sum(send_splits) - send_splits[me]) * row
     recv = (sum(recv_splits) - recv_splits[me]) * row
@@ -199,8 +216,9 @@ def _shift(x: torch.Tensor, comm: Comm, offset: int) -> torch.Tensor:
         dist.P2POp(dist.isend, xc, to, group=comm.group),
         dist.P2POp(dist.irecv, out, frm, group=comm.group),
     ]
-    for req in dist.batch_isend_irecv(ops):
-        req.wait()
+    with comm.ledger.timed():
+        for req in dist.batch_isend_irecv(ops):
+            req.wait()
     b = _nbytes(xc)
     comm.ledger.record(comm.name, "send_recv", b, b)
     return out
@@ -339,6 +357,13 @@ def all_reduce_async(x: torch.Tensor, comm: Comm) -> Any:
     For overlap of communication with computation inside hand-written backward/forward passes.
     """
     return _all_reduce(x, comm, async_op=True)
+
+
+def wait(handle: Any, comm: Comm) -> None:
+    """Wait for an async collective (None: nothing was issued), timing the wait in the ledger."""
+    if handle is not None:
+        with comm.ledger.timed():
+            handle.wait()
 
 
 def all_reduce_(x: torch.Tensor, comm: Comm, op: str = "sum") -> torch.Tensor:

@@ -36,6 +36,7 @@ from plexgt.dist.collectives import (
     all_reduce_async,
     reduce_scatter,
     replicated,
+    wait,
 )
 from plexgt.parallel.layout3d import LayerLayout, row_blocks
 
@@ -97,8 +98,7 @@ class _AggregateAllReduce(torch.autograd.Function):
             out[r0:r1] = torch.sparse.mm(blk, h) if r1 > r0 else out[r0:r1]
             handles.append(all_reduce_async(out[r0:r1], comm))
         for hd in handles:
-            if hd is not None:
-                hd.wait()
+            wait(hd, comm)
         return out
 
     @staticmethod
@@ -108,8 +108,7 @@ class _AggregateAllReduce(torch.autograd.Function):
         handles = [all_reduce_async(g[r0:r1], comm) for r0, r1 in adj.bounds]
         dh = torch.zeros((adj.shape[1], g.shape[1]), dtype=g.dtype, device=g.device)
         for (r0, r1), blk_t, hd in zip(adj.bounds, adj.bwd, handles):
-            if hd is not None:
-                hd.wait()
+            wait(hd, comm)
             if r1 > r0:
                 dh += torch.sparse.mm(blk_t, g[r0:r1])
         return dh, None, None
@@ -183,11 +182,13 @@ class Plexus3DGCN(nn.Module):
         dtype: torch.dtype = torch.float32,
         tune_gemm: bool = True,
         seed: int = 0,
+        input_dropout: float | None = None,
     ) -> None:
         super().__init__()
         self.layouts = list(layouts)
         self.comms = comms
         self.dropout = dropout
+        self.input_dropout = dropout if input_dropout is None else input_dropout
         self.seed = seed
         self.step = 0
         self.mm = TunedMatmul(tune_gemm)
@@ -222,12 +223,13 @@ class Plexus3DGCN(nn.Module):
     def _dropout(self, h: torch.Tensor, lay: LayerLayout) -> torch.Tensor:
         """Dropout with a mask drawn per (step, layer, block): identical wherever the same
         block is held twice, independent across blocks."""
-        if not self.training or self.dropout <= 0:
+        p = self.input_dropout if lay.layer == 0 else self.dropout
+        if not self.training or p <= 0:
             return h
         key = (self.seed, self.step, lay.layer, lay.cols[0], lay.in_cols[0])
         gen = torch.Generator().manual_seed(hash(key) & 0x7FFFFFFFFFFF)
-        keep = torch.rand(h.shape, generator=gen) >= self.dropout
-        return h * keep.to(h.dtype) / (1 - self.dropout)
+        keep = torch.rand(h.shape, generator=gen) >= p
+        return h * keep.to(h.dtype) / (1 - p)
 
     def layer(self, h: torch.Tensor, l: int) -> torch.Tensor:
         lay = self.layouts[l]

@@ -68,7 +68,7 @@ def row1d_step_bytes(p: int, n: int, dims: list[int], esize: int) -> int:
     """Bytes per rank of the 1D baseline: rows over p ranks, H all-gathered every layer.
 
     Forward all-gathers H [N/p, d] per layer; backward reduce-scatters dH (not for layer 0);
-    the replicated weights' gradients are all-reduced once per step.
+    the replicated weight and bias gradients are all-reduced; the loss sums two scalars.
     """
     rows = -(-n // p)
     total = 0
@@ -76,8 +76,9 @@ def row1d_step_bytes(p: int, n: int, dims: list[int], esize: int) -> int:
         total += all_gather_bytes(rows * dims[l] * esize, p)
         if l > 0:
             total += reduce_scatter_bytes(rows * p * dims[l] * esize, p)
-        total += all_reduce_bytes((dims[l] * dims[l + 1] + dims[l + 1]) * esize, p)
-    return total
+        total += all_reduce_bytes(dims[l] * dims[l + 1] * esize, p)
+        total += all_reduce_bytes(dims[l + 1] * esize, p)
+    return total + all_reduce_bytes(2 * esize, p)  # the loss total
 
 
 @dataclass(frozen=True)

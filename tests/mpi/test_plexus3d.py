@@ -17,8 +17,10 @@ from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import sbm
 from plexgt.dist.collectives import CommLedger
+from plexgt.models.gcn import GCN
+from plexgt.models.layers import ModelGraph
 from plexgt.ops.csr import CSRGraph
-from plexgt.ops.gcn import gcn_norm, gcn_spmm
+from plexgt.ops.gcn import gcn_norm
 from plexgt.parallel.layout3d import layer_layouts
 from plexgt.parallel.plexus3d import (
     Plexus3DGCN,
@@ -33,7 +35,7 @@ from .conftest import grids_for_world
 
 pytestmark = pytest.mark.timeout(300)
 N, F, C = 53, 7, 5
-HIDDEN = [6, 9]
+HIDDEN = 6
 DT = torch.float64
 TOL = dict(rtol=1e-6, atol=1e-9)
 
@@ -66,25 +68,18 @@ def _reference(pg):
     return ahat, x, torch.from_numpy(labels), torch.from_numpy(train), pp
 
 
-def _reference_model(seed: int):
+def _reference_model(seed: int) -> GCN:
+    """The single-process GCN (the oracle), three layers, no dropout."""
     torch.manual_seed(seed)
-    dims = [F, *HIDDEN, C]
-    return torch.nn.ModuleList(
-        [torch.nn.Linear(dims[i], dims[i + 1], dtype=DT) for i in range(len(dims) - 1)]
-    )
+    return GCN(F, HIDDEN, C, num_layers=3, dropout=0.0).to(DT)
 
 
-def _reference_forward(lins, ahat, x):
-    h = x
-    for i, lin in enumerate(lins):
-        h = gcn_spmm(ahat, h @ lin.weight.t()) + lin.bias
-        if i < len(lins) - 1:
-            h = torch.relu(h)
-    return h
+def _reference_forward(model: GCN, ahat, x):
+    return model(x, ModelGraph(gcn=ahat))
 
 
 def _distributed(pg, dist_ctx, grid_groups, grid, block_rows=None):
-    dims = [F, *HIDDEN, C]
+    dims = [F, HIDDEN, HIDDEN, C]
     lays = layer_layouts(grid, dist_ctx.rank, N, dims)
     ledger = CommLedger()
     comms = plexus_comms(grid_groups(grid), ledger, lays[-1])
@@ -112,7 +107,7 @@ def test_forward_loss_and_gradients_equal_reference(prepared, dist_ctx, grid_gro
     loss_ref.backward()
 
     lays, ledger, comms, data, model = _distributed(pg, dist_ctx, grid_groups, grid, block_rows)
-    model.load_full([(lin.weight, lin.bias) for lin in ref])
+    model.load_full([(lin.weight, lin.bias) for lin in ref.layers])
     out = model(data.x)
     last = lays[-1]
     loss = parallel_cross_entropy(out, data.labels, data.masks["train"], last, comms)
@@ -123,7 +118,7 @@ def test_forward_loss_and_gradients_equal_reference(prepared, dist_ctx, grid_gro
     mine = _my_slice(out_ref, last, pp)
     torch.testing.assert_close(out[:r, : mine.shape[1]], mine.detach(), **TOL)
     torch.testing.assert_close(loss, loss_ref.detach(), **TOL)
-    for lay, w, b, lin in zip(lays, model.weights, model.biases, ref):
+    for lay, w, b, lin in zip(lays, model.weights, model.biases, ref.layers):
         wt = torch.zeros(lay.d_in, lay.d_out, dtype=DT)
         wt[: lay.d_in_true, : lay.d_out_true] = lin.weight.grad.t()
         torch.testing.assert_close(w.grad, wt[slice(*lay.in_cols), slice(*lay.w_cols)], **TOL)
@@ -131,7 +126,7 @@ def test_forward_loss_and_gradients_equal_reference(prepared, dist_ctx, grid_gro
         bp[: lay.d_out_true] = lin.bias.grad
         torch.testing.assert_close(b.grad, bp[slice(*lay.out_cols)], **TOL)
     # the ledger equals the planner's formula, per axis, to the byte
-    expect = plexus_step_bytes(grid, dist_ctx.rank, N, [F, *HIDDEN, C], 8, block_rows)
+    expect = plexus_step_bytes(grid, dist_ctx.rank, N, [F, HIDDEN, HIDDEN, C], 8, block_rows)
     assert ledger.by_name("sent") == expect
     assert ledger.by_name("recv") == expect
 
@@ -142,7 +137,7 @@ def test_twenty_adamw_steps_follow_reference_curve(prepared, dist_ctx, grid_grou
     ahat, x, labels, train, pp = _reference(pg)
     ref = _reference_model(11)
     lays, ledger, comms, data, model = _distributed(pg, dist_ctx, grid_groups, grid, 5)
-    model.load_full([(lin.weight, lin.bias) for lin in ref])
+    model.load_full([(lin.weight, lin.bias) for lin in ref.layers])
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=0.05, weight_decay=0.01)
     opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01)
     losses = []

@@ -1,0 +1,330 @@
+"""3D tensor-parallel GCN on Coauthor Physics, side by side with its baselines, in one run.
+
+1. 1 rank: epoch time of Plexus3DGCN (grid 1x1x1) against PyG GCNConv (same layers, cached Â).
+2. 8 ranks: communication bytes per rank (ledger) of every 3D grid against the 1D row partition.
+3. 1 -> 2 ranks: speedup of the best 2-rank grid over 1 rank (one thread per rank, 2 cores).
+4. The planner's predicted epoch time against the measured one for every factorisation of 8
+   (oversubscribed), with Spearman's rank correlation. Coefficients are calibrated in this run
+   (SpMM and GEMM from the 1-rank epoch, bytes/latency from an all-reduce sweep at 8 ranks).
+
+Usage: python perf/bench_plexus.py [--epochs 3] [--hidden 64]. Workers are started with
+mpiexec; results go to perf/results/bench_plexus_<date>.json, last line ``RESULT ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DATASETS_DIR, hardware, result_line, today, write_json  # noqa: E402
+
+HERE = Path(__file__).resolve()
+BIN = Path(sys.executable).parent
+
+
+def _prep(workdir: Path) -> Path:
+    from plexgt.data.formats.gnn_benchmark import read_gnn_benchmark
+    from plexgt.data.graph import random_split, symmetrize
+    from plexgt.data.shard import PrepOptions, prepare
+    from plexgt.data.source import MemorySource
+
+    out = workdir / "physics"
+    if (out / "manifest.json").exists():
+        return out
+    g = symmetrize(read_gnn_benchmark(DATASETS_DIR / "gnn-benchmark" / "ms_academic_phy.npz"))
+    g.splits = random_split(g.num_nodes, 0)
+    prepare(MemorySource(g), PrepOptions(out=out, tiles=8, progress=False, seed=0))
+    return out
+
+
+# ------------------------------------------------------------------------------ workers
+def worker_plexus(args: argparse.Namespace) -> None:
+    import torch
+
+    from plexgt.data.loader import PreparedGraph
+    from plexgt.dist.bootstrap import init_distributed, shutdown
+    from plexgt.dist.collectives import CommLedger
+    from plexgt.dist.grid import build_groups, parse_grid
+    from plexgt.parallel.layout3d import layer_layouts
+    from plexgt.parallel.plexus3d import (
+        Plexus3DGCN,
+        PlexusData,
+        parallel_cross_entropy,
+        plexus_comms,
+    )
+
+    ctx = init_distributed("gloo")
+    grid = parse_grid(args.grid)
+    pg = PreparedGraph(args.data)
+    dims = [pg.F, args.hidden, pg.C]
+    lays = layer_layouts(grid, ctx.rank, pg.N, dims)
+    ledger = CommLedger()
+    comms = plexus_comms(build_groups(grid, ctx.rank, ctx.world_size), ledger, lays[-1])
+    data = PlexusData(pg, lays, torch.float32)
+    model = Plexus3DGCN(lays, comms, data.adj, dropout=0.0, block_rows=args.block_rows)
+    torch.manual_seed(0)
+    ref = [torch.nn.Linear(a, b) for a, b in zip(dims, dims[1:])]
+    model.load_full([(m.weight, m.bias) for m in ref])
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+
+    def epoch() -> float:
+        opt.zero_grad()
+        loss = parallel_cross_entropy(model(data.x), data.labels, data.masks["train"], lays[-1],
+                                      comms)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    epoch()
+    ledger.reset()
+    torch.distributed.barrier()
+    t0 = time.perf_counter()
+    for _ in range(args.epochs):
+        epoch()
+    torch.distributed.barrier()
+    dt = (time.perf_counter() - t0) / args.epochs
+    sent = ledger.total(kind="sent") // args.epochs
+    spmm_nnz_cols = sum(a.nnz * (lay.d_in // lay.g[1]) * (2 if lay.layer else 1)
+                        for a, lay in zip(model.adj, lays))
+    gemm_fma = sum(lay.rows_pad * (lay.d_in // lay.g[1]) * (lay.d_out // lay.g[0]) * 3
+                   for lay in lays)
+    calib = {}
+    if args.calibrate:
+        calib = _calibrate(model, data, lays, ctx) if ctx.world_size == 1 else _comm_sweep(ctx)
+    rows = [None] * ctx.world_size if ctx.rank == 0 else None
+    torch.distributed.gather_object(sent, rows, dst=0)
+    if ctx.rank == 0:
+        print("JSON " + json.dumps({"grid": str(grid), "ranks": ctx.world_size, "epoch_s": dt,
+                                    "bytes_per_rank_max": max(rows), "bytes_per_rank": rows,
+                                    "spmm_nnz_cols": spmm_nnz_cols, "gemm_fma": gemm_fma,
+                                    **calib}), flush=True)
+    shutdown(ctx)
+
+
+def _calibrate(model, data, lays, ctx) -> dict:  # noqa: ANN001 - bench internals
+    """Seconds per SpMM nonzero·column and per GEMM multiply-add on this machine."""
+    import torch
+
+    adj = model.adj[0]
+    h = data.x[:, : min(64, data.x.shape[1])].contiguous()
+    t0 = time.perf_counter()
+    for blk in adj.fwd:
+        torch.sparse.mm(blk, h)
+    spmm = (time.perf_counter() - t0) / max(1, adj.nnz * h.shape[1])
+    a, b = torch.randn(4096, 512), torch.randn(512, 128)
+    a @ b
+    t0 = time.perf_counter()
+    for _ in range(5):
+        a @ b
+    gemm = (time.perf_counter() - t0) / (5 * 4096 * 512 * 128)
+    return {"spmm_s_per_nnz_col": spmm, "gemm_s_per_fma": gemm}
+
+
+def _comm_sweep(ctx) -> dict:  # noqa: ANN001
+    """Latency and seconds per byte of an all-reduce among all ranks (least squares)."""
+    import torch
+    import torch.distributed as dist
+
+    sizes, times = [], []
+    for nbytes in (1 << 12, 1 << 18, 1 << 21, 1 << 23):
+        x = torch.zeros(nbytes // 4)
+        dist.all_reduce(x)
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(3):
+            dist.all_reduce(x)
+        times.append((time.perf_counter() - t0) / 3)
+        p = ctx.world_size
+        sizes.append(2 * (p - 1) * nbytes / p)
+    slope, icpt = np.polyfit(sizes, times, 1)
+    return {"latency_s": max(float(icpt), 1e-6), "s_per_byte": max(float(slope), 1e-12)}
+
+
+def worker_row1d(args: argparse.Namespace) -> None:
+    import torch
+
+    from plexgt.data.loader import PreparedGraph
+    from plexgt.dist.bootstrap import init_distributed, shutdown
+    from plexgt.dist.collectives import Comm, CommLedger
+    from plexgt.dist.grid import block_bounds, padded
+    from plexgt.parallel.plexus3d import _ParallelCrossEntropy
+    from plexgt.parallel.row1d import Row1DGCN, read_row1d
+
+    ctx = init_distributed("gloo")
+    pg = PreparedGraph(args.data)
+    p = ctx.world_size
+    ledger = CommLedger()
+    comm = Comm.from_group(torch.distributed.group.WORLD, "world", ledger)
+    adj, feats = read_row1d(pg, p, ctx.rank, 2)
+    rp = padded(pg.N, p) // p
+    model = Row1DGCN(comm, pg.N, [pg.F, args.hidden, pg.C], adj)
+    x = torch.zeros(rp, pg.F)
+    x[: feats.shape[0]] = torch.from_numpy(feats.astype(np.float32))
+    rows = block_bounds(pg.N, p, ctx.rank)
+    lab = torch.full((rp,), -1, dtype=torch.long)
+    lab[: rows[1] - rows[0]] = torch.from_numpy(pg.read_labels(rows, "P"))
+    mask = torch.zeros(rp, dtype=torch.bool)
+    mask[: rows[1] - rows[0]] = torch.from_numpy(pg.read_mask("train", rows, "P"))
+    t0 = time.perf_counter()
+    loss = _ParallelCrossEntropy.apply(model(x), lab, mask, 0, pg.C,
+                                       Comm.single("plane", ledger), comm)
+    loss.backward()
+    dt = time.perf_counter() - t0
+    sent = [None] * p if ctx.rank == 0 else None
+    torch.distributed.gather_object(ledger.total(kind="sent"), sent, dst=0)
+    if ctx.rank == 0:
+        print("JSON " + json.dumps({"ranks": p, "bytes_per_rank_max": max(sent),
+                                    "step_s": dt}), flush=True)
+    shutdown(ctx)
+
+
+def worker_pyg(args: argparse.Namespace) -> None:
+    import torch
+
+    try:
+        from torch_geometric.nn import GCNConv
+    except ImportError:
+        print("JSON " + json.dumps({"pyg": None}), flush=True)
+        return
+    from plexgt.data.loader import PreparedGraph
+
+    pg = PreparedGraph(args.data)
+    a = pg.read_adjacency("A1").tocoo()
+    # the graph in P order on both sides: relabel columns Q -> P through the permutations
+    pp, pq = pg.read_perm("P"), pg.read_perm("Q")
+    pinv = np.empty_like(pp)
+    pinv[pp] = np.arange(pg.N)
+    src = torch.from_numpy(pinv[pq[a.col]].astype(np.int64))
+    dst = torch.from_numpy(a.row.astype(np.int64))
+    keep = src != dst  # GCNConv adds the self loops itself
+    ei = torch.stack([src[keep], dst[keep]])
+    x = torch.from_numpy(pg.read_features()[np.argsort(pinv[pq])].astype(np.float32))
+    y = torch.from_numpy(pg.read_labels(None, "P"))
+    m = torch.from_numpy(pg.read_mask("train", None, "P"))
+    torch.manual_seed(0)
+    c1, c2 = GCNConv(pg.F, args.hidden, cached=True), GCNConv(args.hidden, pg.C, cached=True)
+    opt = torch.optim.AdamW([*c1.parameters(), *c2.parameters()], lr=0.01)
+
+    def epoch() -> None:
+        opt.zero_grad()
+        out = c2(torch.relu(c1(x, ei)), ei)
+        torch.nn.functional.cross_entropy(out[m], y[m]).backward()
+        opt.step()
+
+    epoch()
+    t0 = time.perf_counter()
+    for _ in range(args.epochs):
+        epoch()
+    import torch_geometric
+
+    print("JSON " + json.dumps({"pyg": torch_geometric.__version__,
+                                "epoch_s": (time.perf_counter() - t0) / args.epochs}),
+          flush=True)
+
+
+# ------------------------------------------------------------------------------ driver
+def _run(cmd: list[str]) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    if r.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
+    line = [l for l in r.stdout.splitlines() if l.startswith("JSON ")][-1]
+    return json.loads(line[5:])
+
+
+def _spearman(a: list[float], b: list[float]) -> float:
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", choices=["plexus", "row1d", "pyg"])
+    ap.add_argument("--data")
+    ap.add_argument("--grid", default="1x1x1")
+    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--block-rows", type=int, default=None)
+    ap.add_argument("--calibrate", action="store_true")
+    ap.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "plexgt-bench"))
+    args = ap.parse_args()
+    if args.worker:
+        {"plexus": worker_plexus, "row1d": worker_row1d, "pyg": worker_pyg}[args.worker](args)
+        return
+
+    from plexgt.dist.grid import factorizations
+    from plexgt.parallel.plexus_cost import Coefficients, estimate, row1d_step_bytes
+
+    if not (DATASETS_DIR / "gnn-benchmark" / "ms_academic_phy.npz").exists():
+        sys.exit(f"bench_plexus: Coauthor Physics not found under {DATASETS_DIR}")
+    data = _prep(Path(args.workdir))
+    me = [sys.executable, str(HERE), "--data", str(data), "--epochs", str(args.epochs),
+          "--hidden", str(args.hidden)]
+    mpi = [str(BIN / "mpiexec"), "-n"]
+    one = _run([*mpi, "1", *me, "--worker", "plexus", "--grid", "1x1x1", "--calibrate"])
+    pyg = _run([*me, "--worker", "pyg"])
+    two = [_run([*mpi, "2", *me, "--worker", "plexus", "--grid", g]) for g in
+           ("2x1x1", "1x2x1", "1x1x2")]
+    eight = []
+    for g in factorizations(8):
+        eight.append(_run([*mpi, "8", *me, "--worker", "plexus", "--grid", str(g),
+                           *(["--calibrate"] if not eight else [])]))
+    row1d = _run([*mpi, "8", *me, "--worker", "row1d"])
+
+    from plexgt.data.loader import PreparedGraph
+
+    pg = PreparedGraph(data)
+    dims = [pg.F, args.hidden, pg.C]
+    coef = Coefficients(spmm_s_per_nnz_col=one["spmm_s_per_nnz_col"],
+                        gemm_s_per_fma=one["gemm_s_per_fma"],
+                        latency_s=eight[0]["latency_s"], s_per_byte=eight[0]["s_per_byte"])
+    for r in eight:
+        from plexgt.dist.grid import parse_grid
+
+        r["predicted_s"] = estimate(parse_grid(r["grid"]), pg.N, pg.E, dims, 4, coef).time_s
+    rho = _spearman([r["predicted_s"] for r in eight], [r["epoch_s"] for r in eight])
+    best8 = min(eight, key=lambda r: r["bytes_per_rank_max"])
+    best2 = min(two, key=lambda r: r["epoch_s"])
+    row1d_formula = row1d_step_bytes(8, pg.N, dims, 4)
+    out = {
+        "date": today(),
+        "hardware": hardware(),
+        "note": "CPU only; one thread per rank (OMP_NUM_THREADS=1); 8 ranks oversubscribed on "
+                "the cores listed; float32; GCN 2 layers, hidden as given; AdamW step included",
+        "dataset": "Coauthor Physics (symmetrised, self loops)", "N": pg.N, "nnz": pg.E,
+        "F": pg.F, "C": pg.C, "hidden": args.hidden, "epochs_timed": args.epochs,
+        "one_rank": one, "pyg": pyg, "two_ranks": two, "eight_ranks": eight,
+        "row1d_8": row1d, "row1d_8_formula_bytes": row1d_formula,
+        "coefficients": coef.__dict__, "spearman_pred_vs_measured_8": rho,
+    }
+    path = write_json(f"bench_plexus_{today()[:10]}.json", out)
+    print(f"wrote {path}")
+    for r in eight:
+        print(f"  8 ranks {r['grid']:>6}: {r['epoch_s']:.3f} s/epoch (predicted "
+              f"{r['predicted_s']:.3f}), {r['bytes_per_rank_max'] / 2**20:.1f} MiB/rank")
+    result_line(
+        dataset="coauthor-physics",
+        t1_plexus_s=one["epoch_s"],
+        t1_pyg_s=pyg.get("epoch_s", float("nan")),
+        ratio_vs_pyg=one["epoch_s"] / pyg["epoch_s"] if pyg.get("epoch_s") else float("nan"),
+        best3d_grid_8=best8["grid"],
+        bytes_best3d_8=best8["bytes_per_rank_max"],
+        bytes_row1d_8=row1d["bytes_per_rank_max"],
+        bytes_ratio_3d_vs_1d=best8["bytes_per_rank_max"] / row1d["bytes_per_rank_max"],
+        speedup_1_to_2=one["epoch_s"] / best2["epoch_s"],
+        best2_grid=best2["grid"],
+        spearman_8=rho,
+    )
+
+
+if __name__ == "__main__":
+    main()

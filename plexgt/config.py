@@ -1,0 +1,258 @@
+"""Run configuration: frozen dataclasses, one TOML file per run, ``--key=value`` overrides.
+
+Precedence: defaults < TOML file < command-line flags < ``--key=value`` overrides. Every key is
+checked: an unknown key or a value of the wrong type is a one-line error naming it. The
+resolved configuration is logged by rank 0 and stored with every checkpoint (with its hash, so
+a resume under a different configuration is refused rather than silently mixed).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, get_type_hints
+
+
+class ConfigError(ValueError):
+    """A configuration problem, reported as one line naming the key."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """The network."""
+
+    name: str = "gcn"
+    """'gcn', 'gt' or 'gps'."""
+    hidden: int = 128
+    """Hidden width d."""
+    layers: int = 2
+    """Number of layers (gcn) or blocks (gt, gps)."""
+    heads: int = 4
+    """Attention heads h (gt, gps); d' = d / h."""
+    dropout: float = 0.5
+    """Dropout probability on hidden activations."""
+    input_dropout: float = 0.5
+    """Dropout probability on the input features."""
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """AdamW with linear warm-up then cosine decay to ``min_lr``."""
+
+    lr: float = 0.01
+    """Peak learning rate."""
+    weight_decay: float = 5e-4
+    """AdamW decoupled weight decay."""
+    warmup_epochs: int = 10
+    """Epochs of linear warm-up from lr/10."""
+    min_lr: float = 1e-4
+    """Learning rate at the last epoch."""
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How the model is spread over the ranks."""
+
+    grid: str = "auto"
+    """'auto' (the planner's choice) or 'GxxGyxGz' for 3D aggregation."""
+    strategy: str = "auto"
+    """Attention strategy: 'auto' (AGP), 'ag' (GP-AG) or 'a2a' (GP-A2A)."""
+    block_rows: int = 0
+    """Rows per aggregation block (overlap of SpMM and all-reduce); 0 = from the cost model."""
+    backend: str = "auto"
+    """'auto' (nccl on GPUs, gloo on CPUs), 'nccl' or 'gloo'."""
+    timeout_s: float = 300.0
+    """Collective timeout: a lost rank becomes an error after this long, never a hang."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run."""
+
+    data: str = ""
+    """Prepared directory (``plexgt prep``)."""
+    epochs: int = 200
+    """Epochs to train (a resumed run continues up to this count)."""
+    eval_every: int = 1
+    """Evaluate train/valid/test accuracy every this many epochs."""
+    seed: int = 0
+    """Seed of initialisation, dropout and everything random."""
+    deterministic: bool = False
+    """Deterministic kernels: a resumed run reproduces the uninterrupted losses exactly."""
+    dtype: str = "float32"
+    """'float32' or 'float64'."""
+    metrics: str = ""
+    """JSONL file of per-epoch metrics (rank 0); empty = none."""
+    checkpoint_dir: str = ""
+    """Directory of checkpoints; empty = no checkpoints."""
+    checkpoint_every: int = 0
+    """Checkpoint every K epochs (0 = only on SIGTERM/SIGUSR1 and at the end)."""
+    resume: bool = False
+    """Continue from the latest complete checkpoint in ``checkpoint_dir``."""
+    stop_after: int = 0
+    """Stop (with a checkpoint, as on SIGUSR1) after this epoch; 0 = run to ``epochs``.
+    For allocations shorter than the run: the schedule still spans ``epochs``."""
+    progress: bool = True
+    """Progress bar on rank 0 (stderr)."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The network."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """The optimiser."""
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """The distribution."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def hash(self) -> str:
+        """Hash of what determines the computation (not of paths, epochs or bookkeeping)."""
+        d = self.to_dict()
+        for k in ("data", "metrics", "checkpoint_dir", "checkpoint_every", "resume",
+                  "progress", "eval_every", "stop_after"):
+            d.pop(k)
+        d["parallel"] = {k: v for k, v in d["parallel"].items() if k not in ("timeout_s",)}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+CHOICES = {
+    "model.name": ("gcn", "gt", "gps"),
+    "parallel.strategy": ("auto", "ag", "a2a"),
+    "parallel.backend": ("auto", "nccl", "gloo"),
+    "dtype": ("float32", "float64"),
+}
+
+
+def _coerce(key: str, typ: Any, value: Any) -> Any:
+    if isinstance(value, str) and typ is not str:
+        text = value.strip()
+        try:
+            if typ is bool:
+                if text.lower() in ("1", "true", "yes", "on"):
+                    return True
+                if text.lower() in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError
+            return typ(text)
+        except ValueError:
+            raise ConfigError(f"config key '{key}': {value!r} is not a {typ.__name__}") from None
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+        raise ConfigError(f"config key '{key}': {value!r} is not a {typ.__name__}")
+    return value
+
+
+def _build(cls: type, values: dict[str, Any], prefix: str) -> Any:
+    hints = get_type_hints(cls)
+    names = {f.name for f in fields(cls)}
+    for k in values:
+        if k not in names:
+            raise ConfigError(f"unknown config key '{prefix}{k}'")
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in values:
+            continue
+        typ = hints[f.name]
+        v = values[f.name]
+        if dataclasses.is_dataclass(typ):
+            if not isinstance(v, dict):
+                raise ConfigError(f"config key '{prefix}{f.name}' must be a table")
+            kwargs[f.name] = _build(typ, v, f"{prefix}{f.name}.")
+        else:
+            kwargs[f.name] = _coerce(prefix + f.name, typ, v)
+    return cls(**kwargs)
+
+
+def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"config key '{dotted}': '{p}' is not a table")
+    node[parts[-1]] = value
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(path: str | Path | None = None, flags: dict[str, Any] | None = None,
+                overrides: list[str] | None = None) -> TrainConfig:
+    """Resolve a :class:`TrainConfig` from a TOML file, flags ({dotted key: value}) and
+    ``key=value`` override strings (dotted keys, e.g. ``model.hidden=256``)."""
+    tree: dict[str, Any] = {}
+    if path:
+        p = Path(path)
+        try:
+            tree = tomllib.loads(p.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"{p}: config file not found") from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p}: not valid TOML ({e})") from None
+    extra: dict[str, Any] = {}
+    for k, v in (flags or {}).items():
+        if v is not None:
+            _set(extra, k, v)
+    for item in overrides or []:
+        key, sep, value = item.lstrip("-").partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r} is not of the form --key=value")
+        _set(extra, key.replace("-", "_"), value)
+    cfg = _build(TrainConfig, _merge(tree, extra), "")
+    validate(cfg)
+    return cfg
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Value checks that types cannot express."""
+    d = cfg.to_dict()
+    for key, allowed in CHOICES.items():
+        node: Any = d
+        for p in key.split("."):
+            node = node[p]
+        if node not in allowed:
+            raise ConfigError(f"config key '{key}': {node!r} is not one of {', '.join(allowed)}")
+    m = cfg.model
+    if m.hidden < 1 or m.layers < 1 or m.heads < 1:
+        raise ConfigError("config keys model.hidden, model.layers, model.heads must be >= 1")
+    if m.name in ("gt", "gps") and m.hidden % m.heads:
+        raise ConfigError(f"config key 'model.hidden': {m.hidden} is not divisible by "
+                          f"model.heads={m.heads}")
+    for k in ("dropout", "input_dropout"):
+        if not 0.0 <= getattr(m, k) < 1.0:
+            raise ConfigError(f"config key 'model.{k}' must be in [0, 1)")
+    if cfg.epochs < 1 or cfg.eval_every < 1 or cfg.checkpoint_every < 0 or cfg.stop_after < 0:
+        raise ConfigError("config keys epochs, eval_every must be >= 1; checkpoint_every, "
+                          "stop_after >= 0")
+    if cfg.resume and not cfg.checkpoint_dir:
+        raise ConfigError("config key 'resume' needs 'checkpoint_dir'")
+    if cfg.parallel.grid != "auto":
+        from plexgt.dist.grid import GridError, parse_grid
+
+        try:
+            parse_grid(cfg.parallel.grid)
+        except GridError as e:
+            raise ConfigError(f"config key 'parallel.grid': {e}") from None
+
+
+def to_toml(cfg: TrainConfig) -> str:
+    """The resolved configuration as TOML (logged, and stored beside checkpoints)."""
+    lines: list[str] = []
+    tables: list[tuple[str, dict[str, Any]]] = []
+    for k, v in cfg.to_dict().items():
+        if isinstance(v, dict):
+            tables.append((k, v))
+        else:
+            lines.append(f"{k} = {json.dumps(v)}")
+    for name, t in tables:
+        lines.append(f"\n[{name}]")
+        lines.extend(f"{k} = {json.dumps(v)}" for k, v in t.items())
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,91 @@
+"""Bind a model name to its distributed implementation and this rank's data (``plexgt train``).
+
+gcn: 3D tensor parallelism (Plexus) on a Gx x Gy x Gz grid, chosen by the planner when
+``parallel.grid = "auto"``. The graph-transformer models (gt, gps) plug in here through
+:data:`BUILDERS` when their distributed strategies are available.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from plexgt.config import ConfigError, TrainConfig
+from plexgt.data.loader import PreparedGraph, check_grid
+from plexgt.dist.bootstrap import DistContext
+from plexgt.dist.collectives import CommLedger
+from plexgt.dist.grid import Grid3D, build_groups, check_world_size, parse_grid
+from plexgt.train import Task
+
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def gcn_dims(cfg: TrainConfig, pg: PreparedGraph) -> list[int]:
+    return [pg.F] + [cfg.model.hidden] * (cfg.model.layers - 1) + [pg.C]
+
+
+def choose_grid(cfg: TrainConfig, pg: PreparedGraph, world_size: int) -> Grid3D:
+    """The configured grid, or the planner's fastest factorisation of the world size."""
+    if cfg.parallel.grid != "auto":
+        grid = parse_grid(cfg.parallel.grid)
+        check_world_size(grid, world_size)
+        return grid
+    from plexgt.parallel.plexus_cost import Coefficients, rank_grids
+
+    esize = torch.tensor([], dtype=DTYPES[cfg.dtype]).element_size()
+    return rank_grids(world_size, pg.N, pg.E, gcn_dims(cfg, pg), esize, Coefficients())[0].grid
+
+
+def build_gcn(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: CommLedger) -> Task:
+    from plexgt.models.gcn import GCN
+    from plexgt.parallel.layout3d import layer_layouts
+    from plexgt.parallel.plexus3d import (
+        Plexus3DGCN,
+        PlexusData,
+        parallel_correct,
+        parallel_cross_entropy,
+        plexus_comms,
+    )
+
+    if pg.C < 1:
+        raise ConfigError(f"{pg.path}: the prepared graph has no labels to train on")
+    grid = choose_grid(cfg, pg, ctx.world_size)
+    check_grid(pg, grid, cfg.model.layers)
+    dt = DTYPES[cfg.dtype]
+    dims = gcn_dims(cfg, pg)
+    lays = layer_layouts(grid, ctx.rank, pg.N, dims)
+    comms = plexus_comms(build_groups(grid, ctx.rank, ctx.world_size), ledger, lays[-1])
+    data = PlexusData(pg, lays, dt)
+    model = Plexus3DGCN(lays, comms, data.adj, dropout=cfg.model.dropout,
+                        input_dropout=cfg.model.input_dropout,
+                        block_rows=cfg.parallel.block_rows or None, dtype=dt, seed=cfg.seed)
+    torch.manual_seed(cfg.seed)
+    ref = GCN(pg.F, cfg.model.hidden, pg.C, num_layers=cfg.model.layers)
+    model.load_full([(lin.weight, lin.bias) for lin in ref.layers])
+    last = lays[-1]
+    return Task(
+        model=model.to(ctx.device),
+        inputs=data.x.to(ctx.device),
+        loss=lambda out: parallel_cross_entropy(out, data.labels, data.masks["train"], last,
+                                                comms),
+        correct=lambda out: parallel_correct(out, data.labels, data.masks, last, comms),
+        ledger=ledger,
+        grid=str(grid),
+        strategy="plexus3d",
+        bytes_read=data.bytes_read,
+    )
+
+
+BUILDERS: dict[str, Callable[[TrainConfig, DistContext, PreparedGraph, CommLedger], Task]] = {
+    "gcn": build_gcn,
+}
+
+
+def build_task(cfg: TrainConfig, ctx: DistContext, ledger: CommLedger) -> Task:
+    if cfg.model.name not in BUILDERS:
+        raise ConfigError(
+            f"model '{cfg.model.name}' has no distributed implementation in plexgt train yet "
+            f"(available: {', '.join(BUILDERS)})"
+        )
+    return BUILDERS[cfg.model.name](cfg, ctx, PreparedGraph(cfg.data), ledger)

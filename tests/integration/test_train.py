@@ -1,0 +1,160 @@
+"""plexgt train end to end under mpiexec: metrics, checkpoints, exact resume, signals, faults."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from plexgt.data.shard import PrepOptions, prepare
+from plexgt.data.source import MemorySource
+from plexgt.data.synthetic import sbm
+
+from .conftest import job_env, mpiexec, run_job
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("train") / "sbm"
+    g = sbm(num_nodes=600, num_edges=6000, num_classes=4, num_features=16, seed=1)
+    prepare(MemorySource(g), PrepOptions(out=out, tiles=2, progress=False))
+    return out
+
+
+def _train(data: Path, n: int, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return run_job([mpiexec(), "-n", str(n), sys.executable, "-m", "plexgt", "train",
+                    "--data", str(data), "--model", "gcn", "--model.hidden=16",
+                    "--optim.warmup_epochs=2", *extra], timeout)
+
+
+def _losses(path: Path) -> dict[int, float]:
+    return {r["epoch"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
+
+
+def test_metrics_and_final_line(data, tmp_path):
+    m = tmp_path / "m.jsonl"
+    r = _train(data, 4, "--epochs", "6", "--metrics", str(m), "--grid", "1x2x2")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(l) for l in m.read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == list(range(1, 7))
+    need = {"epoch", "loss", "train_acc", "valid_acc", "test_acc", "time_compute",
+            "time_comm", "time_wait", "bytes_comm", "peak_mem_bytes", "grid", "strategy"}
+    assert need <= rows[-1].keys()
+    assert rows[-1]["grid"] == "1x2x2" and rows[-1]["bytes_comm"] > 0
+    assert rows[-1]["loss"] < rows[0]["loss"]
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("plexgt train: finished after epoch 6; best validation epoch")
+    assert "[model]" in r.stderr and "grid = " in r.stderr  # rank 0 logged the config
+
+
+def test_kill_and_resume_reproduces_the_loss_curve_exactly(data, tmp_path):
+    full, part, ck = tmp_path / "full.jsonl", tmp_path / "part.jsonl", tmp_path / "c2"
+    common = ["--deterministic", "--grid", "2x1x1", "--checkpoint-every", "5", "--epochs", "60"]
+    r = _train(data, 2, "--metrics", str(full), "--checkpoint-dir", str(tmp_path / "c1"),
+               *common)
+    assert r.returncode == 0, r.stderr
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "plexgt", "train", "--data", str(data),
+           "--model", "gcn", "--model.hidden=16", "--optim.warmup_epochs=2", "--metrics",
+           str(part), "--checkpoint-dir", str(ck), *common]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env=job_env(), start_new_session=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (ck / "epoch_000010" / "COMPLETE").exists():
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # the whole job, mid-epoch
+    proc.wait(timeout=60)
+    killed_after = len(part.read_text().splitlines())
+    assert killed_after < 60, "the run finished before it could be killed"
+    r = _train(data, 2, "--metrics", str(part), "--checkpoint-dir", str(ck), "--resume",
+               *common)
+    assert r.returncode == 0, r.stderr
+    assert "resumed from" in r.stderr
+    assert _losses(part) == _losses(full)  # bit for bit, epochs 1..60
+
+
+def test_resume_on_another_grid_is_refused(data, tmp_path):
+    ck = tmp_path / "c"
+    assert _train(data, 2, "--epochs", "2", "--grid", "2x1x1", "--checkpoint-dir",
+                  str(ck)).returncode == 0
+    r = _train(data, 2, "--epochs", "4", "--grid", "1x2x1", "--checkpoint-dir", str(ck),
+               "--resume")
+    assert r.returncode != 0
+    assert "written with grid='2x1x1', this run has grid='1x2x1'" in r.stderr
+
+
+def test_sigusr1_checkpoints_and_stops_then_resume_finishes(data, tmp_path):
+    ck, m = tmp_path / "c", tmp_path / "m.jsonl"
+    cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "plexgt", "train", "--data", str(data),
+           "--model", "gcn", "--epochs", "100000", "--checkpoint-dir", str(ck), "--metrics",
+           str(m), "--model.hidden=16", "--optim.warmup_epochs=2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=job_env())
+    deadline = time.time() + 120
+    while time.time() < deadline and not (m.exists() and len(m.read_text().splitlines()) > 3):
+        time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGUSR1)  # hydra forwards SIGUSR1 to every rank
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "stopped by signal 10" in err
+    stopped_at = int((ck / "STOPPED").read_text())
+    assert (ck / f"epoch_{stopped_at:06d}" / "COMPLETE").exists()
+    r = _train(data, 2, "--epochs", "100000", "--checkpoint-dir", str(ck), "--metrics", str(m),
+               "--resume", "--stop-after", str(stopped_at + 2))
+    assert r.returncode == 0, r.stderr
+    assert max(_losses(m)) == stopped_at + 2
+    assert int((ck / "STOPPED").read_text()) == stopped_at + 2  # stopped again, by stop_after
+
+
+def _descendants(pid: int, name: str) -> list[int]:
+    """Processes under ``pid`` (any depth: mpiexec -> proxy -> ranks) whose name has ``name``."""
+    out, todo = [], [pid]
+    while todo:
+        kids = subprocess.run(["pgrep", "-P", str(todo.pop())], capture_output=True, text=True)
+        for k in map(int, kids.stdout.split()):
+            todo.append(k)
+            if name in Path(f"/proc/{k}/comm").read_text():
+                out.append(k)
+    return sorted(out)
+
+
+def test_sigkill_of_one_rank_ends_the_job(data, tmp_path):
+    m = tmp_path / "m.jsonl"
+    cmd = [mpiexec(), "-n", "3", sys.executable, "-m", "plexgt", "train", "--data", str(data),
+           "--model", "gcn", "--epochs", "100000", "--metrics", str(m), "--model.hidden=16",
+           "--parallel.timeout_s=30"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=job_env())
+    deadline = time.time() + 120
+    while time.time() < deadline and not (m.exists() and len(m.read_text().splitlines()) > 2):
+        time.sleep(0.5)
+    pids = _descendants(proc.pid, "python")
+    assert len(pids) == 3, f"expected 3 ranks under mpiexec, found {pids}"
+    os.kill(pids[-1], signal.SIGKILL)
+    t0 = time.time()
+    proc.communicate(timeout=90)
+    assert proc.returncode != 0
+    assert time.time() - t0 < 60
+
+
+def test_bad_config_is_one_line_error(data, tmp_path):
+    r = run_job([sys.executable, "-m", "plexgt", "train", "--data", str(data), "--model", "gcn",
+                 "--model.hiden=3"])
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == (
+        "plexgt train: error: unknown config key 'model.hiden'")
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("epochs = 'many'\n")
+    r = run_job([sys.executable, "-m", "plexgt", "train", "--config", str(cfg), "--data",
+                 str(data)])
+    assert r.returncode == 2 and "config key 'epochs'" in r.stderr
+    r = run_job([mpiexec(), "-n", "2", sys.executable, "-m", "plexgt", "train", "--data",
+                 str(data), "--grid", "2x2x1"])
+    assert r.returncode != 0 and "world size is 2" in r.stderr

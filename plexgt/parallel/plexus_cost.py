@@ -95,6 +95,10 @@ class Coefficients:
     """Seconds per byte sent by one rank."""
 
 
+#: resident bytes of a rank before any data (interpreter, torch, MPI, gloo buffers)
+PROCESS_BASE_BYTES = 350 << 20
+
+
 @dataclass(frozen=True)
 class PlexusEstimate:
     grid: Grid3D
@@ -103,7 +107,7 @@ class PlexusEstimate:
     comm_s: float
     compute_s: float
     memory_bytes: int
-    """Max over ranks: adjacency blocks, activations kept for backward, parameters."""
+    """Max over ranks: process base, adjacency blocks, activations, parameters and Adam."""
 
     @property
     def time_s(self) -> float:
@@ -127,9 +131,12 @@ def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
             gemm = lay.rows_pad * (lay.d_in // gb) * (lay.d_out // ga) * 3
             flops_s += spmm * coef.spmm_s_per_nnz_col + gemm * coef.gemm_s_per_fma
             mem += int(blk_nnz * 12 * 2)  # CSR + transpose: 8-byte index + 4-byte value
-            mem += (lay.cols_pad * lay.d_in // gb + lay.rows_pad * lay.d_in // gb
+            # input shard (and its staging copy on layer 0), gathered input, aggregate, partial
+            shard = lay.cols_pad * lay.d_in // (gb * gc) * (2 if lay.layer == 0 else 1)
+            mem += (shard + lay.cols_pad * lay.d_in // gb + lay.rows_pad * lay.d_in // gb
                     + lay.rows_pad * lay.d_out // ga) * esize
             mem += (lay.d_in // gb) * (lay.d_out // ga) * esize * 4
+        mem += PROCESS_BASE_BYTES
         comm = calls * coef.latency_s + nbytes * coef.s_per_byte
         worst_b = max(worst_b, nbytes)
         worst_c = max(worst_c, comm)

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,18 @@ def _train(data: Path, n: int, *extra: str, timeout: float = 240) -> subprocess.
     return run_job([mpiexec(), "-n", str(n), sys.executable, "-m", "plexgt", "train",
                     "--data", str(data), "--model", "gcn", "--model.hidden=16",
                     "--optim.warmup_epochs=2", *extra], timeout)
+
+
+@contextmanager
+def _job(cmd: list[str], **kw):
+    """A background job in its own session, killed whole however the test ends."""
+    proc = subprocess.Popen(cmd, text=True, env=job_env(), start_new_session=True, **kw)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
 
 
 def _losses(path: Path) -> dict[int, float]:
@@ -64,13 +77,12 @@ def test_kill_and_resume_reproduces_the_loss_curve_exactly(data, tmp_path):
     cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "plexgt", "train", "--data", str(data),
            "--model", "gcn", "--model.hidden=16", "--optim.warmup_epochs=2", "--metrics",
            str(part), "--checkpoint-dir", str(ck), *common]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            env=job_env(), start_new_session=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (ck / "epoch_000010" / "COMPLETE").exists():
-        time.sleep(0.05)
-    os.killpg(proc.pid, signal.SIGKILL)  # the whole job, mid-epoch
-    proc.wait(timeout=60)
+    with _job(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (ck / "epoch_000010" / "COMPLETE").exists():
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)  # the whole job, mid-epoch
+        proc.wait(timeout=60)
     killed_after = len(part.read_text().splitlines())
     assert killed_after < 60, "the run finished before it could be killed"
     r = _train(data, 2, "--metrics", str(part), "--checkpoint-dir", str(ck), "--resume",
@@ -95,13 +107,12 @@ def test_sigusr1_checkpoints_and_stops_then_resume_finishes(data, tmp_path):
     cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "plexgt", "train", "--data", str(data),
            "--model", "gcn", "--epochs", "100000", "--checkpoint-dir", str(ck), "--metrics",
            str(m), "--model.hidden=16", "--optim.warmup_epochs=2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=job_env())
-    deadline = time.time() + 120
-    while time.time() < deadline and not (m.exists() and len(m.read_text().splitlines()) > 3):
-        time.sleep(0.5)
-    os.kill(proc.pid, signal.SIGUSR1)  # hydra forwards SIGUSR1 to every rank
-    out, err = proc.communicate(timeout=120)
+    with _job(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (m.exists() and len(m.read_text().splitlines()) > 3):
+            time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGUSR1)  # hydra forwards SIGUSR1 to every rank
+        out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert "stopped by signal 10" in err
     stopped_at = int((ck / "STOPPED").read_text())
@@ -130,16 +141,15 @@ def test_sigkill_of_one_rank_ends_the_job(data, tmp_path):
     cmd = [mpiexec(), "-n", "3", sys.executable, "-m", "plexgt", "train", "--data", str(data),
            "--model", "gcn", "--epochs", "100000", "--metrics", str(m), "--model.hidden=16",
            "--parallel.timeout_s=30"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=job_env())
-    deadline = time.time() + 120
-    while time.time() < deadline and not (m.exists() and len(m.read_text().splitlines()) > 2):
-        time.sleep(0.5)
-    pids = _descendants(proc.pid, "python")
-    assert len(pids) == 3, f"expected 3 ranks under mpiexec, found {pids}"
-    os.kill(pids[-1], signal.SIGKILL)
-    t0 = time.time()
-    proc.communicate(timeout=90)
+    with _job(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (m.exists() and len(m.read_text().splitlines()) > 2):
+            time.sleep(0.5)
+        pids = _descendants(proc.pid, "python")
+        assert len(pids) == 3, f"expected 3 ranks under mpiexec, found {pids}"
+        os.kill(pids[-1], signal.SIGKILL)
+        t0 = time.time()
+        proc.communicate(timeout=90)
     assert proc.returncode != 0
     assert time.time() - t0 < 60
 

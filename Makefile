@@ -32,8 +32,15 @@ endif
 	$(PY) -m pip install -e ".[test]"
 	touch $@
 
+DEMO_DIR ?= out/demo-sbm
+
+# The main job on an embedded default: an SBM graph (50K nodes, 1M edges) prepared, then a
+# 4-rank full-graph training run with the grid chosen by the planner.
 demo: install
-	$(MPIEXEC) -n 4 $(VENV)/bin/plexgt info --grid 2x2x1
+	$(VENV)/bin/plexgt prep --format sbm --nodes 50000 --edges 1000000 --out $(DEMO_DIR) \
+		--overwrite --quiet
+	$(MPIEXEC) -n 4 $(VENV)/bin/plexgt train --config jobscripts/configs/demo.toml \
+		--data $(DEMO_DIR) --metrics out/demo-metrics.jsonl
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -129,7 +129,9 @@ def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> d
         dist.barrier()
 
     stop = StopFlag()
-    metrics = open(cfg.metrics, "a") if (rank0 and cfg.metrics) else None  # noqa: SIM115
+    # a resumed run appends to its metrics; a fresh run starts them anew
+    mode = "a" if cfg.resume else "w"
+    metrics = open(cfg.metrics, mode) if (rank0 and cfg.metrics) else None  # noqa: SIM115
     bar_every = max(1, cfg.epochs // 20)
     epoch = start
     try:

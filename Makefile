@@ -46,7 +46,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 test: install lint
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/integration tests/data
+	$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/integration tests/data tests/slurm
 	@for n in $(MPI_SIZES); do \
 		echo "== multi-rank suite on $$n ranks"; \
 		timeout 900 $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest -q -p no:cacheprovider \

@@ -1,0 +1,115 @@
+"""A real one-node Slurm (slurmctld + slurmd + munged) on loopback, for the job-script tests.
+
+Everything lives in a temporary directory: configuration, state, spool, logs, the munge key and
+socket; ports are picked free; the daemons are stopped by pid at the end. Skipped (with the
+reason) where the Slurm and munge binaries are missing or not running as root; ``.ci/run``
+installs Debian's slurm-wlm and munge first.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+BINARIES = ("slurmctld", "slurmd", "munged", "sbatch", "srun", "scontrol")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _write_conf(d: Path, host: str) -> Path:
+    conf = d / "slurm.conf"
+    conf.write_text(f"""\
+ClusterName=plexgt-test
+SlurmctldHost={host}(127.0.0.1)
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket={d / "munge.sock"}
+CredType=cred/munge
+StateSaveLocation={d / "state"}
+SlurmdSpoolDir={d / "spool"}
+SlurmctldPidFile={d / "slurmctld.pid"}
+SlurmdPidFile={d / "slurmd.pid"}
+SlurmctldLogFile={d / "slurmctld.log"}
+SlurmdLogFile={d / "slurmd.log"}
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=pmi2
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/builtin
+ReturnToService=2
+SlurmdParameters=config_overrides
+JobRequeue=1
+MinJobAge=600
+KillWait=5
+NodeName={host} NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
+""")
+    (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nIgnoreSystemd=yes\n")
+    return conf
+
+
+def _stop(pidfile: Path) -> None:
+    try:
+        pid = int(pidfile.read_text().split()[0])
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(50):
+            os.kill(pid, 0)
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+    except (OSError, ValueError):
+        pass
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    missing = [b for b in BINARIES if shutil.which(b) is None]
+    if missing:
+        pytest.skip(f"Slurm not installed (missing {', '.join(missing)}): "
+                    "apt-get install slurm-wlm munge (.ci/run does)")
+    if os.geteuid() != 0:
+        pytest.skip("the local Slurm of the tests runs its daemons as root")
+    d = tmp_path_factory.mktemp("slurm")
+    for sub in ("state", "spool"):
+        (d / sub).mkdir()
+    host = socket.gethostname().split(".")[0]
+    conf = _write_conf(d, host)
+    key = d / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o400)
+    env = dict(os.environ, SLURM_CONF=str(conf))
+    subprocess.run(["munged", "--force", f"--socket={d / 'munge.sock'}", f"--key-file={key}",
+                    f"--pid-file={d / 'munged.pid'}", f"--log-file={d / 'munged.log'}",
+                    f"--seed-file={d / 'munge.seed'}"], check=True, env=env)
+    subprocess.run(["slurmctld", "-f", str(conf), "-i"], check=True, env=env)
+    subprocess.run(["slurmd", "-f", str(conf), "-N", host], check=True, env=env)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            r = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
+                               env=env)
+            if r.returncode == 0 and r.stdout.strip() in ("idle", "mixed"):
+                break
+            time.sleep(0.5)
+        else:
+            logs = "\n".join((d / f).read_text()[-2000:] for f in ("slurmctld.log", "slurmd.log")
+                             if (d / f).exists())
+            pytest.fail(f"local Slurm did not come up within 60 s:\n{logs}")
+        yield env
+    finally:
+        for pidfile in ("slurmd.pid", "slurmctld.pid", "munged.pid"):
+            _stop(d / pidfile)

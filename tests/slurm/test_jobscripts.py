@@ -1,0 +1,86 @@
+"""The generic job script under a real Slurm: srun --mpi=pmi2 training, USR1, requeue, resume."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from plexgt.data.shard import PrepOptions, prepare
+from plexgt.data.source import MemorySource
+from plexgt.data.synthetic import sbm
+
+pytestmark = pytest.mark.timeout(600)
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "jobscripts" / "generic" / "train.sbatch"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("slurmdata") / "sbm"
+    g = sbm(num_nodes=400, num_edges=4000, num_classes=4, num_features=8, seed=2)
+    prepare(MemorySource(g), PrepOptions(out=out, tiles=2, progress=False))
+    return out
+
+
+def _sbatch(slurm, tmp: Path, data: Path, epochs: int, wait: bool) -> tuple[int, Path]:
+    run = tmp / "run"
+    env = dict(slurm, DATA=str(data), EPOCHS=str(epochs), RUN_DIR=str(run),
+               VENV=str(ROOT / ".venv"), EXTRA="--model.hidden=16 --eval_every=1",
+               OMP_NUM_THREADS="1")
+    cmd = ["sbatch", "--parsable", "-n", "4", "-o", str(tmp / "job-%j.out"), "--open-mode=append",
+           *(["--wait"] if wait else []), str(SCRIPT)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=400)
+    job = int(re.match(r"\d+", r.stdout.strip()).group(0)) if r.stdout.strip() else -1
+    assert job > 0, r.stderr
+    if wait:
+        out = (tmp / f"job-{job}.out").read_text()
+        assert r.returncode == 0, out[-3000:]
+    return job, run
+
+
+def _epochs(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
+
+
+def _job_field(slurm, job: int, key: str) -> str:
+    r = subprocess.run(["scontrol", "show", "job", str(job)], capture_output=True, text=True,
+                       env=slurm)
+    m = re.search(rf"\b{key}=(\S+)", r.stdout)
+    return m.group(1) if m else ""
+
+
+def test_sbatch_srun_pmi2_trains_on_4_ranks(slurm, data, tmp_path):
+    job, run = _sbatch(slurm, tmp_path, data, 3, wait=True)
+    rows = _epochs(run)
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert all(r["ranks"] == 4 for r in rows)
+    out = (tmp_path / f"job-{job}.out").read_text()
+    assert "plexgt train: finished after epoch 3" in out
+    assert "4 ranks (gloo)" in out
+
+
+def test_usr1_checkpoints_then_the_job_requeues_and_resumes(slurm, data, tmp_path):
+    epochs = 120
+    job, run = _sbatch(slurm, tmp_path, data, epochs, wait=False)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(_epochs(run)) < 3:
+        time.sleep(0.3)
+    assert len(_epochs(run)) >= 3, "the job did not start training"
+    subprocess.run(["scancel", "--signal=USR1", str(job)], check=True, env=slurm)
+    deadline = time.time() + 400
+    while time.time() < deadline and _job_field(slurm, job, "JobState") != "COMPLETED":
+        time.sleep(1)
+    out = (tmp_path / f"job-{job}.out").read_text()
+    assert _job_field(slurm, job, "JobState") == "COMPLETED", out[-3000:]
+    assert int(_job_field(slurm, job, "Restarts")) == 1
+    assert "stopped by signal 10" in out and "resumed from" in out
+    rows = _epochs(run)
+    assert sorted({r["epoch"] for r in rows}) == list(range(1, epochs + 1))
+    assert (run / "checkpoints" / f"epoch_{epochs:06d}" / "COMPLETE").exists()
+    assert not (run / "checkpoints" / "STOPPED").exists()

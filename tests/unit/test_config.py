@@ -1,0 +1,52 @@
+"""Configuration: TOML + flags + --key=value, every key checked, hash of what matters."""
+
+import pytest
+
+from plexgt.config import ConfigError, load_config, to_toml
+
+
+def test_precedence_and_types(tmp_path):
+    f = tmp_path / "run.toml"
+    f.write_text('epochs = 7\n[model]\nname = "gt"\nhidden = 32\nheads = 4\n[optim]\nlr = 1\n')
+    cfg = load_config(f, {"epochs": 9, "model.hidden": None}, ["--model.hidden=64"])
+    assert cfg.epochs == 9  # flag over file
+    assert cfg.model.hidden == 64  # override over file
+    assert cfg.model.name == "gt" and cfg.optim.lr == 1.0  # int accepted for a float
+    assert load_config(None, {}, []).model.name == "gcn"  # defaults
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["--model.hiden=3"], "unknown config key 'model.hiden'"),
+    (["--epochs=abc"], "config key 'epochs': 'abc' is not a int"),
+    (["--model.name=foo"], "config key 'model.name': 'foo' is not one of gcn, gt, gps"),
+    (["--parallel.grid=2x2"], "config key 'parallel.grid'"),
+    (["--resume=true"], "config key 'resume' needs 'checkpoint_dir'"),
+    (["--model.name=gt", "--model.hidden=10", "--model.heads=4"], "not divisible"),
+    (["epochs"], "is not of the form --key=value"),
+])
+def test_bad_values_name_the_key(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_config(None, {}, overrides)
+
+
+def test_bad_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("epochs = = 3\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(bad)
+
+
+def test_hash_ignores_bookkeeping_but_not_the_model():
+    a = load_config(None, {"epochs": 5, "metrics": "m.jsonl"}, [])
+    b = load_config(None, {"epochs": 5, "checkpoint_dir": "c", "stop_after": 3}, [])
+    c = load_config(None, {}, ["--model.hidden=7"])
+    assert a.hash() == b.hash() != c.hash()
+
+
+def test_toml_round_trip(tmp_path):
+    cfg = load_config(None, {"model.name": "gps"}, ["--optim.lr=0.003"])
+    f = tmp_path / "resolved.toml"
+    f.write_text(to_toml(cfg))
+    assert load_config(f) == cfg

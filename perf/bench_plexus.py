@@ -287,7 +287,7 @@ def main() -> None:
     dims = [pg.F, args.hidden, pg.C]
     # 8 ranks share this machine's memory: a grid the memory model says will not fit in an
     # eighth of what is available now is skipped (and reported), as the planner would
-    skipped, eight = [], []
+    skipped, failed, eight = [], [], []
     for g in sorted(factorizations(8),
                     key=lambda g: estimate(g, pg.N, pg.E, dims, 4, Coefficients()).memory_bytes):
         need = estimate(g, pg.N, pg.E, dims, 4, Coefficients()).memory_bytes
@@ -295,8 +295,12 @@ def main() -> None:
             skipped.append({"grid": str(g), "predicted_mem_bytes": need,
                             "available_per_rank": _available_bytes() // 8})
             continue
-        eight.append(_run([*mpi, "8", *me, "--worker", "plexus", "--grid", str(g),
-                           *(["--calibrate"] if not eight else [])]))
+        try:
+            eight.append(_run([*mpi, "8", *me, "--worker", "plexus", "--grid", str(g),
+                               *(["--calibrate"] if not eight else [])]))
+        except RuntimeError as e:  # e.g. killed for memory: report it, go on
+            failed.append({"grid": str(g), "predicted_mem_bytes": need, "error": str(e)[-500:]})
+            continue
         eight[-1]["predicted_mem_bytes"] = need
     row1d = _run([*mpi, "8", *me, "--worker", "row1d"])
     coef = Coefficients(spmm_s_per_nnz_col=one["spmm_s_per_nnz_col"],
@@ -318,7 +322,8 @@ def main() -> None:
         "dataset": "Coauthor Physics (symmetrised, self loops)", "N": pg.N, "nnz": pg.E,
         "F": pg.F, "C": pg.C, "hidden": args.hidden, "epochs_timed": args.epochs,
         "one_rank": one, "pyg": pyg, "two_ranks": two, "eight_ranks": eight,
-        "row1d_8": row1d, "skipped_8_memory": skipped, "row1d_8_formula_bytes": row1d_formula,
+        "row1d_8": row1d, "row1d_8_formula_bytes": row1d_formula,
+        "skipped_8_memory": skipped, "failed_8": failed,
         "coefficients": coef.__dict__, "spearman_pred_vs_measured_8": rho,
     }
     path = write_json(f"bench_plexus_{today()[:10]}.json", out)

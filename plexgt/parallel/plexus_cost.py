@@ -131,9 +131,10 @@ def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
             gemm = lay.rows_pad * (lay.d_in // gb) * (lay.d_out // ga) * 3
             flops_s += spmm * coef.spmm_s_per_nnz_col + gemm * coef.gemm_s_per_fma
             mem += int(blk_nnz * 12 * 2)  # CSR + transpose: 8-byte index + 4-byte value
-            # input shard (and its staging copy on layer 0), gathered input, aggregate, partial
+            # input shard (and its staging copy on layer 0), gathered input (twice: the
+            # backend stages the gather), aggregate, partial product
             shard = lay.cols_pad * lay.d_in // (gb * gc) * (2 if lay.layer == 0 else 1)
-            mem += (shard + lay.cols_pad * lay.d_in // gb + lay.rows_pad * lay.d_in // gb
+            mem += (shard + 2 * lay.cols_pad * lay.d_in // gb + lay.rows_pad * lay.d_in // gb
                     + lay.rows_pad * lay.d_out // ga) * esize
             mem += (lay.d_in // gb) * (lay.d_out // ga) * esize * 4
         mem += PROCESS_BASE_BYTES

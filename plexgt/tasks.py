@@ -57,9 +57,18 @@ def build_gcn(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: Com
     lays = layer_layouts(grid, ctx.rank, pg.N, dims)
     comms = plexus_comms(build_groups(grid, ctx.rank, ctx.world_size), ledger, lays[-1])
     data = PlexusData(pg, lays, dt)
+    block_rows = cfg.parallel.block_rows or None
+    if block_rows is None:  # from the cost model, for the layer with the most to overlap
+        from plexgt.parallel.plexus_cost import Coefficients, default_block_rows
+
+        # from global sizes only: every rank of an all-reduce group must cut the same blocks
+        esize = torch.tensor([], dtype=dt).element_size()
+        picks = [default_block_rows(lay, pg.E // (lay.g[0] * lay.g[2]), esize, Coefficients())
+                 for lay in lays]
+        block_rows = min((p for p in picks if p), default=None)
     model = Plexus3DGCN(lays, comms, data.adj, dropout=cfg.model.dropout,
                         input_dropout=cfg.model.input_dropout,
-                        block_rows=cfg.parallel.block_rows or None, dtype=dt, seed=cfg.seed)
+                        block_rows=block_rows, dtype=dt, seed=cfg.seed)
     torch.manual_seed(cfg.seed)
     ref = GCN(pg.F, cfg.model.hidden, pg.C, num_layers=cfg.model.layers)
     model.load_full([(lin.weight, lin.bias) for lin in ref.layers])

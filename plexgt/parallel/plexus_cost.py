@@ -152,3 +152,20 @@ def rank_grids(world_size: int, n: int, nnz: int, dims: list[int], esize: int,
     ests = [estimate(g, n, nnz, dims, esize, coef) for g in factorizations(world_size)]
     return sorted(ests, key=lambda e: (memory_limit is not None and e.memory_bytes > memory_limit,
                                        e.time_s))
+
+
+def default_block_rows(lay: LayerLayout, block_nnz: int, esize: int, coef: Coefficients,
+                       max_blocks: int = 64) -> int | None:
+    """Rows per aggregation block that minimise the modelled layer-aggregation time.
+
+    With k blocks the pipeline costs about max(S, C) + min(S, C)/k + k·latency, where S is the
+    block's SpMM time and C its all-reduce time over a: the optimum is k = sqrt(min(S, C) /
+    latency). None (one block) when nothing is to be overlapped (Ga = 1).
+    """
+    ga, gb, _ = lay.g
+    if ga == 1 or lay.rows_pad == 0:
+        return None
+    spmm = block_nnz * (lay.d_in // gb) * coef.spmm_s_per_nnz_col
+    comm = all_reduce_bytes(lay.rows_pad * (lay.d_in // gb) * esize, ga) * coef.s_per_byte
+    k = max(1, min(max_blocks, int(round((min(spmm, comm) / coef.latency_s) ** 0.5))))
+    return -(-lay.rows_pad // k)

@@ -1,0 +1,57 @@
+"""``plexgt profile``: measure collectives and kernels, save a reusable system profile (JSON).
+
+Run it under the launcher and rank count of the jobs it will plan for, e.g.
+``mpiexec -n 4 plexgt profile --out system.json``; ``plexgt plan --profile system.json`` reads it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+HELP = "Measure collectives and kernels (under mpiexec -n P); save a system profile JSON."
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", required=True, type=Path, help="where to write the profile JSON")
+    p.add_argument("--quick", action="store_true",
+                   help="fewer sizes and repeats (seconds, for smoke tests)")
+    p.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"])
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per rank (default: torch's choice / OMP_NUM_THREADS)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from plexgt.cli import UsageError
+    from plexgt.dist.bootstrap import init_distributed, shutdown
+    from plexgt.profile import run_profile
+
+    out: Path = args.out
+    if out.exists() and out.is_dir():
+        raise UsageError(f"--out {out} is a directory; give a file name")
+    if not out.parent.exists():
+        raise UsageError(f"--out {out}: directory {out.parent} does not exist")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UsageError("--threads must be positive")
+        torch.set_num_threads(args.threads)
+    ctx = init_distributed(args.backend)
+    try:
+        prof = run_profile(ctx, quick=args.quick)
+    finally:
+        shutdown(ctx)
+    if prof is not None:
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(prof, indent=1) + "\n")
+        tmp.replace(out)
+        hw, sw = prof["hardware"], prof["software"]
+        print(f"profile of {prof['world_size']} ranks on {hw['cpu']}"
+              f"{' + ' + hw['gpu'] if hw.get('gpu') else ''} ({hw['cores']} cores), "
+              f"torch {sw['torch']}, {sw.get('mpi')}, {sw['backend']}: {out} "
+              f"({prof['seconds']:.1f} s)")
+        for k, v in prof["plexus"].items():
+            print(f"  plexus.{k} = {v:.3e}")
+    return 0

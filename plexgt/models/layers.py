@@ -1,0 +1,181 @@
+"""The layer math shared by gcn, gt and gps, as small functions over plain parameters.
+
+Each function takes the nn.Linear / LayerNorm modules it needs rather than owning them, so a
+distributed layer can call the very same arithmetic on its shard (or re-implement it line for
+line) and be checked against these single-process models, which are the oracle.
+
+Shapes: N nodes (rows of the graph), F input features, d hidden, h heads of d' = d / h.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plexgt.ops.attention import sparse_attention
+from plexgt.ops.csr import CSRGraph
+from plexgt.ops.gcn import gcn_norm, gcn_spmm
+
+Tensor = torch.Tensor
+Features = Tensor | CSRGraph
+"""Node features: dense [N, F], or sparse as a weighted [N, F] CSRGraph (bag-of-words inputs are
+~0.4% dense; multiplying them sparse is what makes Coauthor Physics cheap on a CPU)."""
+
+
+@dataclass
+class ModelGraph:
+    """The sparse operators a model's forward needs (rows = destinations, A[dst, src]).
+
+    ``adj`` [Nr, Nc]: structural pattern the attention runs over. ``gcn`` [Nr, Nc]: the
+    normalised Â = D^-1/2 (A + I) D^-1/2 for GCN aggregation. Single-process graphs are square;
+    a distributed rank may carry rectangular blocks of both.
+    """
+
+    adj: CSRGraph | None = None
+    gcn: CSRGraph | None = None
+
+    @classmethod
+    def from_edges(
+        cls, dst: Tensor | np.ndarray, src: Tensor | np.ndarray, num_nodes: int,
+        attention: bool = True, gcn: bool = True, device: torch.device | str = "cpu",
+    ) -> ModelGraph:
+        """Build both operators from edges src -> dst (duplicates merged); transposes are
+        built up front so that the first backward is not the one paying for them."""
+        adj = CSRGraph.from_coo(dst, src, num_nodes, num_nodes).to(device)
+        norm = gcn_norm(adj) if gcn else None
+        for g in (adj if attention else None, norm):
+            if g is not None:
+                g.transpose()
+                _ = g.row
+        return cls(adj if attention else None, norm)
+
+    def to(self, device: torch.device | str) -> ModelGraph:
+        return ModelGraph(
+            None if self.adj is None else self.adj.to(device),
+            None if self.gcn is None else self.gcn.to(device),
+        )
+
+    @property
+    def num_rows(self) -> int:
+        g = self.adj if self.adj is not None else self.gcn
+        assert g is not None, "empty ModelGraph"
+        return g.num_rows
+
+
+def sparse_features(x: np.ndarray | sp.spmatrix, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> CSRGraph:
+    """Dense or scipy [N, F] features -> weighted CSRGraph [N, F] (transpose prebuilt)."""
+    m = sp.csr_matrix(x)
+    m.eliminate_zeros()
+    g = CSRGraph.from_scipy(m)
+    g.values = g.values.to(dtype)  # type: ignore[union-attr]
+    g = g.to(device)
+    g.transpose()
+    return g
+
+
+def num_features(x: Features) -> int:
+    return x.num_cols if isinstance(x, CSRGraph) else int(x.shape[1])
+
+
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """Inverted dropout, zeroing each entry with probability p.
+
+    On CPU, F.dropout draws its mask with ``bernoulli_``, about 5x slower than ``rand``
+    (it was the largest single cost of a GT training step on 2 cores), so the mask is
+    ``rand >= p`` there: the same distribution, reproducible from the torch seed.
+    """
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or p >= 1.0:
+        return F.dropout(x, p, True)
+    keep = (torch.rand_like(x) >= p).to(x.dtype).mul_(1.0 / (1.0 - p))
+    return x * keep
+
+
+def feature_dropout(x: Features, p: float, training: bool) -> Features:
+    """Dropout on node features; for sparse features only the stored entries are dropped
+    (zeros stay zeros either way, so this equals dense dropout on the same matrix)."""
+    if not training or p == 0.0:
+        return x
+    if isinstance(x, CSRGraph):
+        assert x.values is not None
+        return x.with_values(dropout(x.values, p, True))
+    return dropout(x, p, True)
+
+
+def linear_in(x: Features, lin: nn.Linear) -> Tensor:
+    """x [N, F] (dense or sparse) -> x Wᵀ + b [N, out]. Sparse x goes through the same
+    constant-sparse x dense product as GCN (gradient only for the weight)."""
+    if isinstance(x, CSRGraph):
+        y = gcn_spmm(x, lin.weight.t())
+        return y if lin.bias is None else y + lin.bias
+    return lin(x)
+
+
+def gcn_conv(graph: CSRGraph, x: Features, lin: nn.Linear) -> Tensor:
+    """Kipf-Welling propagation Â (x W) + b: x [Nc, F] -> [Nr, out].
+
+    W is applied before Â (the cheaper order whenever out <= F) and the bias after it, as in
+    the paper and PyG (bias before Â would be scaled by row sums of Â).
+    """
+    if isinstance(x, CSRGraph):
+        xw = gcn_spmm(x, lin.weight.t())
+    else:
+        xw = F.linear(x, lin.weight)
+    y = gcn_spmm(graph, xw)
+    return y if lin.bias is None else y + lin.bias
+
+
+def attention_conv(
+    graph: CSRGraph, x_dst: Tensor, x_src: Tensor, wq: nn.Linear, wk: nn.Linear,
+    wv: nn.Linear, wo: nn.Linear, heads: int, block_rows: int | None = None,
+) -> Tensor:
+    """X' = X W_o + softmax(Q Kᵀ / sqrt(d') ⊙ A) V: x_dst [Nr, d], x_src [Nc, d] -> [Nr, d].
+
+    Q comes from destination rows, K and V from source columns: on a single process both are
+    the same x; a distributed rank passes its local rows and the gathered sources.
+    """
+    nr, nc = x_dst.shape[0], x_src.shape[0]
+    d = wq.out_features
+    q = wq(x_dst).view(nr, heads, d // heads)
+    k = wk(x_src).view(nc, heads, d // heads)
+    v = wv(x_src).view(nc, heads, d // heads)
+    y = sparse_attention(graph, q, k, v, block_rows=block_rows)
+    return wo(x_dst) + y.reshape(nr, d)
+
+
+def ffn(x: Tensor, lin1: nn.Linear, lin2: nn.Linear, p: float, training: bool) -> Tensor:
+    """Position-wise feed-forward: [N, d] -> [N, d] (ReLU, dropout inside)."""
+    return lin2(dropout(F.relu(lin1(x)), p, training))
+
+
+def residual_norm(x: Tensor, update: Tensor, norm: nn.LayerNorm, p: float,
+                  training: bool) -> Tensor:
+    """Post-norm residual LN(x + dropout(update)), as in Dwivedi & Bresson's graph transformer."""
+    return norm(x + dropout(update, p, training))
+
+
+
+class AttentionParams(nn.Module):
+    """The four d x d projections of one attention sublayer (W_Q, W_K, W_V, W_o)."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        if dim % heads:
+            raise ValueError(f"hidden size {dim} is not divisible by {heads} heads")
+        self.heads = heads
+        self.q = nn.Linear(dim, dim)
+        self.k = nn.Linear(dim, dim)
+        self.v = nn.Linear(dim, dim)
+        self.o = nn.Linear(dim, dim)
+
+    def forward(self, graph: CSRGraph, x_dst: Tensor, x_src: Tensor,
+                block_rows: int | None = None) -> Tensor:
+        return attention_conv(graph, x_dst, x_src, self.q, self.k, self.v, self.o, self.heads,
+                              block_rows)

@@ -1,0 +1,89 @@
+"""GCN propagation: ``Â = D^-1/2 (A + I) D^-1/2`` and ``y = Â x`` with a hand-written backward.
+
+Shapes: graph [Nr, Nc] weighted, x [Nc, F] -> y [Nr, F]; backward dx = Âᵀ dy [Nc, F] through
+the graph's cached transpose, so no sparse tensor ever needs autograd (torch's sparse autograd
+would build Âᵀ on every call).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from plexgt.ops.csr import CSRGraph
+
+Tensor = torch.Tensor
+
+
+def gcn_norm(
+    graph: CSRGraph,
+    self_loops: bool = True,
+    row_offset: int = 0,
+    col_degrees: Tensor | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> CSRGraph:
+    """Symmetrically normalised adjacency with self loops, as Kipf & Welling.
+
+    deg[n] = number of in-edges of n including its self loop (the row counts of A + I), and
+    ``Â[r, c] = deg[r]^-1/2 deg[c]^-1/2``. For a square graph deg of columns = deg of rows.
+    For a rectangular row block (rows ``row_offset + i`` of a larger square graph, all
+    columns) the self loop of local row i is column ``row_offset + i``, and the caller passes
+    ``col_degrees`` [Nc] (the global counts including self loops) since a block can't see them.
+    Self loops already present are kept once (not doubled).
+    """
+    nr, nc = graph.num_rows, graph.num_cols
+    dev = graph.device
+    dst, src = graph.row.cpu(), graph.indices.cpu()
+    if self_loops:
+        loop_rows = torch.arange(nr, dtype=torch.int64)
+        loop_rows = loop_rows[row_offset + loop_rows < nc]
+        dst = torch.cat([dst, loop_rows])
+        src = torch.cat([src, loop_rows + row_offset])
+    g = CSRGraph.from_coo(dst, src, nr, nc)  # merges an existing self loop with the new one
+    deg = g.degrees().to(dtype)
+    if col_degrees is None:
+        if nr != nc or row_offset != 0:
+            raise ValueError("a rectangular graph needs col_degrees (global in-degrees + 1)")
+        col_deg = deg
+    else:
+        col_deg = col_degrees.to(dtype).cpu()
+        if col_deg.shape != (nc,):
+            raise ValueError(f"col_degrees has shape {tuple(col_deg.shape)}, expected ({nc},)")
+    rinv = deg.pow(-0.5)
+    cinv = col_deg.pow(-0.5)
+    rinv[deg == 0] = 0.0
+    cinv[col_deg == 0] = 0.0
+    values = rinv[g.row] * cinv[g.indices]
+    return CSRGraph(g.indptr, g.indices, nr, nc, values).to(dev)
+
+
+def spmm_forward(graph: CSRGraph, x: Tensor) -> Tensor:
+    """[Nr, Nc] weighted x [Nc, F] -> [Nr, F] (no autograd)."""
+    if graph.num_edges == 0:
+        return x.new_zeros(graph.num_rows, x.shape[1])
+    return torch.mm(graph.weighted_csr(x.dtype), x)
+
+
+class GCNSpMMFunction(torch.autograd.Function):
+    """y = Â x; dx = Âᵀ dy (values are constants: no gradient for the graph)."""
+
+    @staticmethod
+    def forward(ctx, graph: CSRGraph, x: Tensor) -> Tensor:
+        ctx.graph = graph
+        return spmm_forward(graph, x.contiguous())
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy: Tensor):
+        if not ctx.needs_input_grad[1]:
+            return None, None
+        return None, spmm_forward(ctx.graph.transpose(), dy.contiguous())
+
+
+def gcn_spmm(graph: CSRGraph, x: Tensor) -> Tensor:
+    """Sparse-dense product with a weighted graph: graph [Nr, Nc], x [Nc, F] -> [Nr, F]."""
+    if graph.values is None:
+        raise ValueError("gcn_spmm needs a weighted graph (see gcn_norm)")
+    if x.dim() != 2 or x.shape[0] != graph.num_cols:
+        raise ValueError(f"graph has {graph.num_cols} columns but x has shape {tuple(x.shape)}")
+    return GCNSpMMFunction.apply(graph, x)

@@ -1,0 +1,183 @@
+"""Bytes and memory of distributed graph attention: Table 1 of Lin, Madduri & Kandemir, exact.
+
+Per attention block and rank, with n = ceil(N/p) padded rows per rank, d = h·d', element size e:
+
+============  =========================================  =====================================
+strategy      communication (per rank, forward+backward)  memory (per rank)
+============  =========================================  =====================================
+GP-AG         2 all-gather (K, V) + 2 reduce-scatter       activations 4·N·d + E·h/p;
+              (dK, dV): 4·(p-1)·n·d·e ≈ 4·N·d elements     graph N/p + E/p
+GP-A2A        8 all-to-all (Q, K, V, Y and their           activations 4·N·d/p + E·h/p;
+              gradients): 8·(p-1)·n·d·e/p ≈ 8·N·d/p        graph N + E
+============  =========================================  =====================================
+
+The byte functions call the collectives' own per-rank formulas (:mod:`plexgt.dist.collectives`),
+so a run's :class:`~plexgt.dist.collectives.CommLedger` equals them to the byte; with h not
+divisible by p, GP-A2A's per-rank bytes follow the uneven head split (sent and received then
+differ per rank). Model-level functions add the parts outside attention: the 1D GCN path of
+GPS, the loss statistics and the gradient all-reduce of the replicated parameters.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from plexgt.dist.collectives import all_gather_bytes, all_reduce_bytes, reduce_scatter_bytes
+from plexgt.parallel.strategies import (
+    AttentionProblem,
+    AttentionStrategy,
+    CommOp,
+    MemoryEstimate,
+    head_splits,
+)
+
+INDEX_BYTES = 8
+"""int64 row pointers."""
+GRAPH_BYTES_PER_EDGE = 48
+"""What a :class:`~plexgt.ops.csr.CSRGraph` keeps per edge once attention has run on it:
+indices and row ids (int64), the transpose's indices and the two edge permutations (int64),
+and the int32 index copies torch's CPU sparse kernels use for the matrix and its transpose."""
+
+
+# -- Table 1: communication -------------------------------------------------------------------
+def gp_ag_comm(problem: AttentionProblem, rank: int, p: int) -> list[CommOp]:
+    """GP-AG: all-gather K and V [N/p, d] (forward), reduce-scatter dK and dV (backward)."""
+    if p == 1:
+        return []
+    shard = problem.rows(p) * problem.d * problem.esize
+    ag = all_gather_bytes(shard, p)
+    rs = reduce_scatter_bytes(p * shard, p)
+    return [CommOp("all_gather", ag, ag), CommOp("all_gather", ag, ag),
+            CommOp("reduce_scatter", rs, rs, "backward"),
+            CommOp("reduce_scatter", rs, rs, "backward")]
+
+
+def gp_a2a_comm(problem: AttentionProblem, rank: int, p: int) -> list[CommOp]:
+    """GP-A2A: Q, K, V node -> head partition, Y back (forward); the adjoints (backward).
+
+    A rank holding h_j of the h heads sends (h - h_j) heads of its n rows and receives its
+    h_j heads of the other p-1 ranks' rows on every node->head exchange; head->node is the
+    reverse. Each of the 8 calls moves (p-1)/p·n·d elements when p divides h.
+    """
+    if p == 1:
+        return []
+    hj = head_splits(problem.heads, p)[rank]
+    row = problem.rows(p) * problem.head_dim * problem.esize
+    to_heads = ((problem.heads - hj) * row, (p - 1) * hj * row)
+    to_nodes = (to_heads[1], to_heads[0])
+    fwd = [to_heads] * 3 + [to_nodes]
+    bwd = [to_heads] + [to_nodes] * 3
+    return ([CommOp("all_to_all", s, r) for s, r in fwd]
+            + [CommOp("all_to_all", s, r, "backward") for s, r in bwd])
+
+
+# -- Table 1: memory --------------------------------------------------------------------------
+def graph_bytes(rows: int, cols: int, edges: int) -> int:
+    """Bytes of a stored [rows, cols] pattern of ``edges`` entries and its transpose."""
+    return (rows + 1 + cols + 1) * INDEX_BYTES + edges * GRAPH_BYTES_PER_EDGE
+
+
+def gp_ag_memory(problem: AttentionProblem, p: int) -> MemoryEstimate:
+    """4·N·d (gathered K, V and their full-size gradients) + E·h/p (scores of local rows)."""
+    n_pad = p * problem.rows(p)
+    e_loc = -(-problem.e // p)
+    act = 4 * n_pad * problem.d + e_loc * problem.heads
+    return MemoryEstimate(act, act * problem.esize, graph_bytes(problem.rows(p), n_pad, e_loc))
+
+
+def gp_a2a_memory(problem: AttentionProblem, p: int) -> MemoryEstimate:
+    """4·N·d/p (Q, K, V, Y of this rank's heads over all nodes) + E·h/p (its heads' scores)."""
+    n_pad = p * problem.rows(p)
+    h_max = head_splits(problem.heads, p)[0]
+    act = 4 * n_pad * h_max * problem.head_dim + problem.e * h_max
+    return MemoryEstimate(act, act * problem.esize, graph_bytes(n_pad, n_pad, problem.e))
+
+
+def table1(problem: AttentionProblem, p: int) -> dict[str, dict[str, float]]:
+    """The paper's closed forms in elements (for printing next to the exact functions)."""
+    n, e, d, h = problem.n, problem.e, problem.d, problem.heads
+    return {
+        "gp_ag": {"calls": 4, "comm_elems": 4 * n * d, "act_elems": 4 * n * d + e * h / p,
+                  "graph": n / p + e / p},
+        "gp_a2a": {"calls": 8, "comm_elems": 8 * n * d / p,
+                   "act_elems": 4 * n * d / p + e * h / p, "graph": n + e},
+    }
+
+
+# -- whole models -----------------------------------------------------------------------------
+def gcn1d_comm(problem: AttentionProblem, p: int) -> list[CommOp]:
+    """GPS local path in the 1D layout: all-gather X·W [N/p, d], reduce-scatter its gradient."""
+    if p == 1:
+        return []
+    shard = problem.rows(p) * problem.d * problem.esize
+    ag = all_gather_bytes(shard, p)
+    rs = reduce_scatter_bytes(p * shard, p)
+    return [CommOp("all_gather", ag, ag), CommOp("reduce_scatter", rs, rs, "backward")]
+
+
+def step_comm(strategy: AttentionStrategy, problem: AttentionProblem, rank: int, p: int,
+              layers: int, num_params: int, gcn: bool = False) -> list[CommOp]:
+    """Every collective of one training step of a distributed gt (gcn=False) or gps model.
+
+    Per layer the attention block's collectives (and for gps the GCN path's); then the loss
+    statistics (sum, count: 2 elements) and one all-reduce of every parameter gradient.
+    """
+    ops: list[CommOp] = []
+    for _ in range(layers):
+        ops += strategy.comm(problem, rank, p)
+        if gcn:
+            ops += gcn1d_comm(problem, p)
+    if p > 1:
+        b = all_reduce_bytes(2 * problem.esize, p)
+        ops.append(CommOp("all_reduce", b, b))
+        b = all_reduce_bytes(num_params * problem.esize, p)
+        ops.append(CommOp("all_reduce", b, b, "backward"))
+    return ops
+
+
+def step_bytes(strategy: AttentionStrategy, problem: AttentionProblem, rank: int, p: int,
+               layers: int, num_params: int, gcn: bool = False, kind: str = "sent"
+               ) -> dict[str, int]:
+    """Bytes ``kind`` ('sent' or 'recv') per operation name in one step (ledger's view)."""
+    out: dict[str, int] = defaultdict(int)
+    for op in step_comm(strategy, problem, rank, p, layers, num_params, gcn):
+        out[op.op] += op.sent if kind == "sent" else op.recv
+    return dict(out)
+
+
+def dense_activation_elems(n_rows: int, d: int, ffn_mult: int, gcn: bool) -> int:
+    """Elements a block keeps for backward outside attention, for ``n_rows`` rows.
+
+    Q, K, V and W_o x projections, two residual sums and LayerNorms with their inputs, the FFN's
+    hidden [n, m·d] twice (pre- and post-ReLU) and output; GPS adds the GCN path (X·W, Â·X·W,
+    its sum and LayerNorm) and the sum of both paths.
+    """
+    per_row = (4 + 4 + 1) * d + 2 * ffn_mult * d + 2 * d
+    if gcn:
+        per_row += 6 * d
+    return n_rows * per_row
+
+
+def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int, layers: int,
+                 features: int, classes: int, num_params: int, ffn_mult: int = 2,
+                 gcn: bool = False) -> dict[str, int]:
+    """Per-rank bytes of a training step: attention (Table 1), dense activations, graphs,
+    features, and parameters with gradients and two AdamW moments (4 copies)."""
+    e = problem.esize
+    att = strategy.memory(problem, p)
+    n_loc = problem.rows(p)
+    dense = layers * dense_activation_elems(n_loc, problem.d, ffn_mult, gcn) * e
+    dense += n_loc * (problem.d + 2 * classes) * e
+    graphs = att.graph_bytes
+    if gcn:
+        graphs += graph_bytes(n_loc, p * n_loc, -(-problem.e // p)) + (
+            -(-problem.e // p)) * e
+    out = {
+        "attention_activations": layers * att.activation_bytes,
+        "dense_activations": dense,
+        "graph": graphs,
+        "features": n_loc * features * e,
+        "parameters": 4 * num_params * e,
+    }
+    out["total"] = sum(out.values())
+    return out

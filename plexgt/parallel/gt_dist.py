@@ -1,0 +1,75 @@
+"""Distributed sparse graph transformer: :class:`plexgt.models.gt.GraphTransformer`, rows over p.
+
+Shapes on a rank of a p-rank group (n = ceil(N/p), see :mod:`plexgt.parallel.rows1d`):
+x [n, F] -> logits [n, C], rows = this rank's block in Q order. Every dense layer (input
+projection, Q/K/V/O projections, LayerNorm, FFN, classifier) is row-local on replicated
+parameters; only attention communicates, through the strategy of the graph's
+:class:`~plexgt.parallel.strategies.AttentionShard` (GP-AG or GP-A2A). After ``backward`` the
+caller sums parameter gradients over the group (:func:`~plexgt.parallel.rows1d.
+all_reduce_gradients`), one ledger-counted all-reduce.
+
+The class *is* the reference model (same modules, same names, same initialisation for the same
+seed), only ``forward`` differs, so ``load_state_dict`` moves weights either way.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from plexgt.models.gt import GraphTransformer, GTBlock
+from plexgt.models.layers import (
+    AttentionParams,
+    Features,
+    dropout,
+    feature_dropout,
+    ffn,
+    linear_in,
+    residual_norm,
+)
+from plexgt.parallel.rows1d import DistGraph
+from plexgt.parallel.strategies import AttentionShard
+
+Tensor = torch.Tensor
+
+
+def dist_attention(params: AttentionParams, x: Tensor, shard: AttentionShard,
+                   block_rows: int | None = None) -> Tensor:
+    """X W_o + softmax(Q Kᵀ/sqrt(d') ⊙ A) V for this rank's rows: x [n, d] -> [n, d].
+
+    Q, K, V [n, h, d'] come from local rows; the shard's strategy supplies whatever rows or
+    heads the kernel needs (:func:`plexgt.models.layers.attention_conv` line for line).
+    """
+    if params.heads != shard.heads:
+        raise ValueError(f"model has {params.heads} heads, shard was built for {shard.heads}")
+    n, d = x.shape[0], params.q.out_features
+    h = params.heads
+    q = params.q(x).view(n, h, d // h)
+    k = params.k(x).view(n, h, d // h)
+    v = params.v(x).view(n, h, d // h)
+    y = shard.attend(q, k, v, block_rows)
+    return params.o(x) + y.reshape(n, d)
+
+
+def dist_gt_block(blk: GTBlock, x: Tensor, graph: DistGraph,
+                  block_rows: int | None = None) -> Tensor:
+    """One GT block on rows [n, d]: attention (distributed) then FFN (row-local)."""
+    a = dist_attention(blk.attn, x, graph.attention, block_rows)
+    x = residual_norm(x, a, blk.norm1, blk.dropout, blk.training)
+    f = ffn(x, blk.ffn1, blk.ffn2, blk.dropout, blk.training)
+    return residual_norm(x, f, blk.norm2, blk.dropout, blk.training)
+
+
+class DistGraphTransformer(GraphTransformer):
+    """GraphTransformer over a 1D node partition (constructor as the reference).
+
+    Dropout masks come from each rank's own RNG stream (seed ranks differently): with dropout
+    the run is a valid but different sample than the single-process model's.
+    """
+
+    def forward(self, x: Features, graph: DistGraph) -> Tensor:  # type: ignore[override]
+        x = feature_dropout(x, self.input_dropout, self.training)
+        h = linear_in(x, self.input)
+        for blk in self.blocks:
+            h = dist_gt_block(blk, h, graph, self.block_rows)
+        h = dropout(h, self.dropout, self.training)
+        return self.classifier(h)

@@ -1,0 +1,280 @@
+"""Explicit redistribution between the 1D node layout and the 3D (Plexus) layouts, and the 3D
+GCN path of GPS built on it.
+
+A *layout* says, for every rank of a group, which global block [rows) x [cols) of an [N, d]
+matrix it holds and in what padded local shape (data top-left, zeros elsewhere):
+
+=================  =====================================  ====================================
+layout             block of rank (ia, ib, ic)             local shape
+=================  =====================================  ====================================
+rows (1D)          rows block r of p, all d columns       [ceil(N/p), d]
+3D input           rows block ia of Ga, columns flat      [ceil(N/Ga), d_in/(Gb·Gc)]
+                   block ib·Gc+ic of Gb·Gc
+3D output          rows block ic of Gc, columns flat      [ceil(N/Gc), d_out/(Ga·Gb)]
+                   block ia·Gb+ib of Ga·Gb
+=================  =====================================  ====================================
+
+:func:`redistribute` moves a matrix from one layout to another with one all-to-all over the
+group (uneven splits: each rank sends every other rank the intersection of their blocks), so
+its bytes are in the ledger and its adjoint (the reverse all-to-all) is the backward.
+:func:`redistribute_bytes` is the same intersection arithmetic, for the cost model.
+
+The 3D GCN path (:func:`gcn3d_conv`): X [N/p, d] (1D) -> 3D input layout -> Plexus layer
+(all-gather over c, Â block SpMM with all-reduce over a, GEMM with the W block, reduce-scatter
+over b) -> 3D output layout -> 1D, + bias. W and b stay replicated (the attention path keeps
+them so): each rank slices the W block it needs, so no weight collective runs, and the one
+gradient all-reduce of the step sums the blocks' partial gradients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from plexgt.dist.collectives import (
+    Comm,
+    all_gather,
+    all_gather_bytes,
+    all_reduce_bytes,
+    all_to_all,
+    reduce_scatter,
+    reduce_scatter_bytes,
+)
+from plexgt.dist.grid import Grid3D, block_bounds
+from plexgt.parallel.layout3d import layer_layouts, row_blocks
+from plexgt.parallel.strategies import CommOp
+
+Tensor = torch.Tensor
+Range = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Block:
+    """Global rows and columns held by one rank (true extents) and its padded local shape."""
+
+    rows: Range
+    cols: Range
+    shape: tuple[int, int]
+
+
+Layout = Callable[[int], Block]
+
+
+def row_layout(n: int, d: int, p: int) -> Layout:
+    """1D: rank r holds rows block r of p (ceil(N/p) padded), all d columns."""
+    return lambda r: Block(block_bounds(n, p, r), (0, d), (-(-n // p), d))
+
+
+def plexus_in_layout(grid: Grid3D, n: int, d: int) -> Layout:
+    """Input of a layer-0 (roles x, y, z) 3D GCN layer of width d -> d."""
+    def f(r: int) -> Block:
+        lay = layer_layouts(grid, r, n, [d, d])[0]
+        return Block(lay.cols, _clip(lay.in_cols, d), (lay.cols_pad, _width(lay.in_cols)))
+    return f
+
+
+def plexus_out_layout(grid: Grid3D, n: int, d: int) -> Layout:
+    """Output of a layer-0 (roles x, y, z) 3D GCN layer of width d -> d."""
+    def f(r: int) -> Block:
+        lay = layer_layouts(grid, r, n, [d, d])[0]
+        return Block(lay.rows, _clip(lay.out_cols, d), (lay.rows_pad, _width(lay.out_cols)))
+    return f
+
+
+def _clip(r: Range, n: int) -> Range:
+    return min(r[0], n), min(r[1], n)
+
+
+def _width(r: Range) -> int:
+    return r[1] - r[0]
+
+
+def _overlap(a: Block, b: Block) -> tuple[Range, Range] | None:
+    r0, r1 = max(a.rows[0], b.rows[0]), min(a.rows[1], b.rows[1])
+    c0, c1 = max(a.cols[0], b.cols[0]), min(a.cols[1], b.cols[1])
+    if r1 <= r0 or c1 <= c0:
+        return None
+    return (r0, r1), (c0, c1)
+
+
+def _pieces(mine: Block, others: list[Block]) -> list[tuple[Range, Range] | None]:
+    return [_overlap(mine, o) for o in others]
+
+
+def _size(piece: tuple[Range, Range] | None) -> int:
+    return 0 if piece is None else _width(piece[0]) * _width(piece[1])
+
+
+def redistribute(x: Tensor, src: Layout, dst: Layout, comm: Comm) -> Tensor:
+    """x [src shape] on this rank -> [dst shape]: one all-to-all over ``comm``."""
+    p, me = comm.size, comm.rank
+    srcs = [src(r) for r in range(p)]
+    dsts = [dst(r) for r in range(p)]
+    send = _pieces(srcs[me], dsts)
+    recv = _pieces(dsts[me], srcs)
+    b = srcs[me]
+    parts = [x[q[0][0] - b.rows[0]: q[0][1] - b.rows[0],
+               q[1][0] - b.cols[0]: q[1][1] - b.cols[0]].reshape(-1)
+             for q in send if q is not None]
+    flat = torch.cat(parts) if parts else x.new_zeros(0)
+    got = all_to_all(flat, comm, [_size(q) for q in send], [_size(q) for q in recv], dim=0)
+    out_b = dsts[me]
+    out = x.new_zeros(out_b.shape)
+    off = 0
+    for q in recv:
+        if q is None:
+            continue
+        (r0, r1), (c0, c1) = q
+        k = (r1 - r0) * (c1 - c0)
+        out[r0 - out_b.rows[0]: r1 - out_b.rows[0], c0 - out_b.cols[0]: c1 - out_b.cols[0]] = (
+            got[off: off + k].view(r1 - r0, c1 - c0))
+        off += k
+    return out
+
+
+def redistribute_bytes(src: Layout, dst: Layout, p: int, me: int, esize: int
+                       ) -> tuple[int, int]:
+    """(sent, received) bytes of :func:`redistribute` on rank ``me`` (own piece excluded)."""
+    if p == 1:
+        return 0, 0
+    srcs = [src(r) for r in range(p)]
+    dsts = [dst(r) for r in range(p)]
+    sent = sum(_size(q) for j, q in enumerate(_pieces(srcs[me], dsts)) if j != me)
+    recv = sum(_size(q) for j, q in enumerate(_pieces(dsts[me], srcs)) if j != me)
+    return sent * esize, recv * esize
+
+
+# -- the 3D GCN path of GPS -----------------------------------------------------------------
+@dataclass
+class Plexus3DPath:
+    """What one rank needs for the 3D GCN path: grid, comms, its Â block, the layouts."""
+
+    grid: Grid3D
+    comms: dict[str, Comm]
+    """'x', 'y', 'z' axis comms and 'rows' (the whole group, in grid rank order)."""
+    adj: Any
+    """:class:`plexgt.parallel.plexus3d.BlockedAdjacency` of Â[rows over z, cols over x]."""
+    n: int
+
+
+def build_axis_groups(grid: Grid3D, rank: int) -> dict[str, Any]:
+    """Axis groups of ``grid`` over global ranks 0..grid.size-1 (collective over the world:
+    every rank calls it in step, members or not; non-members get no entry)."""
+    import torch.distributed as dist
+
+    out = {}
+    for axis in ("x", "y", "z"):
+        for members in grid.all_axis_groups(axis):
+            g = dist.new_group(members)
+            if rank in members:
+                out[axis] = g
+    return out
+
+
+def gcn3d_block(adj_rows: sp.csr_matrix, cols: Range, row0: int, deg: np.ndarray
+                ) -> sp.csr_matrix:
+    """Â[rows, cols] from the pattern's rows [row0, row0+r) x all N columns (Q order):
+    columns restricted to ``cols``, self loops merged, values deg[r]^-1/2 deg[c]^-1/2 with
+    ``deg`` [N] the global row counts of A + I."""
+    a = sp.csr_matrix(adj_rows, dtype=np.float64)
+    r = a.shape[0]
+    loops = sp.csr_matrix((np.ones(r), (np.arange(r), row0 + np.arange(r))), shape=a.shape)
+    a = ((a + loops) > 0).astype(np.float64).tocsr()[:, cols[0]:cols[1]].tocsr()
+    a.sort_indices()
+    rr = np.repeat(np.arange(r), np.diff(a.indptr))
+    a.data = deg[row0 + rr] ** -0.5 * deg[cols[0] + a.indices] ** -0.5
+    return a
+
+
+def build_gcn3d_path(pg: Any, grid: Grid3D, comms: dict[str, Comm], deg: np.ndarray,
+                     dtype: torch.dtype, block_rows: int | None = None) -> Plexus3DPath:
+    """This rank's 3D path: its Â block [rows over z, cols over x] (Q order both sides) read
+    from its rows of the pattern, with ``deg`` [N] the row counts of A + I (Q order).
+
+    ``comms``: 'x', 'y', 'z' (axes of ``grid``; absent axes of extent 1 are fine) and 'rows'
+    (the whole group; its rank is the grid rank). The block does not depend on the width."""
+    from plexgt.parallel.plexus3d import BlockedAdjacency
+    from plexgt.parallel.rows1d import read_adjacency_q
+
+    rank = comms["rows"].rank
+    if comms["rows"].size != grid.size:
+        raise ValueError(f"grid {grid} has {grid.size} ranks, the group {comms['rows'].size}")
+    full = {a: comms.get(a) or Comm.single(a, comms["rows"].ledger) for a in ("x", "y", "z")}
+    full["rows"] = comms["rows"]
+    n = pg.N
+    lay = layer_layouts(grid, rank, n, [1, 1])[0]
+    rows = read_adjacency_q(pg, lay.rows).to_scipy()
+    ahat = gcn3d_block(rows, lay.cols, lay.rows[0], deg.astype(np.float64))
+    adj = BlockedAdjacency(ahat, (lay.rows_pad, lay.cols_pad), block_rows, dtype)
+    return Plexus3DPath(grid, full, adj, n)
+
+
+def gcn3d_conv(path: Plexus3DPath, x: Tensor, lin: nn.Linear) -> Tensor:
+    """Â X W + b for this rank's rows: x [N/p, d] (1D) -> [N/p, d] (1D), via the 3D layout."""
+    from plexgt.parallel.plexus3d import _AggregateAllReduce
+
+    n, d = path.n, x.shape[1]
+    lay = layer_layouts(path.grid, path.comms["rows"].rank, n, [d, d])[0]
+    c = path.comms
+    a, b, cc = lay.roles
+    p = path.grid.size
+    h = redistribute(x, row_layout(n, d, p), plexus_in_layout(path.grid, n, d), c["rows"])
+    hg = all_gather(h, c[cc], dim=1)
+    z = _AggregateAllReduce.apply(hg, path.adj, c[a])
+    wt = F.pad(lin.weight.t(), (0, lay.d_out - d, 0, lay.d_in - d))
+    wblk = wt[slice(*lay.gathered_cols), slice(*lay.w_cols)]
+    y = reduce_scatter(z @ wblk, c[b], dim=1)
+    y1 = redistribute(y, plexus_out_layout(path.grid, n, d), row_layout(n, d, p), c["rows"])
+    return y1 if lin.bias is None else y1 + lin.bias
+
+
+def gcn3d_comm(grid: Grid3D, rank: int, n: int, d: int, esize: int,
+               block_rows: int | None = None) -> list[tuple[str, CommOp]]:
+    """(comm name, op) of one 3D GCN path call, forward and backward, on ``rank``."""
+    lay = layer_layouts(grid, rank, n, [d, d])[0]
+    ga, gb, gc = lay.g
+    a, b, c = lay.roles
+    p = grid.size
+    din_b, dout_a = lay.d_in // gb, lay.d_out // ga
+    rin = redistribute_bytes(row_layout(n, d, p), plexus_in_layout(grid, n, d), p, rank, esize)
+    rout = redistribute_bytes(plexus_out_layout(grid, n, d), row_layout(n, d, p), p, rank,
+                              esize)
+    blocks = row_blocks(lay.rows_pad, block_rows)
+    ag_c = all_gather_bytes(lay.cols_pad * (din_b // gc) * esize, gc)
+    rs_b = reduce_scatter_bytes(lay.rows_pad * dout_a * esize, gb)
+    ag_b = all_gather_bytes(lay.rows_pad * (dout_a // gb) * esize, gb)
+    rs_c = reduce_scatter_bytes(lay.cols_pad * din_b * esize, gc)
+    ops: list[tuple[str, CommOp]] = []
+
+    def add(name: str, op: str, sent: int, recv: int, phase: str = "forward") -> None:
+        if (sent or recv) and (name != "rows" or p > 1):
+            ops.append((name, CommOp(op, sent, recv, phase)))
+
+    add("rows", "all_to_all", *rin)
+    if gc > 1:
+        add(c, "all_gather", ag_c, ag_c)
+    if ga > 1:
+        for r0, r1 in blocks:
+            ar = all_reduce_bytes((r1 - r0) * din_b * esize, ga)
+            add(a, "all_reduce", ar, ar)
+    if gb > 1:
+        add(b, "reduce_scatter", rs_b, rs_b)
+    add("rows", "all_to_all", *rout)
+    add("rows", "all_to_all", rout[1], rout[0], "backward")
+    if gb > 1:
+        add(b, "all_gather", ag_b, ag_b, "backward")
+    if ga > 1:
+        for r0, r1 in blocks:
+            ar = all_reduce_bytes((r1 - r0) * din_b * esize, ga)
+            add(a, "all_reduce", ar, ar, "backward")
+    if gc > 1:
+        add(c, "reduce_scatter", rs_c, rs_c, "backward")
+    add("rows", "all_to_all", rin[1], rin[0], "backward")
+    return ops

@@ -1,0 +1,387 @@
+"""System profile: collective and kernel microbenchmarks, fitted into the cost models' coefficients.
+
+Run under ``mpiexec -n P plexgt profile --out system.json``. Measured:
+
+* collectives (all_gather, reduce_scatter, all_to_all, all_reduce) over groups of ranks
+  0..s-1 for s = 2, 4, ..., P (and P), over message sizes; x = the bytes one rank sends by the
+  ledger's formula, so ``t = latency + s_per_byte · bytes`` prices any ledger entry directly;
+* kernels on rank 0 alone: SpMM and SDDMM (per nonzero · column), GEMM (per multiply-add),
+  the sparse-attention kernel forward + backward (per edge·head·d' and per edge·head), a
+  streaming elementwise op and a [N, h, d'] -> [h, N, d'] layout copy (per element), and the
+  row-local part of a transformer block (projections, LayerNorms, FFN; forward + backward,
+  per row·d² and per row·d);
+* contention: the same kernel mix run by s ranks at once against rank 0 alone (s CPU ranks on
+  fewer cores share them; one GPU per rank shares nothing).
+
+Ranks outside a measured group wait in a torch.distributed barrier (a blocking socket read on
+gloo, not a spinning MPI wait), so they do not steal the cores being measured. The JSON names
+the hardware (CPU model, cores, GPU) and the libraries (torch, MPI, backend), and stores under
+"plexus" the four coefficients :class:`plexgt.parallel.plexus_cost.Coefficients` takes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FORMAT = "plexgt-system-profile"
+VERSION = 1
+OPS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
+
+
+# -- description of the machine ---------------------------------------------------------------
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe_system(ctx: Any) -> dict[str, Any]:
+    """Hardware and library versions of this run (what the numbers are valid for)."""
+    hw: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "host": platform.node(),
+        "device": str(ctx.device.type),
+        "gpu": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else None,
+    }
+    sw: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(),
+                          "backend": ctx.backend, "threads_per_rank": torch.get_num_threads()}
+    try:
+        import mpi4py
+        from mpi4py import MPI
+
+        sw["mpi"] = " ".join(MPI.Get_library_version().strip().splitlines()[0].split())
+        sw["mpi4py"] = mpi4py.__version__
+    except ImportError:
+        sw["mpi"] = None
+    return {"hardware": hw, "software": sw, "world_size": ctx.world_size,
+            "ranks_per_node": ctx.local_size}
+
+
+# -- timing -----------------------------------------------------------------------------------
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timeit(fn: Callable[[], Any], device: torch.device, repeats: int, min_time: float = 0.0
+           ) -> float:
+    """Fastest of at least ``repeats`` calls (after one warm-up call), in seconds.
+
+    The minimum, not the median: on a shared machine the other jobs only ever add time, so the
+    fastest call is the best estimate of the kernel's own cost.
+    """
+    fn()
+    _sync(device)
+    times = []
+    start = time.perf_counter()
+    while len(times) < repeats or time.perf_counter() - start < min_time:
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 50:
+            break
+    return float(np.min(times))
+
+
+def group_sizes(world: int) -> list[int]:
+    """2, 4, 8, ... up to the world size, and the world size itself."""
+    out = [s for s in (2 ** k for k in range(1, 20)) if s <= world]
+    if world > 1 and world not in out:
+        out.append(world)
+    return out
+
+
+# -- collectives ------------------------------------------------------------------------------
+def _collective(op: str, comm: Any, shard_elems: int, device: torch.device
+                ) -> tuple[Callable[[], Any], int]:
+    """A closure running ``op`` with a per-rank shard of ``shard_elems`` floats, and the bytes
+    one rank sends by the ledger's formula (:mod:`plexgt.dist.collectives`)."""
+    from plexgt.dist import collectives as c
+
+    p = comm.size
+    x = torch.randn(shard_elems, dtype=torch.float32, device=device)
+    full = torch.randn(p * shard_elems, dtype=torch.float32, device=device)
+    b = shard_elems * 4
+    if op == "all_gather":
+        return (lambda: c._all_gather(x, comm, 0)), c.all_gather_bytes(b, p)
+    if op == "reduce_scatter":
+        return (lambda: c._reduce_scatter(full, comm, 0)), c.reduce_scatter_bytes(p * b, p)
+    if op == "all_to_all":
+        splits = [shard_elems // p] * p
+        y = x[: sum(splits)]
+        return (lambda: c._all_to_all(y, comm, splits, splits, 0)), (p - 1) * splits[0] * 4
+    if op == "all_reduce":
+        return (lambda: c._all_reduce(full, comm)), c.all_reduce_bytes(p * b, p)
+    raise ValueError(op)
+
+
+def profile_collectives(ctx: Any, sizes_bytes: list[int], repeats: int) -> dict[str, Any]:
+    """{op: {s: [[bytes_sent, seconds], ...]}} for every group size of the world."""
+    import torch.distributed as dist
+
+    from plexgt.dist.collectives import Comm, CommLedger
+
+    out: dict[str, dict[str, list[list[float]]]] = {op: {} for op in OPS}
+    for s in group_sizes(ctx.world_size):
+        members = list(range(s))
+        group = dist.group.WORLD if s == ctx.world_size else dist.new_group(members)
+        if ctx.rank in members:
+            comm = Comm.from_group(group, f"g{s}", CommLedger())
+            for op in OPS:
+                rows = []
+                for nbytes in sizes_bytes:
+                    elems = max(s, nbytes // 4 // s * s)
+                    fn, sent = _collective(op, comm, elems, ctx.device)
+                    dist.barrier(group=group)
+                    t = timeit(fn, ctx.device, repeats)
+                    tt = torch.tensor([t], dtype=torch.float64)
+                    dist.all_reduce(tt, op=dist.ReduceOp.MAX, group=group)
+                    rows.append([float(sent), float(tt.item())])
+                out[op][str(s)] = rows
+        dist.barrier()
+    return out
+
+
+def fit_linear(rows: list[list[float]]) -> dict[str, float]:
+    """Least squares ``t = latency + s_per_byte · x`` with both coefficients >= 0."""
+    from scipy.optimize import nnls
+
+    a = np.array([[1.0, r[0]] for r in rows])
+    t = np.array([r[1] for r in rows])
+    w = 1.0 / np.maximum(t, 1e-9)  # relative error: small messages matter as much as big
+    coef, _ = nnls(a * w[:, None], t * w)
+    return {"latency_s": float(coef[0]), "s_per_byte": float(coef[1])}
+
+
+# -- kernels ----------------------------------------------------------------------------------
+def _random_graph(n: int, deg: int, seed: int, device: torch.device) -> Any:
+    from plexgt.ops.csr import CSRGraph
+
+    g = torch.Generator().manual_seed(seed)
+    dst = torch.arange(n).repeat_interleave(deg)
+    src = torch.randint(0, n, (n * deg,), generator=g)
+    graph = CSRGraph.from_coo(dst, src, n, n).to(device)
+    graph.transpose()
+    _ = graph.row
+    return graph
+
+
+def dense_block(rows: int, d: int, device: torch.device) -> Callable[[], Any]:
+    """Forward + backward of a GT block without its attention kernel (rows [rows, d])."""
+    from plexgt.models.gt import GTBlock
+    from plexgt.models.layers import ffn, residual_norm
+
+    blk = GTBlock(d, 4, 2, 0.0).to(device)
+    x = torch.randn(rows, d, device=device, requires_grad=True)
+
+    def run() -> None:
+        a = blk.attn
+        y = a.q(x) + a.k(x) + a.v(x) + a.o(x)
+        h = residual_norm(x, y, blk.norm1, 0.0, True)
+        out = residual_norm(h, ffn(h, blk.ffn1, blk.ffn2, 0.0, True), blk.norm2, 0.0, True)
+        out.sum().backward()
+
+    return run
+
+
+def kernel_mix(device: torch.device) -> Callable[[], Any]:
+    """A fixed GEMM + attention workload (for the contention measurement)."""
+    from plexgt.ops.attention import sparse_attention
+
+    graph = _random_graph(3000, 16, 7, device)
+    a = torch.randn(3000, 64, device=device)
+    w = torch.randn(64, 64, device=device)
+    q = torch.randn(3000, 4, 16, device=device, requires_grad=True)
+
+    def run() -> None:
+        for _ in range(4):
+            a @ w
+        sparse_attention(graph, q, q, q).sum().backward()
+
+    return run
+
+
+def profile_kernels(device: torch.device, quick: bool) -> dict[str, list[list[float]]]:
+    """Raw samples: spmm [nnz, cols, s], sddmm [nnz, cols, s], gemm [m, k, n, s],
+    attention [E, h, d', s] (forward + backward), elementwise and copy [elements, s],
+    dense_block [rows, d, s] (forward + backward)."""
+    from plexgt.ops.attention import sddmm, sparse_attention, spmm
+
+    reps = 3 if quick else 5
+    graphs = [(2000, 8), (4000, 32)] if quick else [(2000, 8), (8000, 16), (6000, 64),
+                                                     (3000, 256)]
+    out: dict[str, list[list[float]]] = {"spmm": [], "sddmm": [], "gemm": [], "attention": [],
+                                         "elementwise": [], "copy": [], "dense_block": []}
+    for i, (n, deg) in enumerate(graphs):
+        g = _random_graph(n, deg, i, device)
+        e = g.num_edges
+        for d in (16, 64):
+            x = torch.randn(1, n, d, device=device)
+            vals = torch.rand(1, e, device=device)
+            t = timeit(lambda g=g, v=vals, x=x: spmm(g, v, x), device, reps)
+            out["spmm"].append([e, d, t])
+            t = timeit(lambda g=g, x=x: sddmm(g, x, x), device, reps)
+            out["sddmm"].append([e, d, t])
+        for h, dh in ((2, 16), (4, 16), (4, 32)):
+            q = torch.randn(n, h, dh, device=device, requires_grad=True)
+            k = torch.randn(n, h, dh, device=device, requires_grad=True)
+
+            def att(g: Any = g, q: torch.Tensor = q, k: torch.Tensor = k) -> None:
+                sparse_attention(g, q, k, k).sum().backward()
+
+            out["attention"].append([e, h, dh, timeit(att, device, reps)])
+    shapes = [(4096, 64, 64), (16384, 64, 64)] if quick else [
+        (4096, 64, 64), (16384, 64, 64), (16384, 128, 128), (32768, 64, 256), (8192, 512, 64)]
+    for m, k, n in shapes:
+        a = torch.randn(m, k, device=device)
+        b = torch.randn(k, n, device=device)
+        out["gemm"].append([m, k, n, timeit(lambda a=a, b=b: a @ b, device, reps)])
+    for n in ((1 << 18, 1 << 21) if quick else (1 << 18, 1 << 20, 1 << 22)):
+        a = torch.randn(n, device=device)
+        b = torch.randn(n, device=device)
+        out["elementwise"].append([n, timeit(lambda a=a, b=b: a * b + a, device, reps)])
+        x = torch.randn(n // 64, 4, 16, device=device)
+        out["copy"].append([n, timeit(lambda x=x: x.transpose(0, 1).contiguous(), device,
+                                      reps)])
+    for d in (32, 64, 128):
+        for rows in ((2048,) if quick else (2048, 8192)):
+            out["dense_block"].append([rows, d, timeit(dense_block(rows, d, device), device,
+                                                       reps)])
+    return out
+
+
+def fit_kernels(raw: dict[str, list[list[float]]]) -> dict[str, float]:
+    """Per-unit coefficients (non-negative least squares on relative error)."""
+    from scipy.optimize import nnls
+
+    def through_origin(xs: list[float], ts: list[float]) -> float:
+        x, t = np.array(xs), np.array(ts)
+        return float(np.median(t / x))
+
+    fits = {
+        "spmm_s_per_nnz_col": through_origin([r[0] * r[1] for r in raw["spmm"]],
+                                             [r[2] for r in raw["spmm"]]),
+        "sddmm_s_per_nnz_col": through_origin([r[0] * r[1] for r in raw["sddmm"]],
+                                              [r[2] for r in raw["sddmm"]]),
+        "gemm_s_per_fma": through_origin([r[0] * r[1] * r[2] for r in raw["gemm"]],
+                                         [r[3] for r in raw["gemm"]]),
+        "elementwise_s_per_elem": through_origin([r[0] for r in raw["elementwise"]],
+                                                 [r[1] for r in raw["elementwise"]]),
+        "copy_s_per_elem": through_origin([r[0] for r in raw["copy"]],
+                                          [r[1] for r in raw["copy"]]),
+    }
+    rows = raw["dense_block"]
+    a = np.array([[r[0] * r[1] * r[1], r[0] * r[1]] for r in rows], dtype=np.float64)
+    t = np.array([r[2] for r in rows])
+    coef, _ = nnls(a / t[:, None], np.ones_like(t))
+    fits["dense_s_per_row_d2"] = float(coef[0])
+    fits["dense_s_per_row_d"] = float(coef[1])
+    rows = raw["attention"]
+    a = np.array([[r[1], r[0] * r[1] * r[2], r[0] * r[1]] for r in rows], dtype=np.float64)
+    t = np.array([r[3] for r in rows])
+    w = 1.0 / t
+    coef, _ = nnls(a * w[:, None], t * w)
+    fits["attention_s_per_head"] = float(coef[0])
+    fits["attention_s_per_edge_head_dim"] = float(coef[1])
+    fits["attention_s_per_edge_head"] = float(coef[2])
+    return fits
+
+
+def profile_contention(ctx: Any, repeats: int) -> dict[str, float]:
+    """{s: time of the kernel mix on s ranks at once / on rank 0 alone} (max over ranks)."""
+    import torch.distributed as dist
+
+    mix = kernel_mix(ctx.device)
+    solo = timeit(mix, ctx.device, repeats) if ctx.rank == 0 else 0.0
+    dist.barrier()
+    out = {"1": 1.0}
+    for s in group_sizes(ctx.world_size):
+        t = timeit(mix, ctx.device, repeats) if ctx.rank < s else 0.0
+        tt = torch.tensor([t], dtype=torch.float64)
+        dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+        out[str(s)] = max(1.0, float(tt.item()) / solo) if ctx.rank == 0 else 0.0
+    return out
+
+
+# -- the whole profile ------------------------------------------------------------------------
+def run_profile(ctx: Any, quick: bool = False) -> dict[str, Any] | None:
+    """Every measurement and fit; returns the profile on rank 0 (None elsewhere)."""
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    prof: dict[str, Any] = {"format": FORMAT, "version": VERSION, **describe_system(ctx)}
+    if quick:
+        sizes, reps = [1 << 12, 1 << 16, 1 << 20], 3
+    else:
+        sizes, reps = [1 << 10, 1 << 13, 1 << 16, 1 << 19, 1 << 21, 1 << 23], 5
+    if ctx.world_size > 1:
+        coll = profile_collectives(ctx, sizes, reps)
+    else:
+        coll = {op: {} for op in OPS}
+    raw = profile_kernels(ctx.device, quick) if ctx.rank == 0 else {}
+    if ctx.world_size > 1:
+        dist.barrier()
+        cont = profile_contention(ctx, reps)
+    else:
+        cont = {"1": 1.0}
+    if ctx.rank != 0:
+        return None
+    kfits = fit_kernels(raw)
+    cfits = {op: {s: fit_linear(rows) for s, rows in by.items()} for op, by in coll.items()}
+    prof.update(collectives=coll, collective_fits=cfits, kernels=raw, kernel_fits=kfits,
+                contention=cont)
+    prof["plexus"] = plexus_coefficients(kfits, cfits)
+    prof["seconds"] = round(time.perf_counter() - t0, 2)
+    return prof
+
+
+def plexus_coefficients(kfits: dict[str, float], cfits: dict[str, dict[str, dict[str, float]]]
+                        ) -> dict[str, float]:
+    """The four numbers of :class:`plexgt.parallel.plexus_cost.Coefficients`: kernel rates, and
+    latency / s_per_byte averaged over the operations at the largest profiled group."""
+    from plexgt.parallel.plexus_cost import Coefficients
+
+    dflt = Coefficients()
+    lat, spb = [], []
+    for by in cfits.values():
+        if by:
+            big = by[max(by, key=int)]
+            lat.append(big["latency_s"])
+            spb.append(big["s_per_byte"])
+    return {
+        "spmm_s_per_nnz_col": kfits.get("spmm_s_per_nnz_col", dflt.spmm_s_per_nnz_col),
+        "gemm_s_per_fma": kfits.get("gemm_s_per_fma", dflt.gemm_s_per_fma),
+        "latency_s": float(np.mean(lat)) if lat else dflt.latency_s,
+        "s_per_byte": float(np.mean(spb)) if spb else dflt.s_per_byte,
+    }
+
+
+def check_profile(prof: Any, where: str) -> dict[str, Any]:
+    """Raise ValueError naming ``where`` unless ``prof`` is a system profile this code reads."""
+    if not isinstance(prof, dict) or prof.get("format") != FORMAT:
+        raise ValueError(f"{where}: not a plexgt system profile (no format {FORMAT!r})")
+    if prof.get("version") != VERSION:
+        raise ValueError(f"{where}: profile version {prof.get('version')!r}, expected {VERSION}")
+    for key in ("kernel_fits", "collective_fits", "plexus"):
+        if key not in prof:
+            raise ValueError(f"{where}: profile has no {key!r}")
+    for k, v in prof["plexus"].items():
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{where}: plexus coefficient {k}={v!r} is not a finite number >= 0")
+    return prof

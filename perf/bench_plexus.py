@@ -156,8 +156,8 @@ def worker_row1d(args: argparse.Namespace) -> None:
     from plexgt.dist.bootstrap import init_distributed, shutdown
     from plexgt.dist.collectives import Comm, CommLedger
     from plexgt.dist.grid import block_bounds, padded
+    from plexgt.parallel.gcn1d import Row1DGCN, read_row1d
     from plexgt.parallel.plexus3d import _ParallelCrossEntropy
-    from plexgt.parallel.row1d import Row1DGCN, read_row1d
 
     ctx = init_distributed("gloo")
     pg = PreparedGraph(args.data)

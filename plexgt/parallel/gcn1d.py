@@ -1,4 +1,4 @@
-"""The 1D baseline for a distributed GCN: node rows over p ranks, H all-gathered every layer.
+"""The 1D baseline for a distributed GCN (benchmarks): node rows over p ranks, H all-gathered.
 
 Layer l: H [N/p, d] --all-gather--> [N, d]; Y = Â[rows, :] · H · W + b with W and b replicated
 on every rank (their gradients all-reduced). It is what most full-graph systems do; the 3D

@@ -1,0 +1,70 @@
+"""Shared helpers for perf scripts: hardware description, RESULT lines, result files."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+DATASETS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def hardware(device: str = "cpu") -> dict[str, Any]:
+    """What the numbers were measured on (CPU model, usable cores, torch build, GPU)."""
+    import torch
+
+    info: dict[str, Any] = {
+        "cpu": cpu_name(),
+        "usable_cores": len(os.sched_getaffinity(0)),
+        "torch_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "host": platform.node(),
+    }
+    if device.startswith("cuda") and torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def today() -> str:
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def result_line(**fields: Any) -> str:
+    """``RESULT k=v k=v`` (floats with 4 significant decimals), printed and returned."""
+    parts = []
+    for k, v in fields.items():
+        if isinstance(v, float):
+            v = f"{v:.4f}"
+        parts.append(f"{k}={v}")
+    line = "RESULT " + " ".join(parts)
+    print(line, flush=True)
+    return line
+
+
+def write_json(name: str, payload: dict[str, Any]) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / name
+    path.write_text(json.dumps(payload, indent=2, sort_keys=False) + "\n")
+    return path
+
+
+def write_text(name: str, text: str) -> Path:
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    path = RESULTS_DIR / name
+    path.write_text(text)
+    return path

@@ -1,0 +1,78 @@
+"""Accuracy of the main job: ``mpiexec -n 4 plexgt train`` on Amazon Computers (issue target:
+gt >= 0.89, gcn >= 0.88 test accuracy at the best validation epoch).
+
+Usage: python perf/train_accuracy.py [--models gcn gt] [--ranks 4] [--epochs 300]
+Writes perf/results/train_accuracy_<date>.json; ends with one RESULT line per model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import DATASETS_DIR, hardware, result_line, today, write_json  # noqa: E402
+
+BIN = Path(sys.executable).parent
+#: per-model overrides (the rest are plexgt's defaults)
+SETTINGS = {
+    "gcn": ["--model.hidden=128", "--eval_every=5"],
+    "gt": ["--model.hidden=128", "--model.heads=4", "--model.layers=2", "--eval_every=5"],
+    "gps": ["--model.hidden=128", "--model.heads=4", "--model.layers=2", "--eval_every=5"],
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", nargs="+", default=["gcn", "gt"])
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--epochs", type=int, default=300)
+    args = ap.parse_args()
+    src = DATASETS_DIR / "gnn-benchmark" / "amazon_electronics_computers.npz"
+    if not src.exists():
+        sys.exit(f"train_accuracy: {src} not found")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = {"date": today(), "hardware": hardware(), "dataset": "Amazon Computers "
+           "(symmetrised, self loops, 60/20/20 random split, seed 0)", "ranks": args.ranks,
+           "epochs": args.epochs, "runs": {}}
+    with tempfile.TemporaryDirectory() as d:
+        data = Path(d) / "computers"
+        subprocess.run([str(BIN / "plexgt"), "prep", "--format", "gnn-benchmark", "--input",
+                        str(src), "--symmetrize", "--out", str(data), "--quiet"], check=True)
+        for model in args.models:
+            m = Path(d) / f"{model}.jsonl"
+            r = subprocess.run([str(BIN / "mpiexec"), "-n", str(args.ranks), str(BIN / "plexgt"),
+                                "train", "--data", str(data), "--model", model, "--epochs",
+                                str(args.epochs), "--metrics", str(m), "--progress=false",
+                                *SETTINGS.get(model, [])], capture_output=True, text=True,
+                               env=env)
+            if r.returncode != 0:
+                out["runs"][model] = {"error": r.stderr.strip().splitlines()[-1]}
+                continue
+            rows = [json.loads(l) for l in m.read_text().splitlines()]
+            evald = [x for x in rows if "valid_acc" in x]
+            best = max(evald, key=lambda x: x["valid_acc"])
+            out["runs"][model] = {
+                "best_epoch": best["epoch"], "valid_acc": best["valid_acc"],
+                "test_acc": best["test_acc"], "grid": best["grid"],
+                "strategy": best["strategy"], "settings": SETTINGS.get(model, []),
+                "median_epoch_s": sorted(x["time_epoch"] for x in rows)[len(rows) // 2],
+                "final_line": r.stdout.strip().splitlines()[-1],
+            }
+    write_json(f"train_accuracy_{today()[:10]}.json", out)
+    for model, res in out["runs"].items():
+        if "error" in res:
+            result_line(dataset="amazon-computers", model=model, error=res["error"][:80]
+                        .replace(" ", "_"))
+        else:
+            result_line(dataset="amazon-computers", model=model, ranks=args.ranks,
+                        test_acc=res["test_acc"], valid_acc=res["valid_acc"], grid=res["grid"])
+
+
+if __name__ == "__main__":
+    main()

@@ -260,7 +260,7 @@ def profile_kernels(device: torch.device, quick: bool) -> dict[str, list[list[fl
         out["copy"].append([n, timeit(lambda x=x: x.transpose(0, 1).contiguous(), device,
                                       reps)])
     for d in (32, 64, 128):
-        for rows in ((2048,) if quick else (2048, 8192)):
+        for rows in ((256, 2048) if quick else (256, 2048, 8192)):
             out["dense_block"].append([rows, d, timeit(dense_block(rows, d, device), device,
                                                        reps)])
     return out
@@ -287,11 +287,12 @@ def fit_kernels(raw: dict[str, list[list[float]]]) -> dict[str, float]:
                                           [r[1] for r in raw["copy"]]),
     }
     rows = raw["dense_block"]
-    a = np.array([[r[0] * r[1] * r[1], r[0] * r[1]] for r in rows], dtype=np.float64)
+    a = np.array([[1.0, r[0] * r[1] * r[1], r[0] * r[1]] for r in rows], dtype=np.float64)
     t = np.array([r[2] for r in rows])
     coef, _ = nnls(a / t[:, None], np.ones_like(t))
-    fits["dense_s_per_row_d2"] = float(coef[0])
-    fits["dense_s_per_row_d"] = float(coef[1])
+    fits["dense_s_per_block"] = float(coef[0])
+    fits["dense_s_per_row_d2"] = float(coef[1])
+    fits["dense_s_per_row_d"] = float(coef[2])
     rows = raw["attention"]
     a = np.array([[r[1], r[0] * r[1] * r[2], r[0] * r[1]] for r in rows], dtype=np.float64)
     t = np.array([r[3] for r in rows])

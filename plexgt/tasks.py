@@ -1,8 +1,9 @@
 """Bind a model name to its distributed implementation and this rank's data (``plexgt train``).
 
 gcn: 3D tensor parallelism (Plexus) on a Gx x Gy x Gz grid, chosen by the planner when
-``parallel.grid = "auto"``. The graph-transformer models (gt, gps) plug in here through
-:data:`BUILDERS` when their distributed strategies are available.
+``parallel.grid = "auto"``. gt and gps: node rows over the ranks with GP-AG or GP-A2A
+attention (chosen by AGP when ``parallel.strategy = "auto"``); gps's GCN path runs 3D on an
+explicit grid (see :mod:`plexgt.parallel.gt_task`).
 """
 
 from __future__ import annotations
@@ -86,8 +87,18 @@ def build_gcn(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: Com
     )
 
 
+def build_attention(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
+                    ledger: CommLedger) -> Task:
+    """gt and gps: nodes over the ranks, attention by GP-AG or GP-A2A (AGP when 'auto')."""
+    from plexgt.parallel.gt_task import build_attention_task
+
+    return build_attention_task(cfg, ctx, pg, ledger)
+
+
 BUILDERS: dict[str, Callable[[TrainConfig, DistContext, PreparedGraph, CommLedger], Task]] = {
     "gcn": build_gcn,
+    "gt": build_attention,
+    "gps": build_attention,
 }
 
 

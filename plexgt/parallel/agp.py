@@ -15,12 +15,18 @@ Time model (Lin, Madduri & Kandemir, DAC 2026), per training step on s ranks wit
   priced by the profile (the exact per-rank bytes of :mod:`plexgt.parallel.attention_cost`
   times seconds-per-byte, plus a latency per call), its own data movement (GP-AG copies the
   gathered [N, d] K, V and their full-size gradients; GP-A2A permutes [N, d/s]), and the
-  kernel's per-head call overhead on the heads a rank loops over. β_c(1) is that overhead only.
+  fixed per-call costs (the kernel's per-head calls on the heads a rank loops over, the dense
+  block's operator overheads, the optimizer on the replicated parameters). β_c(1) is those
+  fixed costs only.
 
 Selection is the paper's Algorithm 3 with a memory filter: k = t_iter(1)/N; a (s, c) with s > 1
 is kept when s·β_c(s)/(s-1) <= k — with the terms above, exactly when t_iter(s, c) <= t_iter(1)
 (up to β(1)) — and when its predicted per-rank memory fits; the argmin of t_iter among the
 kept (and s = 1, if it fits) is chosen. Nothing that does not fit is ever chosen.
+
+For gps the GCN path is priced in the 1D layout (:func:`~plexgt.parallel.attention_cost.
+gcn1d_comm`); the 3D path's exact bytes are :func:`~plexgt.parallel.redistribute.gcn3d_comm`,
+but AGP does not yet choose between the two paths.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ OPTIMIZER_PASSES = 16
 DEFAULT_KERNELS = {
     "spmm_s_per_nnz_col": 2e-9, "sddmm_s_per_nnz_col": 2e-9, "gemm_s_per_fma": 1e-10,
     "elementwise_s_per_elem": 1e-9, "copy_s_per_elem": 1e-9, "attention_s_per_head": 0.0,
-    "dense_s_per_row_d2": 0.0, "dense_s_per_row_d": 0.0,
+    "dense_s_per_row_d2": 0.0, "dense_s_per_row_d": 0.0, "dense_s_per_block": 0.0,
     "attention_s_per_edge_head_dim": 1.2e-8, "attention_s_per_edge_head": 2e-8,
 }
 
@@ -225,7 +231,9 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
                    + L * ELEMENTWISE_PER_NODE_DIM[w.model] * d * k["elementwise_s_per_elem"])
     node1 = w.n * per_row
     heads_here = h if not strategy.full_graph else head_splits(h, s)[0]
-    calls = L * heads_here * k["attention_s_per_head"]
+    # fixed per-call costs every rank pays whatever its share: kernel calls per head, the
+    # dense block's operator overheads, the optimizer over the replicated parameters
+    calls = L * (heads_here * k["attention_s_per_head"] + k["dense_s_per_block"]) * kappa
     calls += OPTIMIZER_PASSES * w.num_params * k["elementwise_s_per_elem"] * kappa
     if s == 1:
         copy = 0.0

@@ -82,7 +82,8 @@ def gp_ag_memory(problem: AttentionProblem, p: int) -> MemoryEstimate:
     n_pad = p * problem.rows(p)
     e_loc = -(-problem.e // p)
     act = 4 * n_pad * problem.d + e_loc * problem.heads
-    return MemoryEstimate(act, act * problem.esize, graph_bytes(problem.rows(p), n_pad, e_loc))
+    return MemoryEstimate(act, act * problem.esize, graph_bytes(problem.rows(p), n_pad, e_loc),
+                          e_loc * problem.heads)
 
 
 def gp_a2a_memory(problem: AttentionProblem, p: int) -> MemoryEstimate:
@@ -90,7 +91,8 @@ def gp_a2a_memory(problem: AttentionProblem, p: int) -> MemoryEstimate:
     n_pad = p * problem.rows(p)
     h_max = head_splits(problem.heads, p)[0]
     act = 4 * n_pad * h_max * problem.head_dim + problem.e * h_max
-    return MemoryEstimate(act, act * problem.esize, graph_bytes(n_pad, n_pad, problem.e))
+    return MemoryEstimate(act, act * problem.esize, graph_bytes(n_pad, n_pad, problem.e),
+                          problem.e * h_max)
 
 
 def table1(problem: AttentionProblem, p: int) -> dict[str, dict[str, float]]:
@@ -146,34 +148,35 @@ def step_bytes(strategy: AttentionStrategy, problem: AttentionProblem, rank: int
 
 
 def dense_activation_elems(n_rows: int, d: int, ffn_mult: int, gcn: bool) -> int:
-    """Elements a block keeps for backward outside attention, for ``n_rows`` rows.
+    """Elements a block keeps for backward outside Table 1's attention terms, ``n_rows`` rows.
 
-    Q, K, V and W_o x projections, two residual sums and LayerNorms with their inputs, the FFN's
-    hidden [n, m·d] twice (pre- and post-ReLU) and output; GPS adds the GCN path (X·W, Â·X·W,
-    its sum and LayerNorm) and the sum of both paths.
+    The block input (saved by the Q, K, V, O projections), this rank's head-major Q, the first
+    residual sum and its LayerNorm output, the FFN's ReLU output [n, m·d] and the second
+    residual sum: (5 + m)·d a row. GPS adds the GCN path's sum and LayerNorm output, the
+    attention path's LayerNorm output and the sum of both paths: 4·d.
     """
-    per_row = (4 + 4 + 1) * d + 2 * ffn_mult * d + 2 * d
-    if gcn:
-        per_row += 6 * d
-    return n_rows * per_row
+    return n_rows * (5 + ffn_mult + (4 if gcn else 0)) * d
 
 
 def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int, layers: int,
                  features: int, classes: int, num_params: int, ffn_mult: int = 2,
                  gcn: bool = False) -> dict[str, int]:
-    """Per-rank bytes of a training step: attention (Table 1), dense activations, graphs,
-    features, and parameters with gradients and two AdamW moments (4 copies)."""
+    """Per-rank bytes of a training step: attention (Table 1 per layer, plus the backward's
+    three [h, E/p] temporaries of one layer), dense activations, graphs, features, and
+    parameters with gradients and two AdamW moments (4 copies)."""
     e = problem.esize
     att = strategy.memory(problem, p)
     n_loc = problem.rows(p)
     dense = layers * dense_activation_elems(n_loc, problem.d, ffn_mult, gcn) * e
-    dense += n_loc * (problem.d + 2 * classes) * e
+    # input projection and classifier (2·d), logits and their gradient (2·C), and the
+    # gradients of one block in flight during backward (4·d)
+    dense += n_loc * (6 * problem.d + 2 * classes) * e
     graphs = att.graph_bytes
     if gcn:
         graphs += graph_bytes(n_loc, p * n_loc, -(-problem.e // p)) + (
             -(-problem.e // p)) * e
     out = {
-        "attention_activations": layers * att.activation_bytes,
+        "attention_activations": layers * att.activation_bytes + 3 * att.score_elems * e,
         "dense_activations": dense,
         "graph": graphs,
         "features": n_loc * features * e,

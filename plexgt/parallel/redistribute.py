@@ -123,10 +123,14 @@ def redistribute(x: Tensor, src: Layout, dst: Layout, comm: Comm) -> Tensor:
     parts = [x[q[0][0] - b.rows[0]: q[0][1] - b.rows[0],
                q[1][0] - b.cols[0]: q[1][1] - b.cols[0]].reshape(-1)
              for q in send if q is not None]
-    flat = torch.cat(parts) if parts else x.new_zeros(0)
+    # Every rank must keep both all-to-alls (this one and its adjoint) in its autograd graph,
+    # even one that sends or receives nothing (a block of padding only): an empty view of x
+    # feeds the exchange and an empty slice of its result feeds the output, else that rank's
+    # backward would skip the adjoint and the others would wait for it.
+    flat = torch.cat([x.reshape(-1)[:0], *parts])
     got = all_to_all(flat, comm, [_size(q) for q in send], [_size(q) for q in recv], dim=0)
     out_b = dsts[me]
-    out = x.new_zeros(out_b.shape)
+    out = x.new_zeros(out_b.shape) + got[:0].sum()
     off = 0
     for q in recv:
         if q is None:

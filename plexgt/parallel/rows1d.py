@@ -50,6 +50,20 @@ class DistGraph:
     def comm(self) -> Comm:
         return self.attention.comm
 
+    def to(self, device: torch.device | str) -> DistGraph:
+        """The same operators on ``device`` (the attention pattern with its cached transpose,
+        the 1D Â rows, and the 3D path's Â blocks)."""
+        import dataclasses
+
+        att = dataclasses.replace(self.attention, graph=self.attention.graph.to(device))
+        gcn = None if self.gcn is None else self.gcn.to(device)
+        path = self.gcn3d
+        if path is not None:
+            adj = path.adj
+            adj.fwd = [m.to(device) for m in adj.fwd]
+            adj.bwd = [m.to(device) for m in adj.bwd]
+        return DistGraph(att, gcn, path)
+
 
 @dataclass
 class RowData:
@@ -62,6 +76,10 @@ class RowData:
     """[n] int64 (-1: unlabelled or padding)."""
     masks: dict[str, Tensor]
     """'train' / 'valid' / 'test' -> [n] bool."""
+
+    def to(self, device: torch.device | str) -> RowData:
+        return RowData(self.rows, self.x.to(device), self.labels.to(device),
+                       {k: m.to(device) for k, m in self.masks.items()})
 
 
 def read_adjacency_q(pg: object, rows: Range | None = None) -> CSRGraph:
@@ -103,7 +121,17 @@ def global_degrees(block: CSRGraph, lo: int, comm: Comm) -> Tensor:
                                torch.cat([block.indices.cpu(), loops + lo]), r, n_all)
     deg = torch.zeros(n_loc, dtype=torch.int64)
     deg[:r] = merged.degrees()
-    return all_gather(deg, comm, dim=0)[:n_all]
+    return all_gather(deg.to(_comm_device(comm)), comm, dim=0)[:n_all].cpu()
+
+
+def _comm_device(comm: Comm) -> torch.device:
+    """Where ``comm``'s tensors must live: the current GPU for NCCL, else the CPU."""
+    if comm.group is not None:
+        import torch.distributed as dist
+
+        if dist.get_backend(comm.group) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def gcn_rows(block: CSRGraph, lo: int, comm: Comm, dtype: torch.dtype) -> CSRGraph:
@@ -169,7 +197,7 @@ def row_correct(logits: Tensor, labels: Tensor, masks: dict[str, Tensor], comm: 
     """(correct, total) per split over all ranks (argmax; ties take the lowest class id)."""
     pred = logits.argmax(dim=1)
     counts = torch.tensor([[int(((pred == labels) & m).sum()), int(m.sum())]
-                           for m in masks.values()], dtype=torch.int64)
+                           for m in masks.values()], dtype=torch.int64, device=logits.device)
     all_reduce_(counts, comm)
     return {k: (int(c[0]), int(c[1])) for k, c in zip(masks, counts)}
 

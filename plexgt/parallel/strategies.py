@@ -85,6 +85,9 @@ class MemoryEstimate:
     activation_bytes: int
     graph_bytes: int
     """Stored pattern: row pointers + per-edge index arrays of the rows this rank holds."""
+    score_elems: int = 0
+    """Elements of one [h, E] score array on this rank (E·h/p): the kernel's backward holds
+    about three more of them at once, for one layer at a time."""
 
     @property
     def total(self) -> int:

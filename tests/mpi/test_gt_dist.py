@@ -1,0 +1,230 @@
+"""Distributed graph transformer (GP-AG, GP-A2A) against the single-process GraphTransformer.
+
+Groups of p = 1, 2, 3, 4, 8 ranks and the whole world (those that fit the run), each made of
+ranks 0..p-1; ranks outside a test's group skip it. Data comes through the loader from a
+prepared (double-permuted) directory; the reference runs on the original node order, so the
+comparison covers the permutations. float64, 1e-6 relative. Every collective of a test runs
+before its first assertion, so a failing rank cannot leave the others waiting.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from mpi4py import MPI
+
+from plexgt.data.loader import PreparedGraph
+from plexgt.data.shard import PrepOptions, prepare
+from plexgt.data.source import MemorySource
+from plexgt.data.synthetic import sbm
+from plexgt.dist.collectives import Comm, CommLedger
+from plexgt.models.gt import GraphTransformer
+from plexgt.models.layers import ModelGraph
+from plexgt.ops.csr import CSRGraph
+from plexgt.ops.gcn import gcn_norm
+from plexgt.parallel.attention_cost import step_bytes
+from plexgt.parallel.gt_dist import DistGraphTransformer
+from plexgt.parallel.rows1d import (
+    all_reduce_gradients,
+    build_dist_graph,
+    read_adjacency_q,
+    read_rows,
+    row_correct,
+    row_cross_entropy,
+)
+from plexgt.parallel.strategies import AttentionProblem, default_registry
+
+from .conftest import RANK, WORLD
+
+pytestmark = pytest.mark.timeout(600)
+N, F_IN, C = 29, 5, 3
+HIDDEN, HEADS, LAYERS = 8, 4, 2
+DT = torch.float64
+TOL = dict(rtol=1e-6, atol=1e-9)
+SIZES = sorted({p for p in (1, 2, 3, 4, 8) if p <= WORLD} | {WORLD})
+STRATEGIES = default_registry().names()
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    comm = MPI.COMM_WORLD
+    path = None
+    if comm.rank == 0:
+        g = sbm(num_nodes=N, num_edges=170, num_classes=C, num_features=F_IN, seed=4)
+        path = tmp_path_factory.mktemp("gtdist") / "prep"
+        prepare(MemorySource(g), PrepOptions(out=path, tiles=2, symmetrize=True,
+                                             progress=False, seed=9))
+    return PreparedGraph(comm.bcast(path))
+
+
+@pytest.fixture(scope="module")
+def groups(dist_ctx):
+    """p -> (group, members) for ranks 0..p-1, created in the same order on every rank."""
+    out = {}
+    for p in SIZES:
+        members = list(range(p))
+        g = dist.group.WORLD if p == WORLD else dist.new_group(members)
+        out[p] = g if RANK in members else None
+    return out
+
+
+def reference_inputs(pg, gcn: bool = False):
+    """Original-order graph, features, labels, masks; perm_q (Q position -> original id)."""
+    a = read_adjacency_q(pg)
+    pq = torch.from_numpy(pg.read_perm("Q"))
+    adj = CSRGraph.from_coo(pq[a.row], pq[a.indices], N, N)
+    graph = ModelGraph(adj, gcn_norm(adj, dtype=DT) if gcn else None)
+    for g in (graph.adj, graph.gcn):
+        if g is not None:
+            g.transpose()
+    x = torch.zeros(N, pg.F, dtype=DT)
+    x[pq] = torch.from_numpy(pg.read_features().astype(np.float64))
+    labels = torch.empty(N, dtype=torch.int64)
+    labels[pq] = torch.from_numpy(pg.read_labels(None, "Q"))
+    masks = {}
+    for s in ("train", "valid", "test"):
+        m = torch.empty(N, dtype=torch.bool)
+        m[pq] = torch.from_numpy(pg.read_mask(s, None, "Q"))
+        masks[s] = m
+    return graph, x, labels, masks, pq
+
+
+def setup_rank(pg, groups, p, strategy, gcn=False, grid=None, axis_groups=None):
+    """This rank's ledger, comm, graph and rows; ``grid`` + ``axis_groups``: 3D GCN path."""
+    if groups[p] is None:
+        pytest.skip(f"rank {RANK} is outside the group of {p}")
+    ledger = CommLedger()
+    comm = Comm.from_group(groups[p], "rows", ledger)
+    reg = default_registry()
+    axis = None
+    if grid is not None:
+        axis = {a: Comm.from_group(g, a, ledger) for a, g in axis_groups.items()}
+    graph = build_dist_graph(pg, comm, reg.get(strategy), HEADS, gcn=gcn, dtype=DT, grid=grid,
+                             axis_comms=axis, block_rows=4)
+    data = read_rows(pg, comm.size, comm.rank, DT)
+    return ledger, comm, graph, data
+
+
+def build_models(seed, ref_cls, dist_cls):
+    torch.manual_seed(seed)
+    ref = ref_cls(F_IN, HIDDEN, C, num_layers=LAYERS, heads=HEADS, dropout=0.0).to(DT)
+    model = dist_cls(F_IN, HIDDEN, C, num_layers=LAYERS, heads=HEADS, dropout=0.0).to(DT)
+    model.load_state_dict(ref.state_dict())
+    return ref, model
+
+
+def expected_bytes(strat, prob, comm, nparams, gcn, grid, kind):
+    """Per-operation bytes of one step by the cost formulas (1D or 3D GCN path for gps)."""
+    from plexgt.parallel.redistribute import gcn3d_comm
+
+    want = step_bytes(strat, prob, comm.rank, comm.size, LAYERS, nparams,
+                      gcn and grid is None, kind)
+    if gcn and grid is not None:
+        for _ in range(LAYERS):
+            for _, op in gcn3d_comm(grid, comm.rank, N, HIDDEN, 8, block_rows=4):
+                want[op.op] = want.get(op.op, 0) + (op.sent if kind == "sent" else op.recv)
+    return {k: v for k, v in want.items() if v}
+
+
+def check_one_step(pg, groups, p, strategy, ref_cls, dist_cls, gcn, block_rows=None,
+                   grid=None, axis_groups=None):
+    """Forward, loss, gradients and ledger of one step against the reference."""
+    graph_ref, x, labels, masks, pq = reference_inputs(pg, gcn)
+    ledger, comm, graph, data = setup_rank(pg, groups, p, strategy, gcn, grid, axis_groups)
+    ref, model = build_models(3, ref_cls, dist_cls)
+    ref.block_rows = model.block_rows = block_rows
+    out_ref = ref(x, graph_ref)
+    loss_ref = F.cross_entropy(out_ref[masks["train"]], labels[masks["train"]])
+    loss_ref.backward()
+
+    out = model(data.x, graph)
+    loss = row_cross_entropy(out, data.labels, data.masks["train"], comm)
+    loss.backward()
+    all_reduce_gradients(model, comm)
+    # all collectives are done
+    lo, hi = data.rows
+    torch.testing.assert_close(out[: hi - lo], out_ref[pq[lo:hi]].detach(), **TOL)
+    assert torch.all(data.labels[hi - lo:] == -1)
+    torch.testing.assert_close(loss.detach(), loss_ref.detach(), **TOL)
+    ref_grads = dict(ref.named_parameters())
+    for name, prm in model.named_parameters():
+        torch.testing.assert_close(prm.grad, ref_grads[name].grad, **TOL, msg=name)
+    nparams = sum(t.numel() for t in model.parameters())
+    prob = AttentionProblem(n=N, e=graph.attention.graph.num_edges, d=HIDDEN, heads=HEADS,
+                            esize=8)
+    strat = graph.attention.strategy
+    for kind in ("sent", "recv"):
+        got = {}
+        for (_, op), v in getattr(ledger, kind).items():
+            got[op] = got.get(op, 0) + v
+        got = {k: v for k, v in got.items() if v}
+        assert got == expected_bytes(strat, prob, comm, nparams, gcn, grid, kind), kind
+
+
+def check_training(pg, groups, p, strategy, ref_cls, dist_cls, gcn, grid=None,
+                   axis_groups=None):
+    """20 AdamW steps follow the reference's loss curve; accuracy counts agree."""
+    graph_ref, x, labels, masks, pq = reference_inputs(pg, gcn)
+    ledger, comm, graph, data = setup_rank(pg, groups, p, strategy, gcn, grid, axis_groups)
+    ref, model = build_models(11, ref_cls, dist_cls)
+    opt_ref = torch.optim.AdamW(ref.parameters(), lr=0.05, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01)
+    curve = []
+    for _ in range(20):
+        opt_ref.zero_grad()
+        loss_ref = F.cross_entropy(ref(x, graph_ref)[masks["train"]], labels[masks["train"]])
+        loss_ref.backward()
+        opt_ref.step()
+        opt.zero_grad()
+        loss = row_cross_entropy(model(data.x, graph), data.labels, data.masks["train"], comm)
+        loss.backward()
+        all_reduce_gradients(model, comm)
+        opt.step()
+        curve.append((loss.item(), loss_ref.item()))
+    model.eval()
+    ref.eval()
+    got = row_correct(model(data.x, graph), data.labels, data.masks, comm)
+    with torch.no_grad():
+        pred = ref(x, graph_ref).argmax(1)
+    mine, theirs = zip(*curve)
+    np.testing.assert_allclose(mine, theirs, rtol=1e-6)
+    assert theirs[-1] < theirs[0]
+    for s, m in masks.items():
+        assert got[s] == (int((pred[m] == labels[m]).sum()), int(m.sum()))
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("p", SIZES)
+def test_gt_step_equals_reference(prepared, groups, p, strategy):
+    check_one_step(prepared, groups, p, strategy, GraphTransformer, DistGraphTransformer, False)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_gt_blocked_kernel_equals_reference(prepared, groups, strategy):
+    check_one_step(prepared, groups, WORLD, strategy, GraphTransformer, DistGraphTransformer,
+                   False, block_rows=3)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("p", SIZES)
+def test_gt_training_follows_reference(prepared, groups, p, strategy):
+    check_training(prepared, groups, p, strategy, GraphTransformer, DistGraphTransformer, False)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_row_parallel_wrapper_sums_gradients_after_backward(prepared, groups, strategy):
+    """The train-loop wrapper: plain loss.backward() gives the reference gradients."""
+    from plexgt.parallel.gt_task import RowParallel
+
+    graph_ref, x, labels, masks, _ = reference_inputs(pg := prepared)
+    ledger, comm, graph, data = setup_rank(pg, groups, WORLD, strategy)
+    ref, model = build_models(5, GraphTransformer, DistGraphTransformer)
+    F.cross_entropy(ref(x, graph_ref)[masks["train"]], labels[masks["train"]]).backward()
+    wrapped = RowParallel(model, graph, comm)
+    row_cross_entropy(wrapped(data.x), data.labels, data.masks["train"], comm).backward()
+    ref_grads = dict(ref.named_parameters())
+    for name, prm in model.named_parameters():
+        torch.testing.assert_close(prm.grad, ref_grads[name].grad, **TOL, msg=name)

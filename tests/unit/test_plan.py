@@ -1,0 +1,115 @@
+"""``plexgt plan`` and ``plexgt profile`` from the command line (one process)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from plexgt.cli import main
+from plexgt.data.shard import PrepOptions, prepare
+from plexgt.data.source import MemorySource
+from plexgt.data.synthetic import sbm
+from plexgt.parallel.plexus_cost import Coefficients
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    path = tmp_path_factory.mktemp("plan") / "sbm"
+    g = sbm(num_nodes=300, num_edges=3000, num_classes=4, num_features=16, seed=2)
+    prepare(MemorySource(g), PrepOptions(out=path, symmetrize=True, progress=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def profile_json(tmp_path_factory):
+    """A real (quick, one-rank) profile made by the command."""
+    out = tmp_path_factory.mktemp("prof") / "system.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PLEXGT_NO_MPI": "1"}
+    r = subprocess.run([sys.executable, "-m", "plexgt", "profile", "--quick", "--out", str(out)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+@pytest.mark.parametrize("model", ["gt", "gps"])
+def test_plan_attention_table_and_choice(prepared, tmp_path, capsys, model):
+    js = tmp_path / "plan.json"
+    rc = main(["plan", "--data", str(prepared), "--model", model, "--world-size", "8",
+               "--hidden", "16", "--heads", "4", "--json", str(js)])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "k = t_iter(1)/N" in out and "choice:" in out
+    table = json.loads(js.read_text())
+    assert {(r["strategy"], r["scale"]) for r in table["rows"]} == {
+        (s, p) for s in ("gp_ag", "gp_a2a") for p in (1, 2, 4, 8)}
+    chosen = [r for r in table["rows"] if r["chosen"]]
+    assert len(chosen) == 1 and chosen[0]["fits"] and chosen[0]["passes"]
+    assert table["choice"] == {"strategy": chosen[0]["strategy"], "scale": chosen[0]["scale"]}
+
+
+def test_plan_memory_limit_excludes_and_can_leave_nothing(prepared, capsys):
+    rc = main(["plan", "--data", str(prepared), "--model", "gt", "--world-size", "4",
+               "--memory-per-rank", "0.000001"])
+    out = capsys.readouterr().out
+    assert rc == 1 and "no strategy and scale fits the memory limit" in out
+
+
+def test_plan_gcn_ranks_grids(prepared, capsys):
+    assert main(["plan", "--data", str(prepared), "--model", "gcn", "--world-size", "8",
+                 "--hidden", "32", "--layers", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "dims [16, 32, 32, 4]" in out
+    assert out.count("<- recommended") == 1 and "choice: grid" in out
+    assert "2x2x2" in out and "8x1x1" in out
+
+
+def test_profile_file_is_complete_and_feeds_both_planners(prepared, profile_json, capsys):
+    prof = json.loads(profile_json.read_text())
+    assert prof["format"] == "plexgt-system-profile"
+    assert prof["hardware"]["cpu"] and prof["hardware"]["cores"] >= 1
+    assert prof["software"]["torch"] and "mpi" in prof["software"]
+    assert set(prof["kernels"]) == {"spmm", "sddmm", "gemm", "attention", "elementwise", "copy",
+                                   "dense_block"}
+    Coefficients(**prof["plexus"])  # the 3D planner's coefficients
+    for model in ("gt", "gcn"):
+        assert main(["plan", "--data", str(prepared), "--model", model, "--world-size", "2",
+                     "--profile", str(profile_json)]) == 0
+    assert f"profile {profile_json}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--world-size", "0"], "--world-size must be positive"),
+    (["--heads", "3"], "is not divisible by --heads 3"),
+    (["--memory-per-rank", "-1"], "--memory-per-rank must be positive"),
+    (["--strategies", "gp_ag,ring"], "unknown 'ring'"),
+])
+def test_plan_bad_input_is_one_line_exit_2(prepared, capsys, argv, msg):
+    base = ["plan", "--data", str(prepared), "--model", "gt", "--world-size", "4",
+            "--hidden", "16"]
+    if argv[0] in base:
+        i = base.index(argv[0])
+        base[i + 1] = argv[1]
+        argv = []
+    assert main(base + argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and msg in err[0]
+
+
+def test_plan_bad_files_exit_2(prepared, tmp_path, capsys):
+    assert main(["plan", "--data", str(tmp_path), "--model", "gt", "--world-size", "2"]) == 2
+    assert "no manifest.json" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["plan", "--data", str(prepared), "--model", "gt", "--world-size", "2",
+                 "--profile", str(bad)]) == 2
+    assert "not JSON" in capsys.readouterr().err
+    bad.write_text(json.dumps({"format": "something"}))
+    assert main(["plan", "--data", str(prepared), "--model", "gt", "--world-size", "2",
+                 "--profile", str(bad)]) == 2
+    assert "not a plexgt system profile" in capsys.readouterr().err
+    assert main(["profile", "--out", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err

@@ -64,7 +64,14 @@ def main() -> None:
                 "median_epoch_s": sorted(x["time_epoch"] for x in rows)[len(rows) // 2],
                 "final_line": r.stdout.strip().splitlines()[-1],
             }
-    write_json(f"train_accuracy_{today()[:10]}.json", out)
+    # runs of other models measured earlier the same day are kept beside these
+    name = f"train_accuracy_{today()[:10]}.json"
+    prev = Path(__file__).resolve().parent / "results" / name
+    if prev.exists():
+        old = json.loads(prev.read_text())
+        out["runs"] = {**{k: {**v, "date": old.get("date")} for k, v in old["runs"].items()},
+                       **out["runs"]}
+    write_json(name, out)
     for model, res in out["runs"].items():
         if "error" in res:
             result_line(dataset="amazon-computers", model=model, error=res["error"][:80]

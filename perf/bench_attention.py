@@ -1,7 +1,7 @@
 """Sparse multi-head attention layer, forward + backward: plexgt vs gather/scatter vs PyG.
 
     OMP_NUM_THREADS=2 .venv/bin/python perf/bench_attention.py [--graphs physics synthetic]
-                                                               [--rounds 2] [--reps 3]
+                                                               [--reps 7] [--devices cpu]
 
 One layer, hidden 128, 8 heads (d' = 16): Q, K, V = X W_{Q,K,V}; Y = softmax(QKᵀ/4 ⊙ A) V;
 X' = X W_o + Y; loss = sum(X' * G) for a fixed random G; backward to X and all weights.
@@ -13,11 +13,11 @@ Variants (identical nn.Linear weights, so the dense part is the same code in eve
 * ``pyg``     : torch_geometric.nn.TransformerConv(128, 16, heads=8) when importable
                 (its own weights; same shapes), skipped otherwise
 
-Time: every variant runs in a fresh subprocess, once untimed (memory), once warm-up, then
-``reps`` timed iterations; the parent alternates variants for ``rounds`` rounds and keeps,
-per variant, the best per-round median (the machine is shared, so the minimum over rounds is
-the least disturbed figure). ``attention only`` times (q, k, v given) are reported beside the
-full-layer times.
+Time: one subprocess per (device, graph) builds every variant, warms each up once, then runs
+``reps`` rounds in which every variant does one forward + backward, in rotating order, so that
+load from other jobs on a shared machine falls on all variants alike. Reported per variant:
+the minimum (least disturbed, the headline ratios) and the median. ``attention only`` times
+(q, k, v given as leaf tensors) are reported beside the full-layer times.
 
 Memory (CPU): peak resident set above the process baseline, for the first forward + backward.
 The subprocess is started with ``MALLOC_MMAP_THRESHOLD_=65536`` so every large tensor is its
@@ -48,7 +48,14 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
-from common import DATASETS_DIR, hardware, result_line, today, write_json  # noqa: E402
+from common import (  # noqa: E402
+    DATASETS_DIR,
+    hardware,
+    result_line,
+    today,
+    write_json,
+    write_text,
+)
 
 HIDDEN, HEADS = 128, 8
 
@@ -76,16 +83,25 @@ def load_edges(name: str) -> tuple[torch.Tensor, torch.Tensor, int]:
 # ----------------------------------------------------------------------------- variants
 def gather_attention(dst: torch.Tensor, src: torch.Tensor, n: int, q: torch.Tensor,
                      k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """PyG TransformerConv / TorchGT message passing in plain torch ([E, h, d'] tensors)."""
+    """PyG TransformerConv / TorchGT message passing in plain torch ([E, h, d'] tensors).
+
+    The same torch calls PyG makes without torch_scatter: ``index_select`` to lift node
+    tensors to edges (its backward is an index_add, unlike ``x[idx]``), softmax via
+    ``scatter_reduce_('amax', include_self=False)`` / ``scatter_add_``, sum aggregation via
+    ``scatter_add_``.
+    """
     h, d = q.shape[1], q.shape[2]
-    alpha = (q[dst] * k[src]).sum(-1) / d**0.5                                  # [E, h]
-    amax = torch.full((n, h), float("-inf"), dtype=q.dtype, device=q.device)
-    amax = amax.scatter_reduce(0, dst[:, None].expand(-1, h), alpha.detach(), "amax")
-    ex = (alpha - amax[dst]).exp()
-    den = torch.zeros(n, h, dtype=q.dtype, device=q.device).index_add(0, dst, ex)
-    alpha = ex / den[dst]
-    msg = v[src] * alpha[..., None]                                              # [E, h, d']
-    return torch.zeros(n, h, d, dtype=q.dtype, device=q.device).index_add(0, dst, msg)
+    q_i = q.index_select(0, dst)                                                 # [E, h, d']
+    k_j = k.index_select(0, src)                                                 # [E, h, d']
+    alpha = (q_i * k_j).sum(-1) / d**0.5                                         # [E, h]
+    idx = dst.view(-1, 1).expand_as(alpha)
+    amax = alpha.new_zeros(n, h).scatter_reduce_(0, idx, alpha.detach(), "amax",
+                                                 include_self=False)
+    ex = (alpha - amax.index_select(0, dst)).exp()
+    den = ex.new_zeros(n, h).scatter_add_(0, idx, ex)
+    alpha = ex / (den.index_select(0, dst) + 1e-16)
+    msg = v.index_select(0, src) * alpha.unsqueeze(-1)                           # [E, h, d']
+    return msg.new_zeros(n, h, d).scatter_add_(0, dst.view(-1, 1, 1).expand_as(msg), msg)
 
 
 class Layer(torch.nn.Module):
@@ -158,8 +174,8 @@ def make_step(variant: str, dst, src, n, x, layer, grad_out, attention_only: boo
             return y
     else:
         def step():
-            q, k, v = layer.qkv(x)
-            y = layer.p.o(x) + attn(q, k, v).reshape(n, HIDDEN)
+            # no names held for q, k, v: each variant keeps only what its autograd saves
+            y = layer.p.o(x) + attn(*layer.qkv(x)).reshape(n, HIDDEN)
             y.backward(grad_out)
             return y
     return prepare, step
@@ -181,72 +197,105 @@ def _reset_hwm() -> bool:
         return False
 
 
-def run_child(args: argparse.Namespace) -> None:
-    device = torch.device(args.device)
-    dst, src, n = load_edges(args.graph)
+CASES = [("plexgt", False), ("gather", False), ("pyg", False), ("plexgt", True), ("gather", True)]
+
+
+def case_key(variant: str, attention_only: bool) -> str:
+    return variant + ("_attention_only" if attention_only else "")
+
+
+def _setup(graph: str, device: torch.device):
+    dst, src, n = load_edges(graph)
     dst, src = dst.to(device), src.to(device)
     torch.manual_seed(0)
     layer = Layer().to(device)
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(n, HIDDEN, generator=gen).to(device).requires_grad_()
     grad_out = torch.randn(n, HIDDEN, generator=gen).to(device)
-    prepare, step = make_step(args.variant, dst, src, n, x, layer, grad_out, args.attention_only)
+    return dst, src, n, layer, x, grad_out
 
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
 
-    # memory: first forward + backward (including per-graph preparation) in a clean window
+def _sync(device: torch.device) -> None:
     if device.type == "cuda":
-        sync()
+        torch.cuda.synchronize()
+
+
+def child_memory(args: argparse.Namespace) -> dict:
+    """Peak memory above baseline of the first forward + backward (incl. per-graph prep)."""
+    device = torch.device(args.device)
+    dst, src, n, layer, x, grad_out = _setup(args.graph, device)
+    prepare, step = make_step(args.variant, dst, src, n, x, layer, grad_out,
+                              args.attention_only)
+    if device.type == "cuda":
+        _sync(device)
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
         prepare()
         step()
-        sync()
-        peak_mb = (torch.cuda.max_memory_allocated() - base) / 2**20
-        hwm_ok = True
-    else:
-        hwm_ok = _reset_hwm()
-        base = _status_kb("VmRSS")
-        t0 = time.perf_counter()
-        prepare()
-        prep_s = time.perf_counter() - t0
-        step()
-        peak_mb = (_status_kb("VmHWM") - base) / 1024
-    if device.type == "cuda":
-        prep_s = float("nan")
-    for p in list(layer.parameters()) + [x]:
-        p.grad = None
-    # time
+        _sync(device)
+        return {"peak_mb": (torch.cuda.max_memory_allocated() - base) / 2**20,
+                "method": "cuda max_memory_allocated"}
+    hwm_ok = _reset_hwm()
+    base = _status_kb("VmRSS")
+    t0 = time.perf_counter()
+    prepare()
+    prep_s = time.perf_counter() - t0
     step()
-    times = []
-    for _ in range(args.reps):
-        for p in list(layer.parameters()) + [x]:
+    return {"peak_mb": (_status_kb("VmHWM") - base) / 1024, "hwm_reset": hwm_ok,
+            "prepare_s": prep_s, "nodes": n, "edges": int(dst.numel()),
+            "method": "VmHWM - VmRSS"}
+
+
+def child_time(args: argparse.Namespace) -> dict:
+    """All variants in one process, interleaved: min and median over ``reps`` rounds."""
+    device = torch.device(args.device)
+    dst, src, n, layer, x, grad_out = _setup(args.graph, device)
+    cases = {}
+    for variant, att in CASES:
+        if variant == "pyg" and not args.with_pyg:
+            continue
+        prepare, step = make_step(variant, dst, src, n, x, layer, grad_out, att)
+        prepare()
+        cases[case_key(variant, att)] = step
+    params = list(layer.parameters()) + [x]
+
+    def run(step) -> float:
+        for p in params:
             p.grad = None
-        sync()
+        _sync(device)
         t = time.perf_counter()
         step()
-        sync()
-        times.append(time.perf_counter() - t)
-    print("CHILD " + json.dumps({
-        "median_s": statistics.median(times), "min_s": min(times), "times": times,
-        "peak_mb": peak_mb, "hwm_reset": hwm_ok, "prepare_s": prep_s,
-        "nodes": n, "edges": int(dst.numel()),
-    }), flush=True)
+        _sync(device)
+        return time.perf_counter() - t
+
+    for step in cases.values():  # warm-up (lazy caches, allocator, MKL handles)
+        run(step)
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    keys = list(cases)
+    for r in range(args.reps):
+        order = keys[r % len(keys):] + keys[:r % len(keys)]
+        for k in order:
+            times[k].append(run(cases[k]))
+    return {k: {"min_s": min(v), "median_s": statistics.median(v), "times": v}
+            for k, v in times.items()}
 
 
-def spawn(graph: str, variant: str, device: str, reps: int, attention_only: bool) -> dict | None:
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
-    cmd = [sys.executable, __file__, "--child", "--graph", graph, "--variant", variant,
-           "--device", device, "--reps", str(reps)]
+def spawn(mode: str, graph: str, device: str, reps: int = 0, variant: str = "",
+          attention_only: bool = False, with_pyg: bool = False) -> dict | None:
+    env = dict(os.environ)
+    if mode == "memory":  # only there: it makes every large allocation a fresh mmap
+        env["MALLOC_MMAP_THRESHOLD_"] = "65536"
+    cmd = [sys.executable, __file__, "--child", mode, "--graph", graph, "--device", device,
+           "--reps", str(reps), "--variant", variant]
     if attention_only:
         cmd.append("--attention-only")
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    if with_pyg:
+        cmd.append("--with-pyg")
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=7200)
     for line in r.stdout.splitlines():
         if line.startswith("CHILD "):
             return json.loads(line[6:])
-    print(f"  {graph}/{variant} failed:\n{r.stderr[-2000:]}", file=sys.stderr)
+    print(f"  {mode} {graph}/{variant} failed:\n{r.stderr[-2000:]}", file=sys.stderr)
     return None
 
 
@@ -261,70 +310,71 @@ def pyg_available() -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--graphs", nargs="+", default=["physics", "synthetic"])
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--devices", nargs="+", default=None, help="default: cpu (+ cuda if any)")
-    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child", choices=["memory", "time"], help=argparse.SUPPRESS)
     ap.add_argument("--graph", help=argparse.SUPPRESS)
     ap.add_argument("--variant", help=argparse.SUPPRESS)
     ap.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     ap.add_argument("--attention-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--with-pyg", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        run_child(args)
+        out = child_memory(args) if args.child == "memory" else child_time(args)
+        print("CHILD " + json.dumps(out), flush=True)
         return 0
     devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     have_pyg = pyg_available()
     if not have_pyg:
         print("torch_geometric not importable: the PyG TransformerConv variant is skipped")
-    results: dict = {"date": today(), "hardware": hardware(devices[-1]),
-                     "layer": {"hidden": HIDDEN, "heads": HEADS, "head_dim": HIDDEN // HEADS},
-                     "method": {"time": "best per-round median over fresh subprocesses",
-                                "memory": "peak RSS above baseline (VmHWM reset), first "
-                                          "fwd+bwd incl. per-graph preparation"},
-                     "pyg_available": have_pyg, "runs": []}
+    results: dict = {
+        "date": today(), "hardware": hardware(devices[-1]),
+        "layer": {"hidden": HIDDEN, "heads": HEADS, "head_dim": HIDDEN // HEADS},
+        "method": {
+            "time": f"{args.reps} interleaved rounds in one process; ratios use the minimum",
+            "memory": "fresh process per variant: peak RSS above baseline (VmHWM reset, "
+                      "MALLOC_MMAP_THRESHOLD_=65536), first fwd+bwd incl. per-graph prep",
+            "threads": torch.get_num_threads(),
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+        },
+        "pyg_available": have_pyg, "runs": [],
+    }
     lines = []
     for device in devices:
         for graph in args.graphs:
             if graph == "physics" and not (DATASETS_DIR / "gnn-benchmark").is_dir():
                 print(f"skip physics: datasets not found at {DATASETS_DIR}")
                 continue
-            cases = [("plexgt", False), ("gather", False), ("plexgt", True), ("gather", True)]
-            if have_pyg:
-                cases.append(("pyg", False))
             got: dict = {}
-            for rnd in range(args.rounds):
-                for variant, att in cases:
-                    r = spawn(graph, variant, device, args.reps, att)
-                    key = f"{variant}{'_attention_only' if att else ''}"
-                    if r is None:
-                        continue
-                    print(f"  [{device} {graph} round {rnd}] {key:24s} median "
-                          f"{r['median_s'] * 1e3:8.1f} ms  peak +{r['peak_mb']:8.1f} MB",
-                          flush=True)
-                    prev = got.get(key)
-                    if prev is None:
-                        got[key] = dict(r, rounds=[r["median_s"]])
-                    else:
-                        prev["rounds"].append(r["median_s"])
-                        prev["median_s"] = min(prev["median_s"], r["median_s"])
-                        prev["min_s"] = min(prev["min_s"], r["min_s"])
-                        prev["peak_mb"] = min(prev["peak_mb"], r["peak_mb"])
-            if "plexgt" not in got or "gather" not in got:
+            for variant, att in CASES:
+                if variant == "pyg" and not have_pyg:
+                    continue
+                m = spawn("memory", graph, device, variant=variant, attention_only=att)
+                if m is not None:
+                    got[case_key(variant, att)] = m
+                    print(f"  [{device} {graph}] memory {case_key(variant, att):24s} "
+                          f"+{m['peak_mb']:8.1f} MB", flush=True)
+            t = spawn("time", graph, device, reps=args.reps, with_pyg=have_pyg)
+            if t is None or "plexgt" not in got or "gather" not in got:
                 continue
+            for k, v in t.items():
+                got.setdefault(k, {}).update(v)
+                print(f"  [{device} {graph}] time   {k:24s} min {v['min_s'] * 1e3:8.1f} ms  "
+                      f"median {v['median_s'] * 1e3:8.1f} ms", flush=True)
             ours, gat = got["plexgt"], got["gather"]
             entry = {
-                "device": device, "graph": graph, "nodes": ours["nodes"], "edges": ours["edges"],
-                "variants": got,
-                "speedup_vs_gather": gat["median_s"] / ours["median_s"],
+                "device": device, "graph": graph, "nodes": ours.get("nodes"),
+                "edges": ours.get("edges"), "variants": got,
+                "speedup_vs_gather": gat["min_s"] / ours["min_s"],
+                "speedup_vs_gather_median": gat["median_s"] / ours["median_s"],
                 "mem_ratio_vs_gather": ours["peak_mb"] / gat["peak_mb"],
             }
-            if "plexgt_attention_only" in got and "gather_attention_only" in got:
-                a, b = got["plexgt_attention_only"], got["gather_attention_only"]
-                entry["attention_only_speedup_vs_gather"] = b["median_s"] / a["median_s"]
+            a, b = got.get("plexgt_attention_only"), got.get("gather_attention_only")
+            if a and b and "min_s" in a and "min_s" in b:
+                entry["attention_only_speedup_vs_gather"] = b["min_s"] / a["min_s"]
                 entry["attention_only_mem_ratio_vs_gather"] = a["peak_mb"] / b["peak_mb"]
-            if "pyg" in got:
-                entry["speedup_vs_pyg"] = got["pyg"]["median_s"] / ours["median_s"]
+            if "pyg" in got and "min_s" in got["pyg"]:
+                entry["speedup_vs_pyg"] = got["pyg"]["min_s"] / ours["min_s"]
                 entry["mem_ratio_vs_pyg"] = ours["peak_mb"] / got["pyg"]["peak_mb"]
             results["runs"].append(entry)
             name = graph if device == "cpu" else f"{graph}@{device}"
@@ -337,9 +387,36 @@ def main() -> int:
             ))
             write_json("bench_attention.json", results)  # keep partial results
     write_json("bench_attention.json", results)
+    write_text("bench_attention.md", markdown(results))
     for kw in lines:
         result_line(**kw)
     return 0
+
+
+def markdown(results: dict) -> str:
+    hw = results["hardware"]
+    out = [f"# Sparse attention layer, forward + backward ({results['date']})", "",
+           f"{hw['cpu']}, {hw['usable_cores']} cores, {results['method']['threads']} threads, "
+           f"torch {hw['torch']}" + (f", GPU {hw['gpu']}" if "gpu" in hw else "") + ".",
+           f"Hidden {HIDDEN}, {HEADS} heads. Time: {results['method']['time']}. Memory: "
+           f"{results['method']['memory']}.", "",
+           "| device | graph | nodes | edges | variant | min ms | median ms | peak MB |",
+           "|---|---|---|---|---|---|---|---|"]
+    for r in results["runs"]:
+        for k, v in r["variants"].items():
+            out.append(f"| {r['device']} | {r['graph']} | {r['nodes']} | {r['edges']} | {k} | "
+                       f"{v.get('min_s', float('nan')) * 1e3:.1f} | "
+                       f"{v.get('median_s', float('nan')) * 1e3:.1f} | "
+                       f"{v.get('peak_mb', float('nan')):.1f} |")
+    out += ["", "| device | graph | layer speedup vs gather | vs PyG | memory ratio vs gather "
+            "| attention-only speedup | attention-only memory ratio |",
+            "|---|---|---|---|---|---|---|"]
+    keys = ["speedup_vs_gather", "speedup_vs_pyg", "mem_ratio_vs_gather",
+            "attention_only_speedup_vs_gather", "attention_only_mem_ratio_vs_gather"]
+    for r in results["runs"]:
+        cells = [f"{r[k]:.2f}" if k in r else "n/a" for k in keys]
+        out.append(f"| {r['device']} | {r['graph']} | " + " | ".join(cells) + " |")
+    return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":

@@ -6,10 +6,13 @@ Run under ``mpiexec -n P plexgt profile --out system.json``. Measured:
   0..s-1 for s = 2, 4, ..., P (and P), over message sizes; x = the bytes one rank sends by the
   ledger's formula, so ``t = latency + s_per_byte · bytes`` prices any ledger entry directly;
 * kernels on rank 0 alone: SpMM and SDDMM (per nonzero · column), GEMM (per multiply-add),
-  the sparse-attention kernel forward + backward (per edge·head·d' and per edge·head), a
-  streaming elementwise op and a [N, h, d'] -> [h, N, d'] layout copy (per element), and the
+  the sparse-attention kernel forward + backward (per edge·head·d', per edge·head, and per
+  row·head·d' and column·head·d' of the pattern: square graphs of several N/E ratios and
+  rectangular [N/4, N] ones like GP-AG's local rows against the gathered columns), a
+  streaming elementwise op and a [N, h, d'] -> [h, N, d'] layout copy (per element, over sizes
+  from cache-resident to DRAM-bound: the model reads the per-element cost as a curve), and the
   row-local part of a transformer block (projections, LayerNorms, FFN; forward + backward,
-  per row·d² and per row·d);
+  per row·d² and per row·d, up to tens of thousands of rows);
 * contention: the same kernel mix run by s ranks at once against rank 0 alone (s CPU ranks on
   fewer cores share them; one GPU per rank shares nothing).
 
@@ -170,13 +173,17 @@ def fit_linear(rows: list[list[float]]) -> dict[str, float]:
 
 
 # -- kernels ----------------------------------------------------------------------------------
-def _random_graph(n: int, deg: int, seed: int, device: torch.device) -> Any:
+def _random_graph(n: int, deg: int, seed: int, device: torch.device, cols: int | None = None
+                  ) -> Any:
+    """[n, cols] (default n x n) pattern, ``deg`` uniform random columns a row (duplicates
+    merged)."""
     from plexgt.ops.csr import CSRGraph
 
+    cols = n if cols is None else cols
     g = torch.Generator().manual_seed(seed)
     dst = torch.arange(n).repeat_interleave(deg)
-    src = torch.randint(0, n, (n * deg,), generator=g)
-    graph = CSRGraph.from_coo(dst, src, n, n).to(device)
+    src = torch.randint(0, cols, (n * deg,), generator=g)
+    graph = CSRGraph.from_coo(dst, src, n, cols).to(device)
     graph.transpose()
     _ = graph.row
     return graph
@@ -217,15 +224,35 @@ def kernel_mix(device: torch.device) -> Callable[[], Any]:
     return run
 
 
+def _attention_samples(g: Any, rows: int, cols: int, device: torch.device, reps: int
+                       ) -> list[list[float]]:
+    """[E, h, d', seconds, rows, cols] of the attention kernel's forward + backward on ``g``."""
+    from plexgt.ops.attention import sparse_attention
+
+    out = []
+    for h, dh in ((2, 16), (4, 16), (4, 32)):
+        q = torch.randn(rows, h, dh, device=device, requires_grad=True)
+        k = torch.randn(cols, h, dh, device=device, requires_grad=True)
+
+        def att(g: Any = g, q: torch.Tensor = q, k: torch.Tensor = k) -> None:
+            sparse_attention(g, q, k, k).sum().backward()
+
+        out.append([g.num_edges, h, dh, timeit(att, device, reps), rows, cols])
+    return out
+
+
 def profile_kernels(device: torch.device, quick: bool) -> dict[str, list[list[float]]]:
     """Raw samples: spmm [nnz, cols, s], sddmm [nnz, cols, s], gemm [m, k, n, s],
-    attention [E, h, d', s] (forward + backward), elementwise and copy [elements, s],
-    dense_block [rows, d, s] (forward + backward)."""
+    attention [E, h, d', s, rows, cols] (forward + backward), elementwise and copy
+    [elements, s], dense_block [rows, d, s] (forward + backward)."""
     from plexgt.ops.attention import sddmm, sparse_attention, spmm
 
     reps = 3 if quick else 5
     graphs = [(2000, 8), (4000, 32)] if quick else [(2000, 8), (8000, 16), (6000, 64),
-                                                     (3000, 256)]
+                                                     (3000, 256), (32768, 16)]
+    # [rows, cols] patterns with 4x more columns than rows: GP-AG's local rows against the
+    # gathered K, V, which separates the kernel's per-row from its per-column costs
+    rect = [(1000, 4000, 32)] if quick else [(2000, 8000, 16), (8192, 32768, 16)]
     out: dict[str, list[list[float]]] = {"spmm": [], "sddmm": [], "gemm": [], "attention": [],
                                          "elementwise": [], "copy": [], "dense_block": []}
     for i, (n, deg) in enumerate(graphs):
@@ -236,23 +263,20 @@ def profile_kernels(device: torch.device, quick: bool) -> dict[str, list[list[fl
             vals = torch.rand(1, e, device=device)
             t = timeit(lambda g=g, v=vals, x=x: spmm(g, v, x), device, reps)
             out["spmm"].append([e, d, t])
-            t = timeit(lambda g=g, x=x: sddmm(g, x, x), device, reps)
+            xn = x.transpose(0, 1)  # sddmm takes node-major [N, h, d]
+            t = timeit(lambda g=g, x=xn: sddmm(g, x, x), device, reps)
             out["sddmm"].append([e, d, t])
-        for h, dh in ((2, 16), (4, 16), (4, 32)):
-            q = torch.randn(n, h, dh, device=device, requires_grad=True)
-            k = torch.randn(n, h, dh, device=device, requires_grad=True)
-
-            def att(g: Any = g, q: torch.Tensor = q, k: torch.Tensor = k) -> None:
-                sparse_attention(g, q, k, k).sum().backward()
-
-            out["attention"].append([e, h, dh, timeit(att, device, reps)])
+        out["attention"] += _attention_samples(g, n, n, device, reps)
+    for i, (rows, cols, deg) in enumerate(rect):
+        g = _random_graph(rows, deg, 100 + i, device, cols)
+        out["attention"] += _attention_samples(g, rows, cols, device, reps)
     shapes = [(4096, 64, 64), (16384, 64, 64)] if quick else [
         (4096, 64, 64), (16384, 64, 64), (16384, 128, 128), (32768, 64, 256), (8192, 512, 64)]
     for m, k, n in shapes:
         a = torch.randn(m, k, device=device)
         b = torch.randn(k, n, device=device)
         out["gemm"].append([m, k, n, timeit(lambda a=a, b=b: a @ b, device, reps)])
-    for n in ((1 << 18, 1 << 21) if quick else (1 << 18, 1 << 20, 1 << 22)):
+    for n in ((1 << 18, 1 << 21) if quick else (1 << 18, 1 << 20, 1 << 22, 1 << 23)):
         a = torch.randn(n, device=device)
         b = torch.randn(n, device=device)
         out["elementwise"].append([n, timeit(lambda a=a, b=b: a * b + a, device, reps)])
@@ -260,7 +284,7 @@ def profile_kernels(device: torch.device, quick: bool) -> dict[str, list[list[fl
         out["copy"].append([n, timeit(lambda x=x: x.transpose(0, 1).contiguous(), device,
                                       reps)])
     for d in (32, 64, 128):
-        for rows in ((256, 2048) if quick else (256, 2048, 8192)):
+        for rows in ((256, 2048) if quick else (256, 2048, 8192, 32768)):
             out["dense_block"].append([rows, d, timeit(dense_block(rows, d, device), device,
                                                        reps)])
     return out

@@ -8,10 +8,14 @@ Why it is written this way:
 * Nothing of size [E, h, d'] is ever created (the gather/scatter formulation of PyG's
   TransformerConv does create three of them, plus their gradients). Only [h, E] scores /
   probabilities exist; the SDDMM and SpMM are torch's sparse-CSR kernels (MKL / cuSPARSE).
-* Internally everything is head-major ([h, N, d'] and [h, E]): each head is then one
-  contiguous sampled_addmm and one contiguous CSR x dense product with no strided copies.
-  Callers that already hold head-major memory (``x.transpose(0, 1)`` of a [h, N, d'] tensor)
-  pay no layout copy at all; the output is returned as such a view.
+* Each head is one sampled_addmm and one CSR x dense product, and layouts are chosen per
+  operand from measurements (1M edges, 8 heads, 2 cores): the SDDMM reads the strided
+  per-head views x[:, i] of [N, h, d'] tensors as fast as contiguous ones; the SpMM's dense
+  input must be head-major ([h, N, d'] contiguous; strided is 2.5x slower) but its output may
+  be written strided straight into a [N, h, d'] tensor at no cost. So y, dq, dk, dv come out
+  as plain [N, h, d'] tensors (reshape to [N, h*d'] is free) and the only layout copies are
+  the SpMM inputs: v (forward), dy, k, q (backward). Scores / probabilities are [h, E], one
+  contiguous CSR value array per head.
 * The backward is hand-written: 1 SDDMM (dP = dY·Vᵀ on the pattern), 3 SpMM (dV = Pᵀ dY,
   dQ = dS K, dK = dSᵀ Q), using the graph's cached transpose for the two ``ᵀ`` products.
 * ``block_rows`` trades one extra SDDMM in backward for memory: per-row log-sum-exp [h, Nr]
@@ -33,38 +37,46 @@ Tensor = torch.Tensor
 
 # --------------------------------------------------------------------------- primitive kernels
 def sddmm(graph: CSRGraph, a: Tensor, b: Tensor, alpha: float = 1.0) -> Tensor:
-    """[h, Nr, d] x [h, Nc, d] -> [h, E]: ``alpha * a[i, r]·b[i, c]`` on every edge (r, c).
+    """[Nr, h, d] x [Nc, h, d] -> [h, E]: ``alpha * a[r, i]·b[c, i]`` on every edge (r, c).
 
-    One sampled_addmm per head, writing straight into the output rows (beta=0 still reads the
-    buffer, hence zeros rather than empty).
+    One sampled_addmm per head on the strided view a[:, i], writing straight into the output
+    rows (beta=0 still reads the buffer, hence zeros rather than empty).
     """
-    h = a.shape[0]
+    h = a.shape[1]
     out = torch.zeros(h, graph.num_edges, dtype=a.dtype, device=a.device)
     if graph.num_edges == 0:
         return out
     for i in range(h):
         m = graph.csr_tensor(out[i])
-        torch.sparse.sampled_addmm(m, a[i], b[i].t(), beta=0.0, alpha=alpha, out=m)
+        torch.sparse.sampled_addmm(m, a[:, i], b[:, i].t(), beta=0.0, alpha=alpha, out=m)
     return out
 
 
 def spmm(graph: CSRGraph, vals: Tensor, x: Tensor, out: Tensor | None = None,
          accumulate: bool = False) -> Tensor:
-    """[h, E] values on ``graph`` times [h, Nc, d] -> [h, Nr, d] (``out +=`` if accumulate)."""
+    """[h, E] values on ``graph`` times head-major [h, Nc, d] -> node-major [Nr, h, d]
+    (``out +=`` if accumulate)."""
     h, _, d = x.shape
     if out is None:
-        out = torch.zeros(h, graph.num_rows, d, dtype=x.dtype, device=x.device)
+        out = torch.zeros(graph.num_rows, h, d, dtype=x.dtype, device=x.device)
         accumulate = False
     if graph.num_edges == 0:
         if not accumulate:
             out.zero_()
         return out
+    # torch.mm(sparse, out=) zero-fills a scratch matrix and copies it into out before the
+    # product; addmm with beta=0 into out itself skips both passes (MKL does not read C when
+    # beta=0: checked against NaN-filled outputs in the tests). cuSPARSE keeps torch.mm.
+    overwrite_in_place = x.device.type == "cpu"
     for i in range(h):
         m = graph.csr_tensor(vals[i])
+        o = out[:, i]
         if accumulate:
-            torch.addmm(out[i], m, x[i], out=out[i])
+            torch.addmm(o, m, x[i], out=o)
+        elif overwrite_in_place:
+            torch.addmm(o, m, x[i], beta=0.0, out=o)
         else:
-            torch.mm(m, x[i], out=out[i])
+            torch.mm(m, x[i], out=o)
     return out
 
 
@@ -115,8 +127,14 @@ def softmax_backward(graph: CSRGraph, p: Tensor, dp: Tensor, scale: float) -> Te
 
 
 def _head_major(x: Tensor) -> Tensor:
-    """[N, h, d] -> contiguous [h, N, d]; free when x is already a view of head-major memory."""
+    """[N, h, d] -> contiguous [h, N, d] (the SpMM's dense operand); free when x is already a
+    view of head-major memory."""
     return x.transpose(0, 1).contiguous()
+
+
+def _unit_stride(x: Tensor) -> Tensor:
+    """[N, h, d] with stride 1 along d, all the SDDMM and the saved state need."""
+    return x if x.stride(-1) == 1 else x.contiguous()
 
 
 # --------------------------------------------------------------------------- autograd function
@@ -126,68 +144,71 @@ class SparseAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, scale: float,
                 block_rows: int | None) -> Tensor:
-        qh, kh, vh = _head_major(q), _head_major(k), _head_major(v)
-        h, _, d = vh.shape
-        yh = torch.empty(h, graph.num_rows, d, dtype=v.dtype, device=v.device)
+        q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
+        vh = _head_major(v)
+        _, h, d = v.shape
+        y = torch.empty(graph.num_rows, h, d, dtype=v.dtype, device=v.device)
         if block_rows is None or block_rows >= graph.num_rows:
-            p = sddmm(graph, qh, kh, scale)
+            p = sddmm(graph, q, k, scale)
             row_softmax_(graph, p)
-            spmm(graph, p, vh, out=yh)
-            ctx.save_for_backward(qh, kh, vh, p)
+            spmm(graph, p, vh, out=y)
+            ctx.save_for_backward(q, k, v, p)
             ctx.blocked = None
         else:
             lse = torch.empty(h, graph.num_rows, dtype=v.dtype, device=v.device)
             for r0, r1, blk in graph.row_blocks(block_rows):
-                s = sddmm(blk, qh[:, r0:r1], kh, scale)
+                s = sddmm(blk, q[r0:r1], k, scale)
                 _, lse[:, r0:r1] = row_softmax_(blk, s)
-                spmm(blk, s, vh, out=yh[:, r0:r1])
+                spmm(blk, s, vh, out=y[r0:r1])
                 del s
-            ctx.save_for_backward(qh, kh, vh, lse)
+            ctx.save_for_backward(q, k, v, lse)
             ctx.blocked = block_rows
         ctx.graph = graph
         ctx.scale = scale
-        return yh.transpose(0, 1)
+        return y
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dy: Tensor):
         graph: CSRGraph = ctx.graph
         scale: float = ctx.scale
-        qh, kh, vh, saved = ctx.saved_tensors
+        q, k, v, saved = ctx.saved_tensors
         need_q, need_k, need_v = ctx.needs_input_grad[1:4]
-        dyh = _head_major(dy)
-        dq = dk = dv = None
-        if ctx.blocked is None:
-            blocks = [(0, graph.num_rows, graph)]
-        else:
-            blocks = graph.row_blocks(ctx.blocked)
-        dqh = torch.empty_like(qh) if need_q else None
-        dkh = torch.empty_like(kh) if need_k else None
-        dvh = torch.empty_like(vh) if need_v else None
+        dy = _unit_stride(dy)
+        blocks = ([(0, graph.num_rows, graph)] if ctx.blocked is None
+                  else graph.row_blocks(ctx.blocked))
+        # Head-major copies of the SpMM dense operands are made just in time and, with one
+        # block, dropped right after their product, so at most one is alive at a time.
+        keep = len(blocks) > 1
+        dyh = kh = qh = None
+        dq = torch.empty_like(q) if need_q else None
+        dk = torch.empty_like(k) if need_k else None
+        dv = torch.empty_like(v) if need_v else None
         for b, (r0, r1, blk) in enumerate(blocks):
             acc = b > 0  # dK, dV sum over row blocks; the first block initialises them
             if ctx.blocked is None:
                 p = saved
             else:
-                p = probs_from_lse(blk, sddmm(blk, qh[:, r0:r1], kh, scale), saved[:, r0:r1])
-            dyb = dyh[:, r0:r1]
+                p = probs_from_lse(blk, sddmm(blk, q[r0:r1], k, scale), saved[:, r0:r1])
             perm = blk.transpose_perm if (need_k or need_v) else None
             if need_v:
-                spmm(blk.transpose(), p.index_select(1, perm), dyb, out=dvh, accumulate=acc)
+                dyh = _head_major(dy) if dyh is None else dyh
+                spmm(blk.transpose(), p.index_select(1, perm), dyh[:, r0:r1], out=dv,
+                     accumulate=acc)
+                dyh = dyh if keep else None
             if need_q or need_k:
-                ds = softmax_backward(blk, p, sddmm(blk, dyb, vh), scale)
+                ds = softmax_backward(blk, p, sddmm(blk, dy[r0:r1], v), scale)
+                del p
                 if need_q:
-                    spmm(blk, ds, kh, out=dqh[:, r0:r1])
+                    kh = _head_major(k) if kh is None else kh
+                    spmm(blk, ds, kh, out=dq[r0:r1])
+                    kh = kh if keep else None
                 if need_k:
-                    spmm(blk.transpose(), ds.index_select(1, perm), qh[:, r0:r1], out=dkh,
+                    qh = _head_major(q) if qh is None else qh
+                    spmm(blk.transpose(), ds.index_select(1, perm), qh[:, r0:r1], out=dk,
                          accumulate=acc)
-            del p
-        if need_q:
-            dq = dqh.transpose(0, 1)
-        if need_k:
-            dk = dkh.transpose(0, 1)
-        if need_v:
-            dv = dvh.transpose(0, 1)
+                    qh = qh if keep else None
+                del ds
         return None, dq, dk, dv, None, None
 
 
@@ -195,8 +216,8 @@ def sparse_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                      scale: float | None = None, block_rows: int | None = None) -> Tensor:
     """Multi-head attention restricted to the edges of ``graph``.
 
-    q [Nr, h, d'], k and v [Nc, h, d'] on graph [Nr, Nc] -> y [Nr, h, d'] (a view of head-major
-    memory). ``scale`` defaults to 1/sqrt(d'). Rows with no neighbours give zeros.
+    q [Nr, h, d'], k and v [Nc, h, d'] on graph [Nr, Nc] -> y [Nr, h, d'] (contiguous).
+    ``scale`` defaults to 1/sqrt(d'). Rows with no neighbours give zeros.
     ``block_rows`` bounds the per-call temporaries to [h, E of block_rows rows] and keeps only
     [h, Nr] between forward and backward (one more SDDMM per block in backward).
     """

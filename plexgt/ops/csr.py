@@ -144,13 +144,12 @@ class CSRGraph:
         g._row = self._row
         g._index32 = self._index32
         if self._transpose is not None:
-            assert self._transpose_perm is not None
-            tv = None if values is None else values[self._transpose_perm]
+            perm = self.transpose_perm
+            tv = None if values is None else values[perm]
             t = self._transpose
-            g._transpose = CSRGraph(t.indptr, t.indices, t.num_rows, t.num_cols, tv)
-            g._transpose._row = t._row
-            g._transpose._index32 = t._index32
-            g._transpose_perm = self._transpose_perm
+            gt = CSRGraph(t.indptr, t.indices, t.num_rows, t.num_cols, tv)
+            gt._row, gt._index32, gt._transpose = t._row, t._index32, g
+            g._transpose, g._transpose_perm = gt, perm
         return g
 
     def transpose(self) -> CSRGraph:
@@ -167,10 +166,7 @@ class CSRGraph:
             torch.cumsum(counts, 0, out=indptr[1:])
             tvals = None if self.values is None else self.values[perm]
             t = CSRGraph(indptr, self.row[perm], self.num_cols, self.num_rows, tvals)
-            t._transpose = self
-            t._transpose_perm = torch.empty_like(perm).scatter_(
-                0, perm, torch.arange(perm.numel(), device=self.device)
-            )
+            t._transpose = self  # its transpose_perm (the inverse of perm) is built on demand
             self._transpose = t
             self._transpose_perm = perm
         return self._transpose
@@ -179,8 +175,12 @@ class CSRGraph:
     def transpose_perm(self) -> Tensor:
         """[E] int64: transposed edge j is CSR edge ``transpose_perm[j]``
         (so ``values_T = values[transpose_perm]``)."""
-        self.transpose()
-        assert self._transpose_perm is not None
+        t = self.transpose()
+        if self._transpose_perm is None:  # self was built as the transpose of t
+            tp = t.transpose_perm
+            self._transpose_perm = torch.empty_like(tp).scatter_(
+                0, tp, torch.arange(tp.numel(), device=tp.device)
+            )
         return self._transpose_perm
 
     def row_slice(self, start: int, stop: int) -> CSRGraph:

@@ -132,3 +132,21 @@ def test_cuda_matches_cpu(block_rows):
     torch.testing.assert_close(yc.cpu(), y)
     for a, b in zip(grads_c, grads):
         torch.testing.assert_close(a.cpu(), b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_spmm_overwrites_garbage_output(dtype):
+    """The per-head SpMM writes into uninitialised memory: NaN there must never leak through."""
+    from plexgt.ops.attention import spmm
+
+    graph = _graph(30, 20, 120, seed=12, empty_rows=(4,))
+    vals = torch.rand(3, graph.num_edges, dtype=dtype)
+    x = torch.randn(3, 20, 5, dtype=dtype)
+    out = torch.full((30, 3, 5), float("nan"), dtype=dtype)  # node-major output
+    spmm(graph, vals, x, out=out)
+    dense = graph.to_dense(dtype)
+    for i in range(3):
+        a = torch.zeros_like(dense)
+        a[graph.row, graph.indices] = vals[i]
+        torch.testing.assert_close(out[:, i], a @ x[i])
+    assert torch.all(out[4] == 0)

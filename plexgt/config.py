@@ -63,6 +63,9 @@ class ParallelConfig:
     """Attention strategy: 'auto' (AGP), 'ag' (GP-AG) or 'a2a' (GP-A2A)."""
     block_rows: int = 0
     """Rows per aggregation block (overlap of SpMM and all-reduce); 0 = from the cost model."""
+    gcn_order: str = "auto"
+    """GCN layer order: 'aggregate_first' (Â·H)·W, 'gemm_first' Â·(H·W), or 'auto' (GEMM
+    first where a layer narrows, so the SpMM runs on the narrower width; same results)."""
     backend: str = "auto"
     """'auto' (nccl on GPUs, gloo on CPUs), 'nccl' or 'gloo'."""
     timeout_s: float = 300.0
@@ -121,6 +124,7 @@ class TrainConfig:
 CHOICES = {
     "model.name": ("gcn", "gt", "gps"),
     "parallel.strategy": ("auto", "ag", "a2a"),
+    "parallel.gcn_order": ("auto", "aggregate_first", "gemm_first"),
     "parallel.backend": ("auto", "nccl", "gloo"),
     "dtype": ("float32", "float64"),
 }

@@ -35,7 +35,8 @@ def choose_grid(cfg: TrainConfig, pg: PreparedGraph, world_size: int) -> Grid3D:
     from plexgt.parallel.plexus_cost import Coefficients, rank_grids
 
     esize = torch.tensor([], dtype=DTYPES[cfg.dtype]).element_size()
-    return rank_grids(world_size, pg.N, pg.E, gcn_dims(cfg, pg), esize, Coefficients())[0].grid
+    return rank_grids(world_size, pg.N, pg.E, gcn_dims(cfg, pg), esize, Coefficients(),
+                      order=cfg.parallel.gcn_order)[0].grid
 
 
 def build_gcn(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: CommLedger) -> Task:
@@ -55,7 +56,7 @@ def build_gcn(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: Com
     check_grid(pg, grid, cfg.model.layers)
     dt = DTYPES[cfg.dtype]
     dims = gcn_dims(cfg, pg)
-    lays = layer_layouts(grid, ctx.rank, pg.N, dims)
+    lays = layer_layouts(grid, ctx.rank, pg.N, dims, cfg.parallel.gcn_order)
     comms = plexus_comms(build_groups(grid, ctx.rank, ctx.world_size), ledger, lays[-1])
     data = PlexusData(pg, lays, dt)
     block_rows = cfg.parallel.block_rows or None

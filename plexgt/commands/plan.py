@@ -105,7 +105,9 @@ def _plan_gcn(args: argparse.Namespace, info: dict[str, Any], prof: dict[str, An
     dims = [info["f"]] + [args.hidden] * (args.layers - 1) + [info["c"]]
     nnz = info["e"] + (0 if info["self_loops"] else info["n"])
     ests = rank_grids(args.world_size, info["n"], nnz, dims, esize, coef, limit)
-    print(f"dims {dims}, nnz(Â) = {nnz}")
+    from plexgt.parallel.layout3d import layer_orders
+
+    print(f"dims {dims}, nnz(Â) = {nnz}, layer orders {layer_orders(dims)}")
     print(f"{'grid':<10} {'time s':>9} {'comm s':>9} {'compute s':>9} {'MB/rank':>9} "
           f"{'mem GiB':>8} fits")
     fits = [limit is None or e.memory_bytes <= limit for e in ests]

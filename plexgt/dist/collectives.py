@@ -359,6 +359,33 @@ def all_reduce_async(x: torch.Tensor, comm: Comm) -> Any:
     return _all_reduce(x, comm, async_op=True)
 
 
+def reduce_scatter_async(x: torch.Tensor, out: torch.Tensor, comm: Comm) -> Any:
+    """Reduce-scatter of contiguous ``x`` [G·m, ...] into ``out`` [m, ...] (chunk = this rank's
+    index), issued asynchronously, no autograd; returns a handle for :func:`wait` or None.
+
+    For pipelines that overlap the collective of one row block with the next block's SpMM.
+    """
+    if comm.size == 1:
+        out.copy_(x)
+        return None
+    b = reduce_scatter_bytes(_nbytes(x), comm.size)
+    comm.ledger.record(comm.name, "reduce_scatter", b, b)
+    with comm.ledger.timed():
+        return _reduce_scatter_tensor(out, x, group=comm.group, async_op=True)
+
+
+def all_gather_async(x: torch.Tensor, out: torch.Tensor, comm: Comm) -> Any:
+    """All-gather of contiguous ``x`` [m, ...] into ``out`` [G·m, ...] (rank order), issued
+    asynchronously, no autograd; the adjoint of :func:`reduce_scatter_async`."""
+    if comm.size == 1:
+        out.copy_(x)
+        return None
+    b = all_gather_bytes(_nbytes(x), comm.size)
+    comm.ledger.record(comm.name, "all_gather", b, b)
+    with comm.ledger.timed():
+        return _all_gather_tensor(out, x, group=comm.group, async_op=True)
+
+
 def wait(handle: Any, comm: Comm) -> None:
     """Wait for an async collective (None: nothing was issued), timing the wait in the ledger."""
     if handle is not None:

@@ -17,6 +17,16 @@ output                [ceil(N/Gc), d_out/(Ga*Gb)]                  rows over c, 
 (rows over c, dims over a·b) is the next layer's input split, because the roles rotate
 (a', b', c') = (c, a, b); so layers chain with no redistribution.
 
+Each layer runs in one of two orders with the same input, adjacency, weight-shard shape and
+output blocks, so the choice is free per layer:
+
+* ``aggregate_first`` (Â·H)·W: the SpMM runs on d_in/Gb columns. Cheaper when d_in <= d_out.
+* ``gemm_first`` Â·(H·W): the SpMM runs on d_out/Gb columns; for a wide input (bag-of-words
+  features, d_in in the thousands, hidden 64) this removes nearly all SpMM work, as PyG's
+  GCNConv and DGL's GraphConv do by multiplying first when d_in > d_out. The W shard then
+  holds the columns of W in ``gemm_first_columns`` order, so that the two reduce-scatters
+  (over b, then over a) leave each rank exactly the natural output block ia*Gb + ib.
+
 Dimensions are padded: d_in of layer 0 to a multiple of Gb*Gc, every later d to a multiple of
 the previous layer's Ga*Gb; node blocks are ceil(N/G) long with short or empty trailing blocks.
 Padding is zero and masked, never an error.
@@ -52,6 +62,8 @@ class LayerLayout:
     """Unpadded input width."""
     d_out_true: int
     """Unpadded output width."""
+    order: str = "aggregate_first"
+    """'aggregate_first' ((Â·H)·W) or 'gemm_first' (Â·(H·W)); see the module docstring."""
 
     @property
     def rows(self) -> Range:
@@ -86,7 +98,7 @@ class LayerLayout:
 
     @property
     def w_cols(self) -> Range:
-        """W shard columns (block ia of Ga)."""
+        """W shard columns (block ia of Ga), of W's columns taken in ``w_column_order``."""
         w = self.d_out // self.g[0]
         return self.i[0] * w, (self.i[0] + 1) * w
 
@@ -96,6 +108,20 @@ class LayerLayout:
         w = self.d_out // (self.g[0] * self.g[1])
         k = self.i[0] * self.g[1] + self.i[1]
         return k * w, (k + 1) * w
+
+    @property
+    def w_column_order(self) -> list[int]:
+        """The padded d_out columns of W in the order the W shards split them.
+
+        Natural for aggregate_first. For gemm_first, the blocks of width d_out/(Ga·Gb) go
+        b-major: (ib=0: ia=0..Ga-1), (ib=1: ...), ...; the reduce-scatter over b hands rank ib
+        its Ga blocks, the one over a hands rank ia block ia*Gb + ib.
+        """
+        if self.order == "aggregate_first":
+            return list(range(self.d_out))
+        ga, gb, _ = self.g
+        w = self.d_out // (ga * gb)
+        return [(ia * gb + ib) * w + j for ib in range(gb) for ia in range(ga) for j in range(w)]
 
     @property
     def matrix(self) -> str:
@@ -126,10 +152,26 @@ def padded_dims(grid: Grid3D, dims: list[int]) -> list[int]:
     return out
 
 
-def layer_layouts(grid: Grid3D, rank: int, n: int, dims: list[int]) -> list[LayerLayout]:
-    """One :class:`LayerLayout` per layer for ``rank`` (``len(dims) - 1`` layers)."""
+ORDERS = ("aggregate_first", "gemm_first")
+
+
+def layer_orders(dims: list[int], order: str = "auto") -> list[str]:
+    """Per layer order: ``order`` for all, or 'auto': gemm_first where the layer narrows
+    (d_out < d_in), so the SpMM always runs on the narrower side."""
+    if order == "auto":
+        return ["gemm_first" if b < a else "aggregate_first" for a, b in zip(dims[:-1], dims[1:])]
+    if order not in ORDERS:
+        raise ValueError(f"GCN layer order '{order}' is not one of auto, {', '.join(ORDERS)}")
+    return [order] * (len(dims) - 1)
+
+
+def layer_layouts(grid: Grid3D, rank: int, n: int, dims: list[int],
+                  order: str = "aggregate_first") -> list[LayerLayout]:
+    """One :class:`LayerLayout` per layer for ``rank`` (``len(dims) - 1`` layers); ``order``
+    as in :func:`layer_orders`."""
     coords = dict(zip("xyz", grid.coords(rank)))
     pd = padded_dims(grid, dims)
+    orders = layer_orders(dims, order)
     out = []
     for l in range(len(dims) - 1):
         roles = layer_roles(l)
@@ -144,6 +186,7 @@ def layer_layouts(grid: Grid3D, rank: int, n: int, dims: list[int]) -> list[Laye
                 d_out=pd[l + 1],
                 d_in_true=dims[l],
                 d_out_true=dims[l + 1],
+                order=orders[l],
             )
         )
     return out

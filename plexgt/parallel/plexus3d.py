@@ -13,6 +13,11 @@ backward (autograd, every collective's adjoint)
     dY --all-gather over b--> dP; dW = Zᵀ·dP --reduce-scatter over c-->; dZ = dP·Wᵀ;
     dS = all-reduce of dZ over a (blocked, overlapped with Âᵀ·dS); dH --reduce-scatter over c-->
 
+gemm_first layers (wide input, narrow output; chosen per layer by ``layer_orders``)
+    H --all-gather over c--> [N/Ga, d/Gb];  W --all-gather over c, then a--> [d/Gb, d']
+    T = reduce-scatter over b of H·W           [N/Ga, d'/Gb]
+    Y = reduce-scatter over a of Â·T, + bias   same output block as above (row blocks overlap)
+
 Plexus all-reduces P over b; only the slice the next layer uses is kept, so a reduce-scatter
 moves half the bytes for the same result. Every parameter element lives on exactly one rank
 (the bias has copies over c, whose gradients are summed), so no gradient all-reduce follows.
@@ -32,9 +37,11 @@ from torch import nn
 from plexgt.dist.collectives import (
     Comm,
     all_gather,
+    all_gather_async,
     all_reduce_,
     all_reduce_async,
     reduce_scatter,
+    reduce_scatter_async,
     replicated,
     wait,
 )
@@ -112,6 +119,51 @@ class _AggregateAllReduce(torch.autograd.Function):
             if r1 > r0:
                 dh += torch.sparse.mm(blk_t, g[r0:r1])
         return dh, None, None
+
+
+class _AggregateReduceScatter(torch.autograd.Function):
+    """[cols_pad, Ga·w] -> [rows_pad, w]: reduce-scatter over a (dim 1) of (Â_block · T).
+
+    The gemm_first aggregation: T = H·W is already reduced over b, so the partial sums over a
+    only need each rank's own column block, half the bytes of an all-reduce. Row block k's
+    reduce-scatter runs while block k+1 is multiplied; in backward the all-gathers of all
+    blocks are issued first and each block's Âᵀ product starts as soon as its block arrives.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, t: torch.Tensor, adj: BlockedAdjacency, comm: Comm) -> torch.Tensor:
+        ctx.adj, ctx.comm = adj, comm
+        g = comm.size
+        w = t.shape[1] // g
+        out = torch.empty((adj.shape[0], w), dtype=t.dtype, device=t.device)
+        pending = []
+        for (r0, r1), blk in zip(adj.bounds, adj.fwd):
+            z = torch.sparse.mm(blk, t) if r1 > r0 else t.new_zeros(0, g * w)
+            # [rb, G·w] -> [G, rb, w]: rank i's chunk is its column block, contiguous
+            zt = z.view(r1 - r0, g, w).transpose(0, 1).contiguous()
+            pending.append((zt, reduce_scatter_async(zt.view(g * (r1 - r0), w), out[r0:r1],
+                                                     comm)))
+        for _, hd in pending:
+            wait(hd, comm)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
+        adj, comm = ctx.adj, ctx.comm
+        g = comm.size
+        dy = dy.contiguous()
+        w = dy.shape[1]
+        pending = []
+        for r0, r1 in adj.bounds:
+            full = dy.new_empty(g * (r1 - r0), w)
+            pending.append((full, all_gather_async(dy[r0:r1], full, comm)))
+        dt = dy.new_zeros(adj.shape[1], g * w)
+        for (r0, r1), blk_t, (full, hd) in zip(adj.bounds, adj.bwd, pending):
+            wait(hd, comm)
+            if r1 > r0:
+                zb = full.view(g, r1 - r0, w).transpose(0, 1).reshape(r1 - r0, g * w)
+                dt += torch.sparse.mm(blk_t, zb)
+        return dt, None, None
 
 
 class TunedMatmul:
@@ -215,6 +267,7 @@ class Plexus3DGCN(nn.Module):
         for lay, w, b, (wf, bf) in zip(self.layouts, self.weights, self.biases, params):
             wt = torch.zeros(lay.d_in, lay.d_out, dtype=w.dtype)
             wt[: lay.d_in_true, : lay.d_out_true] = wf.detach().t().to(w.dtype)
+            wt = wt[:, lay.w_column_order]
             bp = torch.zeros(lay.d_out, dtype=b.dtype)
             bp[: lay.d_out_true] = bf.detach().to(b.dtype)
             w.copy_(wt[slice(*lay.in_cols), slice(*lay.w_cols)])
@@ -232,9 +285,17 @@ class Plexus3DGCN(nn.Module):
         return h * keep.to(h.dtype) / (1 - p)
 
     def layer(self, h: torch.Tensor, l: int) -> torch.Tensor:
+        """[N/Ga, d_in/(Gb·Gc)] -> [N/Gc, d_out/(Ga·Gb)] in the layer's order (layout3d)."""
         lay = self.layouts[l]
         a, b, c = lay.roles
         hg = all_gather(h, self.comms[c], dim=1)
+        if lay.order == "gemm_first":
+            # W [d_in/Gb, d_out] whole on every rank of the ac plane; T = H·W partial over b
+            w = all_gather(all_gather(self.weights[l], self.comms[c], dim=0), self.comms[a],
+                           dim=1)
+            t = reduce_scatter(_TunedMM.apply(hg, w, self.mm), self.comms[b], dim=1)
+            y = _AggregateReduceScatter.apply(t, self.adj[l], self.comms[a])
+            return y + replicated(self.biases[l], self.comms[c])
         z = _AggregateAllReduce.apply(hg, self.adj[l], self.comms[a])
         w = all_gather(self.weights[l], self.comms[c], dim=0)
         p = _TunedMM.apply(z, w, self.mm)

@@ -23,6 +23,27 @@ def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad
     a, b, c = lay.roles
     din_b, dout_a = lay.d_in // gb, lay.d_out // ga
     blocks = row_blocks(lay.rows_pad, block_rows)
+    if lay.order == "gemm_first":
+        dout_b, dout_ab = lay.d_out // gb, lay.d_out // (ga * gb)
+        ops = [
+            (c, "all_gather", all_gather_bytes(lay.cols_pad * (din_b // gc) * esize, gc)),
+            (c, "all_gather", all_gather_bytes((din_b // gc) * dout_a * esize, gc)),
+            (a, "all_gather", all_gather_bytes(din_b * dout_a * esize, ga)),
+            (b, "reduce_scatter", reduce_scatter_bytes(lay.cols_pad * lay.d_out * esize, gb)),
+            *[(a, "reduce_scatter", reduce_scatter_bytes((r1 - r0) * dout_b * esize, ga))
+              for r0, r1 in blocks],
+            # backward
+            (c, "all_reduce", all_reduce_bytes(dout_ab * esize, gc)),
+            *[(a, "all_gather", all_gather_bytes((r1 - r0) * dout_ab * esize, ga))
+              for r0, r1 in blocks],
+            (b, "all_gather", all_gather_bytes(lay.cols_pad * dout_b * esize, gb)),
+            (a, "reduce_scatter", reduce_scatter_bytes(din_b * lay.d_out * esize, ga)),
+            (c, "reduce_scatter", reduce_scatter_bytes(din_b * dout_a * esize, gc)),
+        ]
+        if input_grad:
+            ops.append((c, "reduce_scatter",
+                        reduce_scatter_bytes(lay.cols_pad * din_b * esize, gc)))
+        return ops
     ops = [
         (c, "all_gather", all_gather_bytes(lay.cols_pad * (din_b // gc) * esize, gc)),
         *[(a, "all_reduce", all_reduce_bytes((r1 - r0) * din_b * esize, ga)) for r0, r1 in blocks],
@@ -52,10 +73,11 @@ def loss_bytes(last: LayerLayout, esize: int) -> list[tuple[str, str, int]]:
 
 
 def plexus_step_bytes(grid: Grid3D, rank: int, n: int, dims: list[int], esize: int,
-                      block_rows: int | None = None) -> dict[str, int]:
+                      block_rows: int | None = None, order: str = "aggregate_first"
+                      ) -> dict[str, int]:
     """Bytes ``rank`` sends per axis (and class plane) in one forward + loss + backward."""
     out: dict[str, int] = defaultdict(int)
-    lays = layer_layouts(grid, rank, n, dims)
+    lays = layer_layouts(grid, rank, n, dims, order)
     for lay in lays:
         for axis, _, nbytes in layer_bytes(lay, esize, block_rows, lay.layer > 0):
             out[axis] += nbytes
@@ -115,11 +137,12 @@ class PlexusEstimate:
 
 
 def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
-             coef: Coefficients, block_rows: int | None = None) -> PlexusEstimate:
+             coef: Coefficients, block_rows: int | None = None, order: str = "auto"
+             ) -> PlexusEstimate:
     """Predicted step time and memory of ``grid`` (nnz spread evenly: double permutation)."""
     worst_b, worst_c, worst_t, worst_m = 0, 0.0, 0.0, 0
     for r in range(grid.size):
-        lays = layer_layouts(grid, r, n, dims)
+        lays = layer_layouts(grid, r, n, dims, order)
         nbytes, calls, flops_s, mem = 0, 0, 0.0, 0
         for lay in lays:
             ga, gb, gc = lay.g
@@ -127,16 +150,27 @@ def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
             nbytes += sum(o[2] for o in ops)
             calls += sum(1 for o in ops if o[2])
             blk_nnz = nnz / (ga * gc)
-            spmm = blk_nnz * (lay.d_in // gb) * (2 if lay.layer > 0 else 1)
-            gemm = lay.rows_pad * (lay.d_in // gb) * (lay.d_out // ga) * 3
-            flops_s += spmm * coef.spmm_s_per_nnz_col + gemm * coef.gemm_s_per_fma
-            mem += int(blk_nnz * 12 * 2)  # CSR + transpose: 8-byte index + 4-byte value
-            # input shard (and its staging copy on layer 0), gathered input (twice: the
-            # backend stages the gather), aggregate, partial product
             shard = lay.cols_pad * lay.d_in // (gb * gc) * (2 if lay.layer == 0 else 1)
-            mem += (shard + 2 * lay.cols_pad * lay.d_in // gb + lay.rows_pad * lay.d_in // gb
-                    + lay.rows_pad * lay.d_out // ga) * esize
-            mem += (lay.d_in // gb) * (lay.d_out // ga) * esize * 4
+            mem += int(blk_nnz * 12 * 2)  # CSR + transpose: 8-byte index + 4-byte value
+            mem += (lay.d_in // gb) * (lay.d_out // ga) * esize * 4  # W shard, grad, Adam
+            if lay.order == "gemm_first":
+                # the SpMM runs forward and backward on d_out/Gb columns; GEMM on input rows
+                spmm = blk_nnz * (lay.d_out // gb) * 2
+                gemm = lay.cols_pad * (lay.d_in // gb) * lay.d_out * (3 if lay.layer else 2)
+                # input shard (+ staging on layer 0), gathered input (staged twice), whole W
+                # block, H·W before and after its reduce-scatter, the aggregate
+                mem += (shard + 2 * lay.cols_pad * lay.d_in // gb
+                        + (lay.d_in // gb) * lay.d_out + lay.cols_pad * lay.d_out
+                        + lay.cols_pad * lay.d_out // gb + lay.rows_pad * lay.d_out // gb
+                        ) * esize
+            else:
+                spmm = blk_nnz * (lay.d_in // gb) * (2 if lay.layer > 0 else 1)
+                gemm = lay.rows_pad * (lay.d_in // gb) * (lay.d_out // ga) * 3
+                # input shard (and its staging copy on layer 0), gathered input (twice: the
+                # backend stages the gather), aggregate, partial product
+                mem += (shard + 2 * lay.cols_pad * lay.d_in // gb
+                        + lay.rows_pad * lay.d_in // gb + lay.rows_pad * lay.d_out // ga) * esize
+            flops_s += spmm * coef.spmm_s_per_nnz_col + gemm * coef.gemm_s_per_fma
         mem += PROCESS_BASE_BYTES
         comm = calls * coef.latency_s + nbytes * coef.s_per_byte
         worst_b = max(worst_b, nbytes)
@@ -147,9 +181,11 @@ def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
 
 
 def rank_grids(world_size: int, n: int, nnz: int, dims: list[int], esize: int,
-               coef: Coefficients, memory_limit: int | None = None) -> list[PlexusEstimate]:
+               coef: Coefficients, memory_limit: int | None = None, order: str = "auto"
+               ) -> list[PlexusEstimate]:
     """Every factorisation of ``world_size``, fastest first (those over ``memory_limit`` last)."""
-    ests = [estimate(g, n, nnz, dims, esize, coef) for g in factorizations(world_size)]
+    ests = [estimate(g, n, nnz, dims, esize, coef, order=order)
+            for g in factorizations(world_size)]
     return sorted(ests, key=lambda e: (memory_limit is not None and e.memory_bytes > memory_limit,
                                        e.time_s))
 
@@ -159,13 +195,20 @@ def default_block_rows(lay: LayerLayout, block_nnz: int, esize: int, coef: Coeff
     """Rows per aggregation block that minimise the modelled layer-aggregation time.
 
     With k blocks the pipeline costs about max(S, C) + min(S, C)/k + k·latency, where S is the
-    block's SpMM time and C its all-reduce time over a: the optimum is k = sqrt(min(S, C) /
-    latency). None (one block) when nothing is to be overlapped (Ga = 1).
+    block's SpMM time and C its all-reduce (gemm_first: reduce-scatter) time over a: the
+    optimum is k = sqrt(min(S, C) / latency). None (one block) when nothing is to be
+    overlapped (Ga = 1).
     """
     ga, gb, _ = lay.g
     if ga == 1 or lay.rows_pad == 0:
         return None
-    spmm = block_nnz * (lay.d_in // gb) * coef.spmm_s_per_nnz_col
-    comm = all_reduce_bytes(lay.rows_pad * (lay.d_in // gb) * esize, ga) * coef.s_per_byte
+    if lay.order == "gemm_first":  # blocks are reduce-scattered, on d_out/Gb columns
+        cols = lay.d_out // gb
+        nbytes = reduce_scatter_bytes(lay.rows_pad * cols * esize, ga)
+    else:
+        cols = lay.d_in // gb
+        nbytes = all_reduce_bytes(lay.rows_pad * cols * esize, ga)
+    spmm = block_nnz * cols * coef.spmm_s_per_nnz_col
+    comm = nbytes * coef.s_per_byte
     k = max(1, min(max_blocks, int(round((min(spmm, comm) / coef.latency_s) ** 0.5))))
     return -(-lay.rows_pad // k)

@@ -78,9 +78,9 @@ def _reference_forward(model: GCN, ahat, x):
     return model(x, ModelGraph(gcn=ahat))
 
 
-def _distributed(pg, dist_ctx, grid_groups, grid, block_rows=None):
+def _distributed(pg, dist_ctx, grid_groups, grid, block_rows=None, order="aggregate_first"):
     dims = [F, HIDDEN, HIDDEN, C]
-    lays = layer_layouts(grid, dist_ctx.rank, N, dims)
+    lays = layer_layouts(grid, dist_ctx.rank, N, dims, order)
     ledger = CommLedger()
     comms = plexus_comms(grid_groups(grid), ledger, lays[-1])
     data = PlexusData(pg, lays, DT)
@@ -97,8 +97,9 @@ def _my_slice(t, lay, pp):
 
 @pytest.mark.parametrize("grid", grids_for_world(), ids=str)
 @pytest.mark.parametrize("block_rows", [None, 4])
+@pytest.mark.parametrize("order", ["aggregate_first", "gemm_first"])
 def test_forward_loss_and_gradients_equal_reference(prepared, dist_ctx, grid_groups, grid,
-                                                    block_rows):
+                                                    block_rows, order):
     pg = prepared
     ahat, x, labels, train, pp = _reference(pg)
     ref = _reference_model(7)
@@ -106,7 +107,8 @@ def test_forward_loss_and_gradients_equal_reference(prepared, dist_ctx, grid_gro
     loss_ref = torch.nn.functional.cross_entropy(out_ref[train], labels[train])
     loss_ref.backward()
 
-    lays, ledger, comms, data, model = _distributed(pg, dist_ctx, grid_groups, grid, block_rows)
+    lays, ledger, comms, data, model = _distributed(pg, dist_ctx, grid_groups, grid, block_rows,
+                                                    order)
     model.load_full([(lin.weight, lin.bias) for lin in ref.layers])
     out = model(data.x)
     last = lays[-1]
@@ -121,22 +123,26 @@ def test_forward_loss_and_gradients_equal_reference(prepared, dist_ctx, grid_gro
     for lay, w, b, lin in zip(lays, model.weights, model.biases, ref.layers):
         wt = torch.zeros(lay.d_in, lay.d_out, dtype=DT)
         wt[: lay.d_in_true, : lay.d_out_true] = lin.weight.grad.t()
+        wt = wt[:, lay.w_column_order]
         torch.testing.assert_close(w.grad, wt[slice(*lay.in_cols), slice(*lay.w_cols)], **TOL)
         bp = torch.zeros(lay.d_out, dtype=DT)
         bp[: lay.d_out_true] = lin.bias.grad
         torch.testing.assert_close(b.grad, bp[slice(*lay.out_cols)], **TOL)
     # the ledger equals the planner's formula, per axis, to the byte
-    expect = plexus_step_bytes(grid, dist_ctx.rank, N, [F, HIDDEN, HIDDEN, C], 8, block_rows)
+    expect = plexus_step_bytes(grid, dist_ctx.rank, N, [F, HIDDEN, HIDDEN, C], 8, block_rows,
+                               order)
     assert ledger.by_name("sent") == expect
     assert ledger.by_name("recv") == expect
 
 
 @pytest.mark.parametrize("grid", grids_for_world(), ids=str)
 def test_twenty_adamw_steps_follow_reference_curve(prepared, dist_ctx, grid_groups, grid):
+    """Layer orders 'auto': gemm_first on the narrowing layers 0 and 2, aggregate_first on 1."""
     pg = prepared
     ahat, x, labels, train, pp = _reference(pg)
     ref = _reference_model(11)
-    lays, ledger, comms, data, model = _distributed(pg, dist_ctx, grid_groups, grid, 5)
+    lays, ledger, comms, data, model = _distributed(pg, dist_ctx, grid_groups, grid, 5, "auto")
+    assert [lay.order for lay in lays] == ["gemm_first", "aggregate_first", "gemm_first"]
     model.load_full([(lin.weight, lin.bias) for lin in ref.layers])
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=0.05, weight_decay=0.01)
     opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01)

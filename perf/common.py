@@ -13,22 +13,14 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DATASETS_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def hardware(device: str = "cpu") -> dict[str, Any]:
     """What the numbers were measured on (CPU model, usable cores, torch build, GPU)."""
     import torch
 
+    from plexgt.profile import cpu_model
+
     info: dict[str, Any] = {
-        "cpu": cpu_name(),
+        "cpu": cpu_model(),
         "usable_cores": len(os.sched_getaffinity(0)),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,

@@ -12,13 +12,11 @@ from torch import nn
 
 from plexgt.models.layers import (
     AttentionParams,
+    BlockStack,
     Features,
     ModelGraph,
-    dropout,
-    feature_dropout,
     ffn,
     gcn_conv,
-    linear_in,
     residual_norm,
 )
 
@@ -45,28 +43,12 @@ class GPSBlock(nn.Module):
         return residual_norm(h, ffn(h, self.ffn1, self.ffn2, p, t), self.norm_out, p, t)
 
 
-class GPS(nn.Module):
+class GPS(BlockStack):
     """Input projection, L GPS blocks, linear classifier."""
 
-    def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2,
-                 heads: int = 8, dropout: float = 0.5, input_dropout: float | None = None,
-                 ffn_mult: int = 2, block_rows: int | None = None) -> None:
-        super().__init__()
-        self.input = nn.Linear(in_dim, hidden)
-        self.blocks = nn.ModuleList(
-            GPSBlock(hidden, heads, ffn_mult, dropout) for _ in range(num_layers)
-        )
-        self.classifier = nn.Linear(hidden, out_dim)
-        self.dropout = dropout
-        self.input_dropout = dropout if input_dropout is None else input_dropout
-        self.block_rows = block_rows
+    block_type = GPSBlock
 
     def forward(self, x: Features, graph: ModelGraph) -> torch.Tensor:
         if graph.adj is None or graph.gcn is None:
             raise ValueError("GPS needs graph.adj and graph.gcn")
-        x = feature_dropout(x, self.input_dropout, self.training)
-        h = linear_in(x, self.input)
-        for blk in self.blocks:
-            h = blk(h, graph, self.block_rows)
-        h = dropout(h, self.dropout, self.training)
-        return self.classifier(h)
+        return self.run(x, graph, lambda blk, h, g, br: blk(h, g, br))

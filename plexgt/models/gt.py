@@ -13,12 +13,10 @@ from torch import nn
 
 from plexgt.models.layers import (
     AttentionParams,
+    BlockStack,
     Features,
     ModelGraph,
-    dropout,
-    feature_dropout,
     ffn,
-    linear_in,
     residual_norm,
 )
 
@@ -44,28 +42,12 @@ class GTBlock(nn.Module):
         return residual_norm(x, f, self.norm2, self.dropout, self.training)
 
 
-class GraphTransformer(nn.Module):
+class GraphTransformer(BlockStack):
     """Input projection, L GT blocks, linear classifier."""
 
-    def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2,
-                 heads: int = 8, dropout: float = 0.5, input_dropout: float | None = None,
-                 ffn_mult: int = 2, block_rows: int | None = None) -> None:
-        super().__init__()
-        self.input = nn.Linear(in_dim, hidden)
-        self.blocks = nn.ModuleList(
-            GTBlock(hidden, heads, ffn_mult, dropout) for _ in range(num_layers)
-        )
-        self.classifier = nn.Linear(hidden, out_dim)
-        self.dropout = dropout
-        self.input_dropout = dropout if input_dropout is None else input_dropout
-        self.block_rows = block_rows
+    block_type = GTBlock
 
     def forward(self, x: Features, graph: ModelGraph) -> torch.Tensor:
         if graph.adj is None:
             raise ValueError("GraphTransformer needs graph.adj")
-        x = feature_dropout(x, self.input_dropout, self.training)
-        h = linear_in(x, self.input)
-        for blk in self.blocks:
-            h = blk(h, graph, self.block_rows)
-        h = dropout(h, self.dropout, self.training)
-        return self.classifier(h)
+        return self.run(x, graph, lambda blk, h, g, br: blk(h, g, br))

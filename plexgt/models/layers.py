@@ -9,7 +9,9 @@ Shapes: N nodes (rows of the graph), F input features, d hidden, h heads of d' =
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -181,3 +183,36 @@ class AttentionParams(nn.Module):
                 block_rows: int | None = None) -> Tensor:
         return attention_conv(graph, x_dst, x_src, self.q, self.k, self.v, self.o, self.heads,
                               block_rows)
+
+
+class BlockStack(nn.Module):
+    """Input projection, L blocks of ``block_type``, linear classifier: x [N, F] -> [N, C].
+
+    The skeleton shared by the gt and gps models and by their distributed copies, which reuse
+    the parameters as they are and replace only how one block runs (``run``'s ``block``).
+    """
+
+    block_type: type[nn.Module]
+
+    def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2,
+                 heads: int = 8, dropout: float = 0.5, input_dropout: float | None = None,
+                 ffn_mult: int = 2, block_rows: int | None = None) -> None:
+        super().__init__()
+        self.input = nn.Linear(in_dim, hidden)
+        self.blocks = nn.ModuleList(
+            self.block_type(hidden, heads, ffn_mult, dropout) for _ in range(num_layers)
+        )
+        self.classifier = nn.Linear(hidden, out_dim)
+        self.dropout = dropout
+        self.input_dropout = dropout if input_dropout is None else input_dropout
+        self.block_rows = block_rows
+
+    def run(self, x: Features, graph: Any,
+            block: Callable[[Any, Tensor, Any, int | None], Tensor]) -> Tensor:
+        """Dropout, projection, ``block(blk, h, graph, block_rows)`` per block, classifier."""
+        x = feature_dropout(x, self.input_dropout, self.training)
+        h = linear_in(x, self.input)
+        for blk in self.blocks:
+            h = block(blk, h, graph, self.block_rows)
+        h = dropout(h, self.dropout, self.training)
+        return self.classifier(h)

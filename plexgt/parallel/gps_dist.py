@@ -25,7 +25,7 @@ from torch import nn
 
 from plexgt.dist.collectives import Comm, all_gather
 from plexgt.models.gps import GPS, GPSBlock
-from plexgt.models.layers import Features, dropout, feature_dropout, ffn, linear_in, residual_norm
+from plexgt.models.layers import Features, ffn, residual_norm
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_spmm
 from plexgt.parallel.gt_dist import dist_attention
@@ -67,9 +67,4 @@ class DistGPS(GPS):
     """GPS over a 1D node partition (constructor as the reference)."""
 
     def forward(self, x: Features, graph: DistGraph) -> Tensor:  # type: ignore[override]
-        x = feature_dropout(x, self.input_dropout, self.training)
-        h = linear_in(x, self.input)
-        for blk in self.blocks:
-            h = dist_gps_block(blk, h, graph, self.block_rows)
-        h = dropout(h, self.dropout, self.training)
-        return self.classifier(h)
+        return self.run(x, graph, dist_gps_block)

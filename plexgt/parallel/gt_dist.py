@@ -20,10 +20,7 @@ from plexgt.models.gt import GraphTransformer, GTBlock
 from plexgt.models.layers import (
     AttentionParams,
     Features,
-    dropout,
-    feature_dropout,
     ffn,
-    linear_in,
     residual_norm,
 )
 from plexgt.parallel.rows1d import DistGraph
@@ -67,9 +64,4 @@ class DistGraphTransformer(GraphTransformer):
     """
 
     def forward(self, x: Features, graph: DistGraph) -> Tensor:  # type: ignore[override]
-        x = feature_dropout(x, self.input_dropout, self.training)
-        h = linear_in(x, self.input)
-        for blk in self.blocks:
-            h = dist_gt_block(blk, h, graph, self.block_rows)
-        h = dropout(h, self.dropout, self.training)
-        return self.classifier(h)
+        return self.run(x, graph, dist_gt_block)

@@ -28,6 +28,7 @@ from torch import nn
 
 from plexgt import checkpoint as ckpt
 from plexgt.config import TrainConfig, to_toml
+from plexgt.data.runtime import Progress
 from plexgt.dist.bootstrap import DistContext
 from plexgt.dist.collectives import CommLedger
 
@@ -133,6 +134,8 @@ def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> d
     mode = "a" if cfg.resume else "w"
     metrics = open(cfg.metrics, mode) if (rank0 and cfg.metrics) else None  # noqa: SIM115
     bar_every = max(1, cfg.epochs // 20)
+    bar = (Progress("train", cfg.epochs, start=start, every_s=0.0)
+           if rank0 and cfg.progress else None)
     epoch = start
     try:
         for epoch in range(start, cfg.epochs):
@@ -175,13 +178,17 @@ def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> d
             if metrics is not None:
                 metrics.write(json.dumps(row) + "\n")
                 metrics.flush()
-            if rank0 and cfg.progress and ((epoch + 1) % bar_every == 0 or epoch == start):
+            if bar is not None:
                 acc_txt = " ".join(f"{k}={row[k]:.4f}" for k in
                                    ("train_acc", "valid_acc", "test_acc") if k in row)
-                print(f"[epoch {epoch + 1:>4}/{cfg.epochs}] loss={row['loss']:.4f} {acc_txt} "
-                      f"t={row['time_epoch']:.3f}s (compute {row['time_compute']:.3f} "
-                      f"comm {row['time_comm']:.3f} wait {row['time_wait']:.3f})",
-                      file=sys.stderr, flush=True)
+                line = (f"loss={row['loss']:.4f} {acc_txt} t={row['time_epoch']:.3f}s "
+                        f"(compute {row['time_compute']:.3f} comm {row['time_comm']:.3f} "
+                        f"wait {row['time_wait']:.3f})")
+                if bar.tty:  # a redrawn bar on a terminal; plain lines in batch logs
+                    bar.update(1, f"epoch {epoch + 1}/{cfg.epochs} {line}")
+                elif (epoch + 1) % bar_every == 0 or epoch == start:
+                    print(f"[epoch {epoch + 1:>4}/{cfg.epochs}] {line}", file=sys.stderr,
+                          flush=True)
             flags = torch.tensor([stop.signal, int(epoch + 1 == cfg.stop_after)])
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # a signal seen by any rank stops all
             signum, stop_now = int(flags[0]), bool(flags.max())
@@ -197,6 +204,8 @@ def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> d
                         f"checkpoint written; continue with --resume")
                 return _summary(True, epoch + 1, best)
     finally:
+        if bar is not None:
+            bar.close()
         if metrics is not None:
             metrics.close()
     return _summary(False, epoch + 1, best)

@@ -74,16 +74,21 @@ def world_comm() -> Comm:
 class Progress:
     """A progress line on stderr: redrawn on a TTY, else printed every ``every_s`` seconds."""
 
-    def __init__(self, label: str, total: float, enabled: bool = True, every_s: float = 5.0
-                 ) -> None:
-        self.label, self.total, self.done = label, max(total, 1.0), 0.0
+    def __init__(self, label: str, total: float, enabled: bool = True, every_s: float = 5.0,
+                 start: float = 0.0) -> None:
+        self.label, self.total, self.done = label, max(total, 1.0), start
+        self.start = start
         self.tty = sys.stderr.isatty()
         self.enabled = enabled
         self.every = 0.2 if self.tty else every_s
         self.t0 = self.last = time.monotonic()
+        self.info = ""
 
-    def update(self, amount: float) -> None:
+    def update(self, amount: float, info: str | None = None) -> None:
+        """Advance by ``amount``; ``info`` (e.g. the latest loss) is shown after the bar."""
         self.done += amount
+        if info is not None:
+            self.info = info
         now = time.monotonic()
         if self.enabled and now - self.last >= self.every:
             self.last = now
@@ -92,11 +97,14 @@ class Progress:
     def _draw(self, now: float, end: str = "") -> None:
         frac = min(1.0, self.done / self.total)
         el = now - self.t0
-        eta = el / frac - el if frac > 0 else float("nan")
+        run = (self.done - self.start) / self.total  # ETA from this run's own rate (resume)
+        eta = el / run * (1.0 - frac) if run > 0 else float("nan")
         bar = "#" * int(frac * 30)
         text = f"{self.label} [{bar:<30}] {100 * frac:5.1f}% {el:6.1f}s eta {eta:6.1f}s"
+        if self.info:
+            text += " " + self.info
         if self.tty:
-            sys.stderr.write("\r" + text + end)
+            sys.stderr.write("\r\x1b[K" + text + end)
         else:
             sys.stderr.write(text + "\n")
         sys.stderr.flush()

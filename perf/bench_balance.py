@@ -3,12 +3,16 @@
 For SNAP ego-twitter and soc-slashdot0902 (as stored, self loops added, duplicates merged, as
 ``plexgt prep`` stores them): the matrix unpermuted, with one symmetric permutation P A P^T,
 and double-permuted (A1 = P A Q^T, A2 = Q A P^T) with uniform P, Q (``--permutation random``,
-Plexus) and with degree-stratified P, Q (``--permutation degree``), over several seeds. The A1
-counts are cross-checked against the tile nnz that ``plexgt prep --tiles 8`` records (tile
-size ceil(N/8) = the 8x8 block size). With uniform permutations the residual imbalance comes
-from where the hubs land (the degree sum of N/8 random nodes varies); stratifying removes most
-of it, leaving sampling noise ~2.4/sqrt(nnz per block) ("poisson_floor"), which is above 1.01
-for graphs of ~1M edges. An R-MAT graph of 2^24 edges shows the trend with size.
+Plexus), with degree-stratified P, Q (``--permutation degree``) and with stratified P, Q
+refined by local search on the edges (``--permutation balanced``, blocks = 8: the split
+measured here), over several seeds. The A1 counts are cross-checked against the tile nnz that
+``plexgt prep --tiles 8`` records (tile size ceil(N/8) = the 8x8 block size). With uniform
+permutations the residual imbalance comes from where the hubs land (the degree sum of N/8
+random nodes varies); stratifying removes most of it, leaving sampling noise ~2.4/sqrt(nnz per
+block) ("poisson_floor"), which is above 1.01 for graphs of ~1M edges; ``balanced`` is not
+drawn independently of the edges, so it goes below that floor, down to the integer rounding of
+the block counts. "balanced_seconds" is the time of the refinement alone (mean over seeds).
+An R-MAT graph of 2^24 edges shows the trend with size.
 
 Usage: python perf/bench_balance.py [--seeds 5] [--no-rmat]
 """
@@ -25,7 +29,13 @@ from common import DATASETS_DIR, hardware, result_line, today, write_json
 
 from plexgt.data.formats.snap import read_snap
 from plexgt.data.graph import GraphData
-from plexgt.data.permute import degree_permutations, inverse, permutations, processed_edges
+from plexgt.data.permute import (
+    balanced_permutations,
+    degree_permutations,
+    inverse,
+    permutations,
+    processed_edges,
+)
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import rmat
@@ -45,7 +55,7 @@ def measure(g: GraphData, seeds: int) -> dict:
     n = g.num_nodes
     out = {"N": n, "nnz": int(src.size), "nnz_per_block": src.size / G**2,
            "unpermuted": block_imbalance(dst, src, n)}
-    single, a1s, a2s, d1s, d2s = [], [], [], [], []
+    single, a1s, a2s, d1s, d2s, b1s, b2s, bsec = [], [], [], [], [], [], [], []
     weights = np.bincount(g.src, minlength=n) + np.bincount(g.dst, minlength=n)  # as prep does
     for seed in range(seeds):
         p, q = permutations(n, seed)
@@ -57,12 +67,22 @@ def measure(g: GraphData, seeds: int) -> dict:
         pinv, qinv = inverse(p), inverse(q)
         d1s.append(block_imbalance(pinv[dst], qinv[src], n))
         d2s.append(block_imbalance(qinv[dst], pinv[src], n))
+        t0 = time.perf_counter()
+        p, q, _ = balanced_permutations(src, dst, n, G, seed)
+        bsec.append(time.perf_counter() - t0)
+        pinv, qinv = inverse(p), inverse(q)
+        b1s.append(block_imbalance(pinv[dst], qinv[src], n))
+        b2s.append(block_imbalance(qinv[dst], pinv[src], n))
     out.update({
         "single_perm_mean": float(np.mean(single)), "single_perm_max": float(np.max(single)),
         "double_A1_seed0": a1s[0], "double_A1_mean": float(np.mean(a1s)),
         "double_A2_mean": float(np.mean(a2s)), "double_max_over_seeds": float(max(a1s + a2s)),
         "degree_A1_seed0": d1s[0], "degree_A1_mean": float(np.mean(d1s)),
         "degree_A2_mean": float(np.mean(d2s)), "degree_max_over_seeds": float(max(d1s + d2s)),
+        "balanced_A1_seed0": b1s[0], "balanced_A1_mean": float(np.mean(b1s)),
+        "balanced_A2_mean": float(np.mean(b2s)),
+        "balanced_max_over_seeds": float(max(b1s + b2s)),
+        "balanced_seconds": round(float(np.mean(bsec)), 2),
         # Poisson sampling floor: expected max of G^2 counts ~ mean + 2.4 sqrt(mean)
         "poisson_floor": 1 + 2.4 / np.sqrt(src.size / G**2),
     })
@@ -98,18 +118,24 @@ def main() -> None:
         r = measure(g, args.seeds)
         r["prep_tile_imbalance_seed0"] = cross_check(g, r["double_A1_seed0"])
         r["prep_tile_imbalance_degree_seed0"] = cross_check(g, r["degree_A1_seed0"], "degree")
+        r["prep_tile_imbalance_balanced_seed0"] = cross_check(g, r["balanced_A1_seed0"],
+                                                              "balanced")
         res[name] = r
         print(f"{name}: N={r['N']} nnz={r['nnz']} unpermuted={r['unpermuted']:.3f} "
               f"single={r['single_perm_mean']:.4f} double(A1 mean)={r['double_A1_mean']:.4f} "
               f"double(worst)={r['double_max_over_seeds']:.4f} degree-stratified(A1 mean)="
               f"{r['degree_A1_mean']:.4f} (worst {r['degree_max_over_seeds']:.4f}) "
+              f"balanced(A1 mean)={r['balanced_A1_mean']:.5f} (worst "
+              f"{r['balanced_max_over_seeds']:.5f}, {r['balanced_seconds']:.1f} s) "
               f"floor~{r['poisson_floor']:.4f}")
     if not args.no_rmat:
         g = rmat(1 << 20, 1 << 24, seed=0)
         r = measure(g, 2)
         res["rmat-2^24"] = r
         print(f"rmat 2^24: unpermuted={r['unpermuted']:.3f} double={r['double_A1_mean']:.4f} "
-              f"degree-stratified={r['degree_A1_mean']:.4f} floor~{r['poisson_floor']:.4f}")
+              f"degree-stratified={r['degree_A1_mean']:.4f} balanced="
+              f"{r['balanced_A1_mean']:.5f} ({r['balanced_seconds']:.1f} s) "
+              f"floor~{r['poisson_floor']:.4f}")
     res["seconds"] = round(time.time() - t0, 1)
     path = write_json(f"bench_balance_{res['date'][:10]}.json", res)
     fields = {}
@@ -119,12 +145,15 @@ def main() -> None:
             fields[f"{short}_before"] = res[key]["unpermuted"]
             fields[f"{short}_after"] = res[key]["double_A1_mean"]
             fields[f"{short}_after_degree"] = res[key]["degree_A1_mean"]
-    after = [v for k, v in fields.items() if k.endswith("_after") and not k.startswith("rmat")]
-    fields["target_met"] = all(v <= 1.01 for v in after)
-    best = [v for k, v in fields.items() if "_after" in k and not k.startswith("rmat")]
-    fields["target_met_by_either"] = all(
-        min(fields[f"{s}_after"], fields[f"{s}_after_degree"]) <= 1.01
-        for s in ("twitter", "slashdot") if f"{s}_after" in fields) and bool(best)
+            fields[f"{short}_after_balanced"] = res[key]["balanced_A1_mean"]
+            fields[f"{short}_balanced_worst"] = res[key]["balanced_max_over_seeds"]
+            fields[f"{short}_balanced_s"] = res[key]["balanced_seconds"]
+    real = [s for s in ("twitter", "slashdot") if f"{s}_after" in fields]
+    fields["target_met"] = bool(real) and all(fields[f"{s}_after"] <= 1.01 for s in real)
+    fields["target_met_by_either"] = bool(real) and all(
+        min(fields[f"{s}_after"], fields[f"{s}_after_degree"]) <= 1.01 for s in real)
+    fields["target_met_balanced"] = bool(real) and all(
+        fields[f"{s}_balanced_worst"] <= 1.01 for s in real)
     print(f"wrote {path}")
     result_line(bench="balance", grid=f"{G}x{G}", **fields)
 

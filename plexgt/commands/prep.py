@@ -26,9 +26,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stored feature dtype (default: float16 sources stay float16, "
                    "others float32)")
     p.add_argument("--seed", type=int, default=0, help="permutation / generator seed")
-    p.add_argument("--permutation", choices=("random", "degree"), default="random",
+    p.add_argument("--permutation", choices=("random", "degree", "balanced"), default="random",
                    help="random: uniform P, Q (Plexus); degree: P, Q stratified by degree, "
-                   "for tighter block balance on small power-law graphs (one extra edge pass)")
+                   "for tighter block balance on small power-law graphs (one extra edge pass); "
+                   "balanced: degree, then refined until every block of the --balance-blocks "
+                   "split holds the same nnz (rank 0 holds all edges in memory: for graphs up "
+                   "to ~1e8 edges, where random is not balanced enough)")
+    p.add_argument("--balance-blocks", type=int, default=None, metavar="B",
+                   help="--permutation balanced: balance the B x B split (blocks of ceil(N/B); "
+                   "default lcm(T, 8), or T when that exceeds 64)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing output dir")
     p.add_argument("--resume", action="store_true", help="complete an interrupted run")
     g = p.add_argument_group("sizes (rmat, sbm; --features/--classes also generate random "
@@ -117,11 +123,15 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--tiles {args.tiles}: must be positive")
     if args.chunk_edges < 1:
         raise UsageError("--chunk-edges must be positive")
+    if args.balance_blocks is not None and args.permutation != "balanced":
+        raise UsageError("--balance-blocks only applies to --permutation balanced")
+    if args.balance_blocks is not None and args.balance_blocks < 1:
+        raise UsageError(f"--balance-blocks {args.balance_blocks}: must be positive")
     comm = world_comm()
     opts = PrepOptions(
         out=args.out, tiles=args.tiles, symmetrize=args.symmetrize,
         self_loops=not args.no_self_loops, features_dtype=args.features_dtype, seed=args.seed,
-        permutation=args.permutation,
+        permutation=args.permutation, balance_blocks=args.balance_blocks,
         overwrite=args.overwrite, resume=args.resume, chunk_edges=args.chunk_edges,
         progress=not args.quiet, source_desc=_desc(args),
     )

@@ -38,7 +38,13 @@ import numpy as np
 from plexgt import __version__
 from plexgt.data.buckets import BucketReader, BucketWriter
 from plexgt.data.graph import DataError, random_split
-from plexgt.data.permute import degree_permutations, inverse, permutations
+from plexgt.data.permute import (
+    balanced_permutations,
+    degree_permutations,
+    inverse,
+    permutations,
+    process_edges,
+)
 from plexgt.data.runtime import Comm, Progress, read_json, sha256_file, write_json_atomic
 from plexgt.data.source import GraphSource, check_finite, parts_of
 
@@ -62,7 +68,11 @@ class PrepOptions:
     """'float16' | 'float32' | None (float16 sources stay float16, others become float32)."""
     seed: int = 0
     permutation: str = "random"
-    """'random' (uniform, as in Plexus) | 'degree' (stratified by degree: permute.py)."""
+    """'random' (uniform, as in Plexus) | 'degree' (stratified by degree: permute.py) |
+    'balanced' (degree, then refined on the edges: equal nnz per block; O(E) memory on rank 0)."""
+    balance_blocks: int | None = None
+    """'balanced' only: balance the split of N into this many blocks (default
+    :func:`default_balance_blocks`: lcm(T, 8), so the T x T tiles and an 8 x 8 grid both)."""
     overwrite: bool = False
     resume: bool = False
     chunk_edges: int = 1 << 21
@@ -77,6 +87,16 @@ def choose_tiles(n: int, e_hint: int, symmetrize: bool) -> int:
     """Default T: tiles of about TILE_TARGET_NNZ nonzeros, at least 1, at most N."""
     nnz = e_hint * (2 if symmetrize else 1) + n
     return int(min(n, max(1, math.ceil(math.sqrt(nnz / TILE_TARGET_NNZ)))))
+
+
+def default_balance_blocks(t: int) -> int:
+    """The split ``balanced`` targets by default: lcm(T, 8) (T when that exceeds 64).
+
+    Why: the tiles (T) and the common 8-way grids both consist of whole blocks of it, up to a
+    row at each boundary; the refinement costs ~blocks^2 per node, hence the cap.
+    """
+    m = t * 8 // math.gcd(t, 8)
+    return m if m <= 64 else t
 
 
 def encode_counts(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -167,8 +187,16 @@ class _Prep:
         row_bytes = max(1, self.f * self.fdtype.itemsize)
         self.fb = max(1, min(self.size, opts.feature_block_bytes // row_bytes))
         self.nfb = math.ceil(n / self.fb) if self.f else 0
-        if opts.permutation not in ("random", "degree"):
-            raise DataError(f"--permutation {opts.permutation}: expected random|degree")
+        if opts.permutation not in ("random", "degree", "balanced"):
+            raise DataError(f"--permutation {opts.permutation}: expected random|degree|balanced")
+        self.balance_blocks = 0
+        if opts.permutation == "balanced":
+            b = opts.balance_blocks if opts.balance_blocks is not None else \
+                default_balance_blocks(t)
+            if b < 1:
+                raise DataError(f"--balance-blocks {b}: must be at least 1")
+            self.balance_blocks = min(b, n)
+        self.balance_info: dict[str, Any] = {}
         self.pinv = self.qinv = np.empty(0, dtype=self.idx_dtype)
         if opts.permutation == "random":
             self.set_perms(*permutations(n, opts.seed))
@@ -179,6 +207,8 @@ class _Prep:
             "features_dtype": fd, "seed": opts.seed, "F": self.f, "feature_block_rows": self.fb,
             "permutation": opts.permutation,
         }
+        if self.balance_blocks:
+            self.params["balance_blocks"] = self.balance_blocks
         self.units = ([("A1", i) for i in range(t)] + [("A2", i) for i in range(t)]
                       + [("X", i) for i in range(self.nfb)])
 
@@ -192,6 +222,35 @@ class _Prep:
             deg += np.bincount(src, minlength=self.n)
             deg += np.bincount(dst, minlength=self.n)
         return deg
+
+    def balance(self) -> tuple[np.ndarray, np.ndarray]:
+        """(perm_p, perm_q) of ``--permutation balanced``, from all the edges (rank 0 alone).
+
+        Unlike the other stages this holds every processed edge in memory (~50 bytes an edge):
+        the refinement needs each node's nonzeros per block exactly, duplicates merged.
+        """
+        t0 = time.monotonic()
+        n, o = self.n, self.o
+        e = self.src.num_edges_hint() * (2 if o.symmetrize else 1) + n
+        try:
+            phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            phys = None
+        need = 56 * e + 48 * n * self.balance_blocks
+        if phys is not None and need > phys:
+            raise DataError(f"{self.src.name}: --permutation balanced needs ~{need / 2**30:.0f} "
+                            f"GiB for {e} edges, more than this machine's {phys / 2**30:.0f} "
+                            "GiB (use --permutation degree or random)")
+        parts = list(self.src.edge_chunks(0, 1, o.chunk_edges))
+        src = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, np.int64)
+        dst = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.int64)
+        del parts
+        src, dst = process_edges(src.astype(np.int64, copy=False),
+                                 dst.astype(np.int64, copy=False), n, o.symmetrize, o.self_loops)
+        p, q, info = balanced_permutations(src, dst, n, self.balance_blocks, o.seed)
+        info["seconds"] = round(time.monotonic() - t0, 3)
+        self.balance_info = info
+        return p, q
 
     # -- stage 1: route edges and feature rows to buckets -------------------------------
     def _edge_streams(self) -> dict[str, tuple[np.dtype, int | None]]:
@@ -419,7 +478,8 @@ class _Prep:
             "self_loops": self.o.self_loops, "symmetrized": self.o.symmetrize,
             "permutation": {"method": self.o.permutation, "seed": self.o.seed,
                             "perm_p_rng": [self.o.seed, 1 if rnd else 3],
-                            "perm_q_rng": [self.o.seed, 2 if rnd else 4]},
+                            "perm_q_rng": [self.o.seed, 2 if rnd else 4],
+                            **({"balance": self.balance_info} if self.balance_blocks else {})},
             "splits": split_sizes, "tile_nnz": tile_nnz, "tile_imbalance": imbalance,
             "source": self.o.source_desc, "source_files": sources, "files": files,
             "prep_seconds": round(time.monotonic() - t_start, 3), "prep_ranks": self.comm.size,
@@ -501,6 +561,9 @@ def prepare(source: GraphSource, opts: PrepOptions, comm: Comm | None = None,
         if opts.permutation == "degree":
             deg = _stage(comm, st.count_degrees)
             st.set_perms(*degree_permutations(comm.sum(deg), opts.seed))
+        elif opts.permutation == "balanced":
+            perms = _stage(comm, st.balance if comm.rank == 0 else lambda: None)
+            st.set_perms(*comm.bcast(perms))
         marker = st.stage / "bucketed.json"
         redo = True
         if marker.exists():

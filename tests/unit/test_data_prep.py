@@ -307,12 +307,13 @@ def test_streamed_features_through_buckets(tmp_path):
 
 
 def test_degree_stratified_permutation(tmp_path):
-    """--permutation degree: still exact (vs the oracle built from the stored perms), balanced."""
+    """--permutation degree|balanced: still exact (vs the oracle built from the stored perms),
+    balanced."""
     from plexgt.data.synthetic import rmat
 
     g = rmat(1 << 12, 1 << 16, seed=4)
     imb = {}
-    for method in ("random", "degree"):
+    for method in ("random", "degree", "balanced"):
         out = tmp_path / method
         m = _prep(g, out, tiles=8, permutation=method)
         assert m["permutation"]["method"] == method
@@ -327,4 +328,24 @@ def test_degree_stratified_permutation(tmp_path):
             assert (pg.read_adjacency("A1", (100, 3000), (7, 4000)) != ref[100:3000, 7:4000]
                     ).nnz == 0
         assert verify(out)["ok"]
-    assert imb["degree"] < imb["random"]
+    assert imb["balanced"] < imb["degree"] < imb["random"]
+    assert imb["balanced"] <= 1.02
+    bal = json.loads((tmp_path / "balanced" / "manifest.json").read_text())
+    assert bal["params"]["balance_blocks"] == 8
+    assert bal["permutation"]["balance"]["imbalance"] == pytest.approx(imb["balanced"])
+
+
+def test_cli_prep_balanced(tmp_path, capsys):
+    out = tmp_path / "b"
+    argv = ["prep", "--format", "rmat", "--nodes", "2000", "--edges", "30000", "--out",
+            str(out), "--quiet", "--permutation", "balanced"]
+    assert main([*argv, "--balance-blocks", "4"]) == 0
+    with PreparedGraph(out) as pg:
+        m = pg.manifest
+        assert m["T"] == 1 and m["permutation"]["method"] == "balanced"
+        assert m["permutation"]["balance"]["blocks"] == 4
+        assert m["permutation"]["balance"]["imbalance"] <= 1.02
+    assert verify(out)["ok"]
+    assert main(["prep", "--format", "rmat", "--nodes", "20", "--edges", "30", "--out",
+                 str(tmp_path / "r"), "--quiet", "--balance-blocks", "4"]) == 2
+    assert "only applies to --permutation balanced" in capsys.readouterr().err

@@ -39,16 +39,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="complete an interrupted run")
     g = p.add_argument_group("sizes (rmat, sbm; --features/--classes also generate random "
                              "features/labels for featureless inputs)")
-    g.add_argument("--nodes", type=int, help="number of nodes (snap: fixes N)")
+    g.add_argument("--nodes", type=int, help="number of nodes (snap: fixes N, and skips the "
+                   "counting pass that otherwise parses the whole file once to find N)")
     g.add_argument("--edges", type=int, help="number of edges")
     g.add_argument("--classes", type=int, help="number of classes")
     g.add_argument("--features", type=int, help="feature dimension")
     p.add_argument("--split", help="OGB split directory name (default: the first found)")
-    p.add_argument("--chunk-edges", type=int, default=1 << 21, help="edges per streamed chunk")
+    p.add_argument("--chunk-edges", type=int, default=1 << 21,
+                   help="edges per streamed chunk: bounds prep's streaming memory (text parse "
+                   "blocks of ~16 bytes an edge, bucket buffers of 4 chunks)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
-def _source(args: argparse.Namespace):  # noqa: ANN202 - a GraphSource
+def _source(args: argparse.Namespace, comm=None):  # noqa: ANN001, ANN202 - a GraphSource
+    """The source of ``--format``; ``comm`` (a runtime.Comm) splits a SNAP counting pass."""
     from plexgt.cli import UsageError
     from plexgt.data.source import GeneratedFeatures, MemorySource
 
@@ -86,13 +90,13 @@ def _source(args: argparse.Namespace):  # noqa: ANN202 - a GraphSource
         files = sorted(args.input.glob("*.npz")) if args.input.is_dir() else [args.input]
         src = MemorySource(read_gnn_benchmark(args.input), files)
     elif fmt == "snap":
-        from plexgt.data.formats.snap import read_snap
+        from plexgt.data.formats.snap import SnapSource
 
-        src = MemorySource(read_snap(args.input, args.nodes), [args.input])
+        src = SnapSource(args.input, args.nodes, comm=comm, chunk_edges=args.chunk_edges)
     else:
-        from plexgt.data.formats.mtx import read_mtx
+        from plexgt.data.formats.mtx import MtxSource
 
-        src = MemorySource(read_mtx(args.input), [args.input])
+        src = MtxSource(args.input)
     if args.features or args.classes:
         if args.features and src.num_features:
             raise UsageError(f"{src.name}: has features; --features only applies to "
@@ -135,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
         overwrite=args.overwrite, resume=args.resume, chunk_edges=args.chunk_edges,
         progress=not args.quiet, source_desc=_desc(args),
     )
-    src = _source(args)
+    src = _source(args, comm)
     m = prepare(src, opts, comm)
     if comm.rank == 0:
         print(summary_line(m, args.out), file=sys.stderr)

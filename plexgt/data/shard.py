@@ -15,10 +15,12 @@ Tiles are a T x T grid of ceil(N/T)-sized blocks, independent of any training gr
 
 Pipeline: (1) every rank streams its share of the input edges, permutes them to (row, col) in
 A1 and A2 and appends them to bucket files keyed by tile (buckets.py), and likewise feature rows
-keyed by row block; (2) each unit (a row block of A1, of A2, or of features) is owned by one rank
-(round robin) and built tile by tile from the buckets: duplicate edges merged, CSR formed,
-degrees summed; (3) rank 0 writes nodes.h5 and, last, the manifest. Memory: O(N) node arrays +
-a bucket buffer + one tile; never O(E). Every file is written under a temporary name and
+keyed by row block (then the source checks what only the whole pass can show, e.g. a header's
+claimed edge count: :meth:`GraphSource.check_edge_pass`); (2) each unit (a row block of A1, of
+A2, or of features) is owned by one rank (round robin) and built tile by tile from the buckets:
+duplicate edges merged, CSR formed, degrees summed; (3) rank 0 writes nodes.h5 and, last, the
+manifest. Memory: O(N) node arrays + a parse block and a bucket buffer (both O(chunk_edges)) +
+one tile; never O(E). Every file is written under a temporary name and
 renamed when complete; a completion record per unit lets ``--resume`` skip finished work.
 """
 
@@ -76,7 +78,8 @@ class PrepOptions:
     overwrite: bool = False
     resume: bool = False
     chunk_edges: int = 1 << 21
-    flush_items: int = 1 << 23
+    flush_items: int | None = None
+    """Records a bucket writer buffers before it flushes (default 4 * chunk_edges = 8M)."""
     feature_block_bytes: int = 1 << 28
     progress: bool = True
     source_desc: dict[str, Any] = field(default_factory=dict)
@@ -264,7 +267,7 @@ class _Prep:
         bdir = self.stage / "buckets"
         bdir.mkdir(parents=True, exist_ok=True)
         nk = self.t * self.t
-        fl = self.o.flush_items
+        fl = self.o.flush_items or 4 * self.o.chunk_edges
         w1 = BucketWriter(bdir / f"A1.p{rank}", nk, self._edge_streams(), fl)
         w2 = BucketWriter(bdir / f"A2.p{rank}", nk, self._edge_streams(), fl)
         ehint = self.src.num_edges_hint() * (2 if self.o.symmetrize else 1)
@@ -573,6 +576,11 @@ def prepare(source: GraphSource, opts: PrepOptions, comm: Comm | None = None,
             if comm.rank == 0 and marker.exists():
                 marker.unlink()
             _stage(comm, lambda: st.bucket())
+            # counts a split pass could not check (a header's claimed edges): summed, checked
+            stats = source.edge_pass_stats()
+            if stats.size:
+                totals = comm.sum(np.array(stats, dtype=np.int64))
+                _stage(comm, lambda: source.check_edge_pass(totals))
             if comm.rank == 0:
                 write_json_atomic(marker, {"nparts": comm.size})
             comm.agree(None)

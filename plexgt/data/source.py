@@ -5,8 +5,14 @@ A source knows N, and yields edges and feature rows in chunks, each chunk alread
 chunk goes to exactly one part. Node-sized arrays (labels, splits) are returned whole: prep
 memory is O(N + chunk), never O(E) or O(N * F).
 
-Readers that return a :class:`GraphData` are wrapped by :class:`MemorySource`; the huge
-formats (R-MAT, the OGB npz layout of ogbn-papers100M) have their own streaming sources.
+Readers that return a :class:`GraphData` are wrapped by :class:`MemorySource` (gnn-benchmark
+npz, SBM); R-MAT, the OGB layouts (npz and csv.gz), SNAP edge lists and MatrixMarket files have
+their own streaming sources, which parse text block by block.
+
+Counts a text source can only check once every part has been read (a header's claimed edge
+count, split over ranks) go through :meth:`GraphSource.edge_pass_stats` and
+:meth:`GraphSource.check_edge_pass`: prep sums the former over ranks after its bucketing pass
+and hands the sums to the latter.
 """
 
 from __future__ import annotations
@@ -42,6 +48,18 @@ class GraphSource:
                        ) -> Iterator[tuple[int, np.ndarray]]:
         """Yield (first row, rows [k, F]) blocks, original node order; none when F == 0."""
         return iter(())
+
+    def edge_pass_stats(self) -> np.ndarray:
+        """int64 counters of this process's last complete :meth:`edge_chunks` pass (e.g. the
+        entries it read); the same length on every rank. Empty: nothing to check."""
+        return np.zeros(0, dtype=np.int64)
+
+    def check_edge_pass(self, totals: np.ndarray) -> None:
+        """Check :meth:`edge_pass_stats` summed over the parts of one pass (raise DataError).
+
+        A source checks a pass over all parts (``nparts == 1``) itself, at its end; this hook
+        covers a pass split over ranks, where no rank saw every edge.
+        """
 
     #: True when :meth:`feature_rows` works (prep then gathers rows, skipping the buckets)
     random_access_features: bool = False
@@ -133,6 +151,12 @@ class GeneratedFeatures(GraphSource):
 
     def edge_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
         return self.base.edge_chunks(part, nparts, chunk)
+
+    def edge_pass_stats(self) -> np.ndarray:
+        return self.base.edge_pass_stats()
+
+    def check_edge_pass(self, totals: np.ndarray) -> None:
+        self.base.check_edge_pass(totals)
 
     def feature_chunks(self, part, nparts, chunk_rows):  # noqa: ANN001, ANN201 - see base
         if not self._gen_f:

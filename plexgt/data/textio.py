@@ -4,15 +4,24 @@ Why chunked: a text edge list can be larger than memory, and numpy's C parser (`
 is fast on a block of lines but reports errors relative to that block. We feed it blocks of
 whole lines and, only when it fails, re-scan the failing block line by line to name the exact
 line number and field, so every error is one line naming the file, the line and the problem.
+
+Splitting a file over parts (MPI ranks), :func:`iter_blocks`: every line goes to exactly one
+part. A plain file is cut into ``nparts`` byte ranges; a part seeks to its range and reads only
+the lines that *start* in it (the line straddling a boundary belongs to the range holding its
+first byte). Such a block does not know its line number: it is counted (a pass over the bytes
+before it) only when an error message needs it. A gzip stream cannot seek, so there every part
+decompresses the whole stream, counting lines as it goes, and keeps every ``nparts``-th block;
+parsing, the costly step, is still split.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import io
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +30,13 @@ from plexgt.data.graph import DataError
 
 #: bytes of text parsed per block (whole lines; a block holds ~4M short edge lines)
 BLOCK_BYTES = 64 << 20
+#: smallest block :func:`block_bytes_for` chooses
+MIN_BLOCK_BYTES = 64 << 10
+#: deflate expands at most ~1032:1 (bounds the text a .gz can hold)
+GZIP_MAX_RATIO = 1032
+
+LineRef = int | Callable[[], int]
+"""A 1-based line number, or a function computing it (called only when an error needs it)."""
 
 
 def open_text(path: Path):  # noqa: ANN201 - a binary file object
@@ -32,46 +48,231 @@ def open_text(path: Path):  # noqa: ANN201 - a binary file object
     return open(path, "rb")  # noqa: SIM115 - closed by the caller's with
 
 
+@contextlib.contextmanager
+def read_errors(path: Path) -> Iterator[None]:
+    """Turn truncated/corrupt gzip streams and read failures into a one-line DataError."""
+    try:
+        yield
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise DataError(f"{path}: truncated or corrupt gzip stream ({e})") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e})") from None
+
+
+def is_gzip(path: Path) -> bool:
+    return path.suffix == ".gz"
+
+
+def block_bytes_for(items: int, bytes_per_item: int) -> int:
+    """Block size holding about ``items`` lines of ``bytes_per_item`` (bounded both ways)."""
+    return int(min(BLOCK_BYTES, max(MIN_BLOCK_BYTES, items * max(1, bytes_per_item))))
+
+
+class Block:
+    """Whole lines of a text file (``data`` ends with a newline).
+
+    ``offset``: byte offset of ``data[0]`` in the (decompressed) file; ``line``: its 1-based
+    line number, or 0 when not counted yet (see :meth:`first_line`). ``mine``: whether the
+    block belongs to the requested part (:func:`iter_blocks` with ``others=True``).
+    """
+
+    __slots__ = ("path", "data", "offset", "line", "mine")
+
+    def __init__(self, path: Path, data: bytes, offset: int, line: int = 0,
+                 mine: bool = True) -> None:
+        self.path, self.data, self.offset, self.line, self.mine = path, data, offset, line, mine
+
+    def first_line(self) -> int:
+        """The 1-based line number of ``data[0]`` (counted from the file start if unknown)."""
+        if not self.line:
+            self.line = line_at(self.path, self.offset)
+        return self.line
+
+    def data_line(self, row: int, comments: str | None = "#") -> int:
+        """Line number of the ``row``-th (0-based) data row: blank and comment lines skipped."""
+        return data_line(self.data, self.first_line(), row, comments)
+
+
+def line_at(path: Path, offset: int) -> int:
+    """1-based number of the line starting at byte ``offset`` (reads the bytes before it)."""
+    count, left = 0, offset
+    with read_errors(path), open_text(path) as f:
+        while left > 0:
+            buf = f.read(min(left, 16 << 20))
+            if not buf:
+                break
+            count += buf.count(b"\n")
+            left -= len(buf)
+    return count + 1
+
+
+def _is_data(raw: bytes, comments: bytes | None) -> bool:
+    if comments:
+        raw = raw.split(comments, 1)[0]
+    return bool(raw.strip())
+
+
+def data_line(block: bytes, first_line: int, row: int, comments: str | None = "#") -> int:
+    """Line number of the ``row``-th (0-based) data row of ``block`` (which starts at
+    ``first_line``); blank and comment lines are not rows, as for ``np.loadtxt``."""
+    c = comments.encode() if comments else None
+    seen = 0
+    for k, raw in enumerate(block.split(b"\n")):
+        if _is_data(raw, c):
+            if seen == row:
+                return first_line + k
+            seen += 1
+    return first_line
+
+
+def _seq_blocks(path: Path, block_bytes: int, start: int, start_line: int
+                ) -> Iterator[tuple[int, int, bytes]]:
+    """(offset, line, whole lines) of the file from ``start``, read sequentially."""
+    line, pos, tail = start_line, start, b""
+    with read_errors(path), open_text(path) as f:
+        if start:
+            f.seek(start)
+        while True:
+            buf = f.read(block_bytes)
+            if not buf:
+                break
+            buf = tail + buf if tail else buf
+            cut = buf.rfind(b"\n")
+            if cut < 0:
+                tail = buf
+                continue
+            block, tail = buf[: cut + 1], buf[cut + 1 :]
+            yield pos, line, block
+            pos += len(block)
+            line += block.count(b"\n")
+    if tail.strip():
+        yield pos, line, tail + b"\n"
+
+
+def _range_blocks(path: Path, lo: int, hi: int, start: int, block_bytes: int
+                  ) -> Iterator[tuple[int, bytes]]:
+    """(offset, whole lines) of the lines of a plain file that start in [lo, hi)."""
+    with read_errors(path), open(path, "rb") as f:
+        pos = lo
+        if lo > start:
+            f.seek(lo - 1)
+            if f.read(1) != b"\n":  # the line holding byte lo began before it: not ours
+                pos += len(f.readline())
+        else:
+            f.seek(lo)
+        off, tail = pos, b""
+        while pos < hi:
+            buf = f.read(min(block_bytes, hi - pos))
+            if not buf:
+                break
+            pos += len(buf)
+            buf = tail + buf if tail else buf
+            cut = buf.rfind(b"\n")
+            if cut < 0:
+                tail = buf
+                continue
+            yield off, buf[: cut + 1]
+            off += cut + 1
+            tail = buf[cut + 1 :]
+        if tail:  # our last line runs past hi: read it to its end
+            tail += f.readline()
+    if tail.strip():
+        yield off, tail if tail.endswith(b"\n") else tail + b"\n"
+
+
+def iter_blocks(
+    path: Path, part: int = 0, nparts: int = 1, *, block_bytes: int = BLOCK_BYTES,
+    start: int = 0, start_line: int = 1, seek: bool = True, others: bool = False,
+) -> Iterator[Block]:
+    """Blocks of whole lines of part ``part`` of ``nparts`` of ``path``, from byte ``start``
+    (line ``start_line``) on; see the module docstring for how lines are split over parts.
+
+    ``seek=False`` forces the sequential split (every part reads everything, lines numbered);
+    ``others=True`` (sequential split only) also yields the other parts' blocks, unparsed, with
+    ``mine=False``: a part can then count rows before its own blocks. Truncated or corrupt
+    gzip streams become :class:`DataError` naming the file.
+    """
+    if nparts > 1 and seek and not others and not is_gzip(path):
+        if not path.exists():
+            raise DataError(f"{path}: no such file")
+        size = path.stat().st_size
+        body = max(0, size - start)
+        lo, hi = start + body * part // nparts, start + body * (part + 1) // nparts
+        line = start_line if lo == start else 0  # the first part knows where it starts
+        for off, data in _range_blocks(path, lo, hi, start, block_bytes):
+            yield Block(path, data, off, line)
+            if line:
+                line += data.count(b"\n")
+        return
+    for k, (off, line, data) in enumerate(_seq_blocks(path, block_bytes, start, start_line)):
+        mine = k % nparts == part
+        if mine or others:
+            yield Block(path, data, off, line, mine)
+
+
 def iter_raw_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, bytes]]:
     """Yield (first line number, block of whole lines) from ``path``; line numbers are 1-based.
 
     Truncated or corrupt gzip streams become :class:`DataError` naming the file.
     """
-    line = 1
-    tail = b""
-    try:
-        with open_text(path) as f:
-            while True:
-                buf = f.read(block_bytes)
-                if not buf:
-                    break
-                buf = tail + buf
-                cut = buf.rfind(b"\n")
-                if cut < 0:
-                    tail = buf
-                    continue
-                block, tail = buf[: cut + 1], buf[cut + 1 :]
-                yield line, block
-                line += block.count(b"\n")
-    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-        raise DataError(f"{path}: truncated or corrupt gzip stream ({e})") from None
-    except OSError as e:
-        raise DataError(f"{path}: cannot read ({e})") from None
-    if tail.strip():
-        yield line, tail + b"\n"
+    for blk in iter_blocks(path, block_bytes=block_bytes):
+        yield blk.line, blk.data
+
+
+def read_head(path: Path, nbytes: int) -> bytes:
+    """The first ``nbytes`` (decompressed) bytes of ``path``, or all of a shorter file."""
+    with read_errors(path), open_text(path) as f:
+        return f.read(nbytes)
+
+
+def first_data_line(path: Path, comments: str | None = "#", limit: int = 64 << 20) -> bytes:
+    """The first non-blank, non-comment line of ``path`` (b"" if there is none)."""
+    c = comments.encode() if comments else None
+    with read_errors(path), open_text(path) as f:
+        while True:
+            raw = f.readline(limit)
+            if not raw:
+                return b""
+            if _is_data(raw, c):
+                return raw
+
+
+def max_data_lines(path: Path, min_line_bytes: int = 4) -> int:
+    """An upper bound on the data lines ``path`` can hold (caps counts claimed by headers)."""
+    size = path.stat().st_size
+    if is_gzip(path):
+        size *= GZIP_MAX_RATIO
+    return size // min_line_bytes + 1
+
+
+def estimate_data_lines(path: Path, comments: str = "#", sample: int = 4 << 20) -> int:
+    """Data lines of ``path`` estimated from its first ``sample`` bytes (exact if smaller)."""
+    c = comments.encode()
+    with read_errors(path), open_text(path) as f:
+        head = f.read(sample)
+        consumed = f.fileobj.tell() if isinstance(f, gzip.GzipFile) else len(head)
+    rows = sum(1 for raw in head.split(b"\n") if _is_data(raw, c))
+    if len(head) < sample or not head:
+        return rows
+    total = path.stat().st_size * (len(head) / max(1, consumed))
+    return max(rows, int(total / len(head) * rows))
+
+
+def _resolve(first_line: LineRef) -> int:
+    return first_line if isinstance(first_line, int) else first_line()
 
 
 def _first_bad_line(
-    path: Path, block: bytes, first_line: int, ncols: int | None, delimiter: bytes | None,
+    path: Path, block: bytes, first_line: LineRef, ncols: int | None, delimiter: bytes | None,
     comments: bytes, conv: type,
 ) -> str:
     """Line-by-line rescan of a block that the fast parser rejected: the error text."""
     for k, raw in enumerate(block.split(b"\n")):
-        s = raw.strip()
-        if not s or s.startswith(comments):
+        s = raw.split(comments, 1)[0].strip() if comments else raw.strip()
+        if not s:
             continue
         fields = s.split(delimiter) if delimiter else s.split()
-        where = f"{path}: line {first_line + k}"
+        where = f"{path}: line {_resolve(first_line) + k}"
         if ncols is not None and len(fields) != ncols:
             return f"{where}: expected {ncols} fields, found {len(fields)}"
         for fld in fields:
@@ -80,14 +281,17 @@ def _first_bad_line(
             except ValueError:
                 text = fld.decode(errors="replace")[:40]
                 return f"{where}: non-numeric field {text!r}"
-    return f"{path}: unparseable block starting at line {first_line}"
+    return f"{path}: unparseable block starting at line {_resolve(first_line)}"
 
 
 def parse_block(
-    path: Path, block: bytes, first_line: int, *, ncols: int | None, dtype: type,
+    path: Path, block: bytes, first_line: LineRef, *, ncols: int | None, dtype: type,
     delimiter: str | None = None, comments: str = "#",
 ) -> np.ndarray:
-    """Parse one block of whole lines into an array [lines, ncols] (comment lines skipped)."""
+    """Parse one block of whole lines into an array [lines, ncols] (comment lines skipped).
+
+    ``first_line`` may be a function: it is called only to name the line of an error.
+    """
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -106,10 +310,16 @@ def parse_block(
     if arr.size == 0:
         return np.empty((0, ncols or 0), dtype=dtype)
     if ncols is not None and arr.shape[1] != ncols:
-        raise DataError(
-            f"{path}: line {first_line}: expected {ncols} fields, found {arr.shape[1]}"
-        )
+        line = data_line(block, _resolve(first_line), 0, comments)
+        raise DataError(f"{path}: line {line}: expected {ncols} fields, found {arr.shape[1]}")
     return arr
+
+
+def parse(blk: Block, *, ncols: int | None, dtype: type, delimiter: str | None = None,
+          comments: str = "#") -> np.ndarray:
+    """:func:`parse_block` of a :class:`Block` (its line number counted only for errors)."""
+    return parse_block(blk.path, blk.data, blk.line or blk.first_line, ncols=ncols, dtype=dtype,
+                       delimiter=delimiter, comments=comments)
 
 
 def iter_rows(
@@ -117,20 +327,18 @@ def iter_rows(
     comments: str = "#", block_bytes: int = BLOCK_BYTES,
 ) -> Iterator[tuple[int, np.ndarray]]:
     """Yield (first line number, rows [k, ncols]) blocks of a numeric text file."""
-    for first, block in iter_raw_blocks(path, block_bytes):
-        arr = parse_block(
-            path, block, first, ncols=ncols, dtype=dtype, delimiter=delimiter, comments=comments
-        )
+    for blk in iter_blocks(path, block_bytes=block_bytes):
+        arr = parse(blk, ncols=ncols, dtype=dtype, delimiter=delimiter, comments=comments)
         if ncols is None and arr.size:
             ncols = arr.shape[1]
-        yield first, arr
+        yield blk.line, arr
 
 
 def read_all_rows(
     path: Path, *, ncols: int | None, dtype: type, delimiter: str | None = None,
     comments: str = "#",
 ) -> np.ndarray:
-    """All rows of a numeric text file as one array [lines, ncols]."""
+    """All rows of a numeric text file as one array [lines, ncols] (small files: node arrays)."""
     parts = [a for _, a in iter_rows(path, ncols=ncols, dtype=dtype, delimiter=delimiter,
                                      comments=comments)]
     parts = [p for p in parts if p.size]
@@ -139,3 +347,30 @@ def read_all_rows(
     if len({p.shape[1] for p in parts}) > 1:
         raise DataError(f"{path}: rows have differing field counts")
     return np.concatenate(parts)
+
+
+def empty_lines(block: bytes) -> int:
+    """Lines of ``block`` (whole lines) that hold nothing at all (b"" between newlines)."""
+    b = np.frombuffer(block, dtype=np.uint8)
+    if b.size == 0:
+        return 0
+    nl = b == 10
+    return int(nl[0]) + int(np.count_nonzero(nl[1:] & nl[:-1]))
+
+
+def first_id_error(src: np.ndarray, dst: np.ndarray, lo: int, hi: int | None
+                   ) -> tuple[int, str, int] | None:
+    """(row, 'source' | 'destination', id) of the first row holding an id outside [lo, hi)."""
+    bad = None
+    for arr in (src, dst):
+        b = arr < lo
+        if hi is not None:
+            b |= arr >= hi
+        bad = b if bad is None else bad | b
+    if bad is None or not bad.any():
+        return None
+    r = int(np.argmax(bad))
+    s = int(src[r])
+    if s < lo or (hi is not None and s >= hi):
+        return r, "source", s
+    return r, "destination", int(dst[r])

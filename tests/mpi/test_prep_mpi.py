@@ -84,3 +84,49 @@ def test_interrupted_parallel_run_resumes(shared_dir):
     if COMM.rank == 0:
         ref = prepare(MemorySource(g), _opts(shared_dir / "ref", tiles=4))
         assert ref["files"] == m["files"]
+
+
+def _text_source(kind, d, comm):
+    from plexgt.data.formats.mtx import MtxSource
+    from plexgt.data.formats.ogb import OgbCsvSource
+    from plexgt.data.formats.snap import SnapSource
+
+    if kind.startswith("snap"):  # counting pass split over the ranks of comm
+        return SnapSource(d / ("g.txt.gz" if kind == "snap-gz" else "g.txt"), comm=comm,
+                          chunk_edges=50)
+    if kind == "mtx":
+        return MtxSource(d / "g.mtx")
+    return OgbCsvSource(d / "ogb")
+
+
+@pytest.mark.parametrize("kind", ["snap", "snap-gz", "mtx", "ogb-csv"])
+def test_text_sources_split_over_ranks_equal_serial(shared_dir, kind):
+    """Plain text split by byte ranges, gzip by blocks: the output equals a serial run's."""
+    from plexgt.data.testing import write_mtx, write_ogb_csv, write_snap
+
+    g = small_graph(101, 3000, f=4)
+    if COMM.rank == 0:
+        write_snap(shared_dir / "g.txt", g)
+        write_snap(shared_dir / "g.txt.gz", g)
+        write_mtx(shared_dir / "g.mtx", g)
+        write_ogb_csv(shared_dir / "ogb", g)
+    MPI.COMM_WORLD.Barrier()
+    m = prepare(_text_source(kind, shared_dir, COMM),
+                _opts(shared_dir / "par", tiles=3, chunk_edges=37), COMM)
+    if COMM.rank == 0:
+        s = prepare(_text_source(kind, shared_dir, None), _opts(shared_dir / "ser", tiles=3))
+        assert s["files"] == m["files"] and s["E"] == m["E"]
+
+
+def test_text_source_bad_count_found_only_by_the_sum(shared_dir):
+    """A header claiming more edges than the file holds: no rank alone can tell."""
+    from plexgt.data.formats.snap import SnapSource
+
+    if COMM.rank == 0:
+        body = "".join(f"{i % 40} {(i * 7) % 40}\n" for i in range(500))
+        (shared_dir / "g.txt").write_text(f"# Nodes: 40 Edges: 501\n{body}")
+    MPI.COMM_WORLD.Barrier()
+    with pytest.raises(DataError, match="header claims 501 edges but the file holds 500"):
+        prepare(SnapSource(shared_dir / "g.txt", 40), _opts(shared_dir / "o", tiles=2), COMM)
+    MPI.COMM_WORLD.Barrier()
+    assert not (shared_dir / "o").exists()

@@ -3,95 +3,160 @@
 An entry ``i j [value]`` (1-based) is A[i-1, j-1] = 1, i.e. the message j -> i; values are
 ignored (the pattern is the graph). ``symmetric``/``skew-symmetric``/``hermitian`` files store
 one triangle: the mirror of every off-diagonal entry is added. The header's sizes are checked,
-never trusted: entries are accumulated as they are parsed (nothing is allocated from the claimed
-nnz), a file with more or fewer entries than claimed is refused, and so is a non-square matrix.
+never trusted: nothing is allocated from the claimed nnz, a file with more or fewer entries than
+claimed is refused, and so is a non-square matrix.
+
+Streaming (:class:`MtxSource`, what ``plexgt prep --format mtx`` reads): N comes from the size
+line, read first; the entries are parsed block by block as prep asks for them, each block
+checked against N as it streams, the entry count against the claimed nnz at the end of a pass.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from plexgt.data.graph import DataError, GraphData
-from plexgt.data.textio import iter_raw_blocks, parse_block
+from plexgt.data.source import GraphSource
+from plexgt.data.textio import (
+    BLOCK_BYTES,
+    block_bytes_for,
+    iter_blocks,
+    max_data_lines,
+    open_text,
+    parse,
+    read_errors,
+)
 
 _FIELDS = {"pattern": 2, "real": 3, "integer": 3, "double": 3, "complex": 4}
 _SYMM = ("general", "symmetric", "skew-symmetric", "hermitian")
+#: a header or comment line longer than this is refused
+_MAX_HEADER_LINE = 1 << 20
 
 
-def _parse_header(path: Path, block: bytes) -> tuple[str, str, int, int, int, int]:
-    """(field, symmetry, n, nnz, byte offset of the body, lines consumed) from the first block."""
-    lines = block.split(b"\n")
-    head = lines[0].decode("latin-1").strip().split()
-    if len(head) != 5 or head[0].lower() != "%%matrixmarket" or head[1].lower() != "matrix":
-        raise DataError(f"{path}: line 1: not a MatrixMarket matrix header")
-    fmt, field, symm = (h.lower() for h in head[2:])
-    if fmt != "coordinate":
-        raise DataError(f"{path}: line 1: format {fmt!r} unsupported (only 'coordinate')")
-    if field not in _FIELDS or symm not in _SYMM:
-        raise DataError(f"{path}: line 1: unknown field/symmetry {field!r}/{symm!r}")
-    offset = len(lines[0]) + 1
-    for k, raw in enumerate(lines[1:], start=2):
-        s = raw.strip()
-        offset += len(raw) + 1
-        if not s or s.startswith(b"%"):
-            continue
-        parts = s.split()
-        if len(parts) != 3 or not all(p.isdigit() for p in parts):
-            raise DataError(f"{path}: line {k}: size line must be 'rows cols nnz', got "
-                            f"{s[:60].decode(errors='replace')!r}")
-        m, n, nnz = (int(p) for p in parts)
-        if m != n:
-            raise DataError(f"{path}: line {k}: matrix is {m}x{n}, not square")
-        if n <= 0:
-            raise DataError(f"{path}: line {k}: empty graph (0 nodes)")
-        return field, symm, n, nnz, offset, k
-    raise DataError(f"{path}: no size line after the header")
+def _parse_header(path: Path) -> tuple[str, str, int, int, int, int]:
+    """(field, symmetry, n, nnz, byte offset of the body, its first line number)."""
+    with read_errors(path), open_text(path) as f:
+        first = f.readline(_MAX_HEADER_LINE)
+        if not first:
+            raise DataError(f"{path}: empty file")
+        head = first.decode("latin-1").strip().split()
+        if len(head) != 5 or head[0].lower() != "%%matrixmarket" or head[1].lower() != "matrix":
+            raise DataError(f"{path}: line 1: not a MatrixMarket matrix header")
+        fmt, field, symm = (h.lower() for h in head[2:])
+        if fmt != "coordinate":
+            raise DataError(f"{path}: line 1: format {fmt!r} unsupported (only 'coordinate')")
+        if field not in _FIELDS or symm not in _SYMM:
+            raise DataError(f"{path}: line 1: unknown field/symmetry {field!r}/{symm!r}")
+        k = 1
+        while True:
+            raw = f.readline(_MAX_HEADER_LINE)
+            if not raw:
+                raise DataError(f"{path}: no size line after the header")
+            k += 1
+            s = raw.strip()
+            if not s or s.startswith(b"%"):
+                continue
+            parts = s.split()
+            if len(parts) != 3 or not all(p.isdigit() for p in parts):
+                raise DataError(f"{path}: line {k}: size line must be 'rows cols nnz', got "
+                                f"{s[:60].decode(errors='replace')!r}")
+            m, n, nnz = (int(p) for p in parts)
+            if m != n:
+                raise DataError(f"{path}: line {k}: matrix is {m}x{n}, not square")
+            if n <= 0:
+                raise DataError(f"{path}: line {k}: empty graph (0 nodes)")
+            return field, symm, n, nnz, f.tell(), k + 1
+
+
+class MtxSource(GraphSource):
+    """A coordinate MatrixMarket file streamed in chunks (see the module docstring)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.name = str(self.path)
+        self.files = [self.path]
+        (self.field, self.symm, self.num_nodes, self.nnz, self._body,
+         self._body_line) = _parse_header(self.path)
+        self._pass = 0
+
+    def num_edges_hint(self) -> int:
+        nnz = min(self.nnz, max_data_lines(self.path))
+        return nnz * (1 if self.symm == "general" else 2)
+
+    def _check_total(self, count: int) -> None:
+        if count > self.nnz:
+            raise DataError(f"{self.path}: header claims {self.nnz} entries but the file holds "
+                            f"more ({count})")
+        if count != self.nnz:
+            raise DataError(f"{self.path}: header claims {self.nnz} entries but the file holds "
+                            f"{count} (truncated?)")
+        if count == 0:
+            raise DataError(f"{self.path}: empty graph (no entries)")
+
+    def entries(self, part: int, nparts: int, block_bytes: int = BLOCK_BYTES
+                ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(row, col) 0-based int64 of the stored entries of one part, block by block, checked
+        (no mirrors); a pass over every part (``nparts == 1``) also checks the count."""
+        n, count = self.num_nodes, 0
+        for blk in iter_blocks(self.path, part, nparts, block_bytes=block_bytes,
+                               start=self._body, start_line=self._body_line):
+            arr = parse(blk, ncols=_FIELDS[self.field], dtype=np.float64, comments="%")
+            if not arr.size:
+                continue
+            count += arr.shape[0]
+            if count > self.nnz:  # this part alone holds more: no need to read on
+                raise DataError(f"{self.path}: header claims {self.nnz} entries but the file "
+                                "holds more")
+            ij = arr[:, :2]
+            frac = ij != np.round(ij)
+            if frac.any():
+                r = int(np.argmax(frac.any(axis=1)))
+                raise DataError(f"{self.path}: line {blk.data_line(r, '%')}: non-integer "
+                                "row/column index")
+            ij = ij.astype(np.int64)
+            bad = (ij < 1) | (ij > n)
+            if bad.any():
+                r = int(np.argmax(bad.any(axis=1)))
+                v = int(ij[r][bad[r]][0])
+                raise DataError(f"{self.path}: index {v} is outside [1, {n}] "
+                                f"(line {blk.data_line(r, '%')})")
+            ij -= 1
+            rows, cols = np.ascontiguousarray(ij.T)
+            yield rows, cols
+        self._pass = count
+        if nparts == 1:
+            self._check_total(count)
+
+    def edge_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
+        line_bytes = 12 if self.field == "pattern" else 24
+        for dst, src in self.entries(part, nparts, block_bytes_for(chunk, line_bytes)):
+            if self.symm != "general":
+                off = dst != src
+                dst, src = np.concatenate([dst, src[off]]), np.concatenate([src, dst[off]])
+            for lo in range(0, src.size, chunk):
+                yield src[lo : lo + chunk], dst[lo : lo + chunk]
+
+    def edge_pass_stats(self) -> np.ndarray:
+        return np.array([self._pass], dtype=np.int64)
+
+    def check_edge_pass(self, totals: np.ndarray) -> None:
+        self._check_total(int(totals[0]))
 
 
 def read_mtx(path: str | Path) -> GraphData:
-    """Read a coordinate MatrixMarket file into a validated :class:`GraphData`."""
-    path = Path(path)
-    header = None
-    parts: list[np.ndarray] = []
-    count = 0
-    for first, block in iter_raw_blocks(path):
-        if header is None:
-            header = _parse_header(path, block)
-            field, symm, n, nnz, offset, used = header
-            block, first = block[offset:], used + 1
-        arr = parse_block(path, block, first, ncols=_FIELDS[header[0]], dtype=np.float64,
-                          comments="%")
-        if not arr.size:
-            continue
-        count += arr.shape[0]
-        if count > header[3]:
-            raise DataError(f"{path}: header claims {header[3]} entries but the file holds more")
-        ij = arr[:, :2]
-        if np.any(ij != np.round(ij)):
-            raise DataError(f"{path}: non-integer row/column index near line {first}")
-        ij = ij.astype(np.int64)
-        bad = (ij < 1) | (ij > header[2])
-        if bad.any():
-            r = int(np.nonzero(bad.any(axis=1))[0][0])
-            v = int(ij[r][bad[r]][0])
-            raise DataError(f"{path}: index {v} is outside [1, {header[2]}] "
-                            f"(entry {count - arr.shape[0] + r + 1})")
-        parts.append(ij - 1)
-    if header is None:
-        raise DataError(f"{path}: empty file")
-    field, symm, n, nnz, _, _ = header
-    if count != nnz:
-        raise DataError(f"{path}: header claims {nnz} entries but the file holds {count} "
-                        "(truncated?)")
-    if count == 0:
-        raise DataError(f"{path}: empty graph (no entries)")
-    ij = np.concatenate(parts)
-    dst, src = ij[:, 0], ij[:, 1]
-    if symm != "general":
-        off = dst != src
-        dst, src = np.concatenate([dst, src[off]]), np.concatenate([src, dst[off]])
-    g = GraphData(str(path), n, src.copy(), dst.copy())
+    """Read a coordinate MatrixMarket file into a validated :class:`GraphData` (one pass of
+    :class:`MtxSource`: stored entries first, then the mirrors of a symmetric file)."""
+    src = MtxSource(path)
+    parts = list(src.entries(0, 1))
+    dst = np.concatenate([p[0] for p in parts])
+    src_ids = np.concatenate([p[1] for p in parts])
+    del parts
+    if src.symm != "general":
+        off = dst != src_ids
+        dst, src_ids = np.concatenate([dst, src_ids[off]]), np.concatenate([src_ids, dst[off]])
+    g = GraphData(str(src.path), src.num_nodes, src_ids, dst)
     g.validate()
     return g

@@ -11,7 +11,9 @@ Two layouts, told apart by what ``ROOT/raw`` holds:
 
 Splits: ``ROOT/split/NAME/{train,valid,test}.csv.gz`` (one node id per line). Edges are read
 as stored (a pair ``a,b`` is the message a -> b); pass ``--symmetrize`` for undirected models.
-The npz layout is streamed (:class:`OgbNpzSource`): papers100M never has to fit in memory.
+Both layouts are streamed (:class:`OgbNpzSource`, :class:`OgbCsvSource`): edges and feature
+rows are read in chunks, so neither papers100M nor products has to fit in memory; labels and
+splits (node-sized arrays) are read whole.
 """
 
 from __future__ import annotations
@@ -22,8 +24,19 @@ import numpy as np
 
 from plexgt.data.graph import DataError, GraphData
 from plexgt.data.npzio import NpzArray, npz_keys
-from plexgt.data.source import GraphSource, MemorySource, check_finite, check_ids
-from plexgt.data.textio import read_all_rows
+from plexgt.data.source import GraphSource, check_finite, check_ids
+from plexgt.data.textio import (
+    BLOCK_BYTES,
+    Block,
+    block_bytes_for,
+    empty_lines,
+    first_data_line,
+    first_id_error,
+    iter_blocks,
+    max_data_lines,
+    parse,
+    read_all_rows,
+)
 
 SPLIT_KEYS = ("train", "valid", "test")
 
@@ -88,33 +101,112 @@ def read_splits(root: Path, n: int, split: str | None = None) -> dict[str, np.nd
     return out
 
 
-def _read_csv(root: Path, split: str | None) -> tuple[GraphData, list[Path]]:
-    raw = root / "raw"
-    n = _one_count(raw / "num-node-list.csv.gz", "node")
-    e = _one_count(raw / "num-edge-list.csv.gz", "edge")
-    edges = read_all_rows(raw / "edge.csv.gz", ncols=2, dtype=np.int64, delimiter=",")
-    if edges.shape[0] != e:
-        raise DataError(f"{raw / 'edge.csv.gz'}: holds {edges.shape[0]} edges but "
-                        f"num-edge-list.csv.gz claims {e}")
-    check_ids(edges[:, 0], edges[:, 1], n, str(raw / "edge.csv.gz"))
-    files = [raw / "num-node-list.csv.gz", raw / "num-edge-list.csv.gz", raw / "edge.csv.gz"]
-    feats = None
-    if (raw / "node-feat.csv.gz").exists():
-        p = raw / "node-feat.csv.gz"
-        feats = read_all_rows(p, ncols=None, dtype=np.float32, delimiter=",")
-        if feats.shape[0] != n:
-            raise DataError(f"{p}: {feats.shape[0]} feature rows disagree with N={n}")
-        check_finite(feats, 0, str(p))
-        files.append(p)
-    labels = None
-    if (raw / "node-label.csv.gz").exists():
-        p = raw / "node-label.csv.gz"
-        labels = _labels_from_float(read_all_rows(p, ncols=1, dtype=np.float64, delimiter=","),
-                                    n, str(p))
-        files.append(p)
-    g = GraphData(str(root), n, edges[:, 0].copy(), edges[:, 1].copy(), feats, labels,
-                  read_splits(root, n, split))
-    return g, files
+class OgbCsvSource(GraphSource):
+    """The csv.gz layout streamed: edges and feature rows parsed block by block, never whole.
+
+    N comes from num-node-list.csv.gz; the edge count claimed by num-edge-list.csv.gz is
+    checked at the end of a pass. Feature rows are numbered by position (one row per line,
+    empty lines skipped; comment or whitespace-only lines are refused), so every part
+    decompresses the whole feature file to count rows, parsing only its own blocks. Labels and
+    splits (node-sized) are read whole.
+    """
+
+    def __init__(self, root: Path, split: str | None = None) -> None:
+        raw = root / "raw"
+        self.name = str(root)
+        self.num_nodes = n = _one_count(raw / "num-node-list.csv.gz", "node")
+        self.claimed_e = _one_count(raw / "num-edge-list.csv.gz", "edge")
+        self.edge_path = raw / "edge.csv.gz"
+        self.files = [raw / "num-node-list.csv.gz", raw / "num-edge-list.csv.gz", self.edge_path]
+        self.feat_path: Path | None = None
+        if (raw / "node-feat.csv.gz").exists():
+            p = self.feat_path = raw / "node-feat.csv.gz"
+            line = first_data_line(p)
+            if not line:
+                raise DataError(f"{p}: 0 feature rows disagree with N={n}")
+            self.num_features = len(line.split(b","))
+            self.feature_dtype = np.dtype(np.float32)
+            self._row_bytes = len(line)
+            self.files.append(p)
+        self._labels = None
+        if (raw / "node-label.csv.gz").exists():
+            p = raw / "node-label.csv.gz"
+            self._labels = _labels_from_float(
+                read_all_rows(p, ncols=1, dtype=np.float64, delimiter=","), n, str(p))
+            self.files.append(p)
+        self._splits = read_splits(root, n, split)
+        self._pass = 0
+
+    def num_edges_hint(self) -> int:
+        return min(self.claimed_e, max_data_lines(self.edge_path))
+
+    def _check_total(self, count: int) -> None:
+        if count != self.claimed_e:
+            raise DataError(f"{self.edge_path}: holds {count} edges but num-edge-list.csv.gz "
+                            f"claims {self.claimed_e}")
+
+    def edge_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
+        path, n, count = self.edge_path, self.num_nodes, 0
+        for blk in iter_blocks(path, part, nparts, block_bytes=block_bytes_for(chunk, 16)):
+            arr = parse(blk, ncols=2, dtype=np.int64, delimiter=",")
+            if not arr.size:
+                continue
+            src, dst = np.ascontiguousarray(arr.T)
+            bad = first_id_error(src, dst, 0, n)
+            if bad is not None:
+                r, what, v = bad
+                raise DataError(f"{path}: line {blk.data_line(r)}: edge {what} id {v} is "
+                                f"outside [0, {n})")
+            count += src.size
+            for lo in range(0, src.size, chunk):
+                yield src[lo : lo + chunk], dst[lo : lo + chunk]
+        self._pass = count
+        if nparts == 1:
+            self._check_total(count)
+
+    def edge_pass_stats(self) -> np.ndarray:
+        return np.array([self._pass], dtype=np.int64)
+
+    def check_edge_pass(self, totals: np.ndarray) -> None:
+        self._check_total(int(totals[0]))
+
+    def feature_chunks(self, part, nparts, chunk_rows):  # noqa: ANN001, ANN201 - see base
+        p, n, f = self.feat_path, self.num_nodes, self.num_features
+        if p is None:
+            return
+        chunk_rows = max(1, chunk_rows)
+        row, over = 0, False
+        for blk in iter_blocks(p, part, nparts, seek=False, others=True,
+                               block_bytes=block_bytes_for(chunk_rows, self._row_bytes)):
+            k = blk.data.count(b"\n") - empty_lines(blk.data)
+            x = None
+            if blk.mine and not over:
+                x = parse(blk, ncols=f, dtype=np.float32, delimiter=",")
+                if x.shape[0] != k:
+                    raise DataError(f"{p}: line {_skipped_line(blk)}: comment or blank line "
+                                    "(feature files hold one row per line)")
+            over = over or row + k > n  # then only count on, for the message
+            if x is not None and not over:
+                check_finite(x, row, str(p))
+                for lo in range(0, k, chunk_rows):
+                    yield row + lo, x[lo : lo + chunk_rows]
+            row += k
+        if row != n:
+            raise DataError(f"{p}: {row} feature rows disagree with N={n}")
+
+    def labels(self) -> np.ndarray | None:
+        return self._labels
+
+    def splits(self) -> dict[str, np.ndarray]:
+        return dict(self._splits)
+
+
+def _skipped_line(blk: Block) -> int:
+    """Line number of the first non-empty line of ``blk`` that ``np.loadtxt`` skipped."""
+    for k, raw in enumerate(blk.data.split(b"\n")[:-1]):
+        if raw and not raw.split(b"#", 1)[0].strip():
+            return blk.first_line() + k
+    return blk.first_line()
 
 
 class OgbNpzSource(GraphSource):
@@ -207,21 +299,18 @@ class OgbNpzSource(GraphSource):
 
 
 def open_ogb(root: str | Path, split: str | None = None) -> GraphSource:
-    """A streaming source for an OGB root directory (npz streamed, csv.gz parsed in memory)."""
+    """A streaming source for an OGB root directory (either layout)."""
     root = Path(root)
     if _layout(root) == "npz":
         return OgbNpzSource(root, split)
-    g, files = _read_csv(root, split)
-    return MemorySource(g, files)
+    return OgbCsvSource(root, split)
 
 
 def read_ogb(root: str | Path, split: str | None = None) -> GraphData:
     """Read an OGB node-property root (either layout) into memory, validated."""
     root = Path(root)
     if _layout(root) == "csv":
-        g, _ = _read_csv(root, split)
-        g.validate()
-        return g
+        return _read_csv(OgbCsvSource(root, split))
     src = OgbNpzSource(root, split)
     try:
         e = src.num_edges
@@ -236,5 +325,21 @@ def read_ogb(root: str | Path, split: str | None = None) -> GraphData:
         assert g.num_edges == e
     finally:
         src.close()
+    g.validate()
+    return g
+
+
+def _read_csv(src: OgbCsvSource) -> GraphData:
+    """The csv layout in memory: the concatenation of the source's chunks."""
+    chunks = list(src.edge_chunks(0, 1, BLOCK_BYTES))
+    s = np.concatenate([c[0] for c in chunks])
+    d = np.concatenate([c[1] for c in chunks])
+    del chunks
+    feats = None
+    if src.feat_path is not None:
+        feats = np.empty((src.num_nodes, src.num_features), dtype=np.float32)
+        for row, x in src.feature_chunks(0, 1, 1 << 20):
+            feats[row : row + x.shape[0]] = x
+    g = GraphData(src.name, src.num_nodes, s, d, feats, src.labels(), src.splits())
     g.validate()
     return g

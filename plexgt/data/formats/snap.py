@@ -5,56 +5,146 @@ present (SNAP counts isolated nodes there), else max id + 1, or ``num_nodes`` wh
 fixes it (ids >= N are then an error). A header ``Edges: M`` that disagrees with the lines
 actually present means a truncated file and is refused. No features: prep generates them only
 when asked.
+
+Streaming (:class:`SnapSource`, what ``plexgt prep --format snap`` reads): edges are parsed
+block by block and never held whole. N must be known before prep's stages start, so unless
+``num_nodes`` (``--nodes``) is given, the source first makes a *counting pass* over the whole
+file that keeps only the edge count and the largest id (split over the MPI ranks when given a
+communicator): the file is then parsed twice, once to count and once to shard. Pass ``--nodes``
+to skip it on a very large file.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from plexgt.data.graph import DataError, GraphData
-from plexgt.data.textio import iter_raw_blocks, parse_block
+from plexgt.data.runtime import Comm
+from plexgt.data.source import GraphSource
+from plexgt.data.textio import (
+    BLOCK_BYTES,
+    block_bytes_for,
+    estimate_data_lines,
+    first_id_error,
+    iter_blocks,
+    max_data_lines,
+    parse,
+    read_head,
+)
 
 _HEADER = re.compile(rb"^#.*?Nodes:\s*(\d+)\s+Edges:\s*(\d+)", re.MULTILINE)
+#: bytes of a typical edge line ("1234567\t7654321\n"): sizes parse blocks from a chunk of edges
+LINE_BYTES = 16
+
+
+def _claims(path: Path) -> tuple[int | None, int | None]:
+    """(N, E) claimed by a ``# Nodes: K Edges: M`` header line, else (None, None)."""
+    m = _HEADER.search(read_head(path, 4096))
+    return (int(m.group(1)), int(m.group(2))) if m else (None, None)
+
+
+def _edge_blocks(path: Path, part: int, nparts: int, block_bytes: int, n: int | None
+                 ) -> Iterator[np.ndarray]:
+    """Parsed [k, 2] int64 edge blocks of one part, ids checked against [0, n) (n None: >= 0)."""
+    for blk in iter_blocks(path, part, nparts, block_bytes=block_bytes):
+        arr = parse(blk, ncols=2, dtype=np.int64)
+        if not arr.size:
+            continue
+        bad = first_id_error(arr[:, 0], arr[:, 1], 0, n)
+        if bad is not None:
+            r, _, v = bad
+            line = blk.data_line(r)
+            if v < 0:
+                raise DataError(f"{path}: negative node id {v} (line {line})")
+            raise DataError(f"{path}: node id {v} is outside [0, {n}) (line {line})")
+        yield arr
+
+
+def _check_total(path: Path, count: int, claimed_e: int | None) -> None:
+    if count == 0:
+        raise DataError(f"{path}: empty graph (no edges)")
+    if claimed_e is not None and claimed_e != count:
+        raise DataError(f"{path}: header claims {claimed_e} edges but the file holds {count} "
+                        "(truncated?)")
+
+
+class SnapSource(GraphSource):
+    """A SNAP edge list streamed in chunks (see the module docstring).
+
+    ``comm`` splits the counting pass over MPI ranks; ``chunk_edges`` sizes its parse blocks
+    (the later passes take their chunk from :meth:`edge_chunks`).
+    """
+
+    def __init__(self, path: str | Path, num_nodes: int | None = None, comm: Comm | None = None,
+                 chunk_edges: int = 1 << 21) -> None:
+        self.path = Path(path)
+        self.name = str(self.path)
+        self.files = [self.path]
+        self.claimed_n, self.claimed_e = _claims(self.path)
+        self.counted: int | None = None
+        self._pass = 0
+        if num_nodes is None:
+            self.counted, hi = self._count(comm or Comm(None), chunk_edges)
+            self.num_nodes = max(hi + 1, self.claimed_n or 0)
+        else:
+            self.num_nodes = num_nodes
+
+    def _count(self, comm: Comm, chunk: int) -> tuple[int, int]:
+        """The counting pass: (edges, largest id) over all parts (collective over ``comm``)."""
+        count, hi, err = 0, -1, None
+        try:
+            for arr in _edge_blocks(self.path, comm.rank, comm.size,
+                                    block_bytes_for(chunk, LINE_BYTES), None):
+                count += arr.shape[0]
+                hi = max(hi, int(arr.max()))
+        except DataError as e:
+            err = e
+        comm.agree(err)
+        stats = comm.allgather((count, hi))
+        count, hi = sum(s[0] for s in stats), max(s[1] for s in stats)
+        _check_total(self.path, count, self.claimed_e)
+        return count, hi
+
+    def num_edges_hint(self) -> int:
+        if self.counted is not None:
+            return self.counted
+        if self.claimed_e is not None:
+            return min(self.claimed_e, max_data_lines(self.path))
+        return estimate_data_lines(self.path)
+
+    def edge_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
+        count = 0
+        for arr in _edge_blocks(self.path, part, nparts, block_bytes_for(chunk, LINE_BYTES),
+                                self.num_nodes):
+            for lo in range(0, arr.shape[0], chunk):
+                piece = arr[lo : lo + chunk]
+                yield piece[:, 0].copy(), piece[:, 1].copy()
+            count += arr.shape[0]
+        self._pass = count
+        if nparts == 1:
+            _check_total(self.path, count, self.claimed_e)
+
+    def edge_pass_stats(self) -> np.ndarray:
+        return np.array([self._pass], dtype=np.int64)
+
+    def check_edge_pass(self, totals: np.ndarray) -> None:
+        _check_total(self.path, int(totals[0]), self.claimed_e)
 
 
 def read_snap(path: str | Path, num_nodes: int | None = None) -> GraphData:
-    """Read a SNAP edge list into memory (edges as stored: directed)."""
+    """Read a SNAP edge list into memory (edges as stored: directed); one pass, same parser."""
     path = Path(path)
-    parts: list[np.ndarray] = []
-    claimed_n = claimed_e = None
-    for first, block in iter_raw_blocks(path):
-        if first == 1:
-            m = _HEADER.search(block[:4096])
-            if m:
-                claimed_n, claimed_e = int(m.group(1)), int(m.group(2))
-        arr = parse_block(path, block, first, ncols=2, dtype=np.int64)
-        if arr.size:
-            parts.append(arr)
-    edges = np.concatenate(parts) if parts else np.empty((0, 2), dtype=np.int64)
-    if edges.shape[0] == 0:
-        raise DataError(f"{path}: empty graph (no edges)")
-    if claimed_e is not None and claimed_e != edges.shape[0]:
-        raise DataError(f"{path}: header claims {claimed_e} edges but the file holds "
-                        f"{edges.shape[0]} (truncated?)")
-    lo, hi = int(edges.min()), int(edges.max())
-    if lo < 0:
-        line = _line_of(edges, lo)
-        raise DataError(f"{path}: negative node id {lo} (edge {line})")
-    if num_nodes is not None:
-        n = num_nodes
-        if hi >= n:
-            raise DataError(
-                f"{path}: node id {hi} is outside [0, {n}) (edge {_line_of(edges, hi)})")
-    else:
-        n = max(hi + 1, claimed_n or 0)
+    claimed_n, claimed_e = _claims(path)
+    parts = list(_edge_blocks(path, 0, 1, BLOCK_BYTES, num_nodes))
+    count = sum(p.shape[0] for p in parts)
+    _check_total(path, count, claimed_e)
+    edges = np.concatenate(parts)
+    del parts
+    n = num_nodes if num_nodes is not None else max(int(edges.max()) + 1, claimed_n or 0)
     g = GraphData(str(path), n, edges[:, 0].copy(), edges[:, 1].copy())
     g.validate()
     return g
-
-
-def _line_of(edges: np.ndarray, value: int) -> int:
-    """1-based index of the first edge holding ``value`` (for error messages)."""
-    return int(np.nonzero((edges == value).any(axis=1))[0][0]) + 1

@@ -18,6 +18,22 @@
    lets AGP choose among the measured (strategy, p), with and without the p = 1 option.
 
 Writes perf/results/bench_agp_<date>.json and .png and ends with one RESULT line.
+
+    .venv/bin/python perf/bench_agp.py --reevaluate perf/results/bench_agp_2026-11-29.json
+
+measures nothing: it recomputes the current model's predictions and AGP's choices for a stored
+run's measurements, from that run's stored profile (or ``--profile``) and graph sizes, so a
+model change is scored on the same data (``--write`` keeps the result as JSON).
+
+Scoring (:func:`summarise`). A decision (per graph: the scale and strategy among the 5 measured
+options, p = 1 counted once; also the strategy at p = 2 and at p = 4) is a *strict* hit when
+AGP's pick is the option with the fastest step; its slowdown is the pick's fastest step over
+the best one's. Steps on a shared machine vary by tens of percent, so each decision is also
+scored *within the noise*: a pick whose per-step times are not larger than the fastest option's
+(one-sided Mann-Whitney U over the ~9 steps each, p >= 0.05) is not measurably slower. Both are
+reported, with the ties behind them: graphs whose runner-up is within 5% of the fastest, and
+graphs where some other option is not measurably slower than the fastest. MAPE is over distinct
+measurements, against the fastest step (the bench's t_iter) and the median step.
 """
 
 from __future__ import annotations
@@ -218,8 +234,49 @@ def _launch(n: int, argv: list[str], log_env: dict[str, str]) -> None:
     subprocess.run(cmd, check=True, env=log_env, cwd=ROOT)
 
 
+NOISE_ALPHA = 0.05
+"""A choice whose step times are not slower than the fastest's at this significance (one-sided
+Mann-Whitney U over the per-step samples) is within the measurement noise."""
+TIE_GAP = 0.05
+"""Candidates whose fastest steps are this close count as a tie in the report."""
+
+
+def _slower_p(pick: list[float], best: list[float]) -> float:
+    """One-sided Mann-Whitney U p-value for 'the pick's step times are larger than the best's'
+    (1.0 when they are the same samples)."""
+    from scipy.stats import mannwhitneyu
+
+    if pick is best or sorted(pick) == sorted(best):
+        return 1.0
+    return float(mannwhitneyu(pick, best, alternative="greater").pvalue)
+
+
+def _choice(graph: str, label: str, pick: tuple[str, int], cands: dict, steps: dict) -> dict:
+    """One decision: AGP's pick against the measured fastest of ``cands`` ({key: t_iter}),
+    strictly (fastest step) and within the noise of the per-step samples."""
+    best = min(cands, key=cands.get)
+    ranked = sorted(cands.values())
+    p_slower = _slower_p(steps[pick], steps[best])
+    tied = sorted(k for k in cands if k != best and _slower_p(steps[k], steps[best])
+                  >= NOISE_ALPHA)
+    return {"graph": graph, "decision": label, "agp": list(pick), "fastest": list(best),
+            "agp_s": cands[pick], "fastest_s": cands[best],
+            "slowdown": cands[pick] / cands[best] - 1,
+            "hit": pick == best,
+            "p_slower": p_slower, "noise_hit": pick == best or p_slower >= NOISE_ALPHA,
+            "runner_up_gap": ranked[1] / ranked[0] - 1 if len(ranked) > 1 else None,
+            "tied_with_fastest": [list(k) for k in tied]}
+
+
 def analyse(measured: list[dict], prof: dict) -> dict:
-    """Predictions, errors and AGP's choices for every measured configuration."""
+    """Predictions, errors and AGP's choices for every measured configuration.
+
+    Decisions per graph: ``scale_and_strategy`` (AGP's plan over p = 1, 2, 4 and both
+    strategies, against the fastest of the 5 measured options; p = 1 is one option, run once),
+    ``at_p4`` (the plan at p = 4 alone) and ``strategy_at_p2`` / ``strategy_at_p4`` (GP-AG or
+    GP-A2A by predicted time at that p). Each is scored strictly (the pick is the measured
+    fastest, by its fastest step) and within the noise (:data:`NOISE_ALPHA`).
+    """
     from plexgt.parallel.agp import SystemModel, Workload, estimate, plan
     from plexgt.parallel.strategies import default_registry
 
@@ -227,46 +284,148 @@ def analyse(measured: list[dict], prof: dict) -> dict:
     sysm = SystemModel.from_profile(prof)
     rows = []
     by_graph: dict[str, dict] = {}
+    steps: dict[str, dict] = {}
     for m in measured:
         w = Workload("gt", m["n"], m["e"], m["f"], m["c"], MODEL["hidden"], MODEL["heads"],
                      MODEL["layers"], MODEL["ffn_mult"], 4)
         names = reg.names() if m["p"] == 1 else [m["strategy"]]
+        med = m.get("t_iter_median", float(np.median(m["step_s"])))
         for sname in names:  # p = 1: one measurement stands for both strategies
             est = estimate(reg.get(sname), w, m["p"], sysm)
             att = est.memory["attention_activations"] + est.memory["dense_activations"]
             row = {**{k: m[k] for k in ("graph", "p", "n", "e", "t_iter")}, "strategy": sname,
+                   "t_iter_median": med,
                    "predicted": est.time_s, "ape": abs(est.time_s - m["t_iter"]) / m["t_iter"],
+                   "ape_median": abs(est.time_s - med) / med,
                    "alpha": est.alpha, "beta": est.beta,
+                   "compute_s": est.compute_s, "copy_s": est.copy_s, "calls_s": est.calls_s,
+                   "comm_s": est.comm_s,
                    "predicted_activation_bytes": att,
                    "measured_activation_bytes": max(m["peak_activation_bytes"]),
                    "predicted_graph_bytes": est.memory["graph"],
                    "measured_graph_rss_bytes": max(m["graph_rss_bytes"])}
             rows.append(row)
             by_graph.setdefault(m["graph"], {"w": w})[(sname, m["p"])] = row
+            steps.setdefault(m["graph"], {})[(sname, m["p"])] = m["step_s"]
     choices = []
     for g, d in by_graph.items():
         w = d.pop("w")
         meas = {k: r["t_iter"] for k, r in d.items()}
+        one = next(k for k in meas if k[1] == 1) if any(k[1] == 1 for k in meas) else None
         for label, scales in (("scale_and_strategy", list(SCALES)), ("at_p4", [4])):
             pl = plan(w, [reg.get(s) for s in reg.names()], scales, sysm)
-            c = pl.choice.est
-            cands = {k: v for k, v in meas.items() if k[1] in scales}
-            best = min(cands, key=cands.get)
-            pick = (c.strategy, c.scale)
-            choices.append({"graph": g, "decision": label, "agp": list(pick),
-                            "fastest": list(best), "agp_s": cands[pick],
-                            "fastest_s": cands[best],
-                            "slowdown": cands[pick] / cands[best] - 1})
+            # without the one-rank option nothing may pass Algorithm 3's test: then, as a job
+            # of that size does (gt_task.choose_strategy), the fastest predicted
+            c = pl.choice.est if pl.choice else min((r.est for r in pl.rows),
+                                                    key=lambda e: e.time_s)
+            # one rank is one option, whatever strategy name the plan gives it
+            cands = {k: v for k, v in meas.items() if k[1] in scales and (k[1] > 1 or k == one)}
+            pick = (c.strategy, c.scale) if c.scale > 1 else one
+            choices.append(_choice(g, label, pick, cands, steps[g]))
         for p in SCALES[1:]:
-            ag, a2a = meas[("gp_ag", p)], meas[("gp_a2a", p)]
-            pg_ag = d[("gp_ag", p)]["predicted"]
-            pg_a2a = d[("gp_a2a", p)]["predicted"]
-            pick = "gp_ag" if pg_ag <= pg_a2a else "gp_a2a"
-            choices.append({"graph": g, "decision": f"strategy_at_p{p}", "agp": [pick, p],
-                            "fastest": ["gp_ag" if ag <= a2a else "gp_a2a", p],
-                            "agp_s": meas[(pick, p)], "fastest_s": min(ag, a2a),
-                            "slowdown": meas[(pick, p)] / min(ag, a2a) - 1})
+            pick = min(("gp_ag", "gp_a2a"), key=lambda s, p=p: d[(s, p)]["predicted"])
+            cands = {(s, p): meas[(s, p)] for s in ("gp_ag", "gp_a2a")}
+            choices.append(_choice(g, f"strategy_at_p{p}", (pick, p), cands, steps[g]))
     return {"rows": rows, "choices": choices}
+
+
+def _tie(c: dict) -> bool:
+    return c["runner_up_gap"] is not None and c["runner_up_gap"] <= TIE_GAP
+
+
+def summarise(analysis: dict) -> dict:
+    """Error of the predictions and quality of AGP's choices, strict and noise-aware.
+
+    MAPE is over distinct measurements (p = 1 once), against the fastest step (``mape``, the
+    bench's t_iter) and the median step (``mape_median``). For the 9 scale-and-strategy
+    decisions: ``agp_hit_rate`` (the pick is the measured fastest), ``agp_max_slowdown`` and
+    ``agp_within_10pct`` (by fastest steps), ``agp_noise_hit_rate`` (the pick is the fastest or
+    not measurably slower, :data:`NOISE_ALPHA`), ``ties_5pct`` (graphs whose runner-up is within
+    :data:`TIE_GAP` of the fastest) and ``ties_noise`` (graphs where some other option is not
+    measurably slower than the fastest).
+    """
+    rows = [r for r in analysis["rows"] if r["p"] > 1 or r["strategy"] == "gp_ag"]
+    ch = analysis["choices"]
+    hits = [c for c in ch if c["decision"] == "scale_and_strategy"]
+    strat = [c for c in ch if c["decision"].startswith("strategy_at")]
+    return {
+        "mape": float(np.mean([r["ape"] for r in rows])),
+        "mape_median": float(np.mean([r["ape_median"] for r in rows])),
+        "mape_by_p": {str(p): float(np.mean([r["ape"] for r in rows if r["p"] == p]))
+                      for p in SCALES},
+        "agp_hit_rate": float(np.mean([c["hit"] for c in hits])),
+        "agp_noise_hit_rate": float(np.mean([c["noise_hit"] for c in hits])),
+        "agp_within_10pct": float(np.mean([c["slowdown"] <= 0.10 for c in hits])),
+        "agp_max_slowdown": max(c["slowdown"] for c in hits),
+        "decisions": len(hits),
+        "ties_5pct": sum(_tie(c) for c in hits),
+        "ties_noise": sum(bool(c["tied_with_fastest"]) for c in hits),
+        "strategy_hit_rate": float(np.mean([c["hit"] for c in strat])),
+        "strategy_noise_hit_rate": float(np.mean([c["noise_hit"] for c in strat])),
+        "strategy_ties_5pct": sum(_tie(c) for c in strat),
+        "at_p4_hit_rate": float(np.mean([c["hit"] for c in ch if c["decision"] == "at_p4"])),
+    }
+
+
+def _fmt(k: list | tuple) -> str:
+    return f"{k[0]}@{k[1]}" if k[1] > 1 else "1 rank"
+
+
+def report(analysis: dict, summ: dict) -> None:
+    """The per-graph decisions and the per-configuration errors, printed."""
+    print(f"{'graph':<10} {'AGP':>11} {'fastest':>11} {'slowdown':>8} {'p(slower)':>9} "
+          f"{'runner-up':>9}  not measurably slower than the fastest")
+    for c in analysis["choices"]:
+        if c["decision"] != "scale_and_strategy":
+            continue
+        mark = "hit" if c["hit"] else ("noise" if c["noise_hit"] else "MISS")
+        print(f"{c['graph']:<10} {_fmt(c['agp']):>11} {_fmt(c['fastest']):>11} "
+              f"{100 * c['slowdown']:>7.1f}% {c['p_slower']:>9.3f} "
+              f"{100 * (c['runner_up_gap'] or 0.0):>8.1f}%  "
+              f"{', '.join(_fmt(k) for k in c['tied_with_fastest']) or '-'}  [{mark}]")
+    print(f"{'graph':<10} {'config':>11} {'measured':>8} {'median':>8} {'predicted':>9} "
+          f"{'err':>6} {'compute':>8} {'copy':>7} {'calls':>7} {'comm':>7}")
+    for r in analysis["rows"]:
+        if r["p"] == 1 and r["strategy"] != "gp_ag":
+            continue
+        print(f"{r['graph']:<10} {_fmt((r['strategy'], r['p'])):>11} {r['t_iter']:>8.4f} "
+              f"{r['t_iter_median']:>8.4f} {r['predicted']:>9.4f} "
+              f"{100 * (r['predicted'] / r['t_iter'] - 1):>+5.0f}% {r['compute_s']:>8.4f} "
+              f"{r['copy_s']:>7.4f} {r['calls_s']:>7.4f} {r['comm_s']:>7.4f}")
+    print(f"MAPE {100 * summ['mape']:.1f}% (vs median step {100 * summ['mape_median']:.1f}%; "
+          + ", ".join(f"p={p} {100 * v:.1f}%" for p, v in summ["mape_by_p"].items()) + ")")
+    print(f"AGP (scale and strategy, {summ['decisions']} graphs): fastest "
+          f"{100 * summ['agp_hit_rate']:.0f}% strict, {100 * summ['agp_noise_hit_rate']:.0f}% "
+          f"within noise; within 10% {100 * summ['agp_within_10pct']:.0f}%; max slowdown "
+          f"{100 * summ['agp_max_slowdown']:.1f}%; ties: {summ['ties_5pct']} graphs with the "
+          f"runner-up within {100 * TIE_GAP:.0f}%, {summ['ties_noise']} with an option not "
+          f"measurably slower than the fastest")
+    print(f"strategy at fixed p: {100 * summ['strategy_hit_rate']:.0f}% strict, "
+          f"{100 * summ['strategy_noise_hit_rate']:.0f}% within noise "
+          f"({summ['strategy_ties_5pct']} of {2 * summ['decisions']} within "
+          f"{100 * TIE_GAP:.0f}%)")
+
+
+def reevaluate(path: Path, profile: Path | None) -> dict:
+    """Predictions and choices of the current model for a stored run's measurements, offline:
+    the run's own profile (or ``profile``) and graph sizes, nothing re-measured."""
+    old = json.loads(path.read_text())
+    prof_path = profile or Path(old["profile"])
+    if not prof_path.exists():  # stored with another checkout's absolute path
+        prof_path = path.parent / Path(old["profile"]).name
+    prof = json.loads(prof_path.read_text())
+    an = analyse(old["measured"], prof)
+    summ = summarise(an)
+    print(f"re-evaluating {path} with profile {prof_path} "
+          f"({len(old['measured'])} measured configurations)")
+    report(an, summ)
+    stored = old.get("summary", {})
+    if stored:
+        print("stored run's summary: " + ", ".join(
+            f"{k} {v:.4f}" for k, v in stored.items()
+            if k in ("mape", "agp_hit_rate", "agp_within_10pct", "agp_max_slowdown",
+                     "strategy_hit_rate")))
+    return {"source": str(path), "profile": str(prof_path), "analysis": an, "summary": summ}
 
 
 def plot(analysis: dict, path: Path, title: str) -> None:
@@ -313,6 +472,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="interleaved timing rounds")
     ap.add_argument("--work", type=Path, default=Path("/tmp/plexgt-bench-agp"))
     ap.add_argument("--profile", type=Path, help="reuse a system profile instead of measuring")
+    ap.add_argument("--reevaluate", type=Path, metavar="BENCH_JSON",
+                    help="measure nothing: the current model's predictions and choices for a "
+                         "stored run's measurements, from its stored profile (or --profile)")
+    ap.add_argument("--write", type=Path, metavar="JSON",
+                    help="with --reevaluate: also write the re-evaluation here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--mode", default="time", help=argparse.SUPPRESS)
@@ -322,6 +486,16 @@ def main() -> None:
         return
 
     from common import DATASETS_DIR, RESULTS_DIR, hardware, result_line, today, write_json
+
+    if args.reevaluate:
+        out = reevaluate(args.reevaluate, args.profile)
+        if args.write:
+            args.write.write_text(json.dumps(out, indent=1, default=list) + "\n")
+            print(f"wrote {args.write}")
+        _result(result_line, out["summary"], mode="reevaluate",
+                configs=len(out["analysis"]["rows"]) - sum(
+                    r["p"] == 1 and r["strategy"] != "gp_ag" for r in out["analysis"]["rows"]))
+        return
 
     t_start = time.perf_counter()
     names = [g for g in args.graphs.split(",") if g]
@@ -371,15 +545,12 @@ def main() -> None:
             t["graph_rss_bytes"] = m["graph_rss_bytes"]
             measured.append(t)
     an = analyse(measured, prof)
-    rows, ch = an["rows"], an["choices"]
-    mape = float(np.mean([r["ape"] for r in rows]))
-    hits = [c for c in ch if c["decision"] == "scale_and_strategy"]
-    strat = [c for c in ch if c["decision"].startswith("strategy_at")]
-    hit_rate = float(np.mean([c["agp"] == c["fastest"] for c in hits]))
-    within = float(np.mean([c["slowdown"] <= 0.10 for c in hits]))
-    strat_rate = float(np.mean([c["agp"] == c["fastest"] for c in strat]))
+    summ = summarise(an)
+    rows = an["rows"]
     mem_ratio = [r["predicted_activation_bytes"] / max(1, r["measured_activation_bytes"])
                  for r in rows]
+    summ["activation_pred_over_measured_median"] = float(np.median(mem_ratio))
+    summ["seconds"] = time.perf_counter() - t_start
     hw = hardware()
     payload = {
         "date": today(), "hardware": hw, "profile": str(prof_path),
@@ -388,28 +559,26 @@ def main() -> None:
         "notes": ("p = 2 and 4 run on a 2-core machine shared with other jobs (p = 4 "
                   "oversubscribed 2x); real graphs keep N and E, features projected to "
                   f"{PROJECTED_FEATURES} dims; synthetic SBM N scaled down with degree"),
-        "measured": measured, "analysis": an,
-        "summary": {"mape": mape, "agp_hit_rate": hit_rate, "agp_within_10pct": within,
-                    "agp_max_slowdown": max(c["slowdown"] for c in hits),
-                    "strategy_hit_rate": strat_rate,
-                    "activation_pred_over_measured_median": float(np.median(mem_ratio)),
-                    "seconds": time.perf_counter() - t_start},
+        "measured": measured, "analysis": an, "summary": summ,
     }
     jpath = write_json(f"bench_agp_{date}.json", payload)
     plot(an, RESULTS_DIR / f"bench_agp_{date}.png",
          f"AGP on {hw['cpu']} ({hw['usable_cores']} cores), gt h=64 4 heads 2 layers: "
-         f"MAPE {100 * mape:.1f}%, AGP picks fastest {100 * hit_rate:.0f}%")
-    for c in hits:
-        print(f"  {c['graph']:<10} AGP {c['agp']}  fastest {c['fastest']}  "
-              f"slowdown {100 * c['slowdown']:.1f}%")
+         f"MAPE {100 * summ['mape']:.1f}%, AGP picks fastest {100 * summ['agp_hit_rate']:.0f}% "
+         f"({100 * summ['agp_noise_hit_rate']:.0f}% within noise)")
+    report(an, summ)
     print(f"wrote {jpath}")
-    result_line(bench="agp", mape=mape, agp_hit_rate=hit_rate, agp_within_10pct=within,
-                agp_max_slowdown=payload["summary"]["agp_max_slowdown"],
-                strategy_hit_rate=strat_rate,
-                mem_pred_over_meas=payload["summary"]["activation_pred_over_measured_median"],
-                configs=len(rows), cpu=hw["cpu"].replace(" ", "_"), cores=hw["usable_cores"],
-                seconds=payload["summary"]["seconds"])
+    _result(result_line, summ, configs=len(measured), cpu=hw["cpu"].replace(" ", "_"),
+            cores=hw["usable_cores"], seconds=summ["seconds"])
 
+
+def _result(result_line, summ: dict, **extra: object) -> None:  # noqa: ANN001
+    keys = ("mape", "mape_median", "agp_hit_rate", "agp_noise_hit_rate", "agp_within_10pct",
+            "agp_max_slowdown", "ties_5pct", "ties_noise", "strategy_hit_rate",
+            "strategy_noise_hit_rate")
+    result_line(bench="agp", **{k: summ[k] for k in keys if k in summ},
+                **{k: summ[k] for k in ("activation_pred_over_measured_median",) if k in summ},
+                **extra)
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,10 @@ Run under ``mpiexec -n P plexgt profile --out system.json``. Measured:
   row-local part of a transformer block (projections, LayerNorms, FFN; forward + backward,
   per row·d² and per row·d, up to tens of thousands of rows);
 * contention: the same kernel mix run by s ranks at once against rank 0 alone (s CPU ranks on
-  fewer cores share them; one GPU per rank shares nothing).
+  fewer cores share them; one GPU per rank shares nothing);
+* under load ("loaded"): the kernel mix run back to back on s ranks (a sustained contention,
+  which time-slicing cannot hide from), and alternated with a tiny all-reduce, which prices
+  what a collective costs when peers are busy computing rather than waiting in lock-step.
 
 Ranks outside a measured group wait in a torch.distributed barrier (a blocking socket read on
 gloo, not a spinning MPI wait), so they do not steal the cores being measured. The JSON names
@@ -245,7 +248,7 @@ def profile_kernels(device: torch.device, quick: bool) -> dict[str, list[list[fl
     """Raw samples: spmm [nnz, cols, s], sddmm [nnz, cols, s], gemm [m, k, n, s],
     attention [E, h, d', s, rows, cols] (forward + backward), elementwise and copy
     [elements, s], dense_block [rows, d, s] (forward + backward)."""
-    from plexgt.ops.attention import sddmm, sparse_attention, spmm
+    from plexgt.ops.attention import sddmm, spmm
 
     reps = 3 if quick else 5
     graphs = [(2000, 8), (4000, 32)] if quick else [(2000, 8), (8000, 16), (6000, 64),
@@ -290,13 +293,55 @@ def profile_kernels(device: torch.device, quick: bool) -> dict[str, list[list[fl
     return out
 
 
+LEGACY_ATTENTION_NODES = {15972: 2000, 127872: 8000, 382056: 6000, 736261: 3000, 127507: 4000}
+"""N of the square graphs the first profiler timed attention on, by their edge count (its
+samples were [E, h, d', s]; the graphs are seeded, so E names them)."""
+
+
+def per_element_curve(samples: list[list[float]]) -> list[tuple[float, float]]:
+    """[(elements, seconds per element)] sorted by size, from [elements, seconds] samples."""
+    return sorted((float(r[0]), float(r[1]) / float(r[0])) for r in samples if r[0] > 0)
+
+
+def memory_factor(curve: list[tuple[float, float]] | tuple[tuple[float, float], ...],
+                  elems: float) -> float:
+    """How much slower per element a streaming op over arrays of ``elems`` elements runs than
+    over the smallest profiled ones (>= 1 where the arrays fall out of cache).
+
+    The profiled per-element cost, interpolated linearly in log(size) and held constant
+    outside the profiled sizes; 1.0 without a curve.
+    """
+    if not curve:
+        return 1.0
+    xs = np.log([c[0] for c in curve])
+    ys = np.array([c[1] for c in curve])
+    return float(max(1.0, np.interp(np.log(max(elems, 1.0)), xs, ys) / ys[0]))
+
+
+def _attention_nodes(r: list[float]) -> tuple[float, float] | None:
+    if len(r) >= 6:
+        return float(r[4]), float(r[5])
+    n = LEGACY_ATTENTION_NODES.get(int(r[0]))
+    return None if n is None else (float(n), float(n))
+
+
 def fit_kernels(raw: dict[str, list[list[float]]]) -> dict[str, float]:
-    """Per-unit coefficients (non-negative least squares on relative error)."""
+    """Per-unit coefficients (non-negative least squares on relative error).
+
+    Terms that stream [rows, d]-sized arrays (the row·d part of the dense block, the per-row
+    and per-column part of attention) are fitted against size x memory_factor(array elements),
+    so the same coefficient prices a cache-resident and a DRAM-bound size; the per-edge and
+    per-row·d² (GEMM) terms are not scaled.
+    """
     from scipy.optimize import nnls
 
     def through_origin(xs: list[float], ts: list[float]) -> float:
         x, t = np.array(xs), np.array(ts)
         return float(np.median(t / x))
+
+    def rel_nnls(a: np.ndarray, t: np.ndarray) -> np.ndarray:
+        coef, _ = nnls(a / t[:, None], np.ones_like(t))
+        return coef
 
     fits = {
         "spmm_s_per_nnz_col": through_origin([r[0] * r[1] for r in raw["spmm"]],
@@ -310,18 +355,36 @@ def fit_kernels(raw: dict[str, list[list[float]]]) -> dict[str, float]:
         "copy_s_per_elem": through_origin([r[0] for r in raw["copy"]],
                                           [r[1] for r in raw["copy"]]),
     }
+    mem = per_element_curve(raw["elementwise"])
     rows = raw["dense_block"]
-    a = np.array([[1.0, r[0] * r[1] * r[1], r[0] * r[1]] for r in rows], dtype=np.float64)
-    t = np.array([r[2] for r in rows])
-    coef, _ = nnls(a / t[:, None], np.ones_like(t))
+    a = np.array([[1.0, r[0] * r[1] * r[1], r[0] * r[1] * memory_factor(mem, r[0] * r[1])]
+                  for r in rows], dtype=np.float64)
+    coef = rel_nnls(a, np.array([r[2] for r in rows]))
     fits["dense_s_per_block"] = float(coef[0])
     fits["dense_s_per_row_d2"] = float(coef[1])
     fits["dense_s_per_row_d"] = float(coef[2])
     rows = raw["attention"]
-    a = np.array([[r[1], r[0] * r[1] * r[2], r[0] * r[1]] for r in rows], dtype=np.float64)
     t = np.array([r[3] for r in rows])
-    w = 1.0 / t
-    coef, _ = nnls(a * w[:, None], t * w)
+    nodes = [_attention_nodes(r) for r in rows]
+    fits["attention_s_per_row_head_dim"] = fits["attention_s_per_col_head_dim"] = 0.0
+    if any(nd is None for nd in nodes):  # sizes unknown: per-call, per-edge terms only
+        a = np.array([[r[1], r[0] * r[1] * r[2], r[0] * r[1]] for r in rows], dtype=np.float64)
+        coef = rel_nnls(a, t)
+    else:
+        def side(r: list[float], n: float) -> float:
+            x = n * r[1] * r[2]  # a [h, n, d'] array
+            return x * memory_factor(mem, x)
+
+        a = np.array([[r[1], r[0] * r[1] * r[2], r[0] * r[1], side(r, nd[0]), side(r, nd[1])]
+                      for r, nd in zip(rows, nodes)], dtype=np.float64)
+        if all(nd[0] == nd[1] for nd in nodes):
+            # square patterns only: rows and columns cannot be told apart; half each
+            coef = rel_nnls(np.column_stack([a[:, :3], a[:, 3] + a[:, 4]]), t)
+            coef = np.append(coef, coef[3])
+        else:
+            coef = rel_nnls(a, t)
+        fits["attention_s_per_row_head_dim"] = float(coef[3])
+        fits["attention_s_per_col_head_dim"] = float(coef[4])
     fits["attention_s_per_head"] = float(coef[0])
     fits["attention_s_per_edge_head_dim"] = float(coef[1])
     fits["attention_s_per_edge_head"] = float(coef[2])
@@ -344,6 +407,74 @@ def profile_contention(ctx: Any, repeats: int) -> dict[str, float]:
     return out
 
 
+def sustained(fn: Callable[[], Any], device: torch.device, iters: int,
+              group: Any = None) -> float:
+    """Seconds per call of ``fn`` run ``iters`` times back to back on every rank of ``group``
+    at once (after a warm-up call and a barrier): the slowest rank's wall time / iters.
+
+    Unlike :func:`timeit`'s fastest call, this is a throughput: ranks time-sharing cores, or
+    waiting for each other in a collective, pay it in full, as a training step does.
+    """
+    import torch.distributed as dist
+
+    fn()
+    _sync(device)
+    if group is not None:
+        dist.barrier(group=group)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    _sync(device)
+    t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
+    if group is not None:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return float(t.item())
+
+
+def loaded_sync_cost(t_work: float, t_both: float, t_coll: float) -> float:
+    """Extra seconds a collective call costs between busy compute phases: the loop of
+    (work, tiny all-reduce) less the work alone and the all-reduce alone (never < 0)."""
+    return max(0.0, t_both - t_work - t_coll)
+
+
+def profile_loaded(ctx: Any, iters: int) -> dict[str, dict[str, float]]:
+    """{s: {"contention": sustained time of the kernel mix on s ranks at once / on rank 0
+    alone, "sync_s": extra seconds per collective call when the s ranks compute between calls
+    (:func:`loaded_sync_cost`)}} for every group size.
+
+    A training step alternates compute with collectives; a rank that reaches one waits for
+    peers still computing, and, with more ranks than cores, for a descheduled peer's next
+    time slice. The collective microbenchmarks, ranks in lock-step, see neither.
+    """
+    import torch.distributed as dist
+
+    mix = kernel_mix(ctx.device)
+    flag = torch.zeros(1, device=ctx.device)
+    solo = sustained(mix, ctx.device, iters) if ctx.rank == 0 else 0.0
+    dist.barrier()
+    out: dict[str, dict[str, float]] = {}
+    for s in group_sizes(ctx.world_size):
+        members = list(range(s))
+        group = dist.group.WORLD if s == ctx.world_size else dist.new_group(members)
+        if ctx.rank in members:
+            def coll(g: Any = group) -> None:
+                dist.all_reduce(flag, group=g)
+
+            def both(g: Any = group) -> None:
+                mix()
+                dist.all_reduce(flag, group=g)
+
+            t_work = sustained(mix, ctx.device, iters, group)
+            t_both = sustained(both, ctx.device, iters, group)
+            t_coll = sustained(coll, ctx.device, 4 * iters, group)
+            if ctx.rank == 0:
+                out[str(s)] = {"contention": max(1.0, t_work / solo),
+                               "sync_s": loaded_sync_cost(t_work, t_both, t_coll),
+                               "work_s": t_work, "work_and_call_s": t_both, "call_s": t_coll}
+        dist.barrier()
+    return out
+
+
 # -- the whole profile ------------------------------------------------------------------------
 def run_profile(ctx: Any, quick: bool = False) -> dict[str, Any] | None:
     """Every measurement and fit; returns the profile on rank 0 (None elsewhere)."""
@@ -360,9 +491,11 @@ def run_profile(ctx: Any, quick: bool = False) -> dict[str, Any] | None:
     else:
         coll = {op: {} for op in OPS}
     raw = profile_kernels(ctx.device, quick) if ctx.rank == 0 else {}
+    loaded: dict[str, dict[str, float]] = {}
     if ctx.world_size > 1:
         dist.barrier()
         cont = profile_contention(ctx, reps)
+        loaded = profile_loaded(ctx, 4 if quick else 10)
     else:
         cont = {"1": 1.0}
     if ctx.rank != 0:
@@ -370,7 +503,7 @@ def run_profile(ctx: Any, quick: bool = False) -> dict[str, Any] | None:
     kfits = fit_kernels(raw)
     cfits = {op: {s: fit_linear(rows) for s, rows in by.items()} for op, by in coll.items()}
     prof.update(collectives=coll, collective_fits=cfits, kernels=raw, kernel_fits=kfits,
-                contention=cont)
+                contention=cont, loaded=loaded)
     prof["plexus"] = plexus_coefficients(kfits, cfits)
     prof["seconds"] = round(time.perf_counter() - t0, 2)
     return prof

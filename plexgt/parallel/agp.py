@@ -2,27 +2,38 @@
 
 Time model (Lin, Madduri & Kandemir, DAC 2026), per training step on s ranks with strategy c:
 
-    t_iter(s, c) = α(s)·E + β_c(s)·N,        α(s) = α(1)·κ(s)/s
+    t_iter(s, c) = α(s)·E + β_c(s)·N,        α(s) ≈ α(1)·κ(s)/s
 
-* α(1)·E: all the work one rank does alone, which s ranks split: the sparse-attention
-  kernel's forward + backward (per edge·head·d' and per edge·head, profiled), for gps the GCN
-  SpMM both ways, and the row-local part of the blocks (projections, LayerNorms, FFN: the
-  profiled dense block, per row·d² and per row·d) with the input and output GEMMs (per node,
-  expressed per edge of this graph). Both strategies split it evenly (GP-AG: E/s edges x h
-  heads; GP-A2A: E edges x h/s heads). κ(s) >= 1 is the profiled slowdown of s ranks sharing
-  a node's cores (1 with one GPU per rank).
-* β_c(s)·N: what parallelism adds and does not split, per node: the strategy's collectives
-  priced by the profile (the exact per-rank bytes of :mod:`plexgt.parallel.attention_cost`
-  times seconds-per-byte, plus a latency per call), its own data movement (GP-AG copies the
-  gathered [N, d] K, V and their full-size gradients; GP-A2A permutes [N, d/s]), and the
-  fixed per-call costs (the kernel's per-head calls on the heads a rank loops over, the dense
-  block's operator overheads, the optimizer on the replicated parameters). β_c(1) is those
-  fixed costs only.
+Every coefficient comes from a system profile (:mod:`plexgt.profile`): kernel rates refitted
+from its raw samples, per-element costs read along its size curves, collectives priced on their
+measured time-vs-bytes curves.
+
+* α(s)·E: the work s ranks split, on the busiest rank, times κ(s). The sparse-attention
+  kernel's forward + backward on the rank's edges and heads (GP-AG: E/s edges x h heads;
+  GP-A2A: E edges x ceil(h/s) heads): per edge·head·d' and per edge·head, plus its passes over
+  the [h, rows, d'] and [h, cols, d'] arrays (per row·head·d' and per column·head·d'); for gps
+  the GCN SpMM both ways; the row-local part of the blocks (the profiled dense block: per
+  row·d², its GEMMs, and per row·d, its memory-bound passes) with the input and output GEMMs.
+  Node-proportional passes are priced at the per-element speed the profile's elementwise curve
+  gives for the arrays the ranks running at once stream (:meth:`SystemModel.memory_factor`:
+  1 in cache, more once they spill to DRAM), so splitting a big graph can gain more than s.
+  κ(s) >= 1 is the profiled slowdown of s ranks sharing a node; with more CPU ranks than
+  cores it is at least κ(full)·s/full (time-sharing, :meth:`SystemModel.slowdown`); 1 with one
+  GPU per rank.
+* β_c(s)·N: what parallelism adds and does not split. The strategy's collectives, each at its
+  exact per-rank bytes (:mod:`plexgt.parallel.attention_cost`) on the profiled curve of that
+  operation and group size, plus, where the profile measured it, the extra a call costs when
+  peers compute between calls ("loaded"); its own data movement: GP-AG's kernel streams all N
+  gathered columns of K, V and their gradients (the N - N/s beyond its share do not split),
+  GP-A2A permutes [N, d/s] between layouts (the profiled copy curve); and the fixed per-call
+  costs (kernel calls per head, the dense block's operator overheads, the optimizer on the
+  replicated parameters). β_c(1) is those fixed costs only.
 
 Selection is the paper's Algorithm 3 with a memory filter: k = t_iter(1)/N; a (s, c) with s > 1
-is kept when s·β_c(s)/(s-1) <= k — with the terms above, exactly when t_iter(s, c) <= t_iter(1)
-(up to β(1)) — and when its predicted per-rank memory fits; the argmin of t_iter among the
-kept (and s = 1, if it fits) is chosen. Nothing that does not fit is ever chosen.
+is kept when s·β_c(s)/(s-1) <= k — with the terms above, when t_iter(s, c) <= t_iter(1) (up to
+β(1), and exactly where α(s) = α(1)·κ(s)/s) — and when its predicted per-rank memory fits;
+the argmin of t_iter among the kept (and s = 1, if it fits) is chosen. Nothing that does not
+fit is ever chosen.
 
 For gps the GCN path is priced in the 1D layout (:func:`~plexgt.parallel.attention_cost.
 gcn1d_comm`); the 3D path's exact bytes are :func:`~plexgt.parallel.redistribute.gcn3d_comm`,
@@ -42,11 +53,15 @@ from plexgt.parallel.strategies import AttentionProblem, AttentionStrategy, head
 ELEMENTWISE_PER_NODE_DIM = {"gt": 60, "gps": 90}
 """Elementwise passes over [N, d] per layer, forward + backward (LayerNorms, residuals, ReLU,
 dropout, bias adds, reshapes); a count, not a measurement."""
-AG_COPIES = 6
-"""GP-AG moves [N, d] this many times per layer outside the wire: gathered K and V copied to
-head-major, full-size dK and dV written by the kernel and laid out for the reduce-scatter."""
+AG_COPIES = 0
+"""[N, d] layout copies per layer GP-AG makes outside the kernel: none (the gathered K, V and
+the kernel's node-major dK, dV go to and from the collectives as they are). What the kernel
+does with the N gathered columns (their head-major copies, the full-size dK, dV) is its
+per-column cost, priced by the profile (``attention_s_per_col_head_dim``)."""
 A2A_COPIES = 8
-"""GP-A2A permutes [N, d/s] between node- and head-major layouts 8 times per layer."""
+"""GP-A2A permutes [N, d/s] between node- and head-major layouts about 8 times per layer beyond
+the head-major copies the kernel makes anyway (Q, K, V arrive head-major, so the kernel's own
+copies of them are free); a count, priced by the profiled copy curve."""
 OPTIMIZER_PASSES = 16
 """AdamW reads and writes ~16 parameter-sized arrays a step, on every rank (replicated)."""
 DEFAULT_KERNELS = {
@@ -54,7 +69,10 @@ DEFAULT_KERNELS = {
     "elementwise_s_per_elem": 1e-9, "copy_s_per_elem": 1e-9, "attention_s_per_head": 0.0,
     "dense_s_per_row_d2": 0.0, "dense_s_per_row_d": 0.0, "dense_s_per_block": 0.0,
     "attention_s_per_edge_head_dim": 1.2e-8, "attention_s_per_edge_head": 2e-8,
+    "attention_s_per_row_head_dim": 4e-9, "attention_s_per_col_head_dim": 4e-9,
 }
+REQUIRED_RAW = ("spmm", "sddmm", "gemm", "attention", "elementwise", "copy", "dense_block")
+"""The raw kernel samples a profile needs for :meth:`SystemModel.from_profile` to refit them."""
 
 
 def count_params(model: str, features: int, hidden: int, classes: int, layers: int,
@@ -103,6 +121,32 @@ class Workload:
         return self.model == "gps"
 
 
+def monotone_curve(points: list[list[float]] | list[tuple[float, float]]
+                   ) -> tuple[tuple[float, float], ...]:
+    """Measured (bytes, seconds) sorted by size, each time lowered to the fastest time of any
+    size at least as large: sending more never takes less, and on a shared machine noise only
+    adds time, so a small message timed slower than a bigger one was disturbed."""
+    pts = sorted((float(b), float(t)) for b, t in points)
+    out: list[tuple[float, float]] = []
+    low = math.inf
+    for b, t in reversed(pts):
+        low = min(low, t)
+        out.append((b, low))
+    return tuple(reversed(out))
+
+
+def curve_time(curve: tuple[tuple[float, float], ...], x: float) -> float:
+    """Piecewise-linear time at x bytes: the smallest size's time below it, the last
+    segment's slope beyond the largest (its bandwidth)."""
+    if x <= curve[0][0] or len(curve) == 1:
+        return curve[0][1] if x <= curve[0][0] else curve[-1][1]
+    for (b0, t0), (b1, t1) in zip(curve, curve[1:]):
+        if x <= b1:
+            return t0 + (t1 - t0) * (x - b0) / (b1 - b0)
+    (b0, t0), (b1, t1) = curve[-2], curve[-1]
+    return t1 + (t1 - t0) / (b1 - b0) * (x - b1)
+
+
 @dataclass(frozen=True)
 class SystemModel:
     """Coefficients read from a system profile (:mod:`plexgt.profile`), or defaults."""
@@ -110,7 +154,20 @@ class SystemModel:
     kernels: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_KERNELS))
     collectives: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)
     """op -> group size -> (latency s, seconds per byte sent)."""
+    collective_curves: dict[str, dict[int, tuple[tuple[float, float], ...]]] = field(
+        default_factory=dict)
+    """op -> group size -> ((bytes sent, seconds), ...) as profiled, sizes ascending, times
+    made non-decreasing (:func:`monotone_curve`); preferred over the fit where present."""
+    memory_curve: tuple[tuple[float, float], ...] = ()
+    """(elements, seconds per element) of a streaming elementwise op over sizes: how much
+    slower [rows, d] passes get once they fall out of cache (:func:`plexgt.profile.
+    memory_factor`)."""
+    copy_curve: tuple[tuple[float, float], ...] = ()
+    """(elements, seconds per element) of the [N, h, d'] -> [h, N, d'] layout copy."""
     contention: dict[int, float] = field(default_factory=dict)
+    sync: dict[int, float] = field(default_factory=dict)
+    """Group size -> extra seconds per collective call when the ranks compute between calls
+    (the profile's "loaded" measurement; 0 where it has none)."""
     cores: int = 1
     threads: int = 1
     """Threads per rank in the profiled runs."""
@@ -120,53 +177,134 @@ class SystemModel:
 
     @classmethod
     def from_profile(cls, prof: dict[str, Any]) -> SystemModel:
+        """Coefficients of a system profile; the kernel fits are redone from its raw samples
+        (when it has them) by this version's :func:`plexgt.profile.fit_kernels`, and the
+        collectives are priced from their measured size curves."""
+        from plexgt.profile import fit_kernels, per_element_curve
+
         kern = dict(DEFAULT_KERNELS)
         kern.update({k: float(v) for k, v in prof.get("kernel_fits", {}).items()})
+        raw = prof.get("kernels") or {}
+        mem: tuple[tuple[float, float], ...] = ()
+        cpy: tuple[tuple[float, float], ...] = ()
+        if all(raw.get(k) for k in REQUIRED_RAW):
+            kern.update(fit_kernels(raw))
+            mem = tuple(per_element_curve(raw["elementwise"]))
+            cpy = tuple(per_element_curve(raw["copy"]))
         coll = {op: {int(s): (float(f["latency_s"]), float(f["s_per_byte"]))
                      for s, f in by.items()}
                 for op, by in prof.get("collective_fits", {}).items()}
+        curves = {op: {int(s): monotone_curve(pts) for s, pts in by.items() if pts}
+                  for op, by in prof.get("collectives", {}).items()}
         cont = {int(s): float(v) for s, v in prof.get("contention", {}).items()}
+        sync = {}
+        for s, v in (prof.get("loaded") or {}).items():
+            # sustained (back-to-back) contention prices a step's long compute better than
+            # the fastest of a few short calls
+            cont[int(s)] = float(v["contention"])
+            sync[int(s)] = float(v["sync_s"])
         hw = prof.get("hardware", {})
         name = hw.get("gpu") or hw.get("cpu") or "profile"
         threads = int(prof.get("software", {}).get("threads_per_rank") or 1)
-        return cls(kern, coll, cont, int(hw.get("cores") or 1), threads,
-                   str(hw.get("device", "cpu")), str(name))
+        return cls(kern, coll, curves, mem, cpy, cont, sync, int(hw.get("cores") or 1),
+                   threads, str(hw.get("device", "cpu")), str(name))
+
+    def _call_time(self, op: str, p: int, sent: float) -> float:
+        """One call at a profiled group size p: the measured curve, else the linear fit."""
+        curve = self.collective_curves.get(op, {}).get(p)
+        if curve:
+            return curve_time(curve, sent)
+        lat, spb = self.collectives[op][p]
+        return lat + spb * sent
 
     def collective_time(self, op: str, p: int, sent: int) -> float:
         """Seconds of one call of ``op`` over p ranks sending ``sent`` bytes per rank.
 
-        Between profiled group sizes the coefficients are interpolated; beyond the largest the
-        bandwidth term is kept and the latency grows with the p-1 steps of a ring.
+        At a profiled group size: the profiled time-vs-bytes curve at ``sent`` (piecewise
+        linear between the measured sizes, the last segment's slope beyond them), or the
+        latency + bytes fit where the profile kept no curve. Between profiled group sizes the
+        two neighbours are interpolated; beyond the largest, its time plus latency growing with
+        the p-1 steps of a ring.
         """
         if p <= 1:
             return 0.0
-        by = self.collectives.get(op) or {}
-        if not by:
+        sizes = sorted(set(self.collectives.get(op, {})) | set(
+            self.collective_curves.get(op, {})))
+        if not sizes:
             c = Coefficients()
             return c.latency_s + c.s_per_byte * sent
-        sizes = sorted(by)
-        if p in by:
-            lat, spb = by[p]
-        elif p < sizes[0]:
-            lat, spb = by[sizes[0]]
-        elif p > sizes[-1]:
-            lat, spb = by[sizes[-1]]
-            lat *= (p - 1) / max(1, sizes[-1] - 1)
-        else:
-            hi = next(s for s in sizes if s > p)
-            lo = max(s for s in sizes if s < p)
-            w = (p - lo) / (hi - lo)
-            lat = by[lo][0] * (1 - w) + by[hi][0] * w
-            spb = by[lo][1] * (1 - w) + by[hi][1] * w
-        return lat + spb * sent
+        if p in sizes:
+            return self._call_time(op, p, sent)
+        if p < sizes[0]:
+            return self._call_time(op, sizes[0], sent)
+        if p > sizes[-1]:
+            big = sizes[-1]
+            lat = self._call_time(op, big, 0)
+            return self._call_time(op, big, sent) + lat * ((p - 1) / max(1, big - 1) - 1)
+        hi = next(s for s in sizes if s > p)
+        lo = max(s for s in sizes if s < p)
+        w = (p - lo) / (hi - lo)
+        return self._call_time(op, lo, sent) * (1 - w) + self._call_time(op, hi, sent) * w
+
+    def sync_time(self, p: int) -> float:
+        """Extra seconds per collective call on p ranks busy between calls (interpolated in p;
+        beyond the largest profiled group it grows with the p-1 peers to wait for)."""
+        if p <= 1 or not self.sync:
+            return 0.0
+        sizes = sorted(self.sync)
+        if p in self.sync:
+            return self.sync[p]
+        if p < sizes[0]:
+            return self.sync[sizes[0]] * (p - 1) / max(1, sizes[0] - 1)
+        if p > sizes[-1]:
+            return self.sync[sizes[-1]] * (p - 1) / max(1, sizes[-1] - 1)
+        hi = next(s for s in sizes if s > p)
+        lo = max(s for s in sizes if s < p)
+        w = (p - lo) / (hi - lo)
+        return self.sync[lo] * (1 - w) + self.sync[hi] * w
+
+    def sharing(self, p: int) -> int:
+        """Ranks of p whose arrays share one cache hierarchy at a time: on CPUs those running
+        at once (p, up to the cores); a GPU per rank shares nothing."""
+        if self.device != "cpu":
+            return 1
+        return max(1, min(p, self.cores // max(1, self.threads)))
+
+    def memory_factor(self, elems: float, p: int = 1) -> float:
+        """Per-element slowdown of a pass over arrays of ``elems`` elements on each of p
+        ranks (1 in cache): the profiled curve at the size the ranks running at once stream."""
+        from plexgt.profile import memory_factor
+
+        return memory_factor(self.memory_curve, elems * self.sharing(p))
+
+    def copy_time(self, elems: float, p: int = 1) -> float:
+        """Seconds of one layout copy of ``elems`` elements on each of p ranks (the profiled
+        size curve)."""
+        if not self.copy_curve:
+            return elems * self.kernels["copy_s_per_elem"]
+        from plexgt.profile import memory_factor
+
+        return elems * self.copy_curve[0][1] * memory_factor(self.copy_curve,
+                                                             elems * self.sharing(p))
 
     def slowdown(self, p: int) -> float:
-        """κ(p): how much slower each of p busy ranks computes than one rank alone."""
+        """κ(p): how much slower each of p busy ranks computes than one rank alone.
+
+        On CPUs, ranks that fit the cores (p·threads <= cores) slow each other through shared
+        caches and memory: the profiled κ(p). Beyond, the cores are time-shared: p ranks get at
+        most full/p of the throughput of the ``full`` ranks that fill the cores, each of those
+        already at κ(full), so κ(p) >= κ(full)·p/full whatever a short kernel mix, which one
+        scheduler slice can cover, measured at p. Between and beyond profiled sizes κ grows
+        with the rank count once cores are shared.
+        """
         if self.device != "cpu":
             return max(1.0, self.contention.get(p, 1.0))
-        # p single-threaded ranks on c cores cannot each run faster than c/p of a core, whatever
-        # a profile taken on a busy machine measured
+        full = max(1, self.cores // max(1, self.threads))
         bound = p * self.threads / max(1, self.cores)
+        if p > full:
+            at_full = [s for s in self.contention if s <= full]
+            k_full = self.contention[max(at_full)] if at_full else 1.0
+            bound = max(bound, k_full * p / full)
         if p in self.contention:
             return max(1.0, bound, self.contention[p])
         below = [s for s in self.contention if s < p]
@@ -212,40 +350,65 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     prob = w.problem
     h, dh, d, L = w.heads, prob.head_dim, w.hidden, w.layers
     kappa = sysm.slowdown(s)
-    edge1 = L * w.e * h * (k["attention_s_per_edge_head_dim"] * dh
-                           + k["attention_s_per_edge_head"])
-    if w.gcn:
-        edge1 += L * 2 * w.e * d * k["spmm_s_per_nnz_col"]
     n_loc = prob.rows(s)
+    n_pad = s * n_loc if s > 1 else w.n
+    # the attention kernel the busiest rank runs: E/s edges of its n_loc rows against all
+    # N columns with every head (node partition), or all E edges and N rows and columns
+    # with ceil(h/s) heads (head partition)
+    if s == 1:
+        h_r, e_r, rows, cols = h, w.e, w.n, w.n
+    elif strategy.full_graph:
+        h_r, e_r, rows, cols = head_splits(h, s)[0], w.e, n_pad, n_pad
+    else:
+        h_r, e_r, rows, cols = h, w.e / s, n_loc, n_pad
+
+    def side(coef: str, n: float) -> float:
+        """The kernel's per-row or per-column passes over [h_r, n, d'] arrays, per layer."""
+        x = n * h_r * dh
+        return k[coef] * x * sysm.memory_factor(x, s)
+
+    edge = L * e_r * h_r * (k["attention_s_per_edge_head_dim"] * dh
+                            + k["attention_s_per_edge_head"])
+    node = L * (side("attention_s_per_row_head_dim", rows)
+                + side("attention_s_per_col_head_dim", cols if s == 1 or strategy.full_graph
+                       else n_loc))
+    # GP-AG's kernel also streams the N - n_loc gathered columns: unsplit, so overhead (β)
+    gathered = 0.0
+    if s > 1 and not strategy.full_graph:
+        gathered = L * (side("attention_s_per_col_head_dim", cols)
+                        - side("attention_s_per_col_head_dim", n_loc))
+    if w.gcn:  # the 1D GCN path: the rank's own rows' edges, both ways
+        edge += L * 2 * (w.e / s) * d * k["spmm_s_per_nnz_col"]
+    n_rows = n_loc if s > 1 else w.n
     if k["dense_s_per_row_d2"] or k["dense_s_per_row_d"]:
         # the profiled row-local block (ffn_mult 2), scaled to this FFN and, for gps, the GCN
-        # path's linear layer and LayerNorm
+        # path's linear layer and LayerNorm; its row·d passes at this rank's array size
         scale = (4 + 2 * w.ffn_mult + (1 if w.gcn else 0)) / 8
         per_row = L * (k["dense_s_per_row_d2"] * d * d * scale
-                       + k["dense_s_per_row_d"] * d * (1.5 if w.gcn else 1.0))
+                       + k["dense_s_per_row_d"] * d * (1.5 if w.gcn else 1.0)
+                       * sysm.memory_factor(n_rows * d, s))
         per_row += (w.features * d * 2 + d * w.classes * 3) * k["gemm_s_per_fma"]
     else:
         fma = w.features * d * 2 + (L * (4 + 2 * w.ffn_mult + (1 if w.gcn else 0)) * d * d
                                     + d * w.classes) * 3
         per_row = (fma * k["gemm_s_per_fma"]
                    + L * ELEMENTWISE_PER_NODE_DIM[w.model] * d * k["elementwise_s_per_elem"])
-    node1 = w.n * per_row
-    heads_here = h if not strategy.full_graph else head_splits(h, s)[0]
+    dense = n_rows * per_row
     # fixed per-call costs every rank pays whatever its share: kernel calls per head, the
     # dense block's operator overheads, the optimizer over the replicated parameters
-    calls = L * (heads_here * k["attention_s_per_head"] + k["dense_s_per_block"]) * kappa
+    calls = L * (h_r * k["attention_s_per_head"] + k["dense_s_per_block"]) * kappa
     calls += OPTIMIZER_PASSES * w.num_params * k["elementwise_s_per_elem"] * kappa
     if s == 1:
         copy = 0.0
     elif strategy.full_graph:
-        copy = L * A2A_COPIES * s * n_loc * heads_here * dh * k["copy_s_per_elem"] * kappa
+        copy = L * A2A_COPIES * sysm.copy_time(n_pad * h_r * dh, s) * kappa
     else:
-        copy = L * AG_COPIES * s * n_loc * d * k["copy_s_per_elem"] * kappa
+        copy = L * AG_COPIES * sysm.copy_time(n_pad * d, s) * kappa
+    copy += gathered * kappa
     ops = step_comm(strategy, prob, 0, s, L, w.num_params, w.gcn)
     comm = sum(sysm.collective_time(o.op, s, max(o.sent, o.recv)) for o in ops)
-    # the busiest rank: E/s edges x h heads (node partition) or E edges x ceil(h/s) heads
-    edge = edge1 * (heads_here / h if strategy.full_graph else 1 / s) * kappa
-    compute = edge + node1 * n_loc / w.n * kappa
+    comm += len(ops) * sysm.sync_time(s)
+    compute = (edge + node + dense) * kappa
     mem = model_memory(strategy, prob, s, L, w.features, w.classes, w.num_params, w.ffn_mult,
                        w.gcn)
     return Estimate(strategy.name, s, compute / max(1, w.e), (copy + calls + comm) / w.n,

@@ -193,3 +193,159 @@ def test_layouts_partition_the_matrix_and_redistribution_conserves_bytes(grid):
         moved = [redistribute_bytes(src, dst, p, r, 4) for r in range(p)]
         assert sum(s for s, _ in moved) == sum(r for _, r in moved)
         assert all(s <= 4 * n * d for s, _ in moved)
+
+
+# -- the profile-driven pieces of the time model ------------------------------------------------
+def test_monotone_curve_and_piecewise_time():
+    from plexgt.parallel.agp import curve_time, monotone_curve
+
+    # a small message timed slower than a bigger one was disturbed: lowered to the bigger's time
+    c = monotone_curve([[1e3, 5e-3], [1e4, 1e-3], [1e5, 2e-3], [1e6, 1.1e-2]])
+    assert c == ((1e3, 1e-3), (1e4, 1e-3), (1e5, 2e-3), (1e6, 1.1e-2))
+    assert curve_time(c, 10) == 1e-3  # below the smallest size: its time
+    assert curve_time(c, 5.5e5) == pytest.approx(2e-3 + 0.5 * 9e-3)
+    assert curve_time(c, 2e6) == pytest.approx(1.1e-2 + 1e6 * 9e-3 / 9e5)  # last slope
+
+
+def test_collective_time_prefers_the_measured_curve():
+    curve = ((1e3, 1e-4), (1e6, 1e-3))
+    s = SystemModel(collectives={"all_gather": {2: (1.0, 1.0)}},
+                    collective_curves={"all_gather": {2: curve, 4: ((1e3, 3e-4), (1e6, 3e-3))}})
+    assert s.collective_time("all_gather", 2, 1e6) == pytest.approx(1e-3)
+    assert s.collective_time("all_gather", 3, 1e6) == pytest.approx(2e-3)
+    assert s.collective_time("all_gather", 7, 1e3) == pytest.approx(3e-4 + 3e-4 * (6 / 3 - 1))
+    # an operation without a curve keeps its fit
+    s = SystemModel(collectives={"all_to_all": {2: (1e-4, 1e-9)}})
+    assert s.collective_time("all_to_all", 2, 10**6) == pytest.approx(1e-4 + 1e-3)
+
+
+def test_memory_factor_follows_the_profiled_curve_and_shared_caches():
+    from plexgt.profile import memory_factor, per_element_curve
+
+    curve = per_element_curve([[1 << 18, (1 << 18) * 1e-10], [1 << 20, (1 << 20) * 2e-10],
+                               [1 << 22, (1 << 22) * 4e-10]])
+    assert memory_factor(curve, 1000) == 1.0
+    assert memory_factor(curve, 1 << 20) == pytest.approx(2.0)
+    assert memory_factor(curve, 1 << 21) == pytest.approx(3.0)  # halfway in log(size)
+    assert memory_factor(curve, 1 << 30) == pytest.approx(4.0)
+    assert memory_factor((), 1 << 30) == 1.0
+    s = SystemModel(memory_curve=tuple(curve), cores=2, device="cpu")
+    # ranks running at once share the cache: 4 ranks on 2 cores stream twice a rank's arrays
+    assert s.memory_factor(1 << 20, 4) == pytest.approx(memory_factor(curve, 1 << 21))
+    assert s.memory_factor(1 << 20, 1) == pytest.approx(2.0)
+    gpu = SystemModel(memory_curve=tuple(curve), device="cuda")
+    assert gpu.memory_factor(1 << 20, 8) == pytest.approx(2.0)
+
+
+def _raw_profile(rect: bool) -> dict:
+    """Raw kernel samples made from known coefficients (no memory effects: flat curve)."""
+    c = {"head": 1e-4, "ehd": 5e-10, "eh": 2e-8, "row": 6e-9, "col": 9e-9}
+    att = []
+    shapes = [(2000, 2000, 8), (8000, 8000, 16), (3000, 3000, 256)]
+    if rect:
+        shapes += [(2000, 8000, 16), (500, 4000, 32)]
+    for rows, cols, deg in shapes:
+        e = rows * deg
+        for h, dh in ((2, 16), (4, 16), (4, 32)):
+            t = (c["head"] * h + e * h * (c["ehd"] * dh + c["eh"])
+                 + h * dh * (c["row"] * rows + c["col"] * cols))
+            att.append([e, h, dh, t, rows, cols])
+    flat = [[n, n * 1e-10] for n in (1 << 18, 1 << 20, 1 << 22)]
+    return {"c": c, "raw": {
+        "spmm": [[1000, 16, 1e-5]], "sddmm": [[1000, 16, 1e-5]], "gemm": [[64, 64, 64, 1e-5]],
+        "attention": att, "elementwise": flat, "copy": flat,
+        "dense_block": [[r, d, 1e-4 + r * d * d * 5e-10 + r * d * 1e-8]
+                        for r in (256, 2048) for d in (32, 64)]}}
+
+
+def test_fit_kernels_separates_rows_and_columns_of_attention():
+    from plexgt.profile import fit_kernels
+
+    pr = _raw_profile(rect=True)
+    f, c = fit_kernels(pr["raw"]), pr["c"]
+    assert f["attention_s_per_row_head_dim"] == pytest.approx(c["row"], rel=1e-3)
+    assert f["attention_s_per_col_head_dim"] == pytest.approx(c["col"], rel=1e-3)
+    assert f["attention_s_per_edge_head"] == pytest.approx(c["eh"], rel=1e-3)
+    assert f["attention_s_per_edge_head_dim"] == pytest.approx(c["ehd"], rel=1e-3)
+    assert f["dense_s_per_row_d2"] == pytest.approx(5e-10, rel=1e-3)
+    # square graphs only: rows and columns share the node term
+    f = fit_kernels(_raw_profile(rect=False)["raw"])
+    assert f["attention_s_per_row_head_dim"] == f["attention_s_per_col_head_dim"]
+    assert f["attention_s_per_row_head_dim"] == pytest.approx((c["row"] + c["col"]) / 2,
+                                                              rel=1e-3)
+
+
+def test_fit_kernels_reads_the_first_profilers_samples():
+    from plexgt.profile import LEGACY_ATTENTION_NODES, fit_kernels
+
+    pr = _raw_profile(rect=False)
+    raw = dict(pr["raw"])
+    n = {v: k for k, v in LEGACY_ATTENTION_NODES.items()}
+    # [E, h, d', s] rows of the graphs the first profiler used: their N is known by E
+    raw["attention"] = [[n[r[4]], *r[1:4]] for r in raw["attention"] if r[4] in n]
+    assert raw["attention"] and fit_kernels(raw)["attention_s_per_row_head_dim"] > 0
+    raw["attention"] = [[12345, *r[1:4]] for r in raw["attention"]]  # unknown graph sizes
+    f = fit_kernels(raw)
+    assert f["attention_s_per_row_head_dim"] == f["attention_s_per_col_head_dim"] == 0.0
+
+
+def test_from_profile_refits_raw_samples_and_reads_loaded_measurements():
+    pr = _raw_profile(rect=True)
+    prof = {"kernels": pr["raw"], "kernel_fits": {"attention_s_per_edge_head": 1.0},
+            "collective_fits": {"all_to_all": {"2": {"latency_s": 1e-4, "s_per_byte": 1e-9}}},
+            "collectives": {"all_to_all": {"2": [[1e3, 2e-4], [1e6, 1e-3]]}},
+            "contention": {"1": 1.0, "2": 1.1},
+            "loaded": {"2": {"contention": 1.3, "sync_s": 2e-4}},
+            "hardware": {"cores": 2, "device": "cpu"}}
+    s = SystemModel.from_profile(prof)
+    assert s.kernels["attention_s_per_edge_head"] == pytest.approx(pr["c"]["eh"], rel=1e-3)
+    assert s.collective_time("all_to_all", 2, 1e6) == pytest.approx(1e-3)
+    assert s.slowdown(2) == pytest.approx(1.3) and s.sync_time(2) == 2e-4
+    assert s.slowdown(4) == pytest.approx(2.6)  # 4 ranks time-share the 2 cores
+    assert s.sync_time(4) == pytest.approx(2e-4 * 3)
+
+
+def test_oversubscribed_cpu_ranks_time_share_the_fully_loaded_cores():
+    s = SystemModel(contention={2: 1.25, 4: 2.1}, cores=2, device="cpu")
+    assert s.slowdown(2) == 1.25
+    assert s.slowdown(4) == pytest.approx(2.5)  # not the 2.1 a short mix measured
+    assert SystemModel(contention={2: 1.25, 4: 2.1}, cores=8, device="cpu").slowdown(4) == 2.1
+
+
+def test_gp_ag_pays_the_gathered_columns_gp_a2a_splits_them():
+    kern = {k: 0.0 for k in SystemModel().kernels}
+    kern["attention_s_per_col_head_dim"] = 1e-8
+    s = SystemModel(kernels=kern, cores=64, device="cpu")
+    w = _work(n=8000, e=80_000)
+    reg = default_registry()
+    one = estimate(reg.get("gp_ag"), w, 1, s)
+    ag, a2a = (estimate(reg.get(n), w, 4, s) for n in ("gp_ag", "gp_a2a"))
+    col = 2 * 8000 * 64 * 1e-8  # layers x N x h·d' x coefficient
+    assert one.compute_s == pytest.approx(col)
+    assert ag.compute_s == a2a.compute_s == pytest.approx(col / 4)
+    assert ag.copy_s == pytest.approx(col * 3 / 4)  # the N - N/4 columns beyond its share
+    assert a2a.copy_s == 0.0
+
+
+def test_loaded_collective_cost_is_added_per_call():
+    from plexgt.parallel.attention_cost import step_comm
+    from plexgt.profile import loaded_sync_cost
+
+    assert loaded_sync_cost(1.0, 1.5, 0.2) == pytest.approx(0.3)
+    assert loaded_sync_cost(1.0, 1.1, 0.2) == 0.0
+    base = _sysm()
+    busy = SystemModel(collectives=base.collectives, sync={4: 1e-3}, cores=64, device="cpu")
+    w = _work()
+    for c in default_registry():
+        calls = len(step_comm(c, w.problem, 0, 4, w.layers, w.num_params))
+        extra = estimate(c, w, 4, busy).comm_s - estimate(c, w, 4, base).comm_s
+        assert extra == pytest.approx(calls * 1e-3)
+    assert busy.sync_time(1) == 0.0 and busy.sync_time(2) == pytest.approx(1e-3 / 3)
+
+
+def test_sustained_timing_without_a_group():
+    from plexgt.profile import sustained
+
+    calls = []
+    t = sustained(lambda: calls.append(1), torch.device("cpu"), 5)
+    assert len(calls) == 6 and t >= 0.0

@@ -46,11 +46,12 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 test: install lint
-	$(PY) -m pytest -q -p no:cacheprovider tests/unit tests/integration tests/data tests/slurm
+	$(PY) -m pytest -q -p no:cacheprovider --durations=8 tests/unit tests/integration tests/data \
+		tests/slurm
 	@for n in $(MPI_SIZES); do \
 		echo "== multi-rank suite on $$n ranks"; \
 		timeout 900 $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest -q -p no:cacheprovider \
-			-o timeout_method=thread tests/mpi || exit 1; \
+			--durations=5 -o timeout_method=thread tests/mpi || exit 1; \
 	done
 
 clean:

@@ -70,6 +70,9 @@ class ParallelConfig:
     """'auto' (nccl on GPUs, gloo on CPUs), 'nccl' or 'gloo'."""
     timeout_s: float = 300.0
     """Collective timeout: a lost rank becomes an error after this long, never a hang."""
+    profile: str = ""
+    """System profile JSON (``plexgt profile``) that grid 'auto' and strategy 'auto' plan
+    with; empty = built-in default coefficients, which may misjudge a machine."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +120,8 @@ class TrainConfig:
         for k in ("data", "metrics", "checkpoint_dir", "checkpoint_every", "resume",
                   "progress", "eval_every", "stop_after"):
             d.pop(k)
-        d["parallel"] = {k: v for k, v in d["parallel"].items() if k not in ("timeout_s",)}
+        d["parallel"] = {k: v for k, v in d["parallel"].items()
+                         if k not in ("timeout_s", "profile")}
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -245,6 +249,13 @@ def validate(cfg: TrainConfig) -> None:
             parse_grid(cfg.parallel.grid)
         except GridError as e:
             raise ConfigError(f"config key 'parallel.grid': {e}") from None
+    if cfg.parallel.profile:
+        from plexgt.profile import read_profile
+
+        try:
+            read_profile(cfg.parallel.profile)
+        except ValueError as e:
+            raise ConfigError(f"config key 'parallel.profile': {e}") from None
 
 
 def to_toml(cfg: TrainConfig) -> str:

@@ -27,6 +27,7 @@ the hardware (CPU model, cores, GPU) and the libraries (torch, MPI, backend), an
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import platform
@@ -528,6 +529,17 @@ def plexus_coefficients(kfits: dict[str, float], cfits: dict[str, dict[str, dict
         "latency_s": float(np.mean(lat)) if lat else dflt.latency_s,
         "s_per_byte": float(np.mean(spb)) if spb else dflt.s_per_byte,
     }
+
+
+def read_profile(path: Path | str) -> dict[str, Any]:
+    """A system profile file, validated; ValueError naming the file and the problem."""
+    try:
+        prof = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+    return check_profile(prof, str(path))
 
 
 def check_profile(prof: Any, where: str) -> dict[str, Any]:

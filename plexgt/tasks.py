@@ -17,6 +17,7 @@ from plexgt.data.loader import PreparedGraph, check_grid
 from plexgt.dist.bootstrap import DistContext
 from plexgt.dist.collectives import CommLedger
 from plexgt.dist.grid import Grid3D, build_groups, check_world_size, parse_grid
+from plexgt.parallel.plexus_cost import Coefficients
 from plexgt.train import Task
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -32,11 +33,20 @@ def choose_grid(cfg: TrainConfig, pg: PreparedGraph, world_size: int) -> Grid3D:
         grid = parse_grid(cfg.parallel.grid)
         check_world_size(grid, world_size)
         return grid
-    from plexgt.parallel.plexus_cost import Coefficients, rank_grids
+    from plexgt.parallel.plexus_cost import rank_grids
 
     esize = torch.tensor([], dtype=DTYPES[cfg.dtype]).element_size()
-    return rank_grids(world_size, pg.N, pg.E, gcn_dims(cfg, pg), esize, Coefficients(),
+    return rank_grids(world_size, pg.N, pg.E, gcn_dims(cfg, pg), esize, plexus_coefficients(cfg),
                       order=cfg.parallel.gcn_order)[0].grid
+
+
+def plexus_coefficients(cfg: TrainConfig) -> Coefficients:
+    """The 3D cost model's machine coefficients: from parallel.profile, else the defaults."""
+    if not cfg.parallel.profile:
+        return Coefficients()
+    from plexgt.profile import read_profile
+
+    return Coefficients(**read_profile(cfg.parallel.profile)["plexus"])
 
 
 def build_gcn(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: CommLedger) -> Task:
@@ -61,11 +71,12 @@ def build_gcn(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: Com
     data = PlexusData(pg, lays, dt)
     block_rows = cfg.parallel.block_rows or None
     if block_rows is None:  # from the cost model, for the layer with the most to overlap
-        from plexgt.parallel.plexus_cost import Coefficients, default_block_rows
+        from plexgt.parallel.plexus_cost import default_block_rows
 
         # from global sizes only: every rank of an all-reduce group must cut the same blocks
         esize = torch.tensor([], dtype=dt).element_size()
-        picks = [default_block_rows(lay, pg.E // (lay.g[0] * lay.g[2]), esize, Coefficients())
+        coef = plexus_coefficients(cfg)
+        picks = [default_block_rows(lay, pg.E // (lay.g[0] * lay.g[2]), esize, coef)
                  for lay in lays]
         block_rows = min((p for p in picks if p), default=None)
     model = Plexus3DGCN(lays, comms, data.adj, dropout=cfg.model.dropout,

@@ -51,20 +51,14 @@ def _manifest(path: Path) -> dict[str, Any]:
 def load_profile(path: Path | None) -> dict[str, Any] | None:
     """The profile JSON, validated (UsageError naming the file when it is not one)."""
     from plexgt.cli import UsageError
-    from plexgt.profile import check_profile
+    from plexgt.profile import read_profile
 
     if path is None:
         return None
     try:
-        prof = json.loads(path.read_text())
-    except OSError as e:
-        raise UsageError(f"--profile {path}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"--profile {path}: not JSON ({e.msg} at line {e.lineno})") from None
-    try:
-        return check_profile(prof, str(path))
+        return read_profile(path)
     except ValueError as e:
-        raise UsageError(str(e)) from None
+        raise UsageError(f"--profile {e}") from None
 
 
 def _check(args: argparse.Namespace) -> None:

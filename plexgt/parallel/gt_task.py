@@ -67,7 +67,8 @@ class RowParallel(nn.Module):
 
 
 def choose_strategy(cfg: Any, pg: Any, world_size: int, esize: int) -> str:
-    """The configured strategy, or AGP's choice at the job's size (memory unconstrained)."""
+    """The configured strategy, or AGP's choice at the job's size (memory unconstrained), from
+    parallel.profile's coefficients when one is given."""
     name = cfg.parallel.strategy
     if name in STRATEGY_NAMES:
         return STRATEGY_NAMES[name]
@@ -76,7 +77,13 @@ def choose_strategy(cfg: Any, pg: Any, world_size: int, esize: int) -> str:
     reg = default_registry()
     w = Workload(cfg.model.name, pg.N, pg.E, pg.F, max(1, pg.C), cfg.model.hidden,
                  cfg.model.heads, cfg.model.layers, 2, esize)
-    pl = plan(w, list(reg), [world_size], SystemModel())
+    if cfg.parallel.profile:
+        from plexgt.profile import read_profile
+
+        sysm = SystemModel.from_profile(read_profile(cfg.parallel.profile))
+    else:
+        sysm = SystemModel()
+    pl = plan(w, list(reg), [world_size], sysm)
     best = min((r for r in pl.rows if r.fits), key=lambda r: r.est.time_s)
     return best.est.strategy
 

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from plexgt.cli import main
+from plexgt.data.loader import PreparedGraph
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import sbm
@@ -79,6 +80,27 @@ def test_profile_file_is_complete_and_feeds_both_planners(prepared, profile_json
         assert main(["plan", "--data", str(prepared), "--model", model, "--world-size", "2",
                      "--profile", str(profile_json)]) == 0
     assert f"profile {profile_json}" in capsys.readouterr().out
+
+
+def test_training_config_plans_with_the_profile(prepared, profile_json, tmp_path):
+    """parallel.profile feeds --grid auto and --strategy auto; a bad one is a one-line error."""
+    from plexgt.config import ConfigError, load_config
+    from plexgt.parallel.gt_task import choose_strategy
+    from plexgt.tasks import choose_grid, plexus_coefficients
+
+    pg = PreparedGraph(prepared)
+    cfg = load_config(None, None, [f"--data={prepared}", f"--parallel.profile={profile_json}",
+                                   "--model.name=gt"])
+    prof = json.loads(profile_json.read_text())
+    assert plexus_coefficients(cfg) == Coefficients(**prof["plexus"])
+    assert choose_grid(cfg, pg, 4).size == 4
+    assert choose_strategy(cfg, pg, 2, 4) in ("gp_ag", "gp_a2a")
+    bad = tmp_path / "bad.json"
+    bad.write_text("[]")
+    with pytest.raises(ConfigError, match=f"parallel.profile': {bad}: not a plexgt system"):
+        load_config(None, None, [f"--parallel.profile={bad}"])
+    with pytest.raises(ConfigError, match="parallel.profile': .*missing.json"):
+        load_config(None, None, [f"--parallel.profile={tmp_path / 'missing.json'}"])
 
 
 @pytest.mark.parametrize("argv,msg", [

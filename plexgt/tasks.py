@@ -3,7 +3,8 @@
 gcn: 3D tensor parallelism (Plexus) on a Gx x Gy x Gz grid, chosen by the planner when
 ``parallel.grid = "auto"``. gt and gps: node rows over the ranks with GP-AG or GP-A2A
 attention (chosen by AGP when ``parallel.strategy = "auto"``); gps's GCN path runs 3D on an
-explicit grid (see :mod:`plexgt.parallel.gt_task`).
+explicit grid, and with ``parallel.grid = "auto"`` 1D or 3D on the planner's grid, whichever
+AGP predicts faster (see :mod:`plexgt.parallel.gt_task`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """``plexgt plan``: predicted time and memory per rank of every strategy and scale, and a choice.
 
 gt / gps: the attention strategies (GP-AG, GP-A2A) x scales 1, 2, 4, ..., P, chosen by AGP
-(:mod:`plexgt.parallel.agp`). gcn: every Gx x Gy x Gz of P ranked by the 3D tensor-parallel
-cost model (:func:`plexgt.parallel.plexus_cost.rank_grids`). Sizes come from the prepared
-directory's manifest; machine coefficients from ``--profile`` (``plexgt profile``) or defaults.
-One process, no MPI.
+(:mod:`plexgt.parallel.agp`); for gps each scale s > 1 is priced with the GCN path in the 1D
+layout and 3D on the 3D planner's best grid of s ranks (as ``plexgt train`` with
+``parallel.grid = "auto"`` decides), one row each, the path shown. gcn: every Gx x Gy x Gz
+of P ranked by the 3D tensor-parallel cost model (:func:`plexgt.parallel.plexus_cost.
+rank_grids`). Sizes come from the prepared directory's manifest; machine coefficients from
+``--profile`` (``plexgt profile``) or defaults. One process, no MPI.
 """
 
 from __future__ import annotations
@@ -136,14 +138,38 @@ def _plan_attention(args: argparse.Namespace, info: dict[str, Any],
     w = Workload(args.model, info["n"], info["e"], info["f"], info["c"], args.hidden,
                  args.heads, args.layers, args.ffn_mult, esize)
     sysm = SystemModel.from_profile(prof) if prof else SystemModel()
-    pl = plan(w, [reg.get(s) for s in names], scales_for(args.world_size), sysm, limit)
+    scales = scales_for(args.world_size)
+    grids = None
+    if w.gcn:
+        from plexgt.parallel.agp import gcn_grid_for
+        from plexgt.parallel.plexus_cost import Coefficients
+
+        coef = Coefficients(**prof["plexus"]) if prof else Coefficients()
+        nnz = info["e"] + (0 if info["self_loops"] else info["n"])
+        grids = {s: gcn_grid_for(s, info["n"], nnz, args.hidden, esize, coef)
+                 for s in scales if s > 1}
+        print(f"GCN path: 1D (rows), or 3D on the 3D planner's grid for a {args.hidden} -> "
+              f"{args.hidden} layer: "
+              + (", ".join(f"{s} ranks {g}" for s, g in grids.items()) or "none (1 rank)"))
+    pl = plan(w, [reg.get(s) for s in names], scales, sysm, limit, grids)
     print("\n".join(format_plan(pl)))
     c = pl.choice
-    return {
+    out: dict[str, Any] = {
         "model": args.model, "k": pl.k,
         "rows": [{"strategy": r.est.strategy, "scale": r.est.scale, "time_s": r.est.time_s,
                   "alpha": r.est.alpha, "beta": r.est.beta, "comm_s": r.est.comm_s,
                   "comm_bytes": r.est.comm_bytes, "memory": r.est.memory, "fits": r.fits,
-                  "passes": r.passes, "chosen": r.chosen, "why": r.why} for r in pl.rows],
+                  "passes": r.passes, "chosen": r.chosen, "why": r.why,
+                  **(_gcn_fields(r.est) if w.gcn else {})} for r in pl.rows],
         "choice": None if c is None else {"strategy": c.est.strategy, "scale": c.est.scale},
     }
+    if w.gcn:
+        out["gcn"] = {"grids": {str(s): str(g) for s, g in (grids or {}).items()},
+                      "choice": None if c is None else _gcn_fields(c.est)}
+    return out
+
+
+def _gcn_fields(est: Any) -> dict[str, Any]:
+    """The GCN path an estimate assumed: '1d' or '3d' and its grid."""
+    return {"gcn_path": est.gcn_path,
+            "gcn_grid": None if est.gcn_grid is None else str(est.gcn_grid)}

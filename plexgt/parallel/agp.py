@@ -35,20 +35,37 @@ is kept when s·β_c(s)/(s-1) <= k — with the terms above, when t_iter(s, c) <
 the argmin of t_iter among the kept (and s = 1, if it fits) is chosen. Nothing that does not
 fit is ever chosen.
 
-For gps the GCN path is priced in the 1D layout (:func:`~plexgt.parallel.attention_cost.
-gcn1d_comm`); the 3D path's exact bytes are :func:`~plexgt.parallel.redistribute.gcn3d_comm`,
-but AGP does not yet choose between the two paths.
+For gps the GCN path runs in one of two layouts, and AGP prices the one the step runs:
+
+* 1D (``Workload.gcn_grid`` None): Â rows times the all-gathered X·W, both ways: 2·(E/s)·d
+  SpMM per layer in α, the all-gather and reduce-scatter of :func:`~plexgt.parallel.
+  attention_cost.gcn1d_comm` in β.
+* 3D on ``gcn_grid`` (Plexus, at s = its size): the Â block [N/Gz, N/Gx] times d/Gy columns,
+  forward and backward, 2·(E/(Gx·Gz))·d/Gy SpMM per layer in α, and the GEMM of the aggregate
+  with the W block, [N/Gz, d/Gy] x [d/Gy, d/Gx], in place of the 1D layer's [N/s, d] x [d, d]
+  (the same per-FMA rate); in β the collectives of :func:`~plexgt.parallel.redistribute.
+  gcn3d_comm`, each over its group ('rows': the s ranks, or a grid axis of Gx, Gy or Gz):
+  the four redistribution all-to-alls between the 1D and the 3D layouts and the Plexus
+  layer's all-gather, all-reduce(s) and reduce-scatter, at exact bytes. Ranks move different
+  amounts in the redistribution, so the step's collectives are priced on every rank and the
+  slowest one's count (``Estimate.comm_rank``).
+
+:func:`plan` with ``gcn_grids`` (scale -> grid, e.g. the 3D planner's best per scale,
+:func:`gcn_grid_for`) prices both layouts and keeps both as rows, so the choice covers the
+GCN path too.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from plexgt.parallel.attention_cost import model_memory, step_comm
+from plexgt.dist.grid import Grid3D
+from plexgt.parallel.attention_cost import model_memory, step_comm_named
 from plexgt.parallel.plexus_cost import Coefficients
-from plexgt.parallel.strategies import AttentionProblem, AttentionStrategy, head_splits
+from plexgt.parallel.strategies import AttentionProblem, AttentionStrategy, CommOp, head_splits
 
 ELEMENTWISE_PER_NODE_DIM = {"gt": 60, "gps": 90}
 """Elementwise passes over [N, d] per layer, forward + backward (LayerNorms, residuals, ReLU,
@@ -100,12 +117,19 @@ class Workload:
     layers: int = 2
     ffn_mult: int = 2
     esize: int = 4
+    gcn_grid: Grid3D | None = None
+    """gps: the grid of the 3D GCN path, used at s = its size (the 1D path elsewhere); None:
+    the 1D path at every scale."""
+    gcn_block_rows: int | None = None
+    """gps, 3D path: rows per block of the blocked aggregation (``parallel.block_rows``)."""
 
     def __post_init__(self) -> None:
         if self.model not in ("gt", "gps"):
             raise ValueError(f"AGP plans gt or gps models, not {self.model!r}")
         if self.hidden % self.heads:
             raise ValueError(f"hidden {self.hidden} is not divisible by {self.heads} heads")
+        if self.gcn_grid is not None and self.model != "gps":
+            raise ValueError(f"only gps has a GCN path to run on grid {self.gcn_grid}")
 
     @property
     def problem(self) -> AttentionProblem:
@@ -119,6 +143,22 @@ class Workload:
     @property
     def gcn(self) -> bool:
         return self.model == "gps"
+
+    def grid_at(self, s: int) -> Grid3D | None:
+        """The 3D GCN path's grid on s ranks, or None (gt, the 1D path, or s = 1)."""
+        g = self.gcn_grid
+        return g if self.gcn and g is not None and s > 1 and g.size == s else None
+
+
+def gcn_grid_for(s: int, n: int, nnz: int, hidden: int, esize: int,
+                 coef: Coefficients | None = None) -> Grid3D:
+    """The 3D planner's fastest grid of s ranks for gps's GCN path: one d -> d layer in the
+    order the path runs it (:func:`plexgt.parallel.plexus_cost.rank_grids` on
+    [hidden, hidden], aggregate first)."""
+    from plexgt.parallel.plexus_cost import rank_grids
+
+    return rank_grids(s, n, nnz, [hidden, hidden], esize, coef or Coefficients(),
+                      order="aggregate_first")[0].grid
 
 
 def monotone_curve(points: list[list[float]] | list[tuple[float, float]]
@@ -333,6 +373,18 @@ class Estimate:
     comm_bytes: int
     """Bytes the busiest rank sends per step."""
     memory: dict[str, int]
+    gcn_path: str = ""
+    """gps: '1d' or '3d' (the GCN path priced); '' for gt."""
+    gcn_grid: Grid3D | None = None
+    """The 3D GCN path's grid (gcn_path '3d')."""
+    comm_rank: int = 0
+    """The rank whose collectives were priced (the slowest; 0 unless the 3D path's
+    redistribution makes ranks differ)."""
+
+    @property
+    def gcn_label(self) -> str:
+        """'1d', '3d GxxGyxGz' or '' (gt)."""
+        return f"3d {self.gcn_grid}" if self.gcn_grid is not None else self.gcn_path
 
     @property
     def overhead_s(self) -> float:
@@ -377,9 +429,18 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     if s > 1 and not strategy.full_graph:
         gathered = L * (side("attention_s_per_col_head_dim", cols)
                         - side("attention_s_per_col_head_dim", n_loc))
-    if w.gcn:  # the 1D GCN path: the rank's own rows' edges, both ways
-        edge += L * 2 * (w.e / s) * d * k["spmm_s_per_nnz_col"]
+    grid = w.grid_at(s)
+    gemm3 = 0.0  # the 3D path's GEMM FMAs per layer beyond the 1D layer's n_rows·d·d
     n_rows = n_loc if s > 1 else w.n
+    if grid is not None:  # the 3D GCN path: the rank's Â block on d/Gy columns, both ways
+        from plexgt.parallel.layout3d import layer_layouts
+
+        lay = layer_layouts(grid, 0, w.n, [d, d])[0]
+        ga, gb, gc = lay.g
+        edge += L * 2 * (w.e / (ga * gc)) * (lay.d_in // gb) * k["spmm_s_per_nnz_col"]
+        gemm3 = lay.rows_pad * (lay.d_in // gb) * (lay.d_out // ga) - n_rows * d * d
+    elif w.gcn:  # the 1D GCN path: the rank's own rows' edges, both ways
+        edge += L * 2 * (w.e / s) * d * k["spmm_s_per_nnz_col"]
     if k["dense_s_per_row_d2"] or k["dense_s_per_row_d"]:
         # the profiled row-local block (ffn_mult 2), scaled to this FFN and, for gps, the GCN
         # path's linear layer and LayerNorm; its row·d passes at this rank's array size
@@ -388,12 +449,14 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
                        + k["dense_s_per_row_d"] * d * (1.5 if w.gcn else 1.0)
                        * sysm.memory_factor(n_rows * d, s))
         per_row += (w.features * d * 2 + d * w.classes * 3) * k["gemm_s_per_fma"]
+        gcn_gemm = L * gemm3 * k["dense_s_per_row_d2"] / 8  # its share of the block (1 of 8)
     else:
         fma = w.features * d * 2 + (L * (4 + 2 * w.ffn_mult + (1 if w.gcn else 0)) * d * d
                                     + d * w.classes) * 3
         per_row = (fma * k["gemm_s_per_fma"]
                    + L * ELEMENTWISE_PER_NODE_DIM[w.model] * d * k["elementwise_s_per_elem"])
-    dense = n_rows * per_row
+        gcn_gemm = L * gemm3 * 3 * k["gemm_s_per_fma"]
+    dense = n_rows * per_row + gcn_gemm
     # fixed per-call costs every rank pays whatever its share: kernel calls per head, the
     # dense block's operator overheads, the optimizer over the replicated parameters
     calls = L * (h_r * k["attention_s_per_head"] + k["dense_s_per_block"]) * kappa
@@ -405,14 +468,38 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     else:
         copy = L * AG_COPIES * sysm.copy_time(n_pad * d, s) * kappa
     copy += gathered * kappa
-    ops = step_comm(strategy, prob, 0, s, L, w.num_params, w.gcn)
-    comm = sum(sysm.collective_time(o.op, s, max(o.sent, o.recv)) for o in ops)
-    comm += len(ops) * sysm.sync_time(s)
+    comm, comm_rank, ops = -1.0, 0, []
+    for r in range(s) if grid is not None else (0,):
+        ops_r = step_ops(strategy, w, s, r)
+        t = comm_time(ops_r, s, grid, sysm)
+        if t > comm:
+            comm, comm_rank, ops = t, r, ops_r
     compute = (edge + node + dense) * kappa
     mem = model_memory(strategy, prob, s, L, w.features, w.classes, w.num_params, w.ffn_mult,
-                       w.gcn)
+                       w.gcn, grid)
     return Estimate(strategy.name, s, compute / max(1, w.e), (copy + calls + comm) / w.n,
-                    compute, copy, calls, comm, sum(o.sent for o in ops), mem)
+                    compute, copy, calls, comm, sum(o.sent for _, o in ops), mem,
+                    ("3d" if grid is not None else "1d") if w.gcn else "", grid, comm_rank)
+
+
+def step_ops(strategy: AttentionStrategy, w: Workload, s: int, rank: int = 0
+             ) -> list[tuple[str, CommOp]]:
+    """(group name, op) of every collective ``rank`` issues in one step on s ranks: what
+    :func:`estimate` prices (the ledger of a run equals them to the byte)."""
+    return step_comm_named(strategy, w.problem, rank, s, w.layers, w.num_params, w.gcn,
+                           w.grid_at(s), w.gcn_block_rows)
+
+
+def comm_time(ops: list[tuple[str, CommOp]], s: int, grid: Grid3D | None,
+              sysm: SystemModel) -> float:
+    """Seconds of a rank's collectives: each on its group's profiled curve ('rows': s ranks,
+    an axis: its extent in ``grid``), plus the loaded per-call cost of that group size."""
+    def size(name: str) -> int:
+        return s if name == "rows" or grid is None else grid.dim(name)
+
+    t = sum(sysm.collective_time(o.op, size(n), max(o.sent, o.recv)) for n, o in ops)
+    calls = Counter(size(n) for n, _ in ops)
+    return t + sum(c * sysm.sync_time(g) for g, c in calls.items())
 
 
 @dataclass
@@ -449,8 +536,13 @@ def scales_for(world_size: int) -> list[int]:
 
 
 def plan(w: Workload, strategies: list[AttentionStrategy], scales: list[int],
-         sysm: SystemModel, memory_limit: int | None = None) -> Plan:
-    """Algorithm 3 over ``strategies`` x ``scales`` with the memory filter (module docstring)."""
+         sysm: SystemModel, memory_limit: int | None = None,
+         gcn_grids: dict[int, Grid3D] | None = None) -> Plan:
+    """Algorithm 3 over ``strategies`` x ``scales`` with the memory filter (module docstring).
+
+    gps: ``gcn_grids`` (scale -> grid of that many ranks) adds, at each of those scales
+    s > 1, a row per strategy with the GCN path 3D on that grid next to the row of ``w``'s
+    own path, so the choice covers the path too."""
     if not strategies:
         raise ValueError("no attention strategy to plan with")
     one = estimate(strategies[0], w, 1, sysm)
@@ -458,10 +550,16 @@ def plan(w: Workload, strategies: list[AttentionStrategy], scales: list[int],
     rows = []
     for c in strategies:
         for s in sorted(set(scales)):
-            est = one if s == 1 and c is strategies[0] else estimate(c, w, s, sysm)
-            fits = memory_limit is None or est.memory["total"] <= memory_limit
-            score = math.inf if s == 1 else s * est.beta / (s - 1)
-            rows.append(PlanRow(est, fits, s == 1 or score <= k, score))
+            ests = [one if s == 1 and c is strategies[0] else estimate(c, w, s, sysm)]
+            g = (gcn_grids or {}).get(s)
+            if w.gcn and g is not None and s > 1 and g != w.grid_at(s):
+                if g.size != s:
+                    raise ValueError(f"GCN grid {g} has {g.size} ranks, not {s}")
+                ests.append(estimate(c, replace(w, gcn_grid=g), s, sysm))
+            for est in ests:
+                fits = memory_limit is None or est.memory["total"] <= memory_limit
+                score = math.inf if s == 1 else s * est.beta / (s - 1)
+                rows.append(PlanRow(est, fits, s == 1 or score <= k, score))
     ok = [r for r in rows if r.fits and r.passes]
     best = min(ok, key=lambda r: (r.est.time_s, r.est.scale), default=None)
     for r in rows:
@@ -483,17 +581,20 @@ def plan(w: Workload, strategies: list[AttentionStrategy], scales: list[int],
 def format_plan(pl: Plan) -> list[str]:
     """The table ``plexgt plan`` prints."""
     w = pl.workload
+    gcn = f"{'gcn path':<9} " if w.gcn else ""
     lines = [
         f"{w.model}: N={w.n} E={w.e} F={w.features} C={w.classes} hidden={w.hidden} "
         f"heads={w.heads} layers={w.layers}; k = t_iter(1)/N = {pl.k:.3e} s",
-        f"{'strategy':<8} {'s':>3} {'t_iter s':>9} {'α·E s':>8} {'β·N s':>8} {'comm s':>8} "
-        f"{'MB sent':>8} {'mem GiB':>8} {'fits':>4} {'sβ/(s-1)':>9} {'chosen':>6}  why",
+        f"{'strategy':<8} {gcn}{'s':>3} {'t_iter s':>9} {'α·E s':>8} {'β·N s':>8} "
+        f"{'comm s':>8} {'MB sent':>8} {'mem GiB':>8} {'fits':>4} {'sβ/(s-1)':>9} "
+        f"{'chosen':>6}  why",
     ]
     for r in pl.rows:
         e = r.est
         score = "-" if math.isinf(r.score) else f"{r.score:.2e}"
+        path = f"{e.gcn_label:<9} " if w.gcn else ""
         lines.append(
-            f"{e.strategy:<8} {e.scale:>3} {e.time_s:>9.4f} {e.compute_s:>8.4f} "
+            f"{e.strategy:<8} {path}{e.scale:>3} {e.time_s:>9.4f} {e.compute_s:>8.4f} "
             f"{e.overhead_s:>8.4f} {e.comm_s:>8.4f} {e.comm_bytes / 1e6:>8.2f} "
             f"{e.memory['total'] / 2**30:>8.3f} {'yes' if r.fits else 'no':>4} {score:>9} "
             f"{'*' if r.chosen else '':>6}  {r.why}")
@@ -501,7 +602,8 @@ def format_plan(pl: Plan) -> list[str]:
     if c is None:
         lines.append("no strategy and scale fits the memory limit")
     else:
-        lines.append(f"choice: {c.est.strategy} on {c.est.scale} rank(s), predicted "
+        via = f", GCN path {c.est.gcn_label}" if w.gcn else ""
+        lines.append(f"choice: {c.est.strategy}{via} on {c.est.scale} rank(s), predicted "
                      f"{c.est.time_s:.4f} s per step, {c.est.memory['total'] / 2**30:.3f} GiB "
                      f"per rank")
     return lines

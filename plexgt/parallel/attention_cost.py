@@ -14,8 +14,9 @@ GP-A2A        8 all-to-all (Q, K, V, Y and their           activations 4·N·d/p
 The byte functions call the collectives' own per-rank formulas (:mod:`plexgt.dist.collectives`),
 so a run's :class:`~plexgt.dist.collectives.CommLedger` equals them to the byte; with h not
 divisible by p, GP-A2A's per-rank bytes follow the uneven head split (sent and received then
-differ per rank). Model-level functions add the parts outside attention: the 1D GCN path of
-GPS, the loss statistics and the gradient all-reduce of the replicated parameters.
+differ per rank). Model-level functions add the parts outside attention: the GCN path of GPS
+(1D layout, or 3D on a grid with its redistribution), the loss statistics and the gradient
+all-reduce of the replicated parameters.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from plexgt.dist.collectives import all_gather_bytes, all_reduce_bytes, reduce_scatter_bytes
+from plexgt.dist.grid import Grid3D
 from plexgt.parallel.strategies import (
     AttentionProblem,
     AttentionStrategy,
@@ -117,34 +119,72 @@ def gcn1d_comm(problem: AttentionProblem, p: int) -> list[CommOp]:
     return [CommOp("all_gather", ag, ag), CommOp("reduce_scatter", rs, rs, "backward")]
 
 
-def step_comm(strategy: AttentionStrategy, problem: AttentionProblem, rank: int, p: int,
-              layers: int, num_params: int, gcn: bool = False) -> list[CommOp]:
-    """Every collective of one training step of a distributed gt (gcn=False) or gps model.
+def step_comm_named(strategy: AttentionStrategy, problem: AttentionProblem, rank: int,
+                    p: int, layers: int, num_params: int, gcn: bool = False,
+                    gcn_grid: Grid3D | None = None, block_rows: int | None = None
+                    ) -> list[tuple[str, CommOp]]:
+    """Every collective of one training step on ``rank``, with the name of the group it runs
+    over (the ledger's view): 'rows' (all p ranks) or a grid axis 'x', 'y', 'z'.
 
-    Per layer the attention block's collectives (and for gps the GCN path's); then the loss
-    statistics (sum, count: 2 elements) and one all-reduce of every parameter gradient.
+    Per layer the attention block's collectives and, for gps (gcn=True), the GCN path's: the
+    1D layout's (:func:`gcn1d_comm`) or, given ``gcn_grid`` (p ranks; ``block_rows``: the
+    blocked aggregation's rows), the 3D path's with its redistribution all-to-alls
+    (:func:`~plexgt.parallel.redistribute.gcn3d_comm`); then the loss statistics (sum, count:
+    2 elements) and one all-reduce of every parameter gradient, over 'rows'.
     """
-    ops: list[CommOp] = []
+    gcn3: list[tuple[str, CommOp]] = []
+    if gcn and gcn_grid is not None:
+        if gcn_grid.size != p:
+            raise ValueError(f"GCN grid {gcn_grid} has {gcn_grid.size} ranks, not {p}")
+        from plexgt.parallel.redistribute import gcn3d_comm
+
+        gcn3 = gcn3d_comm(gcn_grid, rank, problem.n, problem.d, problem.esize, block_rows)
+    ops: list[tuple[str, CommOp]] = []
     for _ in range(layers):
-        ops += strategy.comm(problem, rank, p)
-        if gcn:
-            ops += gcn1d_comm(problem, p)
+        ops += [("rows", o) for o in strategy.comm(problem, rank, p)]
+        if gcn and gcn_grid is None:
+            ops += [("rows", o) for o in gcn1d_comm(problem, p)]
+        ops += gcn3
     if p > 1:
         b = all_reduce_bytes(2 * problem.esize, p)
-        ops.append(CommOp("all_reduce", b, b))
+        ops.append(("rows", CommOp("all_reduce", b, b)))
         b = all_reduce_bytes(num_params * problem.esize, p)
-        ops.append(CommOp("all_reduce", b, b, "backward"))
+        ops.append(("rows", CommOp("all_reduce", b, b, "backward")))
     return ops
 
 
+def step_comm(strategy: AttentionStrategy, problem: AttentionProblem, rank: int, p: int,
+              layers: int, num_params: int, gcn: bool = False,
+              gcn_grid: Grid3D | None = None, block_rows: int | None = None) -> list[CommOp]:
+    """Every collective of one training step of a distributed gt (gcn=False) or gps model
+    (:func:`step_comm_named` without the group names)."""
+    return [o for _, o in step_comm_named(strategy, problem, rank, p, layers, num_params, gcn,
+                                          gcn_grid, block_rows)]
+
+
 def step_bytes(strategy: AttentionStrategy, problem: AttentionProblem, rank: int, p: int,
-               layers: int, num_params: int, gcn: bool = False, kind: str = "sent"
+               layers: int, num_params: int, gcn: bool = False, kind: str = "sent",
+               gcn_grid: Grid3D | None = None, block_rows: int | None = None
                ) -> dict[str, int]:
     """Bytes ``kind`` ('sent' or 'recv') per operation name in one step (ledger's view)."""
     out: dict[str, int] = defaultdict(int)
-    for op in step_comm(strategy, problem, rank, p, layers, num_params, gcn):
+    for op in step_comm(strategy, problem, rank, p, layers, num_params, gcn, gcn_grid,
+                        block_rows):
         out[op.op] += op.sent if kind == "sent" else op.recv
     return dict(out)
+
+
+def step_bytes_named(strategy: AttentionStrategy, problem: AttentionProblem, rank: int, p: int,
+                     layers: int, num_params: int, gcn: bool = False, kind: str = "sent",
+                     gcn_grid: Grid3D | None = None, block_rows: int | None = None
+                     ) -> dict[tuple[str, str], int]:
+    """Bytes ``kind`` per (group name, operation) in one step: the keys of a
+    :class:`~plexgt.dist.collectives.CommLedger` (entries of 0 bytes left out)."""
+    out: dict[tuple[str, str], int] = defaultdict(int)
+    for name, op in step_comm_named(strategy, problem, rank, p, layers, num_params, gcn,
+                                    gcn_grid, block_rows):
+        out[name, op.op] += op.sent if kind == "sent" else op.recv
+    return {k: v for k, v in out.items() if v}
 
 
 def dense_activation_elems(n_rows: int, d: int, ffn_mult: int, gcn: bool) -> int:
@@ -160,10 +200,14 @@ def dense_activation_elems(n_rows: int, d: int, ffn_mult: int, gcn: bool) -> int
 
 def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int, layers: int,
                  features: int, classes: int, num_params: int, ffn_mult: int = 2,
-                 gcn: bool = False) -> dict[str, int]:
+                 gcn: bool = False, gcn_grid: Grid3D | None = None) -> dict[str, int]:
     """Per-rank bytes of a training step: attention (Table 1 per layer, plus the backward's
     three [h, E/p] temporaries of one layer), dense activations, graphs, features, and
-    parameters with gradients and two AdamW moments (4 copies)."""
+    parameters with gradients and two AdamW moments (4 copies).
+
+    For gps the GCN operator is this rank's Â rows [N/p, N] (1D) or, on ``gcn_grid``, its Â
+    block [N/Gz, N/Gx] of E/(Gx·Gz) entries, whose layer also keeps the aggregate
+    [N/Gz, d/Gy] for the weight gradient."""
     e = problem.esize
     att = strategy.memory(problem, p)
     n_loc = problem.rows(p)
@@ -172,7 +216,14 @@ def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int,
     # gradients of one block in flight during backward (4·d)
     dense += n_loc * (6 * problem.d + 2 * classes) * e
     graphs = att.graph_bytes
-    if gcn:
+    if gcn and gcn_grid is not None:
+        from plexgt.parallel.layout3d import layer_layouts
+
+        lay = layer_layouts(gcn_grid, 0, problem.n, [problem.d, problem.d])[0]
+        nnz = -(-problem.e // (lay.g[0] * lay.g[2]))
+        graphs += graph_bytes(lay.rows_pad, lay.cols_pad, nnz) + nnz * e
+        dense += layers * lay.rows_pad * (lay.d_in // lay.g[1]) * e
+    elif gcn:
         graphs += graph_bytes(n_loc, p * n_loc, -(-problem.e // p)) + (
             -(-problem.e // p)) * e
     out = {

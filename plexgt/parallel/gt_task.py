@@ -4,8 +4,12 @@ Register with ``plexgt.tasks.BUILDERS["gt"] = BUILDERS["gps"] = build_attention_
 
 * Strategy: ``parallel.strategy`` 'ag' (GP-AG) or 'a2a' (GP-A2A); 'auto' asks AGP
   (:mod:`plexgt.parallel.agp`) for the fastest strategy that fits on all ranks of the job.
-* GPS GCN path: the 1D layout when ``parallel.grid`` is 'auto'; the 3D (Plexus) path on the
-  given Gx x Gy x Gz grid otherwise (:mod:`plexgt.parallel.redistribute`).
+* GPS GCN path: the 3D (Plexus) path on the given Gx x Gy x Gz grid
+  (:mod:`plexgt.parallel.redistribute`); with ``parallel.grid`` 'auto' on more than one rank,
+  the 1D layout or the 3D path on the 3D planner's best grid of the job
+  (:func:`plexgt.parallel.agp.gcn_grid_for`), whichever AGP predicts faster with the strategy
+  (:func:`choose_gps_layout`). The Task's grid and strategy name the choice ('rows4',
+  'gp_ag'; '2x2x1', 'gp_ag+plexus3d').
 * Parameters are replicated; :class:`RowParallel` sums their gradients over the ranks in one
   all-reduce queued at the end of every backward (as DDP does), so the training loop needs no
   special step.
@@ -19,6 +23,7 @@ import torch
 from torch import nn
 
 from plexgt.dist.collectives import Comm, CommLedger
+from plexgt.dist.grid import Grid3D
 from plexgt.parallel.rows1d import (
     DistGraph,
     all_reduce_gradients,
@@ -66,26 +71,77 @@ class RowParallel(nn.Module):
         return out
 
 
-def choose_strategy(cfg: Any, pg: Any, world_size: int, esize: int) -> str:
-    """The configured strategy, or AGP's choice at the job's size (memory unconstrained), from
-    parallel.profile's coefficients when one is given."""
-    name = cfg.parallel.strategy
-    if name in STRATEGY_NAMES:
-        return STRATEGY_NAMES[name]
-    from plexgt.parallel.agp import SystemModel, Workload, plan
+def _system_model(cfg: Any) -> Any:
+    """AGP's coefficients: parallel.profile's, else the defaults."""
+    from plexgt.parallel.agp import SystemModel
 
-    reg = default_registry()
-    w = Workload(cfg.model.name, pg.N, pg.E, pg.F, max(1, pg.C), cfg.model.hidden,
-                 cfg.model.heads, cfg.model.layers, 2, esize)
     if cfg.parallel.profile:
         from plexgt.profile import read_profile
 
-        sysm = SystemModel.from_profile(read_profile(cfg.parallel.profile))
-    else:
-        sysm = SystemModel()
-    pl = plan(w, list(reg), [world_size], sysm)
-    best = min((r for r in pl.rows if r.fits), key=lambda r: r.est.time_s)
-    return best.est.strategy
+        return SystemModel.from_profile(read_profile(cfg.parallel.profile))
+    return SystemModel()
+
+
+def _workload(cfg: Any, pg: Any, esize: int, grid: Grid3D | None = None) -> Any:
+    from plexgt.parallel.agp import Workload
+
+    gps = cfg.model.name == "gps"
+    return Workload(cfg.model.name, pg.N, pg.E, pg.F, max(1, pg.C), cfg.model.hidden,
+                    cfg.model.heads, cfg.model.layers, 2, esize,
+                    gcn_grid=grid if gps else None,
+                    gcn_block_rows=(cfg.parallel.block_rows or None) if gps else None)
+
+
+def _fastest(pl: Any) -> Any:
+    """The fastest predicted row of a plan (memory unconstrained: all fit)."""
+    return min((r for r in pl.rows if r.fits), key=lambda r: r.est.time_s).est
+
+
+def choose_strategy(cfg: Any, pg: Any, world_size: int, esize: int,
+                    grid: Grid3D | None = None) -> str:
+    """The configured strategy, or AGP's choice at the job's size (memory unconstrained), from
+    parallel.profile's coefficients when one is given; gps with a ``grid``: its GCN path
+    priced 3D on that grid (else 1D)."""
+    name = cfg.parallel.strategy
+    if name in STRATEGY_NAMES:
+        return STRATEGY_NAMES[name]
+    from plexgt.parallel.agp import plan
+
+    pl = plan(_workload(cfg, pg, esize, grid), list(default_registry()), [world_size],
+              _system_model(cfg))
+    return _fastest(pl).strategy
+
+
+def choose_gps_layout(cfg: Any, pg: Any, world_size: int, esize: int
+                      ) -> tuple[str, Grid3D | None]:
+    """gps: (strategy, grid of the 3D GCN path or None for the 1D path).
+
+    An explicit ``parallel.grid`` is used as given (the strategy priced with it). With 'auto'
+    on more than one rank the 3D planner picks its best grid of the job's ranks for the GCN
+    path's d -> d layer (:func:`plexgt.parallel.agp.gcn_grid_for`, parallel.profile's
+    coefficients), and AGP prices the step with the GCN path 1D and 3D on that grid: with
+    the configured strategy, or every strategy when 'auto'; the fastest is taken."""
+    from plexgt.dist.grid import check_world_size, parse_grid
+
+    if cfg.parallel.grid != "auto":
+        grid = parse_grid(cfg.parallel.grid)
+        check_world_size(grid, world_size)
+        return choose_strategy(cfg, pg, world_size, esize, grid), grid
+    if world_size == 1:
+        return choose_strategy(cfg, pg, world_size, esize), None
+    from plexgt.parallel.agp import gcn_grid_for, plan
+    from plexgt.tasks import plexus_coefficients
+
+    selfloops = bool(getattr(pg, "manifest", {}).get("self_loops"))
+    grid = gcn_grid_for(world_size, pg.N, pg.E + (0 if selfloops else pg.N), cfg.model.hidden,
+                        esize, plexus_coefficients(cfg))
+    reg = default_registry()
+    name = cfg.parallel.strategy
+    strategies = [reg.get(STRATEGY_NAMES[name])] if name in STRATEGY_NAMES else list(reg)
+    pl = plan(_workload(cfg, pg, esize), strategies, [world_size], _system_model(cfg),
+              gcn_grids={world_size: grid})
+    best = _fastest(pl)
+    return best.strategy, best.gcn_grid
 
 
 def build_attention_task(cfg: Any, ctx: Any, pg: Any, ledger: CommLedger) -> Any:
@@ -93,7 +149,6 @@ def build_attention_task(cfg: Any, ctx: Any, pg: Any, ledger: CommLedger) -> Any
     import torch.distributed as dist
 
     from plexgt.config import ConfigError
-    from plexgt.dist.grid import check_world_size, parse_grid
     from plexgt.parallel.gps_dist import DistGPS
     from plexgt.parallel.gt_dist import DistGraphTransformer
     from plexgt.train import Task
@@ -104,15 +159,16 @@ def build_attention_task(cfg: Any, ctx: Any, pg: Any, ledger: CommLedger) -> Any
         raise ConfigError(f"{pg.path}: {ctx.world_size} ranks for N={pg.N} nodes")
     dt = {"float32": torch.float32, "float64": torch.float64}[cfg.dtype]
     esize = torch.tensor([], dtype=dt).element_size()
-    sname = choose_strategy(cfg, pg, ctx.world_size, esize)
     comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
     gps = cfg.model.name == "gps"
     grid = axis = None
-    if gps and cfg.parallel.grid != "auto":
+    if gps:  # the same choice on every rank: it only reads sizes, the config and the profile
+        sname, grid = choose_gps_layout(cfg, pg, ctx.world_size, esize)
+    else:
+        sname = choose_strategy(cfg, pg, ctx.world_size, esize)
+    if grid is not None:
         from plexgt.dist.grid import build_groups
 
-        grid = parse_grid(cfg.parallel.grid)
-        check_world_size(grid, ctx.world_size)
         groups = build_groups(grid, ctx.rank, ctx.world_size)
         axis = {a: Comm.from_group(g, a, ledger) for a, g in groups.axis.items()}
     before = pg.bytes_read

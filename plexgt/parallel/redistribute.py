@@ -28,7 +28,8 @@ gradient all-reduce of the step sums the blocks' partial gradients.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,7 +105,7 @@ def _overlap(a: Block, b: Block) -> tuple[Range, Range] | None:
     return (r0, r1), (c0, c1)
 
 
-def _pieces(mine: Block, others: list[Block]) -> list[tuple[Range, Range] | None]:
+def _pieces(mine: Block, others: Sequence[Block]) -> list[tuple[Range, Range] | None]:
     return [_overlap(mine, o) for o in others]
 
 
@@ -148,8 +149,12 @@ def redistribute_bytes(src: Layout, dst: Layout, p: int, me: int, esize: int
     """(sent, received) bytes of :func:`redistribute` on rank ``me`` (own piece excluded)."""
     if p == 1:
         return 0, 0
-    srcs = [src(r) for r in range(p)]
-    dsts = [dst(r) for r in range(p)]
+    return _exchange_bytes([src(r) for r in range(p)], [dst(r) for r in range(p)], me, esize)
+
+
+def _exchange_bytes(srcs: Sequence[Block], dsts: Sequence[Block], me: int, esize: int
+                    ) -> tuple[int, int]:
+    """:func:`redistribute_bytes` from every rank's blocks (computed once for all ranks)."""
     sent = sum(_size(q) for j, q in enumerate(_pieces(srcs[me], dsts)) if j != me)
     recv = sum(_size(q) for j, q in enumerate(_pieces(dsts[me], srcs)) if j != me)
     return sent * esize, recv * esize
@@ -241,16 +246,42 @@ def gcn3d_conv(path: Plexus3DPath, x: Tensor, lin: nn.Linear) -> Tensor:
 
 def gcn3d_comm(grid: Grid3D, rank: int, n: int, d: int, esize: int,
                block_rows: int | None = None) -> list[tuple[str, CommOp]]:
-    """(comm name, op) of one 3D GCN path call, forward and backward, on ``rank``."""
+    """(comm name, op) of one 3D GCN path call, forward and backward, on ``rank``.
+
+    Every collective :func:`gcn3d_conv` issues, with the bytes the ledger records: the four
+    redistribution all-to-alls over 'rows' (1D -> 3D input forward, 3D output -> 1D forward,
+    and their adjoints backward; issued on every rank when p > 1, even one that exchanges
+    nothing) and the Plexus layer's collectives over the grid axes ('x', 'y', 'z')."""
+    return _gcn3d_ops(grid, rank, n, d, esize, block_rows, _gcn3d_blocks(grid, n, d))
+
+
+def gcn3d_comm_all(grid: Grid3D, n: int, d: int, esize: int, block_rows: int | None = None
+                   ) -> list[list[tuple[str, CommOp]]]:
+    """:func:`gcn3d_comm` of every rank of ``grid`` (the layouts computed once)."""
+    blocks = _gcn3d_blocks(grid, n, d)
+    return [_gcn3d_ops(grid, r, n, d, esize, block_rows, blocks) for r in range(grid.size)]
+
+
+@functools.lru_cache(maxsize=16)
+def _gcn3d_blocks(grid: Grid3D, n: int, d: int) -> tuple[tuple[Block, ...], ...]:
+    """Every rank's block in the 1D, 3D input and 3D output layouts (cached: the cost model
+    asks for every rank's collectives in turn)."""
+    p = grid.size
+    return tuple(tuple(lay(r) for r in range(p)) for lay in (
+        row_layout(n, d, p), plexus_in_layout(grid, n, d), plexus_out_layout(grid, n, d)))
+
+
+def _gcn3d_ops(grid: Grid3D, rank: int, n: int, d: int, esize: int, block_rows: int | None,
+               blocks: tuple[tuple[Block, ...], ...]) -> list[tuple[str, CommOp]]:
     lay = layer_layouts(grid, rank, n, [d, d])[0]
     ga, gb, gc = lay.g
     a, b, c = lay.roles
     p = grid.size
     din_b, dout_a = lay.d_in // gb, lay.d_out // ga
-    rin = redistribute_bytes(row_layout(n, d, p), plexus_in_layout(grid, n, d), p, rank, esize)
-    rout = redistribute_bytes(plexus_out_layout(grid, n, d), row_layout(n, d, p), p, rank,
-                              esize)
-    blocks = row_blocks(lay.rows_pad, block_rows)
+    rows1d, in3d, out3d = blocks
+    rin = _exchange_bytes(rows1d, in3d, rank, esize) if p > 1 else (0, 0)
+    rout = _exchange_bytes(out3d, rows1d, rank, esize) if p > 1 else (0, 0)
+    row_blks = row_blocks(lay.rows_pad, block_rows)
     ag_c = all_gather_bytes(lay.cols_pad * (din_b // gc) * esize, gc)
     rs_b = reduce_scatter_bytes(lay.rows_pad * dout_a * esize, gb)
     ag_b = all_gather_bytes(lay.rows_pad * (dout_a // gb) * esize, gb)
@@ -258,14 +289,14 @@ def gcn3d_comm(grid: Grid3D, rank: int, n: int, d: int, esize: int,
     ops: list[tuple[str, CommOp]] = []
 
     def add(name: str, op: str, sent: int, recv: int, phase: str = "forward") -> None:
-        if (sent or recv) and (name != "rows" or p > 1):
+        if name != "rows" or p > 1:
             ops.append((name, CommOp(op, sent, recv, phase)))
 
     add("rows", "all_to_all", *rin)
     if gc > 1:
         add(c, "all_gather", ag_c, ag_c)
     if ga > 1:
-        for r0, r1 in blocks:
+        for r0, r1 in row_blks:
             ar = all_reduce_bytes((r1 - r0) * din_b * esize, ga)
             add(a, "all_reduce", ar, ar)
     if gb > 1:
@@ -275,7 +306,7 @@ def gcn3d_comm(grid: Grid3D, rank: int, n: int, d: int, esize: int,
     if gb > 1:
         add(b, "all_gather", ag_b, ag_b, "backward")
     if ga > 1:
-        for r0, r1 in blocks:
+        for r0, r1 in row_blks:
             ar = all_reduce_bytes((r1 - r0) * din_b * esize, ga)
             add(a, "all_reduce", ar, ar, "backward")
     if gc > 1:

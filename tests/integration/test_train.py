@@ -68,6 +68,26 @@ def test_metrics_and_final_line(data, tmp_path):
     assert "[model]" in r.stderr and "grid = " in r.stderr  # rank 0 logged the config
 
 
+def test_gps_trains_on_the_gcn_path_agp_chooses(data, tmp_path):
+    """gps with grid 'auto': the GCN path (1D, or 3D on the planner's grid) and strategy AGP
+    predicts fastest, named in the metrics; an explicit grid runs the 3D path as given."""
+    from plexgt.config import load_config
+    from plexgt.data.loader import PreparedGraph
+    from plexgt.parallel.gt_task import choose_gps_layout
+
+    for grid_arg in ("auto", "1x1x2"):
+        cfg = load_config(None, None, [f"--data={data}", "--model.name=gps",
+                                       "--model.hidden=16", f"--parallel.grid={grid_arg}"])
+        sname, grid = choose_gps_layout(cfg, PreparedGraph(data), 2, 4)
+        want = (str(grid), f"{sname}+plexus3d") if grid else ("rows2", sname)
+        m = tmp_path / f"{grid_arg}.jsonl"
+        r = _train(data, 2, "--model", "gps", "--grid", grid_arg, "--epochs", "3",
+                   "--metrics", str(m))
+        assert r.returncode == 0, r.stderr
+        last = json.loads(m.read_text().splitlines()[-1])
+        assert (last["grid"], last["strategy"]) == want and last["bytes_comm"] > 0
+
+
 def test_kill_and_resume_reproduces_the_loss_curve_exactly(data, tmp_path):
     full, part, ck = tmp_path / "full.jsonl", tmp_path / "part.jsonl", tmp_path / "c2"
     common = ["--deterministic", "--grid", "2x1x1", "--checkpoint-every", "5", "--epochs", "60"]

@@ -2,21 +2,42 @@
 
 Same harness as test_gt_dist: groups of p = 1, 2, 3, 4, 8 and the world, float64, 1e-6
 relative, forward, gradients, ledger bytes to the formula, and a 20-step loss curve. The 3D
-path runs on grids of each group's ranks, with its redistribution all-to-alls in the ledger.
+path runs on grids of each group's ranks, with its redistribution all-to-alls in the ledger,
+which equals AGP's priced step (group by group, call by call) on every rank.
 """
 
 from __future__ import annotations
 
+from collections import Counter, defaultdict
+
 import pytest
+import torch.distributed as dist
 
 from plexgt.dist.grid import Grid3D
 from plexgt.models.gps import GPS
+from plexgt.parallel.agp import SystemModel, Workload, estimate, step_ops
+from plexgt.parallel.attention_cost import step_bytes_named
 from plexgt.parallel.gps_dist import DistGPS
 from plexgt.parallel.redistribute import build_axis_groups
+from plexgt.parallel.rows1d import all_reduce_gradients, row_cross_entropy
+from plexgt.parallel.strategies import default_registry
 
 from . import test_gt_dist as _gt
 from .conftest import RANK
-from .test_gt_dist import SIZES, STRATEGIES, check_one_step, check_training
+from .test_gt_dist import (
+    F_IN,
+    HEADS,
+    HIDDEN,
+    LAYERS,
+    SIZES,
+    STRATEGIES,
+    C,
+    N,
+    build_models,
+    check_one_step,
+    check_training,
+    setup_rank,
+)
 
 prepared = _gt.prepared  # the fixtures, module-scoped here too
 groups = _gt.groups
@@ -61,3 +82,44 @@ def test_gps_3d_path_training_follows_reference(prepared, groups, axis_groups, p
     grid = GRIDS.get(p, [f"{p}x1x1"])[0]
     check_training(prepared, groups, p, "gp_ag", GPS, DistGPS, True, grid=_grid(grid),
                    axis_groups=axis_groups[grid])
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("p,grid", CASES)
+def test_gps_3d_step_ledger_equals_agp_step_ops(prepared, groups, axis_groups, p, grid,
+                                               strategy):
+    """One training step with the GCN path 3D: this rank's ledger, per (group name, op), in
+    bytes sent, received and calls, equals the step AGP prices for this rank (attention and
+    loss/gradient collectives over 'rows', the Plexus layer over the grid axes, and the four
+    redistribution all-to-alls per layer over 'rows'); AGP's estimate reports the bytes of
+    the rank whose collectives it priced."""
+    g = _grid(grid)
+    ledger, comm, graph, data = setup_rank(prepared, groups, p, strategy, True, g,
+                                           axis_groups[grid])
+    _, model = build_models(3, GPS, DistGPS)
+    loss = row_cross_entropy(model(data.x, graph), data.labels, data.masks["train"], comm)
+    loss.backward()
+    all_reduce_gradients(model, comm)
+    sent_by_rank = [None] * p
+    dist.all_gather_object(sent_by_rank, ledger.total(kind="sent"), group=groups[p])
+    # all collectives are done
+    w = Workload("gps", N, prepared.E, F_IN, C, HIDDEN, HEADS, LAYERS, 2, 8, gcn_grid=g,
+                 gcn_block_rows=4)
+    assert w.num_params == sum(t.numel() for t in model.parameters())
+    strat = default_registry().get(strategy)
+    ops = step_ops(strat, w, p, comm.rank)
+    for kind in ("sent", "recv"):
+        want = defaultdict(int)
+        for name, op in ops:
+            want[name, op.op] += op.sent if kind == "sent" else op.recv
+        got = {k: v for k, v in getattr(ledger, kind).items() if v}
+        assert got == {k: v for k, v in want.items() if v}, kind
+        assert got == step_bytes_named(strat, w.problem, comm.rank, p, LAYERS, w.num_params,
+                                       True, kind, g, 4), kind
+    assert {k: v for k, v in ledger.calls.items() if v} == Counter((n, o.op) for n, o in ops)
+    att = sum(1 for o in strat.comm(w.problem, comm.rank, p) if o.op == "all_to_all")
+    redistributions = 4 if p > 1 else 0  # 1D <-> 3D, in and out, forward and backward
+    assert ledger.calls.get(("rows", "all_to_all"), 0) == LAYERS * (att + redistributions)
+    est = estimate(strat, w, p, SystemModel())
+    assert est.gcn_path == ("3d" if p > 1 else "1d")
+    assert est.comm_bytes == sent_by_rank[est.comm_rank]

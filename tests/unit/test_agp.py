@@ -349,3 +349,96 @@ def test_sustained_timing_without_a_group():
     calls = []
     t = sustained(lambda: calls.append(1), torch.device("cpu"), 5)
     assert len(calls) == 6 and t >= 0.0
+
+
+# -- gps: the GCN path 1D or 3D on a grid -------------------------------------------------------
+def _gps(grid=None, block_rows=None, n=20_000, e=400_000) -> Workload:
+    return Workload("gps", n, e, 128, 10, hidden=64, heads=4, layers=2, gcn_grid=grid,
+                    gcn_block_rows=block_rows)
+
+
+@pytest.mark.parametrize("grid,block_rows", [("2x2x1", None), ("1x2x2", 1000),
+                                             ("4x1x1", None), ("2x2x2", 3000), ("1x3x1", None)])
+def test_gps_3d_gcn_path_prices_gcn3d_comm_with_its_redistribution(grid, block_rows):
+    from collections import Counter
+
+    from plexgt.dist.grid import Grid3D
+    from plexgt.parallel.agp import comm_time, step_ops
+    from plexgt.parallel.attention_cost import gcn1d_comm, step_comm_named
+    from plexgt.parallel.redistribute import gcn3d_comm, gcn3d_comm_all
+
+    g = Grid3D(*(int(v) for v in grid.split("x")))
+    s, w3, w1, sysm = g.size, _gps(g, block_rows), _gps(), _sysm()
+    prob, L = w3.problem, w3.layers
+    every = gcn3d_comm_all(g, w3.n, w3.hidden, w3.esize, block_rows)
+    for c in default_registry():
+        for r in range(s):
+            gcn = gcn3d_comm(g, r, w3.n, w3.hidden, w3.esize, block_rows)
+            assert every[r] == gcn
+            # forward and backward: 1D -> 3D input and 3D output -> 1D over all ranks
+            assert [o.phase for n, o in gcn if n == "rows"] == ["forward"] * 2 + ["backward"] * 2
+            assert {n for n, _ in gcn} - {"rows"} == {a for a in "xyz" if g.dim(a) > 1}
+            rest = Counter(step_comm_named(c, prob, r, s, L, w3.num_params))  # attention, loss
+            assert Counter(step_ops(c, w3, s, r)) == rest + Counter(gcn * L)
+            one = Counter(("rows", o) for o in gcn1d_comm(prob, s))
+            assert Counter(step_ops(c, w1, s, r)) == rest + Counter(
+                {k: v * L for k, v in one.items()})
+        e3, e1 = estimate(c, w3, s, sysm), estimate(c, w1, s, sysm)
+        assert (e3.gcn_path, e3.gcn_grid, e1.gcn_path, e1.gcn_grid) == ("3d", g, "1d", None)
+        times = [comm_time(step_ops(c, w3, s, r), s, g, sysm) for r in range(s)]
+        assert e3.comm_s == max(times) == times[e3.comm_rank]
+        assert e3.comm_bytes == sum(o.sent for _, o in step_ops(c, w3, s, e3.comm_rank))
+        assert e3.comm_bytes != e1.comm_bytes and e3.comm_s != e1.comm_s
+        assert e3.time_s == pytest.approx(e3.alpha * w3.e + e3.beta * w3.n)
+        # the 3D layer keeps its aggregate [N/Gz, d/Gy] for the weight gradient
+        assert e3.memory["dense_activations"] > e1.memory["dense_activations"]
+        # other scales run the 1D path
+        assert estimate(c, w3, 2 * s, sysm).gcn_path == "1d"
+        assert estimate(c, w3, 2 * s, sysm).time_s == estimate(c, w1, 2 * s, sysm).time_s
+
+
+def test_gps_3d_gcn_path_compute_splits_the_spmm_and_gemm_over_the_grid():
+    from plexgt.dist.grid import Grid3D
+
+    kern = {k: 0.0 for k in SystemModel().kernels}
+    kern["spmm_s_per_nnz_col"] = 1e-9
+    s = SystemModel(kernels=kern, cores=64, device="cpu")
+    ag = default_registry().get("gp_ag")
+    for g in (Grid3D(2, 2, 1), Grid3D(1, 1, 4), Grid3D(4, 1, 1)):
+        # 2 layers x forward and backward x E/(Gx·Gz) entries x d/Gy columns = 2·2·E·d/4
+        want = 2 * 2 * 400_000 * 64 / 4 * 1e-9
+        assert estimate(ag, _gps(g), 4, s).compute_s == pytest.approx(want)
+        assert estimate(ag, _gps(), 4, s).compute_s == pytest.approx(want)
+    kern = {k: 0.0 for k in SystemModel().kernels}
+    kern["gemm_s_per_fma"] = 1e-9
+    s = SystemModel(kernels=kern, cores=64, device="cpu")
+    one = estimate(ag, _gps(), 4, s).compute_s
+    for g in (Grid3D(2, 2, 1), Grid3D(1, 2, 2)):
+        # N divisible by the grid, d by its axes: the same GEMM work per rank as the 1D path
+        assert estimate(ag, _gps(g), 4, s).compute_s == pytest.approx(one)
+    with pytest.raises(ValueError, match="only gps"):
+        Workload("gt", 100, 1000, 8, 2, gcn_grid=Grid3D(2, 1, 1))
+
+
+def test_plan_prices_both_gcn_paths_and_chooses_among_them():
+    from plexgt.dist.grid import Grid3D
+    from plexgt.parallel.agp import format_plan, gcn_grid_for
+
+    grids = {s: gcn_grid_for(s, 20_000, 420_000, 64, 4) for s in (2, 4, 8)}
+    assert all(g.size == s for s, g in grids.items())
+    pl = plan(_gps(), list(default_registry()), scales_for(8), _sysm(1e-6, 1e-11), None, grids)
+    got = {(r.est.strategy, r.est.scale, r.est.gcn_label) for r in pl.rows}
+    want = {(c, s, "1d") for c in ("gp_ag", "gp_a2a") for s in (1, 2, 4, 8)} | {
+        (c, s, f"3d {grids[s]}") for c in ("gp_ag", "gp_a2a") for s in (2, 4, 8)}
+    assert got == want and len(pl.rows) == len(want)
+    fine = [r for r in pl.rows if r.fits and r.passes]
+    assert pl.choice.est.time_s == min(r.est.time_s for r in fine)
+    text = "\n".join(format_plan(pl))
+    assert "gcn path" in text and f"3d {grids[8]}" in text
+    assert f"GCN path {pl.choice.est.gcn_label}" in text
+    # a workload that already runs 3D at a scale gets no duplicate row there
+    g = Grid3D(2, 2, 1)
+    pl = plan(_gps(g), list(default_registry()), [4], _sysm(), None, {4: g})
+    assert [r.est.gcn_path for r in pl.rows] == ["3d", "3d"]
+    with pytest.raises(ValueError, match="has 4 ranks, not 8"):
+        plan(_gps(), list(default_registry()), [8], _sysm(), None, {8: g})

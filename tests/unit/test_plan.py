@@ -135,3 +135,54 @@ def test_plan_bad_files_exit_2(prepared, tmp_path, capsys):
     assert "not a plexgt system profile" in capsys.readouterr().err
     assert main(["profile", "--out", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
+
+
+def test_plan_gps_shows_the_gcn_path_of_every_row(prepared, tmp_path, capsys):
+    js = tmp_path / "plan.json"
+    assert main(["plan", "--data", str(prepared), "--model", "gps", "--world-size", "4",
+                 "--hidden", "16", "--heads", "4", "--json", str(js)]) == 0
+    out = capsys.readouterr().out
+    table = json.loads(js.read_text())
+    grids = table["gcn"]["grids"]
+    assert set(grids) == {"2", "4"} and f"4 ranks {grids['4']}" in out
+    paths = {(r["strategy"], r["scale"], r["gcn_path"], r["gcn_grid"]) for r in table["rows"]}
+    assert paths == {(s, p, "1d", None) for s in ("gp_ag", "gp_a2a") for p in (1, 2, 4)} | {
+        (s, p, "3d", grids[str(p)]) for s in ("gp_ag", "gp_a2a") for p in (2, 4)}
+    chosen = next(r for r in table["rows"] if r["chosen"])
+    assert table["gcn"]["choice"] == {"gcn_path": chosen["gcn_path"],
+                                      "gcn_grid": chosen["gcn_grid"]}
+    assert "GCN path" in out.splitlines()[-1]
+
+
+@pytest.mark.parametrize("strategy", ["ag", "a2a", "auto"])
+def test_gps_grid_auto_takes_the_faster_gcn_path(prepared, strategy):
+    """parallel.grid 'auto': the 3D planner's grid, then AGP prices the step with the GCN path
+    1D and 3D on it; the faster is taken (an explicit grid is kept as given)."""
+    from dataclasses import replace
+
+    from plexgt.config import load_config
+    from plexgt.dist.grid import Grid3D
+    from plexgt.parallel.agp import SystemModel, Workload, estimate, gcn_grid_for
+    from plexgt.parallel.gt_task import STRATEGY_NAMES, choose_gps_layout
+    from plexgt.parallel.strategies import default_registry
+
+    pg = PreparedGraph(prepared)
+    cfg = load_config(None, None, [f"--data={prepared}", "--model.name=gps",
+                                   "--model.hidden=16", f"--parallel.strategy={strategy}"])
+    assert choose_gps_layout(cfg, pg, 1, 4)[1] is None
+    sname, grid = choose_gps_layout(cfg, pg, 4, 4)
+    if strategy != "auto":
+        assert sname == STRATEGY_NAMES[strategy]
+    g = gcn_grid_for(4, pg.N, pg.E + (0 if pg.manifest.get("self_loops") else pg.N), 16, 4)
+    assert grid in (None, g)
+    reg = default_registry()
+    names = reg.names() if strategy == "auto" else [STRATEGY_NAMES[strategy]]
+    w = Workload("gps", pg.N, pg.E, pg.F, pg.C, 16, cfg.model.heads, cfg.model.layers, 2, 4)
+    times = {(c, path): estimate(reg.get(c), replace(w, gcn_grid=path), 4,
+                                 SystemModel()).time_s
+             for c in names for path in (None, g)}
+    assert times[sname, grid] == min(times.values())
+    cfg = load_config(None, None, [f"--data={prepared}", "--model.name=gps",
+                                   "--model.hidden=16", "--parallel.grid=1x2x2",
+                                   f"--parallel.strategy={strategy}"])
+    assert choose_gps_layout(cfg, pg, 4, 4)[1] == Grid3D(1, 2, 2)

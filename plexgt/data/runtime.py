@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from plexgt.data.graph import DataError
+from plexgt.dist.mpiwait import arrive
 
 
 class Comm:
@@ -29,17 +30,27 @@ class Comm:
         self.rank = 0 if self.c is None else self.c.Get_rank()
         self.size = 1 if self.c is None else self.c.Get_size()
 
+    # each collective first meets in a sleeping barrier (plexgt.dist.mpiwait): ranks often
+    # wait here for seconds while another builds a tile, and must not spin meanwhile
+
     def bcast(self, obj: Any) -> Any:
-        return obj if self.c is None else self.c.bcast(obj, root=0)
+        if self.c is None:
+            return obj
+        arrive(self.c)
+        return self.c.bcast(obj, root=0)
 
     def allgather(self, obj: Any) -> list[Any]:
-        return [obj] if self.c is None else self.c.allgather(obj)
+        if self.c is None:
+            return [obj]
+        arrive(self.c)
+        return self.c.allgather(obj)
 
     def sum(self, arr: np.ndarray) -> np.ndarray:
         """Element-wise sum over ranks (collective), in place."""
         if self.c is not None:
             from mpi4py import MPI
 
+            arrive(self.c)
             self.c.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM)
         return arr
 
@@ -50,7 +61,7 @@ class Comm:
             if err is not None:
                 raise err
             return
-        infos = self.c.allgather(info)
+        infos = self.allgather(info)
         for r, i in enumerate(infos):
             if i is not None:
                 if err is not None:

@@ -179,5 +179,7 @@ def shutdown(ctx: DistContext | None = None) -> None:
 
     if dist.is_available() and dist.is_initialized():
         if ctx is not None and ctx.comm is not None:
-            ctx.comm.Barrier()
+            from plexgt.dist.mpiwait import arrive
+
+            arrive(ctx.comm)
         dist.destroy_process_group()

@@ -21,6 +21,7 @@ from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import sbm
 from plexgt.dist.collectives import Comm, CommLedger
+from plexgt.dist.mpiwait import arrive
 from plexgt.models.gt import GraphTransformer
 from plexgt.models.layers import ModelGraph
 from plexgt.ops.csr import CSRGraph
@@ -57,6 +58,7 @@ def prepared(tmp_path_factory):
         path = tmp_path_factory.mktemp("gtdist") / "prep"
         prepare(MemorySource(g), PrepOptions(out=path, tiles=2, symmetrize=True,
                                              progress=False, seed=9))
+    arrive(comm)  # rank 0 prepared it; the others sleep meanwhile
     return PreparedGraph(comm.bcast(path))
 
 

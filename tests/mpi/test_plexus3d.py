@@ -17,6 +17,7 @@ from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import sbm
 from plexgt.dist.collectives import CommLedger
+from plexgt.dist.mpiwait import arrive
 from plexgt.models.gcn import GCN
 from plexgt.models.layers import ModelGraph
 from plexgt.ops.csr import CSRGraph
@@ -49,6 +50,7 @@ def prepared(tmp_path_factory):
         path = tmp_path_factory.mktemp("plexus") / "prep"
         prepare(MemorySource(g), PrepOptions(out=path, tiles=3, symmetrize=True,
                                              progress=False, seed=5))
+    arrive(comm)  # rank 0 prepared it; the others sleep meanwhile
     path = comm.bcast(path)
     return PreparedGraph(path)
 

@@ -20,6 +20,7 @@ from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import RmatSource
 from plexgt.data.testing import small_graph
 from plexgt.data.verify import verify
+from plexgt.dist.mpiwait import arrive
 
 pytestmark = pytest.mark.timeout(120)
 COMM = Comm(MPI.COMM_WORLD)
@@ -30,7 +31,7 @@ def shared_dir():
     d = Path(tempfile.mkdtemp(prefix="plexgt-mpi-")) if COMM.rank == 0 else None
     d = COMM.bcast(d)
     yield d
-    MPI.COMM_WORLD.Barrier()
+    arrive(MPI.COMM_WORLD)
     if COMM.rank == 0:
         shutil.rmtree(d, ignore_errors=True)
 
@@ -67,7 +68,7 @@ def test_bad_input_stops_every_rank_and_leaves_nothing(shared_dir):
     src.feature_dtype, src.files = g.features.dtype, []
     with pytest.raises(DataError):
         prepare(src, _opts(shared_dir / "o", tiles=2, chunk_edges=-(-200 // COMM.size)), COMM)
-    MPI.COMM_WORLD.Barrier()
+    arrive(MPI.COMM_WORLD)
     assert not (shared_dir / "o").exists()
 
 
@@ -110,7 +111,7 @@ def test_text_sources_split_over_ranks_equal_serial(shared_dir, kind):
         write_snap(shared_dir / "g.txt.gz", g)
         write_mtx(shared_dir / "g.mtx", g)
         write_ogb_csv(shared_dir / "ogb", g)
-    MPI.COMM_WORLD.Barrier()
+    arrive(MPI.COMM_WORLD)
     m = prepare(_text_source(kind, shared_dir, COMM),
                 _opts(shared_dir / "par", tiles=3, chunk_edges=37), COMM)
     if COMM.rank == 0:
@@ -125,8 +126,8 @@ def test_text_source_bad_count_found_only_by_the_sum(shared_dir):
     if COMM.rank == 0:
         body = "".join(f"{i % 40} {(i * 7) % 40}\n" for i in range(500))
         (shared_dir / "g.txt").write_text(f"# Nodes: 40 Edges: 501\n{body}")
-    MPI.COMM_WORLD.Barrier()
+    arrive(MPI.COMM_WORLD)
     with pytest.raises(DataError, match="header claims 501 edges but the file holds 500"):
         prepare(SnapSource(shared_dir / "g.txt", 40), _opts(shared_dir / "o", tiles=2), COMM)
-    MPI.COMM_WORLD.Barrier()
+    arrive(MPI.COMM_WORLD)
     assert not (shared_dir / "o").exists()

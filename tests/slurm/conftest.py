@@ -1,8 +1,9 @@
 """A real one-node Slurm (slurmctld + slurmd + munged) on loopback, for the job-script tests.
 
 Everything lives in a temporary directory: configuration, state, spool, logs, the munge key and
-socket; ports are picked free; the daemons are stopped by pid at the end. Skipped (with the
-reason) where the Slurm and munge binaries are missing or not running as root; ``.ci/run``
+socket; ports are picked free; the daemons are stopped by pid at the end. ``cred_expire=10``
+because a requeued job may not start before that delay has passed (120 s by default). Skipped
+(with the reason) where the Slurm and munge binaries are missing or not running as root; ``.ci/run``
 installs Debian's slurm-wlm and munge first.
 """
 
@@ -37,7 +38,7 @@ SlurmdPort={_free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={d / "munge.sock"}
+AuthInfo=socket={d / "munge.sock"},cred_expire=10
 CredType=cred/munge
 StateSaveLocation={d / "state"}
 SlurmdSpoolDir={d / "spool"}

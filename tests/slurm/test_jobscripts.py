@@ -66,7 +66,7 @@ def test_sbatch_srun_pmi2_trains_on_4_ranks(slurm, data, tmp_path):
 
 
 def test_usr1_checkpoints_then_the_job_requeues_and_resumes(slurm, data, tmp_path):
-    epochs = 120
+    epochs = 40  # enough that the signal lands mid-run; short enough for CI
     job, run = _sbatch(slurm, tmp_path, data, epochs, wait=False)
     deadline = time.time() + 240
     while time.time() < deadline and len(_epochs(run)) < 3:

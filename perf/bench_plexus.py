@@ -302,8 +302,6 @@ def main() -> None:
     def fastest(name: str) -> dict:
         best = dict(min(runs[name], key=lambda r: r.get("epoch_s", float("inf"))))
         best["epoch_s_rounds"] = [r.get("epoch_s") for r in runs[name]]
-        best.update({k: v for k, v in runs[name][0].items() if k.endswith("_per_nnz_col")
-                     or k.endswith("_per_fma")})
         return best
 
     one, one_agg, pyg = fastest("one"), fastest("one_agg"), fastest("pyg")
@@ -331,8 +329,9 @@ def main() -> None:
         eight[-1]["predicted_mem_bytes"] = need
     row1d = _run([*mpi, "8", *me, "--worker", "row1d"])
     cores = len(os.sched_getaffinity(0))
-    coef = Coefficients(spmm_s_per_nnz_col=one["spmm_s_per_nnz_col"],
-                        gemm_s_per_fma=one["gemm_s_per_fma"],
+    calib = runs["one"][0]  # the calibrated launch (round 0)
+    coef = Coefficients(spmm_s_per_nnz_col=calib["spmm_s_per_nnz_col"],
+                        gemm_s_per_fma=calib["gemm_s_per_fma"],
                         latency_s=eight[0]["latency_s"], s_per_byte=eight[0]["s_per_byte"])
     for r in eight:
         from plexgt.dist.grid import parse_grid

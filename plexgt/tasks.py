@@ -10,6 +10,7 @@ AGP predicts faster (see :mod:`plexgt.parallel.gt_task`).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -28,8 +29,10 @@ def gcn_dims(cfg: TrainConfig, pg: PreparedGraph) -> list[int]:
     return [pg.F] + [cfg.model.hidden] * (cfg.model.layers - 1) + [pg.C]
 
 
-def choose_grid(cfg: TrainConfig, pg: PreparedGraph, world_size: int) -> Grid3D:
-    """The configured grid, or the planner's fastest factorisation of the world size."""
+def choose_grid(cfg: TrainConfig, pg: PreparedGraph, world_size: int,
+                coef: Coefficients | None = None) -> Grid3D:
+    """The configured grid, or the planner's fastest factorisation of the world size (``coef``:
+    the machine coefficients, read from parallel.profile when not given)."""
     if cfg.parallel.grid != "auto":
         grid = parse_grid(cfg.parallel.grid)
         check_world_size(grid, world_size)
@@ -37,17 +40,27 @@ def choose_grid(cfg: TrainConfig, pg: PreparedGraph, world_size: int) -> Grid3D:
     from plexgt.parallel.plexus_cost import rank_grids
 
     esize = torch.tensor([], dtype=DTYPES[cfg.dtype]).element_size()
-    return rank_grids(world_size, pg.N, pg.E, gcn_dims(cfg, pg), esize, plexus_coefficients(cfg),
+    if coef is None:
+        coef = plexus_coefficients(cfg)
+    return rank_grids(world_size, pg.N, pg.E, gcn_dims(cfg, pg), esize, coef,
                       order=cfg.parallel.gcn_order)[0].grid
 
 
-def plexus_coefficients(cfg: TrainConfig) -> Coefficients:
-    """The 3D cost model's machine coefficients: from parallel.profile, else the defaults."""
+def machine_profile(cfg: TrainConfig) -> dict[str, Any] | None:
+    """parallel.profile read and validated, or None when none is configured. Read once per
+    task build and handed to every planner that needs it."""
     if not cfg.parallel.profile:
-        return Coefficients()
+        return None
     from plexgt.profile import read_profile
 
-    return Coefficients(**read_profile(cfg.parallel.profile)["plexus"])
+    return read_profile(cfg.parallel.profile)
+
+
+def plexus_coefficients(cfg: TrainConfig, prof: dict[str, Any] | None = None) -> Coefficients:
+    """The 3D cost model's machine coefficients: from the profile (``prof``, else read from
+    parallel.profile), or the defaults without one."""
+    prof = prof if prof is not None else machine_profile(cfg)
+    return Coefficients(**prof["plexus"]) if prof else Coefficients()
 
 
 def build_gcn(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: CommLedger) -> Task:
@@ -63,7 +76,8 @@ def build_gcn(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: Com
 
     if pg.C < 1:
         raise ConfigError(f"{pg.path}: the prepared graph has no labels to train on")
-    grid = choose_grid(cfg, pg, ctx.world_size)
+    coef = plexus_coefficients(cfg)
+    grid = choose_grid(cfg, pg, ctx.world_size, coef)
     check_grid(pg, grid, cfg.model.layers)
     dt = DTYPES[cfg.dtype]
     dims = gcn_dims(cfg, pg)
@@ -76,7 +90,6 @@ def build_gcn(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: Com
 
         # from global sizes only: every rank of an all-reduce group must cut the same blocks
         esize = torch.tensor([], dtype=dt).element_size()
-        coef = plexus_coefficients(cfg)
         picks = [default_block_rows(lay, pg.E // (lay.g[0] * lay.g[2]), esize, coef)
                  for lay in lays]
         block_rows = min((p for p in picks if p), default=None)

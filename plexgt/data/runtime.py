@@ -13,13 +13,16 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from plexgt.data.graph import DataError
 from plexgt.dist.mpiwait import arrive
+
+T = TypeVar("T")
 
 
 class Comm:
@@ -53,6 +56,17 @@ class Comm:
             arrive(self.c)
             self.c.Allreduce(MPI.IN_PLACE, arr, op=MPI.SUM)
         return arr
+
+    def run(self, fn: Callable[[], T]) -> T | None:
+        """Run ``fn`` on this rank, then agree with every rank on success (collective): an
+        error anywhere is raised everywhere, so no rank is left waiting for the others."""
+        err, res = None, None
+        try:
+            res = fn()
+        except Exception as e:  # noqa: BLE001 - every rank must learn of it, or the others hang
+            err = e
+        self.agree(err)
+        return res
 
     def agree(self, err: BaseException | None) -> None:
         """Collective: re-raise on every rank the first rank's error (DataError stays DataError)."""

@@ -129,17 +129,22 @@ def _sorted_unique(key: np.ndarray) -> np.ndarray:
     return key[keep]
 
 
+def _physical_memory() -> int | None:
+    """Bytes of RAM on this machine, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def _check_node_memory(n: int, name: str) -> None:
     """Refuse an N whose node arrays (~40 bytes a node) exceed this machine's memory.
 
     Why: N can come from a header (.mtx sizes, OGB num-node-list) whose claim no edge can
     confirm (isolated nodes are legal); allocating from it unchecked would end in a crash.
     """
-    try:
-        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return
-    if 40 * n > phys:
+    phys = _physical_memory()
+    if phys is not None and 40 * n > phys:
         raise DataError(f"{name}: N={n} nodes need ~{40 * n / 2**30:.0f} GiB of node arrays, "
                         f"more than this machine's {phys / 2**30:.0f} GiB (bad header?)")
 
@@ -235,10 +240,7 @@ class _Prep:
         t0 = time.monotonic()
         n, o = self.n, self.o
         e = self.src.num_edges_hint() * (2 if o.symmetrize else 1) + n
-        try:
-            phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            phys = None
+        phys = _physical_memory()
         need = 56 * e + 48 * n * self.balance_blocks
         if phys is not None and need > phys:
             raise DataError(f"{self.src.name}: --permutation balanced needs ~{need / 2**30:.0f} "
@@ -562,10 +564,10 @@ def prepare(source: GraphSource, opts: PrepOptions, comm: Comm | None = None,
     created = comm.bcast(created)
     try:
         if opts.permutation == "degree":
-            deg = _stage(comm, st.count_degrees)
+            deg = comm.run(st.count_degrees)
             st.set_perms(*degree_permutations(comm.sum(deg), opts.seed))
         elif opts.permutation == "balanced":
-            perms = _stage(comm, st.balance if comm.rank == 0 else lambda: None)
+            perms = comm.run(st.balance if comm.rank == 0 else lambda: None)
             st.set_perms(*comm.bcast(perms))
         marker = st.stage / "bucketed.json"
         redo = True
@@ -575,21 +577,21 @@ def prepare(source: GraphSource, opts: PrepOptions, comm: Comm | None = None,
         if redo:
             if comm.rank == 0 and marker.exists():
                 marker.unlink()
-            _stage(comm, lambda: st.bucket())
+            comm.run(lambda: st.bucket())
             # counts a split pass could not check (a header's claimed edges): summed, checked
             stats = source.edge_pass_stats()
             if stats.size:
                 totals = comm.sum(np.array(stats, dtype=np.int64))
-                _stage(comm, lambda: source.check_edge_pass(totals))
+                comm.run(lambda: source.check_edge_pass(totals))
             if comm.rank == 0:
                 write_json_atomic(marker, {"nparts": comm.size})
             comm.agree(None)
-        _stage(comm, lambda: st.build_units(fail_after))
+        comm.run(lambda: st.build_units(fail_after))
         manifest = None
         if comm.rank == 0:
-            manifest = _stage(comm, lambda: st.finish(t_start))
+            manifest = comm.run(lambda: st.finish(t_start))
         else:
-            _stage(comm, lambda: None)
+            comm.run(lambda: None)
         manifest = comm.bcast(manifest)
     except DataError:
         if comm.rank == 0 and created:
@@ -599,13 +601,3 @@ def prepare(source: GraphSource, opts: PrepOptions, comm: Comm | None = None,
         source.close()
     return manifest
 
-
-def _stage(comm: Comm, fn: Any) -> Any:
-    """Run ``fn`` on this rank, then agree with every rank on success (collective)."""
-    err, res = None, None
-    try:
-        res = fn()
-    except Exception as e:  # noqa: BLE001 - every rank must learn of it, or the others hang
-        err = e
-    comm.agree(err)
-    return res

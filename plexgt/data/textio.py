@@ -43,7 +43,7 @@ def open_text(path: Path):  # noqa: ANN201 - a binary file object
     """Open ``path`` for binary reading, through gzip when it ends in ``.gz``."""
     if not path.exists():
         raise DataError(f"{path}: no such file")
-    if path.suffix == ".gz":
+    if is_gzip(path):
         return gzip.open(path, "rb")
     return open(path, "rb")  # noqa: SIM115 - closed by the caller's with
 
@@ -182,17 +182,16 @@ def _range_blocks(path: Path, lo: int, hi: int, start: int, block_bytes: int
 
 def iter_blocks(
     path: Path, part: int = 0, nparts: int = 1, *, block_bytes: int = BLOCK_BYTES,
-    start: int = 0, start_line: int = 1, seek: bool = True, others: bool = False,
+    start: int = 0, start_line: int = 1, others: bool = False,
 ) -> Iterator[Block]:
     """Blocks of whole lines of part ``part`` of ``nparts`` of ``path``, from byte ``start``
     (line ``start_line``) on; see the module docstring for how lines are split over parts.
 
-    ``seek=False`` forces the sequential split (every part reads everything, lines numbered);
-    ``others=True`` (sequential split only) also yields the other parts' blocks, unparsed, with
-    ``mine=False``: a part can then count rows before its own blocks. Truncated or corrupt
-    gzip streams become :class:`DataError` naming the file.
+    ``others=True`` forces the sequential split and also yields the other parts' blocks,
+    unparsed, with ``mine=False``: a part can then count rows before its own blocks. Truncated
+    or corrupt gzip streams become :class:`DataError` naming the file.
     """
-    if nparts > 1 and seek and not others and not is_gzip(path):
+    if nparts > 1 and not others and not is_gzip(path):
         if not path.exists():
             raise DataError(f"{path}: no such file")
         size = path.stat().st_size
@@ -208,15 +207,6 @@ def iter_blocks(
         mine = k % nparts == part
         if mine or others:
             yield Block(path, data, off, line, mine)
-
-
-def iter_raw_blocks(path: Path, block_bytes: int = BLOCK_BYTES) -> Iterator[tuple[int, bytes]]:
-    """Yield (first line number, block of whole lines) from ``path``; line numbers are 1-based.
-
-    Truncated or corrupt gzip streams become :class:`DataError` naming the file.
-    """
-    for blk in iter_blocks(path, block_bytes=block_bytes):
-        yield blk.line, blk.data
 
 
 def read_head(path: Path, nbytes: int) -> bytes:

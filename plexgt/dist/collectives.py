@@ -139,15 +139,25 @@ _OPS = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp
 # -- raw operations (record in the ledger, no autograd) -------------------------------------
 
 
+def _issue(op: str, out: torch.Tensor, x: torch.Tensor, comm: Comm, async_op: bool = False
+           ) -> Any:
+    """Record and run one tensor-in, tensor-out collective over dim 0 ('all_gather' or
+    'reduce_scatter'); a handle when ``async_op``."""
+    if op == "all_gather":
+        b, fn = all_gather_bytes(_nbytes(x), comm.size), _all_gather_tensor
+    else:
+        b, fn = reduce_scatter_bytes(_nbytes(x), comm.size), _reduce_scatter_tensor
+    comm.ledger.record(comm.name, op, b, b)
+    with comm.ledger.timed():
+        return fn(out, x, group=comm.group, async_op=async_op)
+
+
 def _all_gather(x: torch.Tensor, comm: Comm, dim: int) -> torch.Tensor:
     if comm.size == 1:
         return x
     xt = x.movedim(dim, 0).contiguous()
     out = torch.empty((comm.size * xt.shape[0], *xt.shape[1:]), dtype=x.dtype, device=x.device)
-    with comm.ledger.timed():
-        _all_gather_tensor(out, xt, group=comm.group)
-    b = all_gather_bytes(_nbytes(xt), comm.size)
-    comm.ledger.record(comm.name, "all_gather", b, b)
+    _issue("all_gather", out, xt, comm)
     return out.movedim(0, dim)
 
 
@@ -163,10 +173,7 @@ def _reduce_scatter(x: torch.Tensor, comm: Comm, dim: int) -> torch.Tensor:
     out = torch.empty(
         (xt.shape[0] // comm.size, *xt.shape[1:]), dtype=x.dtype, device=x.device
     )
-    with comm.ledger.timed():
-        _reduce_scatter_tensor(out, xt, group=comm.group)
-    b = reduce_scatter_bytes(_nbytes(xt), comm.size)
-    comm.ledger.record(comm.name, "reduce_scatter", b, b)
+    _issue("reduce_scatter", out, xt, comm)
     return out.movedim(0, dim)
 
 
@@ -368,10 +375,7 @@ def reduce_scatter_async(x: torch.Tensor, out: torch.Tensor, comm: Comm) -> Any:
     if comm.size == 1:
         out.copy_(x)
         return None
-    b = reduce_scatter_bytes(_nbytes(x), comm.size)
-    comm.ledger.record(comm.name, "reduce_scatter", b, b)
-    with comm.ledger.timed():
-        return _reduce_scatter_tensor(out, x, group=comm.group, async_op=True)
+    return _issue("reduce_scatter", out, x, comm, async_op=True)
 
 
 def all_gather_async(x: torch.Tensor, out: torch.Tensor, comm: Comm) -> Any:
@@ -380,10 +384,7 @@ def all_gather_async(x: torch.Tensor, out: torch.Tensor, comm: Comm) -> Any:
     if comm.size == 1:
         out.copy_(x)
         return None
-    b = all_gather_bytes(_nbytes(x), comm.size)
-    comm.ledger.record(comm.name, "all_gather", b, b)
-    with comm.ledger.timed():
-        return _all_gather_tensor(out, x, group=comm.group, async_op=True)
+    return _issue("all_gather", out, x, comm, async_op=True)
 
 
 def wait(handle: Any, comm: Comm) -> None:

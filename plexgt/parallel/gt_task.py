@@ -71,15 +71,11 @@ class RowParallel(nn.Module):
         return out
 
 
-def _system_model(cfg: Any) -> Any:
-    """AGP's coefficients: parallel.profile's, else the defaults."""
+def _system_model(prof: dict[str, Any] | None) -> Any:
+    """AGP's coefficients: the profile's, else the defaults."""
     from plexgt.parallel.agp import SystemModel
 
-    if cfg.parallel.profile:
-        from plexgt.profile import read_profile
-
-        return SystemModel.from_profile(read_profile(cfg.parallel.profile))
-    return SystemModel()
+    return SystemModel.from_profile(prof) if prof else SystemModel()
 
 
 def _workload(cfg: Any, pg: Any, esize: int, grid: Grid3D | None = None) -> Any:
@@ -98,47 +94,52 @@ def _fastest(pl: Any) -> Any:
 
 
 def choose_strategy(cfg: Any, pg: Any, world_size: int, esize: int,
-                    grid: Grid3D | None = None) -> str:
+                    grid: Grid3D | None = None, sysm: Any = None) -> str:
     """The configured strategy, or AGP's choice at the job's size (memory unconstrained), from
-    parallel.profile's coefficients when one is given; gps with a ``grid``: its GCN path
-    priced 3D on that grid (else 1D)."""
+    ``sysm`` (default: parallel.profile's coefficients when one is given); gps with a
+    ``grid``: its GCN path priced 3D on that grid (else 1D)."""
     name = cfg.parallel.strategy
     if name in STRATEGY_NAMES:
         return STRATEGY_NAMES[name]
     from plexgt.parallel.agp import plan
+    from plexgt.tasks import machine_profile
 
-    pl = plan(_workload(cfg, pg, esize, grid), list(default_registry()), [world_size],
-              _system_model(cfg))
+    if sysm is None:
+        sysm = _system_model(machine_profile(cfg))
+    pl = plan(_workload(cfg, pg, esize, grid), list(default_registry()), [world_size], sysm)
     return _fastest(pl).strategy
 
 
-def choose_gps_layout(cfg: Any, pg: Any, world_size: int, esize: int
-                      ) -> tuple[str, Grid3D | None]:
+def choose_gps_layout(cfg: Any, pg: Any, world_size: int, esize: int,
+                      prof: dict[str, Any] | None = None) -> tuple[str, Grid3D | None]:
     """gps: (strategy, grid of the 3D GCN path or None for the 1D path).
 
     An explicit ``parallel.grid`` is used as given (the strategy priced with it). With 'auto'
     on more than one rank the 3D planner picks its best grid of the job's ranks for the GCN
     path's d -> d layer (:func:`plexgt.parallel.agp.gcn_grid_for`, parallel.profile's
     coefficients), and AGP prices the step with the GCN path 1D and 3D on that grid: with
-    the configured strategy, or every strategy when 'auto'; the fastest is taken."""
+    the configured strategy, or every strategy when 'auto'; the fastest is taken. ``prof``:
+    the machine profile (default: parallel.profile, read here)."""
     from plexgt.dist.grid import check_world_size, parse_grid
+    from plexgt.tasks import machine_profile, plexus_coefficients
 
+    prof = prof if prof is not None else machine_profile(cfg)
+    sysm = _system_model(prof)
     if cfg.parallel.grid != "auto":
         grid = parse_grid(cfg.parallel.grid)
         check_world_size(grid, world_size)
-        return choose_strategy(cfg, pg, world_size, esize, grid), grid
+        return choose_strategy(cfg, pg, world_size, esize, grid, sysm), grid
     if world_size == 1:
-        return choose_strategy(cfg, pg, world_size, esize), None
+        return choose_strategy(cfg, pg, world_size, esize, sysm=sysm), None
     from plexgt.parallel.agp import gcn_grid_for, plan
-    from plexgt.tasks import plexus_coefficients
 
     selfloops = bool(getattr(pg, "manifest", {}).get("self_loops"))
     grid = gcn_grid_for(world_size, pg.N, pg.E + (0 if selfloops else pg.N), cfg.model.hidden,
-                        esize, plexus_coefficients(cfg))
+                        esize, plexus_coefficients(cfg, prof))
     reg = default_registry()
     name = cfg.parallel.strategy
     strategies = [reg.get(STRATEGY_NAMES[name])] if name in STRATEGY_NAMES else list(reg)
-    pl = plan(_workload(cfg, pg, esize), strategies, [world_size], _system_model(cfg),
+    pl = plan(_workload(cfg, pg, esize), strategies, [world_size], sysm,
               gcn_grids={world_size: grid})
     best = _fastest(pl)
     return best.strategy, best.gcn_grid

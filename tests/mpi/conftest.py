@@ -83,3 +83,22 @@ def grid_groups(dist_ctx):
 def pytest_sessionfinish(session, exitstatus):
     if RANK > 0 and exitstatus not in (0, 5):
         sys.stderr.write(f"rank {RANK}: tests failed (exit {exitstatus}); report in {_log}\n")
+
+
+def prepare_on_rank0(tmp_path_factory, name: str, make_graph, **options):
+    """A PreparedGraph every rank opens: rank 0 prepares ``make_graph()`` (symmetrised, no
+    progress output, ``options`` as PrepOptions fields) while the others sleep."""
+    from plexgt.data.loader import PreparedGraph
+    from plexgt.data.shard import PrepOptions, prepare
+    from plexgt.data.source import MemorySource
+    from plexgt.dist.mpiwait import arrive
+
+    comm = MPI.COMM_WORLD
+    path = None
+    if comm.rank == 0:
+        path = tmp_path_factory.mktemp(name) / "prep"
+        prepare(MemorySource(make_graph()), PrepOptions(out=path, symmetrize=True,
+                                                        progress=False, **options))
+    arrive(comm)
+    return PreparedGraph(comm.bcast(path))
+

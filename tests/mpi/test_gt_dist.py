@@ -14,14 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from mpi4py import MPI
 
-from plexgt.data.loader import PreparedGraph
-from plexgt.data.shard import PrepOptions, prepare
-from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import sbm
 from plexgt.dist.collectives import Comm, CommLedger
-from plexgt.dist.mpiwait import arrive
 from plexgt.models.gt import GraphTransformer
 from plexgt.models.layers import ModelGraph
 from plexgt.ops.csr import CSRGraph
@@ -38,7 +33,7 @@ from plexgt.parallel.rows1d import (
 )
 from plexgt.parallel.strategies import AttentionProblem, default_registry
 
-from .conftest import RANK, WORLD
+from .conftest import RANK, WORLD, prepare_on_rank0
 
 pytestmark = pytest.mark.timeout(600)
 N, F_IN, C = 29, 5, 3
@@ -51,15 +46,8 @@ STRATEGIES = default_registry().names()
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    comm = MPI.COMM_WORLD
-    path = None
-    if comm.rank == 0:
-        g = sbm(num_nodes=N, num_edges=170, num_classes=C, num_features=F_IN, seed=4)
-        path = tmp_path_factory.mktemp("gtdist") / "prep"
-        prepare(MemorySource(g), PrepOptions(out=path, tiles=2, symmetrize=True,
-                                             progress=False, seed=9))
-    arrive(comm)  # rank 0 prepared it; the others sleep meanwhile
-    return PreparedGraph(comm.bcast(path))
+    return prepare_on_rank0(tmp_path_factory, "gtdist", lambda: sbm(
+        num_nodes=N, num_edges=170, num_classes=C, num_features=F_IN, seed=4), tiles=2, seed=9)
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from mpi4py import MPI
 
-from plexgt.data.loader import PreparedGraph
-from plexgt.data.shard import PrepOptions, prepare
-from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import sbm
 from plexgt.dist.collectives import CommLedger
-from plexgt.dist.mpiwait import arrive
 from plexgt.models.gcn import GCN
 from plexgt.models.layers import ModelGraph
 from plexgt.ops.csr import CSRGraph
@@ -32,7 +27,7 @@ from plexgt.parallel.plexus3d import (
 )
 from plexgt.parallel.plexus_cost import plexus_step_bytes
 
-from .conftest import grids_for_world
+from .conftest import grids_for_world, prepare_on_rank0
 
 pytestmark = pytest.mark.timeout(300)
 N, F, C = 53, 7, 5
@@ -43,16 +38,8 @@ TOL = dict(rtol=1e-6, atol=1e-9)
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    comm = MPI.COMM_WORLD
-    path = None
-    if comm.rank == 0:
-        g = sbm(num_nodes=N, num_edges=360, num_classes=C, num_features=F, seed=3)
-        path = tmp_path_factory.mktemp("plexus") / "prep"
-        prepare(MemorySource(g), PrepOptions(out=path, tiles=3, symmetrize=True,
-                                             progress=False, seed=5))
-    arrive(comm)  # rank 0 prepared it; the others sleep meanwhile
-    path = comm.bcast(path)
-    return PreparedGraph(path)
+    return prepare_on_rank0(tmp_path_factory, "plexus", lambda: sbm(
+        num_nodes=N, num_edges=360, num_classes=C, num_features=F, seed=3), tiles=3, seed=5)
 
 
 def _reference(pg):

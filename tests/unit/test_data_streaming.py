@@ -147,6 +147,17 @@ def test_snap_edge_hint_without_header_is_estimated(tmp_path):
         assert 0.5 * 200_000 < hint < 2 * 200_000, (name, hint)
 
 
+def _part_errors(source, nparts: int) -> list[str]:
+    """The DataError messages of reading every part of ``source``'s edges."""
+    errs = []
+    for part in range(nparts):
+        try:
+            list(source.edge_chunks(part, nparts, 16))
+        except DataError as e:
+            errs.append(str(e))
+    return errs
+
+
 @pytest.mark.parametrize("name", ["g.txt", "g.txt.gz"])
 def test_snap_errors_name_the_line_in_any_part(tmp_path, name, tiny_blocks):
     lines = [b"%d %d" % (i % 50, (i * 7) % 50) for i in range(600)]
@@ -158,12 +169,7 @@ def test_snap_errors_name_the_line_in_any_part(tmp_path, name, tiny_blocks):
         p = _write(tmp_path / name, data)
         s = SnapSource(p, 50)
         for nparts in (1, 3):
-            errs = []
-            for part in range(nparts):
-                try:
-                    list(s.edge_chunks(part, nparts, 16))
-                except DataError as e:
-                    errs.append(str(e))
+            errs = _part_errors(s, nparts)
             assert len(errs) == 1 and errs[0] == f"{p}: {msg}", errs
         if b"60" not in bad:  # the counting pass finds the others too
             with pytest.raises(DataError, match=msg.replace("(", r"\(").replace(")", r"\)")):
@@ -234,12 +240,7 @@ def test_mtx_errors_name_the_line(tmp_path, tiny_blocks):
         p.write_text(head + "\n".join(rows[:200] + [bad] + rows[201:]) + "\n")
         s = MtxSource(p)
         for nparts in (1, 4):
-            errs = []
-            for part in range(nparts):
-                try:
-                    list(s.edge_chunks(part, nparts, 16))
-                except DataError as e:
-                    errs.append(str(e))
+            errs = _part_errors(s, nparts)
             assert errs == [f"{p}: {msg}"]
     p.write_text(head + "\n".join(rows[:250]) + "\n")
     s, totals = MtxSource(p), np.zeros(1, dtype=np.int64)

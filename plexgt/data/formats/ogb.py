@@ -176,7 +176,7 @@ class OgbCsvSource(GraphSource):
             return
         chunk_rows = max(1, chunk_rows)
         row, over = 0, False
-        for blk in iter_blocks(p, part, nparts, seek=False, others=True,
+        for blk in iter_blocks(p, part, nparts, others=True,
                                block_bytes=block_bytes_for(chunk_rows, self._row_bytes)):
             k = blk.data.count(b"\n") - empty_lines(blk.data)
             x = None

@@ -95,16 +95,15 @@ class SnapSource(GraphSource):
 
     def _count(self, comm: Comm, chunk: int) -> tuple[int, int]:
         """The counting pass: (edges, largest id) over all parts (collective over ``comm``)."""
-        count, hi, err = 0, -1, None
-        try:
+        def count_part() -> tuple[int, int]:
+            count, hi = 0, -1
             for arr in _edge_blocks(self.path, comm.rank, comm.size,
                                     block_bytes_for(chunk, LINE_BYTES), None):
                 count += arr.shape[0]
                 hi = max(hi, int(arr.max()))
-        except DataError as e:
-            err = e
-        comm.agree(err)
-        stats = comm.allgather((count, hi))
+            return count, hi
+
+        stats = comm.allgather(comm.run(count_part))
         count, hi = sum(s[0] for s in stats), max(s[1] for s in stats)
         _check_total(self.path, count, self.claimed_e)
         return count, hi

@@ -70,11 +70,6 @@ from plexgt.parallel.strategies import AttentionProblem, AttentionStrategy, Comm
 ELEMENTWISE_PER_NODE_DIM = {"gt": 60, "gps": 90}
 """Elementwise passes over [N, d] per layer, forward + backward (LayerNorms, residuals, ReLU,
 dropout, bias adds, reshapes); a count, not a measurement."""
-AG_COPIES = 0
-"""[N, d] layout copies per layer GP-AG makes outside the kernel: none (the gathered K, V and
-the kernel's node-major dK, dV go to and from the collectives as they are). What the kernel
-does with the N gathered columns (their head-major copies, the full-size dK, dV) is its
-per-column cost, priced by the profile (``attention_s_per_col_head_dim``)."""
 A2A_COPIES = 8
 """GP-A2A permutes [N, d/s] between node- and head-major layouts about 8 times per layer beyond
 the head-major copies the kernel makes anyway (Q, K, V arrive head-major, so the kernel's own
@@ -461,12 +456,12 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     # dense block's operator overheads, the optimizer over the replicated parameters
     calls = L * (h_r * k["attention_s_per_head"] + k["dense_s_per_block"]) * kappa
     calls += OPTIMIZER_PASSES * w.num_params * k["elementwise_s_per_elem"] * kappa
-    if s == 1:
-        copy = 0.0
-    elif strategy.full_graph:
+    # GP-AG makes no layout copies outside the kernel (the gathered K, V and the kernel's
+    # node-major dK, dV go to and from the collectives as they are); what the kernel does with
+    # the N gathered columns is its per-column cost (``gathered``)
+    copy = 0.0
+    if s > 1 and strategy.full_graph:
         copy = L * A2A_COPIES * sysm.copy_time(n_pad * h_r * dh, s) * kappa
-    else:
-        copy = L * AG_COPIES * sysm.copy_time(n_pad * d, s) * kappa
     copy += gathered * kappa
     comm, comm_rank, ops = -1.0, 0, []
     for r in range(s) if grid is not None else (0,):

@@ -133,7 +133,7 @@ def choose_gps_layout(cfg: Any, pg: Any, world_size: int, esize: int,
         return choose_strategy(cfg, pg, world_size, esize, sysm=sysm), None
     from plexgt.parallel.agp import gcn_grid_for, plan
 
-    selfloops = bool(getattr(pg, "manifest", {}).get("self_loops"))
+    selfloops = pg.self_loops
     grid = gcn_grid_for(world_size, pg.N, pg.E + (0 if selfloops else pg.N), cfg.model.hidden,
                         esize, plexus_coefficients(cfg, prof))
     reg = default_registry()
@@ -158,7 +158,9 @@ def build_attention_task(cfg: Any, ctx: Any, pg: Any, ledger: CommLedger) -> Any
         raise ConfigError(f"{pg.path}: the prepared graph has no labels to train on")
     if ctx.world_size > pg.N:
         raise ConfigError(f"{pg.path}: {ctx.world_size} ranks for N={pg.N} nodes")
-    dt = {"float32": torch.float32, "float64": torch.float64}[cfg.dtype]
+    from plexgt.tasks import DTYPES
+
+    dt = DTYPES[cfg.dtype]
     esize = torch.tensor([], dtype=dt).element_size()
     comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
     gps = cfg.model.name == "gps"

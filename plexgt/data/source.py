@@ -80,6 +80,46 @@ class GraphSource:
         """Release open files."""
 
 
+class TextEdgeSource(GraphSource):
+    """A text edge list parsed block by block (SNAP, MatrixMarket, OGB csv.gz).
+
+    A format supplies :meth:`_edge_blocks` (checked (src, dst) arrays per parsed block, and how
+    many stored lines the block held) and :meth:`_check_total`; the chunking, the count of a
+    pass and its check (at once for a whole pass, summed over ranks for a split one) are here.
+    """
+
+    line_bytes: int = 16
+    """Bytes of a typical line: sizes a parse block from a chunk of edges."""
+    _pass: int = 0
+
+    def _edge_blocks(self, part: int, nparts: int, block_bytes: int
+                     ) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+        raise NotImplementedError
+
+    def _check_total(self, count: int) -> None:
+        """Raise DataError unless ``count`` stored lines is what the file claims."""
+        raise NotImplementedError
+
+    def edge_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
+        from plexgt.data.textio import block_bytes_for
+
+        count = 0
+        for src, dst, stored in self._edge_blocks(part, nparts,
+                                                  block_bytes_for(chunk, self.line_bytes)):
+            count += stored
+            for lo in range(0, src.size, chunk):
+                yield src[lo : lo + chunk], dst[lo : lo + chunk]
+        self._pass = count
+        if nparts == 1:
+            self._check_total(count)
+
+    def edge_pass_stats(self) -> np.ndarray:
+        return np.array([self._pass], dtype=np.int64)
+
+    def check_edge_pass(self, totals: np.ndarray) -> None:
+        self._check_total(int(totals[0]))
+
+
 def parts_of(total: int, chunk: int, part: int, nparts: int) -> Iterator[tuple[int, int]]:
     """[lo, hi) ranges of ``chunk`` items, the k-th belonging to part k % nparts."""
     for k, lo in enumerate(range(0, total, max(1, chunk))):

@@ -19,10 +19,9 @@ from pathlib import Path
 import numpy as np
 
 from plexgt.data.graph import DataError, GraphData
-from plexgt.data.source import GraphSource
+from plexgt.data.source import TextEdgeSource
 from plexgt.data.textio import (
     BLOCK_BYTES,
-    block_bytes_for,
     iter_blocks,
     max_data_lines,
     open_text,
@@ -71,7 +70,7 @@ def _parse_header(path: Path) -> tuple[str, str, int, int, int, int]:
             return field, symm, n, nnz, f.tell(), k + 1
 
 
-class MtxSource(GraphSource):
+class MtxSource(TextEdgeSource):
     """A coordinate MatrixMarket file streamed in chunks (see the module docstring)."""
 
     def __init__(self, path: str | Path) -> None:
@@ -80,7 +79,7 @@ class MtxSource(GraphSource):
         self.files = [self.path]
         (self.field, self.symm, self.num_nodes, self.nnz, self._body,
          self._body_line) = _parse_header(self.path)
-        self._pass = 0
+        self.line_bytes = 12 if self.field == "pattern" else 24
 
     def num_edges_hint(self) -> int:
         nnz = min(self.nnz, max_data_lines(self.path))
@@ -99,7 +98,7 @@ class MtxSource(GraphSource):
     def entries(self, part: int, nparts: int, block_bytes: int = BLOCK_BYTES
                 ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """(row, col) 0-based int64 of the stored entries of one part, block by block, checked
-        (no mirrors); a pass over every part (``nparts == 1``) also checks the count."""
+        (no mirrors; the total is left to :meth:`_check_total`)."""
         n, count = self.num_nodes, 0
         for blk in iter_blocks(self.path, part, nparts, block_bytes=block_bytes,
                                start=self._body, start_line=self._body_line):
@@ -126,24 +125,19 @@ class MtxSource(GraphSource):
             ij -= 1
             rows, cols = np.ascontiguousarray(ij.T)
             yield rows, cols
-        self._pass = count
-        if nparts == 1:
-            self._check_total(count)
 
-    def edge_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
-        line_bytes = 12 if self.field == "pattern" else 24
-        for dst, src in self.entries(part, nparts, block_bytes_for(chunk, line_bytes)):
+    def _edge_blocks(self, part, nparts, block_bytes):  # noqa: ANN001, ANN202 - see base
+        for dst, src in self.entries(part, nparts, block_bytes):
+            stored = dst.size
             if self.symm != "general":
-                off = dst != src
-                dst, src = np.concatenate([dst, src[off]]), np.concatenate([src, dst[off]])
-            for lo in range(0, src.size, chunk):
-                yield src[lo : lo + chunk], dst[lo : lo + chunk]
+                dst, src = _mirrored(dst, src)
+            yield src, dst, stored
 
-    def edge_pass_stats(self) -> np.ndarray:
-        return np.array([self._pass], dtype=np.int64)
 
-    def check_edge_pass(self, totals: np.ndarray) -> None:
-        self._check_total(int(totals[0]))
+def _mirrored(dst: np.ndarray, src: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A symmetric file's entries plus their mirrors (the diagonal once)."""
+    off = dst != src
+    return np.concatenate([dst, src[off]]), np.concatenate([src, dst[off]])
 
 
 def read_mtx(path: str | Path) -> GraphData:
@@ -154,9 +148,9 @@ def read_mtx(path: str | Path) -> GraphData:
     dst = np.concatenate([p[0] for p in parts])
     src_ids = np.concatenate([p[1] for p in parts])
     del parts
+    src._check_total(dst.size)
     if src.symm != "general":
-        off = dst != src_ids
-        dst, src_ids = np.concatenate([dst, src_ids[off]]), np.concatenate([src_ids, dst[off]])
+        dst, src_ids = _mirrored(dst, src_ids)
     g = GraphData(str(src.path), src.num_nodes, src_ids, dst)
     g.validate()
     return g

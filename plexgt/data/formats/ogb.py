@@ -24,7 +24,7 @@ import numpy as np
 
 from plexgt.data.graph import DataError, GraphData
 from plexgt.data.npzio import NpzArray, npz_keys
-from plexgt.data.source import GraphSource, check_finite, check_ids
+from plexgt.data.source import GraphSource, TextEdgeSource, check_finite, check_ids
 from plexgt.data.textio import (
     BLOCK_BYTES,
     Block,
@@ -101,7 +101,7 @@ def read_splits(root: Path, n: int, split: str | None = None) -> dict[str, np.nd
     return out
 
 
-class OgbCsvSource(GraphSource):
+class OgbCsvSource(TextEdgeSource):
     """The csv.gz layout streamed: edges and feature rows parsed block by block, never whole.
 
     N comes from num-node-list.csv.gz; the edge count claimed by num-edge-list.csv.gz is
@@ -135,7 +135,6 @@ class OgbCsvSource(GraphSource):
                 read_all_rows(p, ncols=1, dtype=np.float64, delimiter=","), n, str(p))
             self.files.append(p)
         self._splits = read_splits(root, n, split)
-        self._pass = 0
 
     def num_edges_hint(self) -> int:
         return min(self.claimed_e, max_data_lines(self.edge_path))
@@ -145,9 +144,9 @@ class OgbCsvSource(GraphSource):
             raise DataError(f"{self.edge_path}: holds {count} edges but num-edge-list.csv.gz "
                             f"claims {self.claimed_e}")
 
-    def edge_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
-        path, n, count = self.edge_path, self.num_nodes, 0
-        for blk in iter_blocks(path, part, nparts, block_bytes=block_bytes_for(chunk, 16)):
+    def _edge_blocks(self, part, nparts, block_bytes):  # noqa: ANN001, ANN202 - see base
+        path, n = self.edge_path, self.num_nodes
+        for blk in iter_blocks(path, part, nparts, block_bytes=block_bytes):
             arr = parse(blk, ncols=2, dtype=np.int64, delimiter=",")
             if not arr.size:
                 continue
@@ -157,18 +156,7 @@ class OgbCsvSource(GraphSource):
                 r, what, v = bad
                 raise DataError(f"{path}: line {blk.data_line(r)}: edge {what} id {v} is "
                                 f"outside [0, {n})")
-            count += src.size
-            for lo in range(0, src.size, chunk):
-                yield src[lo : lo + chunk], dst[lo : lo + chunk]
-        self._pass = count
-        if nparts == 1:
-            self._check_total(count)
-
-    def edge_pass_stats(self) -> np.ndarray:
-        return np.array([self._pass], dtype=np.int64)
-
-    def check_edge_pass(self, totals: np.ndarray) -> None:
-        self._check_total(int(totals[0]))
+            yield src, dst, src.size
 
     def feature_chunks(self, part, nparts, chunk_rows):  # noqa: ANN001, ANN201 - see base
         p, n, f = self.feat_path, self.num_nodes, self.num_features

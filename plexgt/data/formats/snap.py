@@ -24,7 +24,7 @@ import numpy as np
 
 from plexgt.data.graph import DataError, GraphData
 from plexgt.data.runtime import Comm
-from plexgt.data.source import GraphSource
+from plexgt.data.source import TextEdgeSource
 from plexgt.data.textio import (
     BLOCK_BYTES,
     block_bytes_for,
@@ -72,7 +72,7 @@ def _check_total(path: Path, count: int, claimed_e: int | None) -> None:
                         "(truncated?)")
 
 
-class SnapSource(GraphSource):
+class SnapSource(TextEdgeSource):
     """A SNAP edge list streamed in chunks (see the module docstring).
 
     ``comm`` splits the counting pass over MPI ranks; ``chunk_edges`` sizes its parse blocks
@@ -86,7 +86,7 @@ class SnapSource(GraphSource):
         self.files = [self.path]
         self.claimed_n, self.claimed_e = _claims(self.path)
         self.counted: int | None = None
-        self._pass = 0
+        self.line_bytes = LINE_BYTES
         if num_nodes is None:
             self.counted, hi = self._count(comm or Comm(None), chunk_edges)
             self.num_nodes = max(hi + 1, self.claimed_n or 0)
@@ -115,23 +115,13 @@ class SnapSource(GraphSource):
             return min(self.claimed_e, max_data_lines(self.path))
         return estimate_data_lines(self.path)
 
-    def edge_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
-        count = 0
-        for arr in _edge_blocks(self.path, part, nparts, block_bytes_for(chunk, LINE_BYTES),
-                                self.num_nodes):
-            for lo in range(0, arr.shape[0], chunk):
-                piece = arr[lo : lo + chunk]
-                yield piece[:, 0].copy(), piece[:, 1].copy()
-            count += arr.shape[0]
-        self._pass = count
-        if nparts == 1:
-            _check_total(self.path, count, self.claimed_e)
+    def _edge_blocks(self, part, nparts, block_bytes):  # noqa: ANN001, ANN202 - see base
+        for arr in _edge_blocks(self.path, part, nparts, block_bytes, self.num_nodes):
+            src, dst = np.ascontiguousarray(arr.T)
+            yield src, dst, src.size
 
-    def edge_pass_stats(self) -> np.ndarray:
-        return np.array([self._pass], dtype=np.int64)
-
-    def check_edge_pass(self, totals: np.ndarray) -> None:
-        _check_total(self.path, int(totals[0]), self.claimed_e)
+    def _check_total(self, count: int) -> None:
+        _check_total(self.path, count, self.claimed_e)
 
 
 def read_snap(path: str | Path, num_nodes: int | None = None) -> GraphData:

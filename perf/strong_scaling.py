@@ -71,10 +71,9 @@ def simulate(args: argparse.Namespace) -> list[dict]:
     """papers100M (N=111M, 3.34B stored nonzeros with both directions and self loops,
     F=128 float16 input, hidden 256, 172 classes, 3 layers) at 8 ... 2048 ranks."""
     from plexgt.parallel.plexus_cost import Coefficients, rank_grids
+    from plexgt.profile import read_profile
 
-    coef = Coefficients()
-    if args.profile:
-        coef = Coefficients(**json.loads(Path(args.profile).read_text())["plexus"])
+    coef = Coefficients.from_profile(read_profile(args.profile) if args.profile else None)
     n, nnz, dims = 111_059_956, 3_339_000_000, [128, 256, 256, 172]
     res = []
     for p in (8, 16, 32, 64, 128, 256, 512, 1024, 2048):

@@ -13,11 +13,11 @@ Run under ``mpiexec -n P plexgt profile --out system.json``. Measured:
   from cache-resident to DRAM-bound: the model reads the per-element cost as a curve), and the
   row-local part of a transformer block (projections, LayerNorms, FFN; forward + backward,
   per row·d² and per row·d, up to tens of thousands of rows);
-* contention: the same kernel mix run by s ranks at once against rank 0 alone (s CPU ranks on
-  fewer cores share them; one GPU per rank shares nothing);
-* under load ("loaded"): the kernel mix run back to back on s ranks (a sustained contention,
-  which time-slicing cannot hide from), and alternated with a tiny all-reduce, which prices
-  what a collective costs when peers are busy computing rather than waiting in lock-step.
+* under load ("loaded"): the kernel mix run back to back on s ranks against rank 0 alone (a
+  sustained contention, which time-slicing cannot hide from: s CPU ranks on fewer cores share
+  them; one GPU per rank shares nothing; also stored as ``contention``), and alternated with
+  a tiny all-reduce, which prices what a collective costs when peers are busy computing
+  rather than waiting in lock-step.
 
 Ranks outside a measured group wait in a torch.distributed barrier (a blocking socket read on
 gloo, not a spinning MPI wait), so they do not steal the cores being measured. The JSON names
@@ -392,22 +392,6 @@ def fit_kernels(raw: dict[str, list[list[float]]]) -> dict[str, float]:
     return fits
 
 
-def profile_contention(ctx: Any, repeats: int) -> dict[str, float]:
-    """{s: time of the kernel mix on s ranks at once / on rank 0 alone} (max over ranks)."""
-    import torch.distributed as dist
-
-    mix = kernel_mix(ctx.device)
-    solo = timeit(mix, ctx.device, repeats) if ctx.rank == 0 else 0.0
-    dist.barrier()
-    out = {"1": 1.0}
-    for s in group_sizes(ctx.world_size):
-        t = timeit(mix, ctx.device, repeats) if ctx.rank < s else 0.0
-        tt = torch.tensor([t], dtype=torch.float64)
-        dist.all_reduce(tt, op=dist.ReduceOp.MAX)
-        out[str(s)] = max(1.0, float(tt.item()) / solo) if ctx.rank == 0 else 0.0
-    return out
-
-
 def sustained(fn: Callable[[], Any], device: torch.device, iters: int,
               group: Any = None) -> float:
     """Seconds per call of ``fn`` run ``iters`` times back to back on every rank of ``group``
@@ -495,10 +479,9 @@ def run_profile(ctx: Any, quick: bool = False) -> dict[str, Any] | None:
     loaded: dict[str, dict[str, float]] = {}
     if ctx.world_size > 1:
         dist.barrier()
-        cont = profile_contention(ctx, reps)
         loaded = profile_loaded(ctx, 4 if quick else 10)
-    else:
-        cont = {"1": 1.0}
+    # contention: the sustained kernel-mix slowdown the loaded run measured
+    cont = {"1": 1.0, **{s: v["contention"] for s, v in loaded.items()}}
     if ctx.rank != 0:
         return None
     kfits = fit_kernels(raw)

@@ -60,7 +60,7 @@ def plexus_coefficients(cfg: TrainConfig, prof: dict[str, Any] | None = None) ->
     """The 3D cost model's machine coefficients: from the profile (``prof``, else read from
     parallel.profile), or the defaults without one."""
     prof = prof if prof is not None else machine_profile(cfg)
-    return Coefficients(**prof["plexus"]) if prof else Coefficients()
+    return Coefficients.from_profile(prof)
 
 
 def build_gcn(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: CommLedger) -> Task:

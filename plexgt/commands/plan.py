@@ -97,7 +97,7 @@ def _plan_gcn(args: argparse.Namespace, info: dict[str, Any], prof: dict[str, An
               limit: int | None, esize: int) -> dict[str, Any]:
     from plexgt.parallel.plexus_cost import Coefficients, rank_grids
 
-    coef = Coefficients(**prof["plexus"]) if prof else Coefficients()
+    coef = Coefficients.from_profile(prof)
     dims = [info["f"]] + [args.hidden] * (args.layers - 1) + [info["c"]]
     nnz = info["e"] + (0 if info["self_loops"] else info["n"])
     ests = rank_grids(args.world_size, info["n"], nnz, dims, esize, coef, limit)
@@ -144,7 +144,7 @@ def _plan_attention(args: argparse.Namespace, info: dict[str, Any],
         from plexgt.parallel.agp import gcn_grid_for
         from plexgt.parallel.plexus_cost import Coefficients
 
-        coef = Coefficients(**prof["plexus"]) if prof else Coefficients()
+        coef = Coefficients.from_profile(prof)
         nnz = info["e"] + (0 if info["self_loops"] else info["n"])
         grids = {s: gcn_grid_for(s, info["n"], nnz, args.hidden, esize, coef)
                  for s in scales if s > 1}

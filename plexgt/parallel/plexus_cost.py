@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 from plexgt.dist.collectives import all_gather_bytes, all_reduce_bytes, reduce_scatter_bytes
 from plexgt.dist.grid import Grid3D, factorizations
@@ -115,6 +116,11 @@ class Coefficients:
     """Seconds per collective call."""
     s_per_byte: float = 1e-9
     """Seconds per byte sent by one rank."""
+
+    @classmethod
+    def from_profile(cls, prof: dict[str, Any] | None) -> Coefficients:
+        """A system profile's (``plexgt profile``) coefficients, or the defaults without one."""
+        return cls(**prof["plexus"]) if prof else cls()
 
 
 #: resident bytes of a rank before any data (interpreter, torch, MPI, gloo buffers)

@@ -147,6 +147,15 @@ def test_snap_edge_hint_without_header_is_estimated(tmp_path):
         assert 0.5 * 200_000 < hint < 2 * 200_000, (name, hint)
 
 
+def _split_totals(source, nparts: int, chunk: int) -> np.ndarray:
+    """The pass statistics of reading ``source``'s edges in ``nparts`` parts, summed."""
+    totals = np.zeros(1, dtype=np.int64)
+    for part in range(nparts):
+        list(source.edge_chunks(part, nparts, chunk))
+        totals += source.edge_pass_stats()
+    return totals
+
+
 def _part_errors(source, nparts: int) -> list[str]:
     """The DataError messages of reading every part of ``source``'s edges."""
     errs = []
@@ -182,10 +191,7 @@ def test_snap_claimed_count_checked_across_parts(tmp_path):
     s = SnapSource(p, 5)
     with pytest.raises(DataError, match="header claims 4 edges but the file holds 3"):
         list(s.edge_chunks(0, 1, 10))
-    totals = np.zeros(1, dtype=np.int64)
-    for part in range(2):  # a split pass: no part can tell, the sum can
-        list(s.edge_chunks(part, 2, 10))
-        totals += s.edge_pass_stats()
+    totals = _split_totals(s, 2, 10)  # a split pass: no part can tell, the sum can
     assert totals[0] == 3
     with pytest.raises(DataError, match="header claims 4 edges but the file holds 3"):
         s.check_edge_pass(totals)
@@ -243,10 +249,8 @@ def test_mtx_errors_name_the_line(tmp_path, tiny_blocks):
             errs = _part_errors(s, nparts)
             assert errs == [f"{p}: {msg}"]
     p.write_text(head + "\n".join(rows[:250]) + "\n")
-    s, totals = MtxSource(p), np.zeros(1, dtype=np.int64)
-    for part in range(2):
-        list(s.edge_chunks(part, 2, 16))
-        totals += s.edge_pass_stats()
+    s = MtxSource(p)
+    totals = _split_totals(s, 2, 16)
     with pytest.raises(DataError, match="header claims 300 entries but the file holds 250"):
         s.check_edge_pass(totals)
 

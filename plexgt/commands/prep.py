@@ -129,8 +129,6 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--chunk-edges must be positive")
     if args.balance_blocks is not None and args.permutation != "balanced":
         raise UsageError("--balance-blocks only applies to --permutation balanced")
-    if args.balance_blocks is not None and args.balance_blocks < 1:
-        raise UsageError(f"--balance-blocks {args.balance_blocks}: must be positive")
     comm = world_comm()
     opts = PrepOptions(
         out=args.out, tiles=args.tiles, symmetrize=args.symmetrize,

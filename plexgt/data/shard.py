@@ -48,7 +48,7 @@ from plexgt.data.permute import (
     process_edges,
 )
 from plexgt.data.runtime import Comm, Progress, read_json, sha256_file, write_json_atomic
-from plexgt.data.source import GraphSource, check_finite, parts_of
+from plexgt.data.source import GraphSource, check_finite, collect_edges, parts_of
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "valid", "test")
@@ -84,6 +84,11 @@ class PrepOptions:
     progress: bool = True
     source_desc: dict[str, Any] = field(default_factory=dict)
     """How the source was specified (format, input, sizes): recorded, and checked on resume."""
+
+    def __post_init__(self) -> None:
+        """Refuse a bad ``balance_blocks`` here: before the CLI opens (maybe counts) the input."""
+        if self.balance_blocks is not None and self.balance_blocks < 1:
+            raise DataError(f"--balance-blocks {self.balance_blocks}: must be at least 1")
 
 
 def choose_tiles(n: int, e_hint: int, symmetrize: bool) -> int:
@@ -201,9 +206,7 @@ class _Prep:
         if opts.permutation == "balanced":
             b = opts.balance_blocks if opts.balance_blocks is not None else \
                 default_balance_blocks(t)
-            if b < 1:
-                raise DataError(f"--balance-blocks {b}: must be at least 1")
-            self.balance_blocks = min(b, n)
+            self.balance_blocks = min(b, n)  # the split actually balanced (recorded in params)
         self.balance_info: dict[str, Any] = {}
         self.pinv = self.qinv = np.empty(0, dtype=self.idx_dtype)
         if opts.permutation == "random":
@@ -246,12 +249,8 @@ class _Prep:
             raise DataError(f"{self.src.name}: --permutation balanced needs ~{need / 2**30:.0f} "
                             f"GiB for {e} edges, more than this machine's {phys / 2**30:.0f} "
                             "GiB (use --permutation degree or random)")
-        parts = list(self.src.edge_chunks(0, 1, o.chunk_edges))
-        src = np.concatenate([p[0] for p in parts]) if parts else np.empty(0, np.int64)
-        dst = np.concatenate([p[1] for p in parts]) if parts else np.empty(0, np.int64)
-        del parts
-        src, dst = process_edges(src.astype(np.int64, copy=False),
-                                 dst.astype(np.int64, copy=False), n, o.symmetrize, o.self_loops)
+        src, dst = process_edges(*collect_edges(self.src.edge_chunks(0, 1, o.chunk_edges)),
+                                 n, o.symmetrize, o.self_loops)
         p, q, info = balanced_permutations(src, dst, n, self.balance_blocks, o.seed)
         info["seconds"] = round(time.monotonic() - t0, 3)
         self.balance_info = info

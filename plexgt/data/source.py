@@ -17,12 +17,13 @@ and hands the sums to the latter.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
 
 from plexgt.data.graph import DataError, GraphData
+from plexgt.data.textio import first_id_error
 
 
 class GraphSource:
@@ -228,12 +229,27 @@ class GeneratedFeatures(GraphSource):
         self.base.close()
 
 
+def collect_edges(blocks: Iterable[tuple[np.ndarray, np.ndarray]]
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Every (src, dst) block of a pass as two whole int64 arrays (empty when none).
+
+    Why: the in-memory readers and ``--permutation balanced`` need the edge list whole, O(E)
+    by design; everything else streams.
+    """
+    parts = list(blocks)
+    if not parts:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    src = np.concatenate([p[0] for p in parts]).astype(np.int64, copy=False)
+    dst = np.concatenate([p[1] for p in parts]).astype(np.int64, copy=False)
+    return src, dst
+
+
 def check_ids(src: np.ndarray, dst: np.ndarray, n: int, where: str) -> None:
-    """Raise naming ``where`` when an id of the chunk is negative or >= n."""
-    for arr, what in ((src, "source"), (dst, "destination")):
-        if arr.size and (arr.min() < 0 or arr.max() >= n):
-            bad = int(arr[(arr < 0) | (arr >= n)][0])
-            raise DataError(f"{where}: edge {what} id {bad} is outside [0, {n})")
+    """Raise naming ``where`` and the first bad edge's id when an id is negative or >= n."""
+    bad = first_id_error(src, dst, 0, n)
+    if bad is not None:
+        _, what, v = bad
+        raise DataError(f"{where}: edge {what} id {v} is outside [0, {n})")
 
 
 def check_finite(rows: np.ndarray, first_row: int, where: str) -> None:

@@ -349,3 +349,8 @@ def test_cli_prep_balanced(tmp_path, capsys):
     assert main(["prep", "--format", "rmat", "--nodes", "20", "--edges", "30", "--out",
                  str(tmp_path / "r"), "--quiet", "--balance-blocks", "4"]) == 2
     assert "only applies to --permutation balanced" in capsys.readouterr().err
+    assert main([*argv, "--balance-blocks", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "plexgt prep: error: --balance-blocks 0: must be at least 1"
+    with pytest.raises(DataError, match="--balance-blocks -1"):  # library callers too
+        PrepOptions(out=out, permutation="balanced", balance_blocks=-1)

@@ -113,6 +113,25 @@ def test_mtx_symmetric_adds_mirror(tmp_path):
     assert pairs == [(0, 1), (1, 0), (1, 2), (2, 1), (2, 2)]
 
 
+def test_mtx_without_entries_is_refused(tmp_path):
+    p = tmp_path / "m.mtx"
+    p.write_text("%%MatrixMarket matrix coordinate pattern general\n3 3 0\n")
+    with pytest.raises(DataError, match="no entries"):
+        read_mtx(p)
+
+
+def test_check_ids_names_the_first_bad_edge():
+    from plexgt.data.source import check_ids, collect_edges
+
+    src, dst = collect_edges([(np.array([0, 1]), np.array([2, 9])),
+                              (np.array([-1], np.int32), np.array([0], np.int32))])
+    assert src.dtype == dst.dtype == np.int64 and src.tolist() == [0, 1, -1]
+    with pytest.raises(DataError, match=r"^e: edge destination id 9 is outside \[0, 3\)$"):
+        check_ids(src, dst, 3, "e")
+    check_ids(src[:1], dst[:1], 3, "e")
+    assert [a.size for a in collect_edges([])] == [0, 0]
+
+
 def test_rmat_is_seeded_and_chunk_independent():
     a = rmat(1000, 5000, seed=3)
     b = rmat(1000, 5000, seed=3)

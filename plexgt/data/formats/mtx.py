@@ -19,9 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from plexgt.data.graph import DataError, GraphData
-from plexgt.data.source import TextEdgeSource
+from plexgt.data.source import TextEdgeSource, collect_edges
 from plexgt.data.textio import (
     BLOCK_BYTES,
+    first_id_error,
     iter_blocks,
     max_data_lines,
     open_text,
@@ -115,15 +116,14 @@ class MtxSource(TextEdgeSource):
                 r = int(np.argmax(frac.any(axis=1)))
                 raise DataError(f"{self.path}: line {blk.data_line(r, '%')}: non-integer "
                                 "row/column index")
-            ij = ij.astype(np.int64)
-            bad = (ij < 1) | (ij > n)
-            if bad.any():
-                r = int(np.argmax(bad.any(axis=1)))
-                v = int(ij[r][bad[r]][0])
+            rows, cols = ij.T.astype(np.int64, order="C")
+            bad = first_id_error(rows, cols, 1, n + 1)
+            if bad is not None:
+                r, _, v = bad
                 raise DataError(f"{self.path}: index {v} is outside [1, {n}] "
                                 f"(line {blk.data_line(r, '%')})")
-            ij -= 1
-            rows, cols = np.ascontiguousarray(ij.T)
+            rows -= 1
+            cols -= 1
             yield rows, cols
 
     def _edge_blocks(self, part, nparts, block_bytes):  # noqa: ANN001, ANN202 - see base
@@ -144,10 +144,7 @@ def read_mtx(path: str | Path) -> GraphData:
     """Read a coordinate MatrixMarket file into a validated :class:`GraphData` (one pass of
     :class:`MtxSource`: stored entries first, then the mirrors of a symmetric file)."""
     src = MtxSource(path)
-    parts = list(src.entries(0, 1))
-    dst = np.concatenate([p[0] for p in parts])
-    src_ids = np.concatenate([p[1] for p in parts])
-    del parts
+    dst, src_ids = collect_edges(src.entries(0, 1))
     src._check_total(dst.size)
     if src.symm != "general":
         dst, src_ids = _mirrored(dst, src_ids)

@@ -24,7 +24,13 @@ import numpy as np
 
 from plexgt.data.graph import DataError, GraphData
 from plexgt.data.npzio import NpzArray, npz_keys
-from plexgt.data.source import GraphSource, TextEdgeSource, check_finite, check_ids
+from plexgt.data.source import (
+    GraphSource,
+    TextEdgeSource,
+    check_finite,
+    check_ids,
+    collect_edges,
+)
 from plexgt.data.textio import (
     BLOCK_BYTES,
     Block,
@@ -319,10 +325,7 @@ def read_ogb(root: str | Path, split: str | None = None) -> GraphData:
 
 def _read_csv(src: OgbCsvSource) -> GraphData:
     """The csv layout in memory: the concatenation of the source's chunks."""
-    chunks = list(src.edge_chunks(0, 1, BLOCK_BYTES))
-    s = np.concatenate([c[0] for c in chunks])
-    d = np.concatenate([c[1] for c in chunks])
-    del chunks
+    s, d = collect_edges(src.edge_chunks(0, 1, BLOCK_BYTES))
     feats = None
     if src.feat_path is not None:
         feats = np.empty((src.num_nodes, src.num_features), dtype=np.float32)

@@ -24,7 +24,7 @@ import numpy as np
 
 from plexgt.data.graph import DataError, GraphData
 from plexgt.data.runtime import Comm
-from plexgt.data.source import TextEdgeSource
+from plexgt.data.source import TextEdgeSource, collect_edges
 from plexgt.data.textio import (
     BLOCK_BYTES,
     block_bytes_for,
@@ -128,12 +128,11 @@ def read_snap(path: str | Path, num_nodes: int | None = None) -> GraphData:
     """Read a SNAP edge list into memory (edges as stored: directed); one pass, same parser."""
     path = Path(path)
     claimed_n, claimed_e = _claims(path)
-    parts = list(_edge_blocks(path, 0, 1, BLOCK_BYTES, num_nodes))
-    count = sum(p.shape[0] for p in parts)
-    _check_total(path, count, claimed_e)
-    edges = np.concatenate(parts)
-    del parts
-    n = num_nodes if num_nodes is not None else max(int(edges.max()) + 1, claimed_n or 0)
-    g = GraphData(str(path), n, edges[:, 0].copy(), edges[:, 1].copy())
+    blocks = _edge_blocks(path, 0, 1, BLOCK_BYTES, num_nodes)
+    src, dst = collect_edges((a[:, 0], a[:, 1]) for a in blocks)
+    _check_total(path, src.size, claimed_e)
+    n = num_nodes if num_nodes is not None else \
+        max(int(src.max()) + 1, int(dst.max()) + 1, claimed_n or 0)
+    g = GraphData(str(path), n, src, dst)
     g.validate()
     return g

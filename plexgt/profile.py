@@ -310,12 +310,26 @@ def memory_factor(curve: list[tuple[float, float]] | tuple[tuple[float, float], 
     over the smallest profiled ones (>= 1 where the arrays fall out of cache).
 
     The profiled per-element cost, interpolated linearly in log(size) and held constant
-    outside the profiled sizes; 1.0 without a curve.
+    outside the profiled sizes; 1.0 without a curve. For many sizes on one curve, take its
+    :func:`memory_table` once and ask :func:`table_factor`.
     """
+    return table_factor(memory_table(curve), elems)
+
+
+def memory_table(curve: list[tuple[float, float]] | tuple[tuple[float, float], ...]
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+    """What :func:`memory_factor` interpolates on ``curve``: the logs of its sizes and its
+    per-element costs (None without a curve)."""
     if not curve:
+        return None
+    return np.log([c[0] for c in curve]), np.array([c[1] for c in curve])
+
+
+def table_factor(table: tuple[np.ndarray, np.ndarray] | None, elems: float) -> float:
+    """:func:`memory_factor` at ``elems`` elements from the curve's :func:`memory_table`."""
+    if table is None:
         return 1.0
-    xs = np.log([c[0] for c in curve])
-    ys = np.array([c[1] for c in curve])
+    xs, ys = table
     return float(max(1.0, np.interp(np.log(max(elems, 1.0)), xs, ys) / ys[0]))
 
 
@@ -356,9 +370,9 @@ def fit_kernels(raw: dict[str, list[list[float]]]) -> dict[str, float]:
         "copy_s_per_elem": through_origin([r[0] for r in raw["copy"]],
                                           [r[1] for r in raw["copy"]]),
     }
-    mem = per_element_curve(raw["elementwise"])
+    mem = memory_table(per_element_curve(raw["elementwise"]))
     rows = raw["dense_block"]
-    a = np.array([[1.0, r[0] * r[1] * r[1], r[0] * r[1] * memory_factor(mem, r[0] * r[1])]
+    a = np.array([[1.0, r[0] * r[1] * r[1], r[0] * r[1] * table_factor(mem, r[0] * r[1])]
                   for r in rows], dtype=np.float64)
     coef = rel_nnls(a, np.array([r[2] for r in rows]))
     fits["dense_s_per_block"] = float(coef[0])
@@ -374,7 +388,7 @@ def fit_kernels(raw: dict[str, list[list[float]]]) -> dict[str, float]:
     else:
         def side(r: list[float], n: float) -> float:
             x = n * r[1] * r[2]  # a [h, n, d'] array
-            return x * memory_factor(mem, x)
+            return x * table_factor(mem, x)
 
         a = np.array([[r[1], r[0] * r[1] * r[2], r[0] * r[1], side(r, nd[0]), side(r, nd[1])]
                       for r, nd in zip(rows, nodes)], dtype=np.float64)

@@ -57,8 +57,10 @@ GCN path too.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import Counter
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -182,6 +184,22 @@ def curve_time(curve: tuple[tuple[float, float], ...], x: float) -> float:
     return t1 + (t1 - t0) / (b1 - b0) * (x - b1)
 
 
+def _by_group_size(sizes: Iterable[int], p: int, at: Callable[[int], float],
+                   outside: Callable[[int], float]) -> float:
+    """A quantity profiled at some group sizes, at p ranks: ``at(p)`` where p was profiled,
+    linear between the two profiled neighbours, and ``outside(q)`` below the smallest or
+    beyond the largest, q that size (each quantity has its own extrapolation)."""
+    sizes = sorted(sizes)
+    if p in sizes:
+        return at(p)
+    if p < sizes[0] or p > sizes[-1]:
+        return outside(sizes[0] if p < sizes[0] else sizes[-1])
+    i = bisect.bisect(sizes, p)
+    lo, hi = sizes[i - 1], sizes[i]
+    w = (p - lo) / (hi - lo)
+    return at(lo) * (1 - w) + at(hi) * w
+
+
 @dataclass(frozen=True)
 class SystemModel:
     """Coefficients read from a system profile (:mod:`plexgt.profile`), or defaults."""
@@ -209,6 +227,15 @@ class SystemModel:
     device: str = "unspecified"
     """'cpu' (ranks share cores: κ > 1 when oversubscribed), 'cuda', or 'unspecified' (κ = 1)."""
     name: str = "defaults"
+    _memory_table: Any = field(init=False, repr=False, compare=False)
+    _copy_table: Any = field(init=False, repr=False, compare=False)
+    """The curves' :func:`plexgt.profile.memory_table` (logs taken once, not per size asked)."""
+
+    def __post_init__(self) -> None:
+        from plexgt.profile import memory_table
+
+        object.__setattr__(self, "_memory_table", memory_table(self.memory_curve))
+        object.__setattr__(self, "_copy_table", memory_table(self.copy_curve))
 
     @classmethod
     def from_profile(cls, prof: dict[str, Any]) -> SystemModel:
@@ -258,45 +285,31 @@ class SystemModel:
         At a profiled group size: the profiled time-vs-bytes curve at ``sent`` (piecewise
         linear between the measured sizes, the last segment's slope beyond them), or the
         latency + bytes fit where the profile kept no curve. Between profiled group sizes the
-        two neighbours are interpolated; beyond the largest, its time plus latency growing with
-        the p-1 steps of a ring.
+        two neighbours are interpolated; below the smallest, its time; beyond the largest, its
+        time plus latency growing with the p-1 steps of a ring.
         """
         if p <= 1:
             return 0.0
-        sizes = sorted(set(self.collectives.get(op, {})) | set(
-            self.collective_curves.get(op, {})))
+        sizes = set(self.collectives.get(op, {})) | set(self.collective_curves.get(op, {}))
         if not sizes:
             c = Coefficients()
             return c.latency_s + c.s_per_byte * sent
-        if p in sizes:
-            return self._call_time(op, p, sent)
-        if p < sizes[0]:
-            return self._call_time(op, sizes[0], sent)
-        if p > sizes[-1]:
-            big = sizes[-1]
-            lat = self._call_time(op, big, 0)
-            return self._call_time(op, big, sent) + lat * ((p - 1) / max(1, big - 1) - 1)
-        hi = next(s for s in sizes if s > p)
-        lo = max(s for s in sizes if s < p)
-        w = (p - lo) / (hi - lo)
-        return self._call_time(op, lo, sent) * (1 - w) + self._call_time(op, hi, sent) * w
+
+        def outside(q: int) -> float:
+            if p < q:  # the smallest profiled group's time
+                return self._call_time(op, q, sent)
+            lat = self._call_time(op, q, 0)  # the largest's, plus a latency per extra step
+            return self._call_time(op, q, sent) + lat * ((p - 1) / max(1, q - 1) - 1)
+
+        return _by_group_size(sizes, p, lambda q: self._call_time(op, q, sent), outside)
 
     def sync_time(self, p: int) -> float:
         """Extra seconds per collective call on p ranks busy between calls (interpolated in p;
         beyond the largest profiled group it grows with the p-1 peers to wait for)."""
         if p <= 1 or not self.sync:
             return 0.0
-        sizes = sorted(self.sync)
-        if p in self.sync:
-            return self.sync[p]
-        if p < sizes[0]:
-            return self.sync[sizes[0]] * (p - 1) / max(1, sizes[0] - 1)
-        if p > sizes[-1]:
-            return self.sync[sizes[-1]] * (p - 1) / max(1, sizes[-1] - 1)
-        hi = next(s for s in sizes if s > p)
-        lo = max(s for s in sizes if s < p)
-        w = (p - lo) / (hi - lo)
-        return self.sync[lo] * (1 - w) + self.sync[hi] * w
+        return _by_group_size(self.sync, p, self.sync.__getitem__,
+                             lambda q: self.sync[q] * (p - 1) / max(1, q - 1))
 
     def sharing(self, p: int) -> int:
         """Ranks of p whose arrays share one cache hierarchy at a time: on CPUs those running
@@ -308,19 +321,19 @@ class SystemModel:
     def memory_factor(self, elems: float, p: int = 1) -> float:
         """Per-element slowdown of a pass over arrays of ``elems`` elements on each of p
         ranks (1 in cache): the profiled curve at the size the ranks running at once stream."""
-        from plexgt.profile import memory_factor
+        from plexgt.profile import table_factor
 
-        return memory_factor(self.memory_curve, elems * self.sharing(p))
+        return table_factor(self._memory_table, elems * self.sharing(p))
 
     def copy_time(self, elems: float, p: int = 1) -> float:
         """Seconds of one layout copy of ``elems`` elements on each of p ranks (the profiled
         size curve)."""
         if not self.copy_curve:
             return elems * self.kernels["copy_s_per_elem"]
-        from plexgt.profile import memory_factor
+        from plexgt.profile import table_factor
 
-        return elems * self.copy_curve[0][1] * memory_factor(self.copy_curve,
-                                                             elems * self.sharing(p))
+        return elems * self.copy_curve[0][1] * table_factor(self._copy_table,
+                                                            elems * self.sharing(p))
 
     def slowdown(self, p: int) -> float:
         """κ(p): how much slower each of p busy ranks computes than one rank alone.
@@ -397,14 +410,12 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     prob = w.problem
     h, dh, d, L = w.heads, prob.head_dim, w.hidden, w.layers
     kappa = sysm.slowdown(s)
-    n_loc = prob.rows(s)
-    n_pad = s * n_loc if s > 1 else w.n
+    n_loc = prob.rows(s)  # N at s = 1
+    n_pad = s * n_loc
     # the attention kernel the busiest rank runs: E/s edges of its n_loc rows against all
     # N columns with every head (node partition), or all E edges and N rows and columns
-    # with ceil(h/s) heads (head partition)
-    if s == 1:
-        h_r, e_r, rows, cols = h, w.e, w.n, w.n
-    elif strategy.full_graph:
+    # with ceil(h/s) heads (head partition); on one rank both are the whole kernel
+    if strategy.full_graph:
         h_r, e_r, rows, cols = head_splits(h, s)[0], w.e, n_pad, n_pad
     else:
         h_r, e_r, rows, cols = h, w.e / s, n_loc, n_pad
@@ -417,23 +428,22 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     edge = L * e_r * h_r * (k["attention_s_per_edge_head_dim"] * dh
                             + k["attention_s_per_edge_head"])
     node = L * (side("attention_s_per_row_head_dim", rows)
-                + side("attention_s_per_col_head_dim", cols if s == 1 or strategy.full_graph
-                       else n_loc))
-    # GP-AG's kernel also streams the N - n_loc gathered columns: unsplit, so overhead (β)
+                + side("attention_s_per_col_head_dim", cols if strategy.full_graph else n_loc))
+    # GP-AG's kernel also streams the N - n_loc gathered columns (none at s = 1): unsplit, so
+    # overhead (β)
     gathered = 0.0
-    if s > 1 and not strategy.full_graph:
+    if not strategy.full_graph:
         gathered = L * (side("attention_s_per_col_head_dim", cols)
                         - side("attention_s_per_col_head_dim", n_loc))
     grid = w.grid_at(s)
-    gemm3 = 0.0  # the 3D path's GEMM FMAs per layer beyond the 1D layer's n_rows·d·d
-    n_rows = n_loc if s > 1 else w.n
+    gemm3 = 0.0  # the 3D path's GEMM FMAs per layer beyond the 1D layer's n_loc·d·d
     if grid is not None:  # the 3D GCN path: the rank's Â block on d/Gy columns, both ways
         from plexgt.parallel.layout3d import layer_layouts
 
         lay = layer_layouts(grid, 0, w.n, [d, d])[0]
         ga, gb, gc = lay.g
         edge += L * 2 * (w.e / (ga * gc)) * (lay.d_in // gb) * k["spmm_s_per_nnz_col"]
-        gemm3 = lay.rows_pad * (lay.d_in // gb) * (lay.d_out // ga) - n_rows * d * d
+        gemm3 = lay.rows_pad * (lay.d_in // gb) * (lay.d_out // ga) - n_loc * d * d
     elif w.gcn:  # the 1D GCN path: the rank's own rows' edges, both ways
         edge += L * 2 * (w.e / s) * d * k["spmm_s_per_nnz_col"]
     if k["dense_s_per_row_d2"] or k["dense_s_per_row_d"]:
@@ -442,7 +452,7 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
         scale = (4 + 2 * w.ffn_mult + (1 if w.gcn else 0)) / 8
         per_row = L * (k["dense_s_per_row_d2"] * d * d * scale
                        + k["dense_s_per_row_d"] * d * (1.5 if w.gcn else 1.0)
-                       * sysm.memory_factor(n_rows * d, s))
+                       * sysm.memory_factor(n_loc * d, s))
         per_row += (w.features * d * 2 + d * w.classes * 3) * k["gemm_s_per_fma"]
         gcn_gemm = L * gemm3 * k["dense_s_per_row_d2"] / 8  # its share of the block (1 of 8)
     else:
@@ -451,7 +461,7 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
         per_row = (fma * k["gemm_s_per_fma"]
                    + L * ELEMENTWISE_PER_NODE_DIM[w.model] * d * k["elementwise_s_per_elem"])
         gcn_gemm = L * gemm3 * 3 * k["gemm_s_per_fma"]
-    dense = n_rows * per_row + gcn_gemm
+    dense = n_loc * per_row + gcn_gemm
     # fixed per-call costs every rank pays whatever its share: kernel calls per head, the
     # dense block's operator overheads, the optimizer over the replicated parameters
     calls = L * (h_r * k["attention_s_per_head"] + k["dense_s_per_block"]) * kappa
@@ -460,7 +470,7 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     # node-major dK, dV go to and from the collectives as they are); what the kernel does with
     # the N gathered columns is its per-column cost (``gathered``)
     copy = 0.0
-    if s > 1 and strategy.full_graph:
+    if s > 1 and strategy.full_graph:  # GP-A2A's permutes (one rank has nothing to permute)
         copy = L * A2A_COPIES * sysm.copy_time(n_pad * h_r * dh, s) * kappa
     copy += gathered * kappa
     comm, comm_rank, ops = -1.0, 0, []

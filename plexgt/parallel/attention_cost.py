@@ -21,6 +21,7 @@ all-reduce of the replicated parameters.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 
 from plexgt.dist.collectives import all_gather_bytes, all_reduce_bytes, reduce_scatter_bytes
@@ -39,6 +40,9 @@ GRAPH_BYTES_PER_EDGE = 48
 """What a :class:`~plexgt.ops.csr.CSRGraph` keeps per edge once attention has run on it:
 indices and row ids (int64), the transpose's indices and the two edge permutations (int64),
 and the int32 index copies torch's CPU sparse kernels use for the matrix and its transpose."""
+
+_head_splits = functools.lru_cache(maxsize=64)(head_splits)
+"""head_splits, kept: the cost model asks each of p ranks for its share (O(p) to build)."""
 
 
 # -- Table 1: communication -------------------------------------------------------------------
@@ -63,7 +67,7 @@ def gp_a2a_comm(problem: AttentionProblem, rank: int, p: int) -> list[CommOp]:
     """
     if p == 1:
         return []
-    hj = head_splits(problem.heads, p)[rank]
+    hj = _head_splits(problem.heads, p)[rank]
     row = problem.rows(p) * problem.head_dim * problem.esize
     to_heads = ((problem.heads - hj) * row, (p - 1) * hj * row)
     to_nodes = (to_heads[1], to_heads[0])
@@ -166,25 +170,27 @@ def step_bytes(strategy: AttentionStrategy, problem: AttentionProblem, rank: int
                layers: int, num_params: int, gcn: bool = False, kind: str = "sent",
                gcn_grid: Grid3D | None = None, block_rows: int | None = None
                ) -> dict[str, int]:
-    """Bytes ``kind`` ('sent' or 'recv') per operation name in one step (ledger's view)."""
+    """Bytes ``kind`` ('sent' or 'recv') per operation name in one step (ledger's view):
+    :func:`step_bytes_named` summed over the groups, operations of 0 bytes kept."""
     out: dict[str, int] = defaultdict(int)
-    for op in step_comm(strategy, problem, rank, p, layers, num_params, gcn, gcn_grid,
-                        block_rows):
-        out[op.op] += op.sent if kind == "sent" else op.recv
+    for (_, op), b in step_bytes_named(strategy, problem, rank, p, layers, num_params, gcn,
+                                       kind, gcn_grid, block_rows, keep_zero=True).items():
+        out[op] += b
     return dict(out)
 
 
 def step_bytes_named(strategy: AttentionStrategy, problem: AttentionProblem, rank: int, p: int,
                      layers: int, num_params: int, gcn: bool = False, kind: str = "sent",
-                     gcn_grid: Grid3D | None = None, block_rows: int | None = None
-                     ) -> dict[tuple[str, str], int]:
+                     gcn_grid: Grid3D | None = None, block_rows: int | None = None,
+                     keep_zero: bool = False) -> dict[tuple[str, str], int]:
     """Bytes ``kind`` per (group name, operation) in one step: the keys of a
-    :class:`~plexgt.dist.collectives.CommLedger` (entries of 0 bytes left out)."""
+    :class:`~plexgt.dist.collectives.CommLedger` (entries of 0 bytes left out unless
+    ``keep_zero``)."""
     out: dict[tuple[str, str], int] = defaultdict(int)
     for name, op in step_comm_named(strategy, problem, rank, p, layers, num_params, gcn,
                                     gcn_grid, block_rows):
         out[name, op.op] += op.sent if kind == "sent" else op.recv
-    return {k: v for k, v in out.items() if v}
+    return {k: v for k, v in out.items() if v or keep_zero}
 
 
 def dense_activation_elems(n_rows: int, d: int, ffn_mult: int, gcn: bool) -> int:

@@ -17,7 +17,8 @@ rows (1D)          rows block r of p, all d columns       [ceil(N/p), d]
 :func:`redistribute` moves a matrix from one layout to another with one all-to-all over the
 group (uneven splits: each rank sends every other rank the intersection of their blocks), so
 its bytes are in the ledger and its adjoint (the reverse all-to-all) is the backward.
-:func:`redistribute_bytes` is the same intersection arithmetic, for the cost model.
+:func:`redistribute_bytes` is the same intersection arithmetic, for the cost model (which,
+for the layouts here, each a partition of the matrix, needs only a rank's own two blocks).
 
 The 3D GCN path (:func:`gcn3d_conv`): X [N/p, d] (1D) -> 3D input layout -> Plexus layer
 (all-gather over c, Â block SpMM with all-reduce over a, GEMM with the W block, reduce-scatter
@@ -28,7 +29,6 @@ gradient all-reduce of the step sums the blocks' partial gradients.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -149,15 +149,21 @@ def redistribute_bytes(src: Layout, dst: Layout, p: int, me: int, esize: int
     """(sent, received) bytes of :func:`redistribute` on rank ``me`` (own piece excluded)."""
     if p == 1:
         return 0, 0
-    return _exchange_bytes([src(r) for r in range(p)], [dst(r) for r in range(p)], me, esize)
-
-
-def _exchange_bytes(srcs: Sequence[Block], dsts: Sequence[Block], me: int, esize: int
-                    ) -> tuple[int, int]:
-    """:func:`redistribute_bytes` from every rank's blocks (computed once for all ranks)."""
+    srcs = [src(r) for r in range(p)]
+    dsts = [dst(r) for r in range(p)]
     sent = sum(_size(q) for j, q in enumerate(_pieces(srcs[me], dsts)) if j != me)
     recv = sum(_size(q) for j, q in enumerate(_pieces(dsts[me], srcs)) if j != me)
     return sent * esize, recv * esize
+
+
+def _partition_bytes(src: Block, dst: Block, esize: int) -> tuple[int, int]:
+    """:func:`redistribute_bytes` of the rank holding ``src`` before and ``dst`` after, when
+    both layouts partition the matrix (the row and 3D layouts do): it sends all of its block
+    but what it keeps and receives all of its new block but that, so no other rank's block
+    is needed (O(1) a rank, not O(p))."""
+    own = _size(_overlap(src, dst))
+    return ((_size((src.rows, src.cols)) - own) * esize,
+            (_size((dst.rows, dst.cols)) - own) * esize)
 
 
 # -- the 3D GCN path of GPS -----------------------------------------------------------------
@@ -252,35 +258,14 @@ def gcn3d_comm(grid: Grid3D, rank: int, n: int, d: int, esize: int,
     redistribution all-to-alls over 'rows' (1D -> 3D input forward, 3D output -> 1D forward,
     and their adjoints backward; issued on every rank when p > 1, even one that exchanges
     nothing) and the Plexus layer's collectives over the grid axes ('x', 'y', 'z')."""
-    return _gcn3d_ops(grid, rank, n, d, esize, block_rows, _gcn3d_blocks(grid, n, d))
-
-
-def gcn3d_comm_all(grid: Grid3D, n: int, d: int, esize: int, block_rows: int | None = None
-                   ) -> list[list[tuple[str, CommOp]]]:
-    """:func:`gcn3d_comm` of every rank of ``grid`` (the layouts computed once)."""
-    blocks = _gcn3d_blocks(grid, n, d)
-    return [_gcn3d_ops(grid, r, n, d, esize, block_rows, blocks) for r in range(grid.size)]
-
-
-@functools.lru_cache(maxsize=16)
-def _gcn3d_blocks(grid: Grid3D, n: int, d: int) -> tuple[tuple[Block, ...], ...]:
-    """Every rank's block in the 1D, 3D input and 3D output layouts (cached: the cost model
-    asks for every rank's collectives in turn)."""
-    p = grid.size
-    return tuple(tuple(lay(r) for r in range(p)) for lay in (
-        row_layout(n, d, p), plexus_in_layout(grid, n, d), plexus_out_layout(grid, n, d)))
-
-
-def _gcn3d_ops(grid: Grid3D, rank: int, n: int, d: int, esize: int, block_rows: int | None,
-               blocks: tuple[tuple[Block, ...], ...]) -> list[tuple[str, CommOp]]:
     lay = layer_layouts(grid, rank, n, [d, d])[0]
     ga, gb, gc = lay.g
     a, b, c = lay.roles
     p = grid.size
     din_b, dout_a = lay.d_in // gb, lay.d_out // ga
-    rows1d, in3d, out3d = blocks
-    rin = _exchange_bytes(rows1d, in3d, rank, esize) if p > 1 else (0, 0)
-    rout = _exchange_bytes(out3d, rows1d, rank, esize) if p > 1 else (0, 0)
+    row = row_layout(n, d, p)(rank)
+    rin = _partition_bytes(row, plexus_in_layout(grid, n, d)(rank), esize) if p > 1 else (0, 0)
+    rout = _partition_bytes(plexus_out_layout(grid, n, d)(rank), row, esize) if p > 1 else (0, 0)
     row_blks = row_blocks(lay.rows_pad, block_rows)
     ag_c = all_gather_bytes(lay.cols_pad * (din_b // gc) * esize, gc)
     rs_b = reduce_scatter_bytes(lay.rows_pad * dout_a * esize, gb)

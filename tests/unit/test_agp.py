@@ -173,6 +173,7 @@ def test_plexus_coefficients_from_a_profile_build():
 def test_layouts_partition_the_matrix_and_redistribution_conserves_bytes(grid):
     from plexgt.dist.grid import Grid3D
     from plexgt.parallel.redistribute import (
+        gcn3d_comm,
         plexus_in_layout,
         plexus_out_layout,
         redistribute_bytes,
@@ -193,6 +194,11 @@ def test_layouts_partition_the_matrix_and_redistribution_conserves_bytes(grid):
         moved = [redistribute_bytes(src, dst, p, r, 4) for r in range(p)]
         assert sum(s for s, _ in moved) == sum(r for _, r in moved)
         assert all(s <= 4 * n * d for s, _ in moved)
+    # the cost model's bytes, from each rank's own blocks (the layouts partition the matrix)
+    for r in range(p):
+        got = [(o.sent, o.recv) for name, o in gcn3d_comm(g, r, n, d, 4) if name == "rows"]
+        assert got[:2] == [redistribute_bytes(layouts[0], layouts[1], p, r, 4),
+                           redistribute_bytes(layouts[2], layouts[0], p, r, 4)]
 
 
 # -- the profile-driven pieces of the time model ------------------------------------------------
@@ -365,18 +371,32 @@ def test_gps_3d_gcn_path_prices_gcn3d_comm_with_its_redistribution(grid, block_r
     from plexgt.dist.grid import Grid3D
     from plexgt.parallel.agp import comm_time, step_ops
     from plexgt.parallel.attention_cost import gcn1d_comm, step_comm_named
-    from plexgt.parallel.redistribute import gcn3d_comm, gcn3d_comm_all
+    from plexgt.parallel.redistribute import (
+        gcn3d_comm,
+        plexus_in_layout,
+        plexus_out_layout,
+        redistribute_bytes,
+        row_layout,
+    )
 
     g = Grid3D(*(int(v) for v in grid.split("x")))
     s, w3, w1, sysm = g.size, _gps(g, block_rows), _gps(), _sysm()
     prob, L = w3.problem, w3.layers
-    every = gcn3d_comm_all(g, w3.n, w3.hidden, w3.esize, block_rows)
+    n, d, es = w3.n, w3.hidden, w3.esize
+    lay1, lay_in, lay_out = (row_layout(n, d, s), plexus_in_layout(g, n, d),
+                             plexus_out_layout(g, n, d))
     for c in default_registry():
         for r in range(s):
-            gcn = gcn3d_comm(g, r, w3.n, w3.hidden, w3.esize, block_rows)
-            assert every[r] == gcn
-            # forward and backward: 1D -> 3D input and 3D output -> 1D over all ranks
-            assert [o.phase for n, o in gcn if n == "rows"] == ["forward"] * 2 + ["backward"] * 2
+            gcn = gcn3d_comm(g, r, n, d, es, block_rows)
+            # forward and backward: 1D -> 3D input and 3D output -> 1D over all ranks, the
+            # bytes of every rank's pieces (gcn3d_comm reads them from its own blocks alone)
+            a2a = [o for name, o in gcn if name == "rows"]
+            assert [o.phase for o in a2a] == ["forward"] * 2 + ["backward"] * 2
+            sent_in, recv_in = redistribute_bytes(lay1, lay_in, s, r, es)
+            sent_out, recv_out = redistribute_bytes(lay_out, lay1, s, r, es)
+            assert [(o.sent, o.recv) for o in a2a] == [
+                (sent_in, recv_in), (sent_out, recv_out), (recv_out, sent_out),
+                (recv_in, sent_in)]
             assert {n for n, _ in gcn} - {"rows"} == {a for a in "xyz" if g.dim(a) > 1}
             rest = Counter(step_comm_named(c, prob, r, s, L, w3.num_params))  # attention, loss
             assert Counter(step_ops(c, w3, s, r)) == rest + Counter(gcn * L)

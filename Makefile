@@ -30,6 +30,7 @@ else
 	$(PY) -m pip install --no-binary mpi4py "mpi4py>=4.0"
 endif
 	$(PY) -m pip install -e ".[test]"
+	$(PY) -c "import sys, plexgt.ops.native as n; sys.exit(n.main())"
 	touch $@
 
 DEMO_DIR ?= out/demo-sbm

@@ -7,7 +7,10 @@ One layer, hidden 128, 8 heads (d' = 16): Q, K, V = X W_{Q,K,V}; Y = softmax(QKá
 X' = X W_o + Y; loss = sum(X' * G) for a fixed random G; backward to X and all weights.
 Variants (identical nn.Linear weights, so the dense part is the same code in every variant):
 
-* ``plexgt``  : plexgt.ops.sparse_attention (CSR SDDMM -> row softmax -> CSR SpMM, [h, E] only)
+* ``plexgt``  : the model's layer, plexgt.models.layers.attention_conv: Q, K, V projected
+                straight into head-major memory, plexgt.ops.sparse_attention (scores with
+                the row softmax fused -> SpMM, [h, E] only; the compiled CPU kernels of
+                plexgt.ops.native when they build, torch's sparse kernels otherwise)
 * ``gather``  : the formulation of PyG's TransformerConv / TorchGT in plain torch:
                 Q[dst], K[src], V[src] gathered to [E, h, d'], scatter softmax, scatter-add
 * ``pyg``     : torch_geometric.nn.TransformerConv(128, 16, heads=8) when importable
@@ -130,7 +133,7 @@ def make_step(variant: str, dst, src, n, x, layer, grad_out, attention_only: boo
                .requires_grad_() for _ in range(3)]
         g_att = torch.randn(n, HEADS, HIDDEN // HEADS, generator=gen).to(x.device)
 
-    if variant == "plexgt":
+    if variant in ("plexgt", "plexgt_torch_kernels"):
         def prepare():
             g = CSRGraph.from_coo(dst.cpu(), src.cpu(), n, n).to(x.device)
             g.transpose()
@@ -172,6 +175,20 @@ def make_step(variant: str, dst, src, n, x, layer, grad_out, attention_only: boo
             y = attn(*qkv)
             y.backward(g_att)
             return y
+    elif variant in ("plexgt", "plexgt_torch_kernels"):
+        from plexgt.models.layers import attention_conv
+
+        native_flag = "0" if variant == "plexgt_torch_kernels" else "1"
+
+        def step():
+            # the model's own layer (head-major projections feeding the kernels); the ablation
+            # runs it on torch's sparse kernels (PLEXGT_NATIVE=0 is read on every call)
+            os.environ["PLEXGT_NATIVE"] = native_flag
+            p = layer.p
+            y = attention_conv(state["g"], x, x, p.q, p.k, p.v, p.o, HEADS)
+            y.backward(grad_out)
+            os.environ["PLEXGT_NATIVE"] = "1"
+            return y
     else:
         def step():
             # no names held for q, k, v: each variant keeps only what its autograd saves
@@ -197,7 +214,8 @@ def _reset_hwm() -> bool:
         return False
 
 
-CASES = [("plexgt", False), ("gather", False), ("pyg", False), ("plexgt", True), ("gather", True)]
+CASES = [("plexgt", False), ("gather", False), ("pyg", False), ("plexgt_torch_kernels", False),
+         ("plexgt", True), ("gather", True)]
 
 
 def case_key(variant: str, attention_only: bool) -> str:
@@ -325,6 +343,10 @@ def main() -> int:
         return 0
     devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     have_pyg = pyg_available()
+    from plexgt.ops import native
+
+    kernels = ("compiled (plexgt.ops.native, built here before the children start)"
+               if native.load() is not None else "torch sparse (plexgt.ops.native unavailable)")
     if not have_pyg:
         print("torch_geometric not importable: the PyG TransformerConv variant is skipped")
     results: dict = {
@@ -336,6 +358,7 @@ def main() -> int:
                       "MALLOC_MMAP_THRESHOLD_=65536), first fwd+bwd incl. per-graph prep",
             "threads": torch.get_num_threads(),
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+            "cpu_kernels": kernels,
         },
         "pyg_available": have_pyg, "runs": [],
     }
@@ -399,7 +422,9 @@ def markdown(results: dict) -> str:
            f"{hw['cpu']}, {hw['usable_cores']} cores, {results['method']['threads']} threads, "
            f"torch {hw['torch']}" + (f", GPU {hw['gpu']}" if "gpu" in hw else "") + ".",
            f"Hidden {HIDDEN}, {HEADS} heads. Time: {results['method']['time']}. Memory: "
-           f"{results['method']['memory']}.", "",
+           f"{results['method']['memory']}. CPU kernels of plexgt: "
+           f"{results['method'].get('cpu_kernels', 'torch sparse')}; plexgt_torch_kernels is the "
+           "same layer on torch's sparse kernels.", "",
            "| device | graph | nodes | edges | variant | min ms | median ms | peak MB |",
            "|---|---|---|---|---|---|---|---|"]
     for r in results["runs"]:

@@ -22,6 +22,7 @@ from torch import nn
 from plexgt.ops.attention import sparse_attention
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_norm, gcn_spmm
+from plexgt.ops.heads import head_major_linear
 
 Tensor = torch.Tensor
 Features = Tensor | CSRGraph
@@ -143,15 +144,12 @@ def attention_conv(
     Q comes from destination rows, K and V from source columns: on a single process both are
     the same x; a distributed rank passes its local rows and the gathered sources.
     """
-    nr, nc = x_dst.shape[0], x_src.shape[0]
-    d = wq.out_features
     # four separate GEMMs on purpose: fusing them into one [d, 4d] GEMM measured no faster on
-    # 2 cores, and its backward assembles a [N, 4d] gradient while dq, dk, dv are alive
-    q, k, v, o = wq(x_dst), wk(x_src), wv(x_src), wo(x_dst)
-    shape = (heads, d // heads)
-    y = sparse_attention(graph, q.view(nr, *shape), k.view(nc, *shape), v.view(nc, *shape),
-                         block_rows=block_rows)
-    return o + y.reshape(nr, d)
+    # 2 cores, and its backward assembles a [N, 4d] gradient while dq, dk, dv are alive.
+    # Q, K, V are written head-major, the layout the attention kernels read (no copies).
+    q, k, v = (head_major_linear(x, w, heads) for x, w in ((x_dst, wq), (x_src, wk), (x_src, wv)))
+    # X W_o is the residual the kernels add their output to, in place (no pass of its own)
+    return sparse_attention(graph, q, k, v, block_rows=block_rows, residual=wo(x_dst))
 
 
 def ffn(x: Tensor, lin1: nn.Linear, lin2: nn.Linear, p: float, training: bool) -> Tensor:

@@ -26,10 +26,12 @@ Why it is written this way:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch.autograd.function import once_differentiable
 
+from plexgt.ops import native
 from plexgt.ops.csr import CSRGraph
 
 Tensor = torch.Tensor
@@ -137,21 +139,53 @@ def _unit_stride(x: Tensor) -> Tensor:
     return x if x.stride(-1) == 1 else x.contiguous()
 
 
+def _native_kernels(q: Tensor, block_rows: int | None, num_rows: int) -> Any | None:
+    """The compiled kernels (:mod:`plexgt.ops.native`) when they serve this call: CPU, a
+    compiled head width, unblocked (the blocked mode keeps torch's kernels)."""
+    if (q.device.type != "cpu" or q.shape[-1] not in native.WIDTHS
+            or (block_rows is not None and block_rows < num_rows)):
+        return None
+    return native.load()
+
+
 # --------------------------------------------------------------------------- autograd function
 class SparseAttentionFunction(torch.autograd.Function):
     """y = softmax_rows((Q Kᵀ ⊙ A) * scale) V with a hand-written sparse backward."""
 
     @staticmethod
-    def forward(ctx, graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, scale: float,
-                block_rows: int | None) -> Tensor:
+    def forward(ctx, residual: Tensor | None, graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
+                scale: float, block_rows: int | None) -> Tensor:
+        # residual [Nr, h*d'] (or None) comes first: should it ever be a view, autograd replays
+        # the in-place update through CopySlices, which takes the first gradient as its own
+        ctx.graph = graph
+        ctx.has_residual = residual is not None
+        out = None if residual is None else residual.view(q.shape[0], *v.shape[1:])
+        ctx.scale = scale
+        nat = _native_kernels(q, block_rows, graph.num_rows)
+        ctx.native = nat
+        if nat is not None:
+            # head-major copies are made once here and saved: the backward's transposed
+            # products need them in that layout too
+            qh, kh, vh = _head_major(q), _head_major(k), _head_major(v)
+            ip, ix = graph.compact_index()
+            p, _ = nat.scores(ip, ix, qh, kh, scale)
+            y = nat.spmm(ip, ix, None, p, vh, out)
+            ctx.save_for_backward(qh, kh, vh, p)
+            ctx.blocked = None
+            if residual is not None:
+                ctx.mark_dirty(residual)
+                return residual
+            return y
         q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
         vh = _head_major(v)
         _, h, d = v.shape
-        y = torch.empty(graph.num_rows, h, d, dtype=v.dtype, device=v.device)
+        y = torch.empty(graph.num_rows, h, d, dtype=v.dtype, device=v.device) if out is None \
+            else out
+        acc = out is not None
         if block_rows is None or block_rows >= graph.num_rows:
             p = sddmm(graph, q, k, scale)
             row_softmax_(graph, p)
-            spmm(graph, p, vh, out=y)
+            spmm(graph, p, vh, out=y, accumulate=acc)
             ctx.save_for_backward(q, k, v, p)
             ctx.blocked = None
         else:
@@ -159,21 +193,27 @@ class SparseAttentionFunction(torch.autograd.Function):
             for r0, r1, blk in graph.row_blocks(block_rows):
                 s = sddmm(blk, q[r0:r1], k, scale)
                 _, lse[:, r0:r1] = row_softmax_(blk, s)
-                spmm(blk, s, vh, out=y[r0:r1])
+                spmm(blk, s, vh, out=y[r0:r1], accumulate=acc)
                 del s
             ctx.save_for_backward(q, k, v, lse)
             ctx.blocked = block_rows
-        ctx.graph = graph
-        ctx.scale = scale
+        if residual is not None:
+            ctx.mark_dirty(residual)
+            return residual
         return y
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, dy: Tensor):
+    def backward(ctx, grad: Tensor):
+        # with a residual the output is [Nr, h*d'] and its gradient is also the residual's
+        d_res = grad if ctx.has_residual and ctx.needs_input_grad[0] else None
+        if ctx.native is not None:
+            return (d_res, *SparseAttentionFunction._native_backward(ctx, grad))
+        q, k, v, saved = ctx.saved_tensors
+        dy = grad.view(q.shape[0], *v.shape[1:]) if ctx.has_residual else grad
         graph: CSRGraph = ctx.graph
         scale: float = ctx.scale
-        q, k, v, saved = ctx.saved_tensors
-        need_q, need_k, need_v = ctx.needs_input_grad[1:4]
+        need_q, need_k, need_v = ctx.needs_input_grad[2:5]
         dy = _unit_stride(dy)
         blocks = ([(0, graph.num_rows, graph)] if ctx.blocked is None
                   else graph.row_blocks(ctx.blocked))
@@ -209,17 +249,45 @@ class SparseAttentionFunction(torch.autograd.Function):
                          accumulate=acc)
                     qh = qh if keep else None
                 del ds
+        return d_res, None, dq, dk, dv, None, None
+
+    @staticmethod
+    def _native_backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+        """dV = Pᵀ dY and dK = dSᵀ Q over the transposed graph, reading P and dS through the
+        edge permutation in place; dS by the fused softmax backward; dQ = dS K."""
+        nat, graph, scale = ctx.native, ctx.graph, ctx.scale
+        qh, kh, vh, p = ctx.saved_tensors
+        need_q, need_k, need_v = ctx.needs_input_grad[2:5]
+        dy = grad.view(qh.shape[1], kh.shape[0], kh.shape[2]) if ctx.has_residual else grad
+        ip, ix = graph.compact_index()
+        dyh = _head_major(dy)
+        dq = dk = dv = None
+        if need_k or need_v:
+            tip, tix = graph.transpose().compact_index()
+            perm = graph.compact_transpose_perm()
+        if need_v:
+            dv = nat.spmm(tip, tix, perm, p, dyh, None)
+        if need_q or need_k:
+            ds = nat.score_grad(ip, ix, vh, p, dyh, scale)
+            del dyh
+            if need_q:
+                dq = nat.spmm(ip, ix, None, ds, kh, None)
+            if need_k:
+                dk = nat.spmm(tip, tix, perm, ds, qh, None)
         return None, dq, dk, dv, None, None
 
 
 def sparse_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
-                     scale: float | None = None, block_rows: int | None = None) -> Tensor:
+                     scale: float | None = None, block_rows: int | None = None,
+                     residual: Tensor | None = None) -> Tensor:
     """Multi-head attention restricted to the edges of ``graph``.
 
     q [Nr, h, d'], k and v [Nc, h, d'] on graph [Nr, Nc] -> y [Nr, h, d'] (contiguous).
     ``scale`` defaults to 1/sqrt(d'). Rows with no neighbours give zeros.
     ``block_rows`` bounds the per-call temporaries to [h, E of block_rows rows] and keeps only
     [h, Nr] between forward and backward (one more SDDMM per block in backward).
+    ``residual`` [Nr, h*d'] (contiguous, needed by nothing else) is returned with y added to it
+    in place, so a layer's X W_o + attention costs no pass of its own.
     """
     if q.dim() != 3 or k.shape != v.shape or q.shape[1:] != k.shape[1:]:
         raise ValueError(f"expected q [Nr,h,d], k/v [Nc,h,d]; got {tuple(q.shape)}, "
@@ -229,7 +297,12 @@ def sparse_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                          f"rows and k has {k.shape[0]}")
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    return SparseAttentionFunction.apply(graph, q, k, v, float(scale), block_rows)
+    want = (q.shape[0], v.shape[1] * v.shape[2])
+    if residual is not None and (residual.shape != want or not residual.is_contiguous()
+                                 or residual.dtype != v.dtype):
+        raise ValueError(f"residual must be a contiguous {want} tensor of v's dtype; got "
+                         f"{tuple(residual.shape)}")
+    return SparseAttentionFunction.apply(residual, graph, q, k, v, float(scale), block_rows)
 
 
 def dense_attention_reference(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,

@@ -53,6 +53,7 @@ class CSRGraph:
         self._csr_cache: dict[torch.dtype, Tensor] = {}
         self._blocks: dict[int, list[tuple[int, int, CSRGraph]]] = {}
         self._index32: tuple[Tensor, Tensor] | None = None
+        self._transpose_perm32: Tensor | None = None
 
     # ----------------------------------------------------------------------------- builders
     @classmethod
@@ -143,6 +144,7 @@ class CSRGraph:
         g = CSRGraph(self.indptr, self.indices, self.num_rows, self.num_cols, values)
         g._row = self._row
         g._index32 = self._index32
+        g._transpose_perm32 = self._transpose_perm32
         if self._transpose is not None:
             perm = self.transpose_perm
             tv = None if values is None else values[perm]
@@ -205,17 +207,33 @@ class CSRGraph:
             ]
         return self._blocks[block_rows]
 
+    def _fits_int32(self) -> bool:
+        return self.device.type == "cpu" and self.num_edges < 2**31 - 1
+
+    def compact_index(self) -> tuple[Tensor, Tensor]:
+        """(indptr, indices) for CPU kernels: int32 copies (cached) when E fits, else the int64
+        arrays. Half the index bytes of every pass, and what MKL wants anyway."""
+        if not self._fits_int32():
+            return self.indptr, self.indices
+        if self._index32 is None:
+            self._index32 = (self.indptr.to(torch.int32), self.indices.to(torch.int32))
+        return self._index32
+
+    def compact_transpose_perm(self) -> Tensor:
+        """:attr:`transpose_perm` in the dtype of :meth:`compact_index` (cached)."""
+        if not self._fits_int32():
+            return self.transpose_perm
+        if self._transpose_perm32 is None:
+            self._transpose_perm32 = self.transpose_perm.to(torch.int32)
+        return self._transpose_perm32
+
     def csr_tensor(self, values: Tensor) -> Tensor:
         """A torch sparse CSR tensor with this pattern and the given [E] values (no copy).
 
         On CPU the index arrays are int32 copies (cached): torch's MKL path converts int64
         indices to int32 on every product otherwise, which costs as much as a small SpMM.
         """
-        indptr, indices = self.indptr, self.indices
-        if self.device.type == "cpu" and self.num_edges < 2**31 - 1:
-            if self._index32 is None:
-                self._index32 = (indptr.to(torch.int32), indices.to(torch.int32))
-            indptr, indices = self._index32
+        indptr, indices = self.compact_index()
         with warnings.catch_warnings():
             # torch calls sparse CSR "beta" once per process; used knowingly, so it is noise
             warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")

@@ -1,0 +1,108 @@
+"""Compiled CPU kernels of the sparse attention (``csrc/attention_cpu.cpp``), built on first use.
+
+Why compiled: torch's CPU sparse kernels make the softmax and the transposed products
+separate passes over [h, E] (segment reductions, index_selects, elementwise ops) around one
+sampled_addmm and one SpMM per head; the fused kernels do each product in one pass
+(:mod:`plexgt.ops.csrc`, measured in ``perf/bench_attention.py``).
+
+The extension is compiled with the host's instruction set, so the build name carries a hash of
+the CPU's flags: a home directory shared by login and compute nodes of different generations
+keeps one build per ISA. ``make install`` builds it ahead (``python -m plexgt.ops.native``) so
+no rank of a job pays the ~30 s compile; ranks of a job that do build it wait on torch's lock
+in the build directory. Where no compiler is present the build fails once per process with a
+warning and :mod:`plexgt.ops.attention` keeps torch's kernels. ``PLEXGT_NATIVE=0`` turns the
+kernels off (for comparisons, or a machine whose compiler misbehaves).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+SOURCE = Path(__file__).with_name("csrc") / "attention_cpu.cpp"
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++20"]
+WIDTHS = (8, 16, 32, 64)
+"""Head widths d' with compiled kernels (others use torch's)."""
+
+_state: dict[str, Any] = {}
+
+
+def _isa_tag() -> str:
+    """Hash of what -march=native compiles for: the CPU's flag list and the machine type."""
+    flags = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                flags = line
+                break
+    except OSError:
+        pass
+    return hashlib.sha1((platform.machine() + flags).encode()).hexdigest()[:10]
+
+
+STALE_LOCK_S = 600.0
+"""A build lock older than this is left over from a killed build (a build takes ~30 s)."""
+
+
+def _clear_stale_lock(lock: Path) -> None:
+    """torch waits forever on the lock file of a build that was killed (a preempted job);
+    remove one too old to belong to a live build, so the next job builds instead of hanging."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except OSError:
+        return
+    if age > STALE_LOCK_S:
+        warnings.warn(f"plexgt: removing stale build lock {lock} ({age:.0f} s old)",
+                      RuntimeWarning, stacklevel=3)
+        lock.unlink(missing_ok=True)
+
+
+def enabled() -> bool:
+    """Whether the kernels may be used at all (``PLEXGT_NATIVE`` is not ``0``)."""
+    return os.environ.get("PLEXGT_NATIVE", "1") != "0"
+
+
+def load(verbose: bool = False) -> Any | None:
+    """The compiled module, building it if needed; None where disabled or the build fails
+    (warned about once per process)."""
+    if not enabled():
+        return None
+    if "module" in _state:
+        return _state["module"]
+    module = None
+    name = f"plexgt_attention_cpu_{_isa_tag()}"
+    try:
+        from torch.utils.cpp_extension import _get_build_directory
+        from torch.utils.cpp_extension import load as build
+
+        _clear_stale_lock(Path(_get_build_directory(name, verbose=False)) / "lock")
+        module = build(name, [str(SOURCE)], extra_cflags=FLAGS,
+                       extra_ldflags=["-fopenmp"], verbose=verbose)
+    except Exception as exc:  # no compiler, no headers, ...: torch's kernels still work
+        lines = str(exc).strip().splitlines()
+        why = lines[-1] if lines else type(exc).__name__
+        warnings.warn(f"plexgt: compiled attention kernels unavailable ({why}); using torch's "
+                      "sparse kernels", RuntimeWarning, stacklevel=2)
+    _state["module"] = module
+    return module
+
+
+def main() -> int:
+    """Build now (``make install``); report where the kernels stand. Never fails the install."""
+    mod = load()
+    if mod is None:
+        why = "disabled by PLEXGT_NATIVE=0" if not enabled() else "build failed (see warning)"
+        print(f"plexgt native attention kernels: not available, {why}; torch's kernels are used")
+    else:
+        print(f"plexgt native attention kernels: ready ({Path(mod.__file__).parent})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

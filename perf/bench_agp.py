@@ -19,7 +19,7 @@
 
 Writes perf/results/bench_agp_<date>.json and .png and ends with one RESULT line.
 
-    .venv/bin/python perf/bench_agp.py --reevaluate perf/results/bench_agp_2026-11-29.json
+    .venv/bin/python perf/bench_agp.py --reevaluate perf/results/bench_agp_2026-11-29_run2.json
 
 measures nothing: it recomputes the current model's predictions and AGP's choices for a stored
 run's measurements, from that run's stored profile (or ``--profile``) and graph sizes, so a

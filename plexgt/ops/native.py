@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import shutil
 import sys
 import time
 import warnings
@@ -63,6 +64,14 @@ def _clear_stale_lock(lock: Path) -> None:
         lock.unlink(missing_ok=True)
 
 
+def _ninja_on_path() -> None:
+    """torch builds with ``ninja`` from PATH; pip's ninja (an install requirement) sits beside
+    the interpreter, which a batch job's PATH need not include."""
+    if shutil.which("ninja") is None:
+        os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + \
+            os.environ.get("PATH", "")
+
+
 def enabled() -> bool:
     """Whether the kernels may be used at all (``PLEXGT_NATIVE`` is not ``0``)."""
     return os.environ.get("PLEXGT_NATIVE", "1") != "0"
@@ -82,6 +91,7 @@ def load(verbose: bool = False) -> Any | None:
         from torch.utils.cpp_extension import load as build
 
         _clear_stale_lock(Path(_get_build_directory(name, verbose=False)) / "lock")
+        _ninja_on_path()
         module = build(name, [str(SOURCE)], extra_cflags=FLAGS,
                        extra_ldflags=["-fopenmp"], verbose=verbose)
     except Exception as exc:  # no compiler, no headers, ...: torch's kernels still work

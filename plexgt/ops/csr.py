@@ -208,7 +208,8 @@ class CSRGraph:
         return self._blocks[block_rows]
 
     def _fits_int32(self) -> bool:
-        return self.device.type == "cpu" and self.num_edges < 2**31 - 1
+        return (self.device.type == "cpu"
+                and max(self.num_edges, self.num_rows, self.num_cols) < 2**31 - 1)
 
     def compact_index(self) -> tuple[Tensor, Tensor]:
         """(indptr, indices) for CPU kernels: int32 copies (cached) when E fits, else the int64

@@ -42,7 +42,8 @@ class _HeadMajorLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, weight = ctx.saved_tensors
-        g = grad.reshape(grad.shape[0], -1)  # a view when grad is node-major, as kernels return
+        # a view when grad is node-major, as the kernels return it (explicit width: N may be 0)
+        g = grad.reshape(grad.shape[0], weight.shape[0])
         dx = g @ weight if ctx.needs_input_grad[0] else None
         dw = g.t() @ x if ctx.needs_input_grad[1] else None
         db = g.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None

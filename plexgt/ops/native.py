@@ -16,6 +16,7 @@ kernels off (for comparisons, or a machine whose compiler misbehaves).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import platform
@@ -55,13 +56,24 @@ def _clear_stale_lock(lock: Path) -> None:
     """torch waits forever on the lock file of a build that was killed (a preempted job);
     remove one too old to belong to a live build, so the next job builds instead of hanging."""
     try:
-        age = time.time() - lock.stat().st_mtime
+        st = lock.stat()
     except OSError:
         return
-    if age > STALE_LOCK_S:
-        warnings.warn(f"plexgt: removing stale build lock {lock} ({age:.0f} s old)",
-                      RuntimeWarning, stacklevel=3)
-        lock.unlink(missing_ok=True)
+    if time.time() - st.st_mtime <= STALE_LOCK_S:
+        return
+    # many ranks may find the same stale lock: one at a time (a guard file of our own), and
+    # only if it is still that file, so a lock a live build has just made is never removed
+    with open(lock.with_name("plexgt-lock-guard"), "a") as guard:
+        fcntl.flock(guard, fcntl.LOCK_EX)
+        try:
+            now = lock.stat()
+        except OSError:
+            return
+        if (now.st_ino, now.st_mtime) == (st.st_ino, st.st_mtime):
+            warnings.warn(f"plexgt: removing stale build lock {lock} "
+                          f"({time.time() - st.st_mtime:.0f} s old)", RuntimeWarning,
+                          stacklevel=3)
+            lock.unlink(missing_ok=True)
 
 
 def _ninja_on_path() -> None:

@@ -34,7 +34,9 @@ def dist_attention(params: AttentionParams, x: Tensor, shard: AttentionShard,
     """X W_o + softmax(Q Kᵀ/sqrt(d') ⊙ A) V for this rank's rows: x [n, d] -> [n, d].
 
     Q, K, V [n, h, d'] come from local rows; the shard's strategy supplies whatever rows or
-    heads the kernel needs (:func:`plexgt.models.layers.attention_conv` line for line).
+    heads the kernel needs. The same function as :func:`plexgt.models.layers.attention_conv`,
+    whose single-process layout tricks (head-major projections, in-place residual) do not
+    apply to gathered or exchanged operands; results agree to float rounding.
     """
     if params.heads != shard.heads:
         raise ValueError(f"model has {params.heads} heads, shard was built for {shard.heads}")

@@ -222,3 +222,28 @@ def test_stale_build_lock_removed(tmp_path):
 def test_isa_tag_is_stable():
     assert native._isa_tag() == native._isa_tag()
     assert len(native._isa_tag()) == 10
+
+
+@needs_native
+def test_native_nan_score_propagates_like_torch():
+    """A NaN in K makes its rows' outputs NaN on both kernel families (a diverging run must
+    not look finite)."""
+    graph = _graph(12, 12, 50, seed=8)
+    q, k, v = _qkv(12, 12, 2, 16, dtype=torch.float32, seed=2)
+    with torch.no_grad():
+        k[int(graph.indices[0])] = float("nan")
+    ours = _run(graph, q, k, v, True)[0]
+    ref = _run(graph, q, k, v, False)[0]
+    assert torch.isnan(ours).any()
+    assert torch.equal(torch.isnan(ours), torch.isnan(ref))
+
+
+def test_attention_layer_with_no_rows():
+    graph = CSRGraph.from_coo(torch.zeros(0, dtype=torch.long),
+                              torch.zeros(0, dtype=torch.long), 0, 5)
+    lins = [nn.Linear(16, 16) for _ in range(4)]
+    x_dst, x_src = torch.zeros(0, 16, requires_grad=True), torch.randn(5, 16)
+    out = attention_conv(graph, x_dst, x_src, *lins, 2)
+    assert out.shape == (0, 16)
+    out.sum().backward()
+    assert lins[0].weight.grad is not None and torch.all(lins[0].weight.grad == 0)

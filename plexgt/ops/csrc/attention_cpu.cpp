@@ -67,8 +67,10 @@ inline float dot<float, 64>(const float* __restrict a, const float* __restrict b
 // error ~1e-7, i.e. float rounding) with the 2^n scaling by scalef, which also handles
 // underflow to subnormals and zero exactly. libm's scalar expf was half of the score pass.
 inline __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(x, _mm512_set1_ps(88.3762626647949f));
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));  // below: 0 after scaling anyway
+    // constant first: min/max return their second operand when either is NaN, so a NaN
+    // score stays NaN (as torch's exp keeps it) instead of being clamped to a number
+    x = _mm512_min_ps(_mm512_set1_ps(88.3762626647949f), x);
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);  // below: 0 after scaling anyway
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                           _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
@@ -133,7 +135,8 @@ void scores_softmax(const I* ip, const I* ix, const T* q, const T* k, T* p, T* l
                 const T* qr = qi + r * D;
                 for (int64_t t = a; t < b; ++t) pi[t] = scale * dot<T, D>(qr, ki + int64_t(ix[t]) * D);
                 T mx = pi[a];
-                for (int64_t t = a + 1; t < b; ++t) mx = std::max(mx, pi[t]);
+                for (int64_t t = a + 1; t < b; ++t)
+                    if (pi[t] > mx || pi[t] != pi[t]) mx = pi[t];  // NaN wins, as in torch
                 const T sum = exp_shift_sum<T>(pi + a, b - a, mx);  // >= 1: the max gives exp(0)
                 const T inv = T(1) / sum;
                 for (int64_t t = a; t < b; ++t) pi[t] *= inv;

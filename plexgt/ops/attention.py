@@ -163,6 +163,7 @@ class SparseAttentionFunction(torch.autograd.Function):
         ctx.scale = scale
         nat = _native_kernels(q, block_rows, graph.num_rows)
         ctx.native = nat
+        ctx.blocked = None
         if nat is not None:
             # head-major copies are made once here and saved: the backward's transposed
             # products need them in that layout too
@@ -171,11 +172,18 @@ class SparseAttentionFunction(torch.autograd.Function):
             p, _ = nat.scores(ip, ix, qh, kh, scale)
             y = nat.spmm(ip, ix, None, p, vh, out)
             ctx.save_for_backward(qh, kh, vh, p)
-            ctx.blocked = None
-            if residual is not None:
-                ctx.mark_dirty(residual)
-                return residual
-            return y
+        else:
+            y = SparseAttentionFunction._torch_forward(ctx, graph, q, k, v, scale, block_rows,
+                                                       out)
+        if residual is not None:
+            ctx.mark_dirty(residual)
+            return residual
+        return y
+
+    @staticmethod
+    def _torch_forward(ctx, graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, scale: float,
+                       block_rows: int | None, out: Tensor | None) -> Tensor:
+        """torch's per-head kernels; the blocked mode keeps [h, Nr] log-sum-exps only."""
         q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
         vh = _head_major(v)
         _, h, d = v.shape
@@ -187,7 +195,6 @@ class SparseAttentionFunction(torch.autograd.Function):
             row_softmax_(graph, p)
             spmm(graph, p, vh, out=y, accumulate=acc)
             ctx.save_for_backward(q, k, v, p)
-            ctx.blocked = None
         else:
             lse = torch.empty(h, graph.num_rows, dtype=v.dtype, device=v.device)
             for r0, r1, blk in graph.row_blocks(block_rows):
@@ -197,9 +204,6 @@ class SparseAttentionFunction(torch.autograd.Function):
                 del s
             ctx.save_for_backward(q, k, v, lse)
             ctx.blocked = block_rows
-        if residual is not None:
-            ctx.mark_dirty(residual)
-            return residual
         return y
 
     @staticmethod

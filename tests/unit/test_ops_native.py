@@ -14,26 +14,12 @@ from plexgt.ops.attention import dense_attention_reference, sparse_attention
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.heads import head_major_linear
 
+from .test_ops_attention import _graph, _qkv
+
 NAT = native.load()
 needs_native = pytest.mark.skipif(
     NAT is None, reason="compiled attention kernels unavailable here (no C++ compiler, or "
                         "PLEXGT_NATIVE=0); torch's kernels are tested by test_ops_attention")
-
-
-def _graph(nr, nc, e, seed, empty_rows=()):
-    g = torch.Generator().manual_seed(seed)
-    dst = torch.randint(0, nr, (e,), generator=g)
-    src = torch.randint(0, nc, (e,), generator=g)
-    keep = torch.ones(e, dtype=torch.bool)
-    for r in empty_rows:
-        keep &= dst != r
-    return CSRGraph.from_coo(dst[keep], src[keep], nr, nc)
-
-
-def _qkv(nr, nc, h, d, dtype=torch.float64, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(n, h, d, generator=g, dtype=dtype).requires_grad_()
-            for n in (nr, nc, nc)]
 
 
 def _run(graph, q, k, v, use_native, **kw):

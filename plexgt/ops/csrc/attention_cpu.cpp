@@ -204,6 +204,13 @@ void check_index(const at::Tensor& x, const at::Tensor& like, const char* name) 
     TORCH_CHECK(x.scalar_type() == like.scalar_type(), name, " must have the indices' dtype");
 }
 
+// indptr [rows + 1] and indices [E] of one index dtype; rows < 0: not checked here
+void check_csr(const at::Tensor& indptr, const at::Tensor& indices, int64_t rows) {
+    check_index(indices, indices, "indices");
+    check_index(indptr, indices, "indptr");
+    TORCH_CHECK(rows < 0 || indptr.numel() == rows + 1, "indptr must have Nr + 1 entries");
+}
+
 void check_dense(const at::Tensor& x, const at::Tensor& like, const char* name) {
     TORCH_CHECK(x.dim() == 3 && x.is_contiguous() && x.device().is_cpu(), name,
                 " must be a contiguous head-major [h, N, d] CPU tensor");
@@ -245,13 +252,11 @@ void dispatch(const at::Tensor& dense, const at::Tensor& index, int64_t d, F&& f
 // indptr [Nr+1], indices [E]; qh [h, Nr, d], kh [h, Nc, d] -> (p [h, E], lse [h, Nr])
 std::vector<at::Tensor> scores(at::Tensor indptr, at::Tensor indices, at::Tensor qh,
                                at::Tensor kh, double scale) {
-    check_index(indices, indices, "indices");
-    check_index(indptr, indices, "indptr");
     check_dense(qh, qh, "q");
     check_dense(kh, qh, "k");
     const int64_t h = qh.size(0), nr = qh.size(1), d = qh.size(2), nc = kh.size(1);
     const int64_t e = indices.numel();
-    TORCH_CHECK(indptr.numel() == nr + 1, "indptr must have Nr + 1 entries");
+    check_csr(indptr, indices, nr);
     auto p = at::empty({h, e}, qh.options());
     auto lse = at::empty({h, nr}, qh.options());
     dispatch(qh, indices, d, [&]<typename T, typename I, int D>() {
@@ -267,8 +272,7 @@ std::vector<at::Tensor> scores(at::Tensor indptr, at::Tensor indices, at::Tensor
 // added without another pass over it)
 at::Tensor spmm(at::Tensor indptr, at::Tensor indices, std::optional<at::Tensor> perm,
                 at::Tensor w, at::Tensor xh, std::optional<at::Tensor> out) {
-    check_index(indices, indices, "indices");
-    check_index(indptr, indices, "indptr");
+    check_csr(indptr, indices, -1);  // Nr is indptr's length here
     if (perm) check_index(*perm, indices, "perm");
     check_dense(xh, xh, "x");
     const int64_t h = xh.size(0), nc = xh.size(1), d = xh.size(2), nr = indptr.numel() - 1;
@@ -291,13 +295,11 @@ at::Tensor spmm(at::Tensor indptr, at::Tensor indices, std::optional<at::Tensor>
 // indptr [Nr+1], indices [E]; vh [h, Nc, d], p [h, E], dyh [h, Nr, d] -> ds [h, E]
 at::Tensor score_grad(at::Tensor indptr, at::Tensor indices, at::Tensor vh, at::Tensor p,
                       at::Tensor dyh, double scale) {
-    check_index(indices, indices, "indices");
-    check_index(indptr, indices, "indptr");
     check_dense(dyh, dyh, "dy");
     check_dense(vh, dyh, "v");
     const int64_t h = dyh.size(0), nr = dyh.size(1), d = dyh.size(2), nc = vh.size(1);
     const int64_t e = indices.numel();
-    TORCH_CHECK(indptr.numel() == nr + 1, "indptr must have Nr + 1 entries");
+    check_csr(indptr, indices, nr);
     check_values(p, dyh, e, "p");
     auto ds = at::empty_like(p);
     dispatch(dyh, indices, d, [&]<typename T, typename I, int D>() {

@@ -85,8 +85,6 @@ DEFAULT_KERNELS = {
     "attention_s_per_edge_head_dim": 1.2e-8, "attention_s_per_edge_head": 2e-8,
     "attention_s_per_row_head_dim": 4e-9, "attention_s_per_col_head_dim": 4e-9,
 }
-REQUIRED_RAW = ("spmm", "sddmm", "gemm", "attention", "elementwise", "copy", "dense_block")
-"""The raw kernel samples a profile needs for :meth:`SystemModel.from_profile` to refit them."""
 
 
 def count_params(model: str, features: int, hidden: int, classes: int, layers: int,
@@ -242,14 +240,14 @@ class SystemModel:
         """Coefficients of a system profile; the kernel fits are redone from its raw samples
         (when it has them) by this version's :func:`plexgt.profile.fit_kernels`, and the
         collectives are priced from their measured size curves."""
-        from plexgt.profile import fit_kernels, per_element_curve
+        from plexgt.profile import KERNEL_KINDS, fit_kernels, per_element_curve
 
         kern = dict(DEFAULT_KERNELS)
         kern.update({k: float(v) for k, v in prof.get("kernel_fits", {}).items()})
         raw = prof.get("kernels") or {}
         mem: tuple[tuple[float, float], ...] = ()
         cpy: tuple[tuple[float, float], ...] = ()
-        if all(raw.get(k) for k in REQUIRED_RAW):
+        if all(raw.get(k) for k in KERNEL_KINDS):  # every kind a profile measures
             kern.update(fit_kernels(raw))
             mem = tuple(per_element_curve(raw["elementwise"]))
             cpy = tuple(per_element_curve(raw["copy"]))

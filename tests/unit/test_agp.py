@@ -349,6 +349,41 @@ def test_loaded_collective_cost_is_added_per_call():
     assert busy.sync_time(1) == 0.0 and busy.sync_time(2) == pytest.approx(1e-3 / 3)
 
 
+def test_paired_medians_cancel_drift_and_drop_a_disturbed_pair():
+    from plexgt.profile import paired_medians
+
+    # both loops drift upwards by 1 s a pair; the second costs 0.25 s more; pair 3 disturbed
+    clock = iter(range(100))
+    first = [float(k) for k in range(5)]
+    second = [k + 0.25 + (3.0 if k == 3 else 0.0) for k in range(5)]
+    a, b, diff = paired_medians(lambda: first[next(clock) // 2],
+                                lambda: second[next(clock) // 2], 5)
+    assert diff == pytest.approx(0.25)
+    assert a == pytest.approx(2.0) and b == pytest.approx(2.25)
+
+
+def test_profile_kernels_keep_the_fastest_call_of_interleaved_rounds(monkeypatch):
+    import plexgt.profile as prof
+
+    order: list[str] = []
+    times = {"x": iter([3.0, 1.0, 2.0]), "y": iter([5.0, 6.0, 4.0])}
+
+    def fake_samples(device, quick):
+        return [("gemm", [1, 2, 3], "x"), ("attention", [10, 2, 16, 4, 8], "y")]
+
+    def fake_timeit(fn, device, reps):
+        order.append(fn)
+        return next(times[fn])
+
+    monkeypatch.setattr(prof, "kernel_samples", fake_samples)
+    monkeypatch.setattr(prof, "timeit", fake_timeit)
+    raw = prof.profile_kernels(torch.device("cpu"), quick=False, rounds=3)
+    assert order == ["x", "y"] * 3  # passes through all samples, not one sample at a time
+    assert raw["gemm"] == [[1, 2, 3, 1.0]]
+    assert raw["attention"] == [[10, 2, 16, 4.0, 4, 8]]  # [E, h, d', s, rows, cols]
+    assert set(raw) == set(prof.KERNEL_KINDS)
+
+
 def test_sustained_timing_without_a_group():
     from plexgt.profile import sustained
 

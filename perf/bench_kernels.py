@@ -54,8 +54,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--widths", default="8,16,32,64")
     ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--kernel-source", type=Path,
+                    help="time this version of attention_cpu.cpp as the compiled kernels "
+                         "(A/B of a kernel change; e.g. one from `git show REV:path`)")
+    ap.add_argument("--tag", default="", help="suffix of the results file")
     args = ap.parse_args()
     widths = [int(w) for w in args.widths.split(",")]
+    if args.kernel_source is not None:
+        from torch.utils.cpp_extension import load as build
+
+        native._state["module"] = build(
+            "plexgt_bench_kernels_" + str(abs(hash(args.kernel_source.read_bytes())))[:10],
+            [str(args.kernel_source)], extra_cflags=native.FLAGS, extra_ldflags=["-fopenmp"])
     if native.load() is None:
         raise SystemExit("bench_kernels: the compiled kernels did not build; nothing to compare")
     cases = []
@@ -89,12 +99,13 @@ def main() -> None:
                   f"{1e3 * base['min_s']:8.1f} ms  torch/compiled {rat['min']:.2f}x "
                   f"(median {rat['median']:.2f}x)", flush=True)
     hw = hardware()
-    path = write_json(f"bench_kernels_{today()[:10]}.json", {
+    path = write_json(f"bench_kernels_{today()[:10]}{args.tag}.json", {
         "date": today(), "hardware": hw, "heads": HEADS, "rounds": args.rounds,
+        "kernel_source": str(args.kernel_source or native.SOURCE.relative_to(ROOT)),
         "dtype": "float32", "what": "sparse_attention forward + backward, q = k = v leaves",
         "rows": rows, "torch_over_compiled": ratios})
     print(f"wrote {path}")
-    result_line(bench="kernels", cpu=hw["cpu"].replace(" ", "_"),
+    result_line(bench="kernels" + args.tag, cpu=hw["cpu"].replace(" ", "_"),
                 threads=hw["torch_threads"],
                 **{f"speedup_{k}": v["min"] for k, v in ratios.items()},
                 min_speedup=min(v["min"] for v in ratios.values()))

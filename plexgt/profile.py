@@ -335,11 +335,6 @@ def profile_kernels(device: torch.device, quick: bool, rounds: int | None = None
     return out
 
 
-LEGACY_ATTENTION_NODES = {15972: 2000, 127872: 8000, 382056: 6000, 736261: 3000, 127507: 4000}
-"""N of the square graphs the first profiler timed attention on, by their edge count (its
-samples were [E, h, d', s]; the graphs are seeded, so E names them)."""
-
-
 def per_element_curve(samples: list[list[float]]) -> list[tuple[float, float]]:
     """[(elements, seconds per element)] sorted by size, from [elements, seconds] samples."""
     return sorted((float(r[0]), float(r[1]) / float(r[0])) for r in samples if r[0] > 0)
@@ -375,10 +370,8 @@ def table_factor(table: tuple[np.ndarray, np.ndarray] | None, elems: float) -> f
 
 
 def _attention_nodes(r: list[float]) -> tuple[float, float] | None:
-    if len(r) >= 6:
-        return float(r[4]), float(r[5])
-    n = LEGACY_ATTENTION_NODES.get(int(r[0]))
-    return None if n is None else (float(n), float(n))
+    """(rows, cols) of an attention sample; None for the first profiler's [E, h, d', s]."""
+    return (float(r[4]), float(r[5])) if len(r) >= 6 else None
 
 
 def fit_kernels(raw: dict[str, list[list[float]]]) -> dict[str, float]:

@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import os
 import platform
+import re
 import shutil
 import sys
 import time
@@ -84,6 +85,24 @@ def _ninja_on_path() -> None:
             os.environ.get("PATH", "")
 
 
+OPENMP_RUNTIMES = re.compile(r"lib(gomp|iomp5|omp)[-.][^/\s]*so[^/\s]*$")
+
+
+def openmp_runtimes(maps: str | None = None) -> list[str]:
+    """Paths of the OpenMP runtimes mapped into this process (``/proc/self/maps``, or the text
+    ``maps``). The extension links ``libgomp.so.1``, which resolves to torch's own copy where
+    torch ships one under that name; a torch that ships a renamed one (``libgomp-<hash>.so``)
+    would get a second runtime beside it, each with its own thread pool."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return []
+    found = {line.split()[-1] for line in maps.splitlines()
+             if len(line.split()) >= 6 and OPENMP_RUNTIMES.search(line.split()[-1])}
+    return sorted(found)
+
+
 def enabled() -> bool:
     """Whether the kernels may be used at all (``PLEXGT_NATIVE`` is not ``0``)."""
     return os.environ.get("PLEXGT_NATIVE", "1") != "0"
@@ -111,6 +130,12 @@ def load(verbose: bool = False) -> Any | None:
         why = lines[-1] if lines else type(exc).__name__
         warnings.warn(f"plexgt: compiled attention kernels unavailable ({why}); using torch's "
                       "sparse kernels", RuntimeWarning, stacklevel=2)
+    runtimes = openmp_runtimes() if module is not None else []
+    if len(runtimes) > 1:
+        warnings.warn("plexgt: more than one OpenMP runtime is loaded (" + ", ".join(runtimes)
+                      + "): their thread pools can oversubscribe the cores; set "
+                      "OMP_NUM_THREADS per rank, or PLEXGT_NATIVE=0", RuntimeWarning,
+                      stacklevel=2)
     _state["module"] = module
     return module
 

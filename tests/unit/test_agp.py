@@ -281,18 +281,15 @@ def test_fit_kernels_separates_rows_and_columns_of_attention():
                                                               rel=1e-3)
 
 
-def test_fit_kernels_reads_the_first_profilers_samples():
-    from plexgt.profile import LEGACY_ATTENTION_NODES, fit_kernels
+def test_fit_kernels_without_pattern_sizes_prices_calls_and_edges_only():
+    from plexgt.profile import fit_kernels
 
-    pr = _raw_profile(rect=False)
-    raw = dict(pr["raw"])
-    n = {v: k for k, v in LEGACY_ATTENTION_NODES.items()}
-    # [E, h, d', s] rows of the graphs the first profiler used: their N is known by E
-    raw["attention"] = [[n[r[4]], *r[1:4]] for r in raw["attention"] if r[4] in n]
-    assert raw["attention"] and fit_kernels(raw)["attention_s_per_row_head_dim"] > 0
-    raw["attention"] = [[12345, *r[1:4]] for r in raw["attention"]]  # unknown graph sizes
+    raw = dict(_raw_profile(rect=False)["raw"])
+    # the first profiler's [E, h, d', s] rows: no rows and columns to fit node terms on
+    raw["attention"] = [r[:4] for r in raw["attention"]]
     f = fit_kernels(raw)
     assert f["attention_s_per_row_head_dim"] == f["attention_s_per_col_head_dim"] == 0.0
+    assert f["attention_s_per_edge_head"] + f["attention_s_per_edge_head_dim"] > 0
 
 
 def test_from_profile_refits_raw_samples_and_reads_loaded_measurements():

@@ -238,3 +238,24 @@ def test_attention_layer_with_no_rows():
     assert out.shape == (0, 16)
     out.sum().backward()
     assert lins[0].weight.grad is not None and torch.all(lins[0].weight.grad == 0)
+
+
+def test_openmp_runtimes_found_in_the_process_maps():
+    maps = "\n".join([
+        "7f00-7f01 r-xp 00000000 08:01 1 /venv/torch/lib/libgomp.so.1",
+        "7f01-7f02 r--p 00001000 08:01 1 /venv/torch/lib/libgomp.so.1",
+        "7f02-7f03 r-xp 00000000 08:01 2 /usr/lib/x86_64-linux-gnu/libgomp.so.1.0.0",
+        "7f03-7f04 r-xp 00000000 08:01 3 /wheel/torch.libs/libgomp-a34b3233.so.1",
+        "7f04-7f05 r-xp 00000000 08:01 4 /usr/lib/libgompfoo.so",  # not a runtime
+        "7f05-7f06 rw-p 00000000 00:00 0 ",  # anonymous
+        "7f06-7f07 r-xp 00000000 08:01 5 /opt/intel/libiomp5.so",
+    ])
+    assert native.openmp_runtimes(maps) == [
+        "/opt/intel/libiomp5.so", "/usr/lib/x86_64-linux-gnu/libgomp.so.1.0.0",
+        "/venv/torch/lib/libgomp.so.1", "/wheel/torch.libs/libgomp-a34b3233.so.1"]
+
+
+@needs_native
+def test_one_openmp_runtime_with_the_kernels_loaded():
+    """The extension's libgomp.so.1 resolves to the runtime torch already loaded."""
+    assert len(native.openmp_runtimes()) == 1

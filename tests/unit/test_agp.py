@@ -3,21 +3,62 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import pytest
 import torch
 
+import plexgt.profile as profile_module
+from plexgt.dist.grid import Grid3D
 from plexgt.models.gps import GPS
 from plexgt.models.gt import GraphTransformer
-from plexgt.parallel.agp import SystemModel, Workload, count_params, estimate, plan, scales_for
-from plexgt.parallel.attention_cost import gp_a2a_memory, gp_ag_memory, step_bytes, table1
+from plexgt.parallel.agp import (
+    SystemModel,
+    Workload,
+    comm_time,
+    count_params,
+    curve_time,
+    estimate,
+    format_plan,
+    gcn_grid_for,
+    monotone_curve,
+    plan,
+    scales_for,
+    step_ops,
+)
+from plexgt.parallel.attention_cost import (
+    gcn1d_comm,
+    gp_a2a_memory,
+    gp_ag_memory,
+    step_bytes,
+    step_comm,
+    step_comm_named,
+    table1,
+)
 from plexgt.parallel.plexus_cost import Coefficients
+from plexgt.parallel.redistribute import (
+    gcn3d_comm,
+    plexus_in_layout,
+    plexus_out_layout,
+    redistribute_bytes,
+    row_layout,
+)
 from plexgt.parallel.strategies import (
     AttentionProblem,
     AttentionStrategy,
     StrategyRegistry,
     default_registry,
     head_splits,
+)
+from plexgt.profile import (
+    fit_kernels,
+    fit_linear,
+    loaded_sync_cost,
+    memory_factor,
+    paired_medians,
+    per_element_curve,
+    plexus_coefficients,
+    sustained,
 )
 
 
@@ -157,8 +198,6 @@ def test_memory_limit_is_never_exceeded():
 
 
 def test_plexus_coefficients_from_a_profile_build():
-    from plexgt.profile import fit_linear, plexus_coefficients
-
     fit = fit_linear([[1e3, 1e-4 + 1e-6], [1e6, 1e-4 + 1e-3], [1e7, 1e-4 + 1e-2]])
     assert fit["latency_s"] == pytest.approx(1e-4, rel=1e-3)
     assert fit["s_per_byte"] == pytest.approx(1e-9, rel=1e-3)
@@ -171,15 +210,6 @@ def test_plexus_coefficients_from_a_profile_build():
 
 @pytest.mark.parametrize("grid", ["2x2x1", "1x3x2", "2x2x2", "4x1x1"])
 def test_layouts_partition_the_matrix_and_redistribution_conserves_bytes(grid):
-    from plexgt.dist.grid import Grid3D
-    from plexgt.parallel.redistribute import (
-        gcn3d_comm,
-        plexus_in_layout,
-        plexus_out_layout,
-        redistribute_bytes,
-        row_layout,
-    )
-
     g = Grid3D(*(int(v) for v in grid.split("x")))
     n, d, p = 29, 10, g.size
     layouts = [row_layout(n, d, p), plexus_in_layout(g, n, d), plexus_out_layout(g, n, d)]
@@ -203,8 +233,6 @@ def test_layouts_partition_the_matrix_and_redistribution_conserves_bytes(grid):
 
 # -- the profile-driven pieces of the time model ------------------------------------------------
 def test_monotone_curve_and_piecewise_time():
-    from plexgt.parallel.agp import curve_time, monotone_curve
-
     # a small message timed slower than a bigger one was disturbed: lowered to the bigger's time
     c = monotone_curve([[1e3, 5e-3], [1e4, 1e-3], [1e5, 2e-3], [1e6, 1.1e-2]])
     assert c == ((1e3, 1e-3), (1e4, 1e-3), (1e5, 2e-3), (1e6, 1.1e-2))
@@ -226,8 +254,6 @@ def test_collective_time_prefers_the_measured_curve():
 
 
 def test_memory_factor_follows_the_profiled_curve_and_shared_caches():
-    from plexgt.profile import memory_factor, per_element_curve
-
     curve = per_element_curve([[1 << 18, (1 << 18) * 1e-10], [1 << 20, (1 << 20) * 2e-10],
                                [1 << 22, (1 << 22) * 4e-10]])
     assert memory_factor(curve, 1000) == 1.0
@@ -265,8 +291,6 @@ def _raw_profile(rect: bool) -> dict:
 
 
 def test_fit_kernels_separates_rows_and_columns_of_attention():
-    from plexgt.profile import fit_kernels
-
     pr = _raw_profile(rect=True)
     f, c = fit_kernels(pr["raw"]), pr["c"]
     assert f["attention_s_per_row_head_dim"] == pytest.approx(c["row"], rel=1e-3)
@@ -282,8 +306,6 @@ def test_fit_kernels_separates_rows_and_columns_of_attention():
 
 
 def test_fit_kernels_without_pattern_sizes_prices_calls_and_edges_only():
-    from plexgt.profile import fit_kernels
-
     raw = dict(_raw_profile(rect=False)["raw"])
     # the first profiler's [E, h, d', s] rows: no rows and columns to fit node terms on
     raw["attention"] = [r[:4] for r in raw["attention"]]
@@ -331,9 +353,6 @@ def test_gp_ag_pays_the_gathered_columns_gp_a2a_splits_them():
 
 
 def test_loaded_collective_cost_is_added_per_call():
-    from plexgt.parallel.attention_cost import step_comm
-    from plexgt.profile import loaded_sync_cost
-
     assert loaded_sync_cost(1.0, 1.5, 0.2) == pytest.approx(0.3)
     assert loaded_sync_cost(1.0, 1.1, 0.2) == 0.0
     base = _sysm()
@@ -347,8 +366,6 @@ def test_loaded_collective_cost_is_added_per_call():
 
 
 def test_paired_medians_cancel_drift_and_drop_a_disturbed_pair():
-    from plexgt.profile import paired_medians
-
     # both loops drift upwards by 1 s a pair; the second costs 0.25 s more; pair 3 disturbed
     clock = iter(range(100))
     first = [float(k) for k in range(5)]
@@ -360,8 +377,6 @@ def test_paired_medians_cancel_drift_and_drop_a_disturbed_pair():
 
 
 def test_profile_kernels_keep_the_fastest_call_of_interleaved_rounds(monkeypatch):
-    import plexgt.profile as prof
-
     order: list[str] = []
     times = {"x": iter([3.0, 1.0, 2.0]), "y": iter([5.0, 6.0, 4.0])}
 
@@ -372,18 +387,16 @@ def test_profile_kernels_keep_the_fastest_call_of_interleaved_rounds(monkeypatch
         order.append(fn)
         return next(times[fn])
 
-    monkeypatch.setattr(prof, "kernel_samples", fake_samples)
-    monkeypatch.setattr(prof, "timeit", fake_timeit)
-    raw = prof.profile_kernels(torch.device("cpu"), quick=False, rounds=3)
+    monkeypatch.setattr(profile_module, "kernel_samples", fake_samples)
+    monkeypatch.setattr(profile_module, "timeit", fake_timeit)
+    raw = profile_module.profile_kernels(torch.device("cpu"), quick=False, rounds=3)
     assert order == ["x", "y"] * 3  # passes through all samples, not one sample at a time
     assert raw["gemm"] == [[1, 2, 3, 1.0]]
     assert raw["attention"] == [[10, 2, 16, 4.0, 4, 8]]  # [E, h, d', s, rows, cols]
-    assert set(raw) == set(prof.KERNEL_KINDS)
+    assert set(raw) == set(profile_module.KERNEL_KINDS)
 
 
 def test_sustained_timing_without_a_group():
-    from plexgt.profile import sustained
-
     calls = []
     t = sustained(lambda: calls.append(1), torch.device("cpu"), 5)
     assert len(calls) == 6 and t >= 0.0
@@ -398,19 +411,6 @@ def _gps(grid=None, block_rows=None, n=20_000, e=400_000) -> Workload:
 @pytest.mark.parametrize("grid,block_rows", [("2x2x1", None), ("1x2x2", 1000),
                                              ("4x1x1", None), ("2x2x2", 3000), ("1x3x1", None)])
 def test_gps_3d_gcn_path_prices_gcn3d_comm_with_its_redistribution(grid, block_rows):
-    from collections import Counter
-
-    from plexgt.dist.grid import Grid3D
-    from plexgt.parallel.agp import comm_time, step_ops
-    from plexgt.parallel.attention_cost import gcn1d_comm, step_comm_named
-    from plexgt.parallel.redistribute import (
-        gcn3d_comm,
-        plexus_in_layout,
-        plexus_out_layout,
-        redistribute_bytes,
-        row_layout,
-    )
-
     g = Grid3D(*(int(v) for v in grid.split("x")))
     s, w3, w1, sysm = g.size, _gps(g, block_rows), _gps(), _sysm()
     prob, L = w3.problem, w3.layers
@@ -450,8 +450,6 @@ def test_gps_3d_gcn_path_prices_gcn3d_comm_with_its_redistribution(grid, block_r
 
 
 def test_gps_3d_gcn_path_compute_splits_the_spmm_and_gemm_over_the_grid():
-    from plexgt.dist.grid import Grid3D
-
     kern = {k: 0.0 for k in SystemModel().kernels}
     kern["spmm_s_per_nnz_col"] = 1e-9
     s = SystemModel(kernels=kern, cores=64, device="cpu")
@@ -473,9 +471,6 @@ def test_gps_3d_gcn_path_compute_splits_the_spmm_and_gemm_over_the_grid():
 
 
 def test_plan_prices_both_gcn_paths_and_chooses_among_them():
-    from plexgt.dist.grid import Grid3D
-    from plexgt.parallel.agp import format_plan, gcn_grid_for
-
     grids = {s: gcn_grid_for(s, 20_000, 420_000, 64, 4) for s in (2, 4, 8)}
     assert all(g.size == s for s, g in grids.items())
     pl = plan(_gps(), list(default_registry()), scales_for(8), _sysm(1e-6, 1e-11), None, grids)

@@ -55,10 +55,9 @@ class GraphData:
             raise DataError(f"{self.name}: empty graph (0 nodes)")
         if self.src.shape != self.dst.shape or self.src.ndim != 1:
             raise DataError(f"{self.name}: edge source/destination arrays differ in shape")
-        for arr, what in ((self.src, "source"), (self.dst, "destination")):
-            if arr.size and (arr.min() < 0 or arr.max() >= n):
-                bad = int(arr[(arr < 0) | (arr >= n)][0])
-                raise DataError(f"{self.name}: edge {what} id {bad} is outside [0, {n})")
+        bad = first_id_error(self.src, self.dst, 0, n)
+        if bad is not None:
+            raise DataError(f"{self.name}: edge {bad[1]} id {bad[2]} is outside [0, {n})")
         if self.features is not None:
             if self.features.ndim != 2 or self.features.shape[0] != n:
                 raise DataError(
@@ -72,6 +71,22 @@ class GraphData:
         for key, idx in self.splits.items():
             if idx.size and (idx.min() < 0 or idx.max() >= n):
                 raise DataError(f"{self.name}: split '{key}' holds a node id outside [0, {n})")
+
+
+def first_id_error(src: np.ndarray, dst: np.ndarray, lo: int, hi: int | None
+                   ) -> tuple[int, str, int] | None:
+    """(row, 'source' | 'destination', id) of the first row holding an id outside [lo, hi).
+
+    The one id range check of the readers and sources; each words its own message.
+    """
+    def out(v: np.ndarray | int) -> np.ndarray | bool:
+        return (v < lo) | (v >= hi) if hi is not None else v < lo
+
+    if all(not a.size or not (out(a.min()) or out(a.max())) for a in (src, dst)):
+        return None  # the common case: two reductions an array, no [k] masks
+    r = int(np.argmax(out(src) | out(dst)))
+    s = int(src[r])
+    return (r, "source", s) if out(s) else (r, "destination", int(dst[r]))
 
 
 def symmetrize(g: GraphData) -> GraphData:

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plexgt.data.graph import DataError, GraphData
-from plexgt.data.textio import first_id_error
+from plexgt.data.graph import DataError, GraphData, first_id_error
 
 
 class GraphSource:

@@ -346,19 +346,3 @@ def empty_lines(block: bytes) -> int:
         return 0
     nl = b == 10
     return int(nl[0]) + int(np.count_nonzero(nl[1:] & nl[:-1]))
-
-
-def first_id_error(src: np.ndarray, dst: np.ndarray, lo: int, hi: int | None
-                   ) -> tuple[int, str, int] | None:
-    """(row, 'source' | 'destination', id) of the first row holding an id outside [lo, hi).
-
-    The one id range check of the readers and sources; each words its own message.
-    """
-    def out(v: np.ndarray | int) -> np.ndarray | bool:
-        return (v < lo) | (v >= hi) if hi is not None else v < lo
-
-    if all(not a.size or not (out(a.min()) or out(a.max())) for a in (src, dst)):
-        return None  # the common case: two reductions an array, no [k] masks
-    r = int(np.argmax(out(src) | out(dst)))
-    s = int(src[r])
-    return (r, "source", s) if out(s) else (r, "destination", int(dst[r]))

@@ -18,11 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from plexgt.data.graph import DataError, GraphData
+from plexgt.data.graph import DataError, GraphData, first_id_error
 from plexgt.data.source import TextEdgeSource, collect_edges
 from plexgt.data.textio import (
     BLOCK_BYTES,
-    first_id_error,
     iter_blocks,
     max_data_lines,
     open_text,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plexgt.data.graph import DataError, GraphData
+from plexgt.data.graph import DataError, GraphData, first_id_error
 from plexgt.data.npzio import NpzArray, npz_keys
 from plexgt.data.source import (
     GraphSource,
@@ -37,7 +37,6 @@ from plexgt.data.textio import (
     block_bytes_for,
     empty_lines,
     first_data_line,
-    first_id_error,
     iter_blocks,
     max_data_lines,
     parse,

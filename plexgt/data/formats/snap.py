@@ -22,14 +22,13 @@ from pathlib import Path
 
 import numpy as np
 
-from plexgt.data.graph import DataError, GraphData
+from plexgt.data.graph import DataError, GraphData, first_id_error
 from plexgt.data.runtime import Comm
 from plexgt.data.source import TextEdgeSource, collect_edges
 from plexgt.data.textio import (
     BLOCK_BYTES,
     block_bytes_for,
     estimate_data_lines,
-    first_id_error,
     iter_blocks,
     max_data_lines,
     parse,

@@ -92,7 +92,8 @@ def _source(args: argparse.Namespace, comm=None):  # noqa: ANN001, ANN202 - a Gr
     elif fmt == "snap":
         from plexgt.data.formats.snap import SnapSource
 
-        src = SnapSource(args.input, args.nodes, comm=comm, chunk_edges=args.chunk_edges)
+        src = SnapSource(args.input, args.nodes, comm=comm, chunk_edges=args.chunk_edges,
+                         count_degrees=args.permutation == "degree")
     else:
         from plexgt.data.formats.mtx import MtxSource
 

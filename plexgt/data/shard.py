@@ -227,7 +227,11 @@ class _Prep:
         self.pinv, self.qinv = inverse(p).astype(self.idx_dtype), inverse(q).astype(self.idx_dtype)
 
     def count_degrees(self) -> np.ndarray:
-        """[N] int64 in + out degree over this rank's share of the edges (before the sum)."""
+        """[N] int64 in + out degree over this rank's share of the edges (before the sum):
+        from the source's earlier pass where it counted them, else from a pass of our own."""
+        deg = self.src.counted_degrees(self.comm.rank, self.comm.size)
+        if deg is not None:
+            return deg
         deg = np.zeros(self.n, dtype=np.int64)
         for src, dst in self.src.edge_chunks(self.comm.rank, self.comm.size, self.o.chunk_edges):
             deg += np.bincount(src, minlength=self.n)

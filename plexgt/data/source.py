@@ -61,6 +61,12 @@ class GraphSource:
         covers a pass split over ranks, where no rank saw every edge.
         """
 
+    def counted_degrees(self, part: int, nparts: int) -> np.ndarray | None:
+        """[num_nodes] int64 in + out degrees of part ``part`` of ``nparts``'s share of the
+        edges when an earlier pass over them already counted them (then handed over once),
+        else None: prep's degree permutation then makes its own pass."""
+        return None
+
     #: True when :meth:`feature_rows` works (prep then gathers rows, skipping the buckets)
     random_access_features: bool = False
 
@@ -194,6 +200,9 @@ class GeneratedFeatures(GraphSource):
 
     def edge_pass_stats(self) -> np.ndarray:
         return self.base.edge_pass_stats()
+
+    def counted_degrees(self, part: int, nparts: int) -> np.ndarray | None:
+        return self.base.counted_degrees(part, nparts)
 
     def check_edge_pass(self, totals: np.ndarray) -> None:
         self.base.check_edge_pass(totals)

@@ -119,6 +119,25 @@ def test_text_sources_split_over_ranks_equal_serial(shared_dir, kind):
         assert s["files"] == m["files"] and s["E"] == m["E"]
 
 
+def test_snap_degrees_from_the_split_counting_pass_equal_serial(shared_dir):
+    """--permutation degree on SNAP without --nodes: each rank's share of the degrees comes
+    from the counting pass split over the ranks; the output equals a serial run's own pass."""
+    from plexgt.data.formats.snap import SnapSource
+    from plexgt.data.testing import write_snap
+
+    path = shared_dir / "g.txt"
+    if COMM.rank == 0:
+        write_snap(path, small_graph(101, 3000))
+    arrive(MPI.COMM_WORLD)
+    src = SnapSource(path, comm=COMM, chunk_edges=50, count_degrees=True)
+    m = prepare(src, _opts(shared_dir / "par", tiles=3, chunk_edges=37, permutation="degree"),
+                COMM)
+    assert src.counted_degrees(COMM.rank, COMM.size) is None  # handed over to prep, freed
+    if COMM.rank == 0:
+        s = prepare(SnapSource(path), _opts(shared_dir / "ser", tiles=3, permutation="degree"))
+        assert s["files"] == m["files"] and s["E"] == m["E"]
+
+
 def test_text_source_bad_count_found_only_by_the_sum(shared_dir):
     """A header claiming more edges than the file holds: no rank alone can tell."""
     from plexgt.data.formats.snap import SnapSource

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import plexgt.data.textio as textio
+from plexgt.cli import main
 from plexgt.data.formats.mtx import MtxSource, read_mtx
 from plexgt.data.formats.ogb import OgbCsvSource, open_ogb, read_ogb
 from plexgt.data.formats.snap import SnapSource, read_snap
@@ -311,6 +312,40 @@ def test_prep_streamed_equals_prep_in_memory(tmp_path):
         a = prepare(streamed, PrepOptions(out=tmp_path / f"s{k}", chunk_edges=37, **kw))
         b = prepare(MemorySource(mem), PrepOptions(out=tmp_path / f"m{k}", **kw))
         assert a["files"] == b["files"] and a["E"] == b["E"]
+
+
+def test_snap_degree_permutation_reuses_the_counting_pass(tmp_path, monkeypatch):
+    """Without --nodes, SNAP is parsed to count; with --permutation degree that pass counts
+    the degrees too, so prep parses the file twice, not three times, for the same output."""
+    import plexgt.data.formats.snap as snap
+
+    g = small_graph(150, 1200)
+    g.src[:40] = 149  # a heavy node: the degree order is not the id order
+    path = write_snap(tmp_path / "g.txt", g, header=False)
+    passes = []
+    real = snap._edge_blocks
+
+    def counted(path, part, nparts, block_bytes, n):  # noqa: ANN001, ANN202
+        passes.append(n)
+        yield from real(path, part, nparts, block_bytes, n)
+
+    monkeypatch.setattr(snap, "_edge_blocks", counted)
+    kw = {"tiles": 3, "progress": False, "permutation": "degree", "symmetrize": True}
+    src = SnapSource(path, count_degrees=True)
+    reused = prepare(src, PrepOptions(out=tmp_path / "a", **kw))
+    with_reuse = len(passes)
+    passes.clear()
+    own = prepare(SnapSource(path), PrepOptions(out=tmp_path / "b", **kw))
+    assert reused["files"] == own["files"] and reused["E"] == own["E"]
+    assert with_reuse == len(passes) - 1 == 2  # counting + bucketing; the degree pass saved
+    assert src.counted_degrees(0, 1) is None  # handed over once, then freed
+    # the command asks for it with --permutation degree
+    passes.clear()
+    assert main(["prep", "--format", "snap", "--input", str(path), "--out",
+                 str(tmp_path / "c"), "--tiles", "3", "--permutation", "degree", "--quiet",
+                 "--symmetrize"]) == 0
+    assert len(passes) == 2
+    assert json.loads((tmp_path / "c" / "manifest.json").read_text())["files"] == own["files"]
 
 
 GEN = textwrap.dedent("""

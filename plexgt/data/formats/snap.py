@@ -11,7 +11,9 @@ block by block and never held whole. N must be known before prep's stages start,
 ``num_nodes`` (``--nodes``) is given, the source first makes a *counting pass* over the whole
 file that keeps only the edge count and the largest id (split over the MPI ranks when given a
 communicator): the file is then parsed twice, once to count and once to shard. Pass ``--nodes``
-to skip it on a very large file.
+to skip it on a very large file. With ``--permutation degree`` the counting pass also counts
+every node's degree (``count_degrees``), which prep's degree stage would otherwise make a third
+pass for.
 """
 
 from __future__ import annotations
@@ -75,37 +77,62 @@ class SnapSource(TextEdgeSource):
     """A SNAP edge list streamed in chunks (see the module docstring).
 
     ``comm`` splits the counting pass over MPI ranks; ``chunk_edges`` sizes its parse blocks
-    (the later passes take their chunk from :meth:`edge_chunks`).
+    (the later passes take their chunk from :meth:`edge_chunks`). ``count_degrees``: the
+    counting pass also counts this rank's share of the degrees, for :meth:`counted_degrees`
+    ([N] int64 a rank, as prep's own degree pass holds).
     """
 
     def __init__(self, path: str | Path, num_nodes: int | None = None, comm: Comm | None = None,
-                 chunk_edges: int = 1 << 21) -> None:
+                 chunk_edges: int = 1 << 21, count_degrees: bool = False) -> None:
         self.path = Path(path)
         self.name = str(self.path)
         self.files = [self.path]
         self.claimed_n, self.claimed_e = _claims(self.path)
         self.counted: int | None = None
         self.line_bytes = LINE_BYTES
+        self._degrees: tuple[int, int, np.ndarray] | None = None
         if num_nodes is None:
-            self.counted, hi = self._count(comm or Comm(None), chunk_edges)
+            self.counted, hi = self._count(comm or Comm(None), chunk_edges, count_degrees)
             self.num_nodes = max(hi + 1, self.claimed_n or 0)
         else:
             self.num_nodes = num_nodes
 
-    def _count(self, comm: Comm, chunk: int) -> tuple[int, int]:
-        """The counting pass: (edges, largest id) over all parts (collective over ``comm``)."""
+    def _count(self, comm: Comm, chunk: int, degrees: bool) -> tuple[int, int]:
+        """The counting pass: (edges, largest id) over all parts (collective over ``comm``);
+        with ``degrees``, this rank's part's in + out degrees are kept too."""
         def count_part() -> tuple[int, int]:
             count, hi = 0, -1
+            deg = np.zeros(0, dtype=np.int64)
             for arr in _edge_blocks(self.path, comm.rank, comm.size,
                                     block_bytes_for(chunk, LINE_BYTES), None):
                 count += arr.shape[0]
                 hi = max(hi, int(arr.max()))
+                if degrees:
+                    b = np.bincount(arr.ravel())
+                    if b.size > deg.size:  # N unknown yet: grow by doubling
+                        deg = np.concatenate(
+                            [deg, np.zeros(max(b.size, 2 * deg.size) - deg.size, np.int64)])
+                    deg[:b.size] += b
+            if degrees:
+                self._degrees = (comm.rank, comm.size, deg)
             return count, hi
 
         stats = comm.allgather(comm.run(count_part))
         count, hi = sum(s[0] for s in stats), max(s[1] for s in stats)
         _check_total(self.path, count, self.claimed_e)
         return count, hi
+
+    def counted_degrees(self, part: int, nparts: int) -> np.ndarray | None:
+        """This part's degrees from the counting pass, once (then freed), when it counted them
+        over the same ``nparts`` parts."""
+        if self._degrees is None or self._degrees[:2] != (part, nparts):
+            return None
+        deg = self._degrees[2]
+        self._degrees = None
+        out = np.zeros(self.num_nodes, dtype=np.int64)
+        k = min(deg.size, self.num_nodes)
+        out[:k] = deg[:k]
+        return out
 
     def num_edges_hint(self) -> int:
         if self.counted is not None:

@@ -13,7 +13,9 @@ Run under ``mpiexec -n P plexgt profile --out system.json``. Measured:
   streaming elementwise op and a [N, h, d'] -> [h, N, d'] layout copy (per element, over sizes
   from cache-resident to DRAM-bound: the model reads the per-element cost as a curve), and the
   row-local part of a transformer block (projections, LayerNorms, FFN; forward + backward,
-  per row·d² and per row·d, up to tens of thousands of rows); every kernel sample is the
+  per row·d² and per row·d, up to tens of thousands of rows), and two whole one-rank gt
+  training steps (forward, loss, backward, AdamW), which calibrate what the kernel fits add
+  up to (:func:`plexgt.parallel.agp.step_calibration`); every kernel sample is the
   fastest of three interleaved passes over all of them, so a disturbance of a few seconds
   spoils one pass, not the fits;
 * under load ("loaded"): the kernel mix run back to back on s ranks against rank 0 alone (a
@@ -215,6 +217,35 @@ def dense_block(rows: int, d: int, device: torch.device) -> Callable[[], Any]:
     return run
 
 
+GT_STEPS = ((4000, 20, 64, 4), (16000, 10, 128, 8))
+"""[N, degree, hidden, heads] of the whole gt training steps the profile times (2 layers, 128
+input features, 8 classes): what calibrates the kernel sums of :mod:`plexgt.parallel.agp`."""
+GT_STEP_SHAPE = {"features": 128, "classes": 8, "layers": 2, "ffn_mult": 2}
+
+
+def gt_step(n: int, deg: int, hidden: int, heads: int, device: torch.device
+            ) -> tuple[int, Callable[[], Any]]:
+    """(E, one training step of a one-rank gt: forward, loss, backward, AdamW) on a uniform
+    random graph of n nodes, ``deg`` neighbours a node."""
+    from plexgt.models.gt import GraphTransformer
+    from plexgt.models.layers import ModelGraph
+
+    shape = GT_STEP_SHAPE
+    graph = ModelGraph(adj=_random_graph(n, deg, 200 + n, device))
+    model = GraphTransformer(shape["features"], hidden, shape["classes"], shape["layers"],
+                             heads, dropout=0.0, ffn_mult=shape["ffn_mult"]).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(n, shape["features"], device=device)
+    y = torch.randint(0, shape["classes"], (n,), device=device)
+
+    def run() -> None:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x, graph), y).backward()
+        opt.step()
+
+    return graph.adj.num_edges, run
+
+
 def kernel_mix(device: torch.device) -> Callable[[], Any]:
     """A fixed GEMM + attention workload (for the contention measurement)."""
     from plexgt.ops.attention import sparse_attention
@@ -302,10 +333,18 @@ def kernel_samples(device: torch.device, quick: bool) -> list[Sample]:
     for d in (32, 64, 128):
         for rows in ((256, 2048) if quick else (256, 2048, 8192, 32768)):
             out.append(("dense_block", [rows, d], dense_block(rows, d, device)))
+    sh = GT_STEP_SHAPE
+    for n, deg, hidden, heads in ((2000, 10, 32, 4),) if quick else GT_STEPS:
+        e, step = gt_step(n, deg, hidden, heads, device)
+        out.append(("gt_step", [n, e, sh["features"], sh["classes"], hidden, heads,
+                                sh["layers"]], step))
     return out
 
 
 KERNEL_KINDS = ("spmm", "sddmm", "gemm", "attention", "elementwise", "copy", "dense_block")
+STEP_KINDS = ("gt_step",)
+"""Whole training steps [N, E, F, C, hidden, heads, layers, s] (profiles since the
+calibration; optional for :meth:`~plexgt.parallel.agp.SystemModel.from_profile`)."""
 """The kinds of raw kernel sample a profile holds; :meth:`plexgt.parallel.agp.SystemModel.
 from_profile` refits them when all are there."""
 
@@ -314,7 +353,8 @@ def profile_kernels(device: torch.device, quick: bool, rounds: int | None = None
                     ) -> dict[str, list[list[float]]]:
     """Raw samples: spmm [nnz, cols, s], sddmm [nnz, cols, s], gemm [m, k, n, s],
     attention [E, h, d', s, rows, cols] (forward + backward), elementwise and copy
-    [elements, s], dense_block [rows, d, s] (forward + backward).
+    [elements, s], dense_block [rows, d, s] (forward + backward), gt_step [N, E, F, C,
+    hidden, heads, layers, s] (a whole one-rank training step).
 
     Each sample is the fastest call over ``rounds`` passes through all of them (3, 2 when
     ``quick``), a few calls each: a disturbance lasting seconds then spoils one pass of a
@@ -328,7 +368,7 @@ def profile_kernels(device: torch.device, quick: bool, rounds: int | None = None
     for _ in range(rounds):
         for i, (_, _, fn) in enumerate(samples):
             best[i] = min(best[i], timeit(fn, device, reps))
-    out: dict[str, list[list[float]]] = {k: [] for k in KERNEL_KINDS}
+    out: dict[str, list[list[float]]] = {k: [] for k in KERNEL_KINDS + STEP_KINDS}
     for (kind, sizes, _), t in zip(samples, best):
         # attention rows keep their historical order [E, h, d', s, rows, cols]
         out[kind].append(sizes[:3] + [t] + sizes[3:] if kind == "attention" else sizes + [t])

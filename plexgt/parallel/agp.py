@@ -17,9 +17,11 @@ measured time-vs-bytes curves.
   Node-proportional passes are priced at the per-element speed the profile's elementwise curve
   gives for the arrays the ranks running at once stream (:meth:`SystemModel.memory_factor`:
   1 in cache, more once they spill to DRAM), so splitting a big graph can gain more than s.
-  κ(s) >= 1 is the profiled slowdown of s ranks sharing a node; with more CPU ranks than
-  cores it is at least κ(full)·s/full (time-sharing, :meth:`SystemModel.slowdown`); 1 with one
-  GPU per rank.
+  All of it times the profile's calibration (``SystemModel.compute_scale``): whole one-rank
+  training steps over what their kernels add up to in isolation, as the paper fits α on
+  profiled iterations. κ(s) >= 1 is the profiled slowdown of s ranks sharing a node; with
+  more CPU ranks than cores it is at least κ(full)·s/full (time-sharing,
+  :meth:`SystemModel.slowdown`); 1 with one GPU per rank.
 * β_c(s)·N: what parallelism adds and does not split. The strategy's collectives, each at its
   exact per-rank bytes (:mod:`plexgt.parallel.attention_cost`) on the profiled curve of that
   operation and group size, plus, where the profile measured it, the extra a call costs when
@@ -59,6 +61,7 @@ from __future__ import annotations
 
 import bisect
 import math
+import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -225,6 +228,11 @@ class SystemModel:
     device: str = "unspecified"
     """'cpu' (ranks share cores: κ > 1 when oversubscribed), 'cuda', or 'unspecified' (κ = 1)."""
     name: str = "defaults"
+    compute_scale: float = 1.0
+    """Measured over predicted compute of whole one-rank training steps (the profile's
+    ``gt_step`` samples, :func:`step_calibration`): a step runs its kernels back to back on
+    data the previous one evicted, where each microbenchmark repeated one kernel on hot
+    caches. Multiplies every kernel term (α·E and GP-AG's gathered columns) at every scale."""
     _memory_table: Any = field(init=False, repr=False, compare=False)
     _copy_table: Any = field(init=False, repr=False, compare=False)
     """The curves' :func:`plexgt.profile.memory_table` (logs taken once, not per size asked)."""
@@ -266,8 +274,11 @@ class SystemModel:
         hw = prof.get("hardware", {})
         name = hw.get("gpu") or hw.get("cpu") or "profile"
         threads = int(prof.get("software", {}).get("threads_per_rank") or 1)
-        return cls(kern, coll, curves, mem, cpy, cont, sync, int(hw.get("cores") or 1),
+        sysm = cls(kern, coll, curves, mem, cpy, cont, sync, int(hw.get("cores") or 1),
                    threads, str(hw.get("device", "cpu")), str(name))
+        if mem and raw.get("gt_step"):  # refitted kernels: calibrate their sums on whole steps
+            sysm = replace(sysm, compute_scale=step_calibration(sysm, raw["gt_step"]))
+        return sysm
 
     def _call_time(self, op: str, p: int, sent: float) -> float:
         """One call at a profiled group size p: the measured curve, else the linear fit."""
@@ -470,19 +481,37 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     copy = 0.0
     if s > 1 and strategy.full_graph:  # GP-A2A's permutes (one rank has nothing to permute)
         copy = L * A2A_COPIES * sysm.copy_time(n_pad * h_r * dh, s) * kappa
-    copy += gathered * kappa
+    copy += gathered * kappa * sysm.compute_scale
     comm, comm_rank, ops = -1.0, 0, []
     for r in range(s) if grid is not None else (0,):
         ops_r = step_ops(strategy, w, s, r)
         t = comm_time(ops_r, s, grid, sysm)
         if t > comm:
             comm, comm_rank, ops = t, r, ops_r
-    compute = (edge + node + dense) * kappa
+    compute = (edge + node + dense) * kappa * sysm.compute_scale
     mem = model_memory(strategy, prob, s, L, w.features, w.classes, w.num_params, w.ffn_mult,
                        w.gcn, grid)
     return Estimate(strategy.name, s, compute / max(1, w.e), (copy + calls + comm) / w.n,
                     compute, copy, calls, comm, sum(o.sent for _, o in ops), mem,
                     ("3d" if grid is not None else "1d") if w.gcn else "", grid, comm_rank)
+
+
+def step_calibration(sysm: SystemModel, steps: Iterable[list[float]]) -> float:
+    """Median over ``steps`` ([N, E, F, C, hidden, heads, layers, seconds]: one-rank gt
+    training steps, the profile's ``gt_step``) of measured over predicted compute, the
+    prediction :func:`estimate`'s at s = 1 on ``sysm`` as it is (its fixed per-call costs
+    taken off the measurement first). 1.0 without a usable sample."""
+    from plexgt.parallel.strategies import default_registry
+
+    one_rank = default_registry().get("gp_ag")  # on one rank every strategy is the same step
+    base = replace(sysm, compute_scale=1.0)
+    ratios = []
+    for n, e, f, c, hidden, heads, layers, t in steps:
+        w = Workload("gt", int(n), int(e), int(f), int(c), int(hidden), int(heads), int(layers))
+        est = estimate(one_rank, w, 1, base)
+        if est.compute_s > 0 and t > est.overhead_s:
+            ratios.append((t - est.overhead_s) / est.compute_s)
+    return float(statistics.median(ratios)) if ratios else 1.0
 
 
 def step_ops(strategy: AttentionStrategy, w: Workload, s: int, rank: int = 0

@@ -330,6 +330,31 @@ def test_from_profile_refits_raw_samples_and_reads_loaded_measurements():
     assert s.sync_time(4) == pytest.approx(2e-4 * 3)
 
 
+def test_whole_step_calibration_scales_the_kernel_terms():
+    pr = _raw_profile(rect=True)
+    prof = {"kernels": dict(pr["raw"]), "hardware": {"cores": 2, "device": "cpu"}}
+    plain = SystemModel.from_profile(prof)
+    assert plain.compute_scale == 1.0  # no whole steps in the profile
+    # whole one-rank steps 1.3x slower in their kernels than the microbenchmarks add up to
+    steps = []
+    for n, e, hidden, heads in ((4000, 80_000, 64, 4), (16000, 160_000, 128, 8),
+                                (2000, 20_000, 32, 4)):
+        w = Workload("gt", n, e, 128, 8, hidden, heads, 2)
+        est = estimate(default_registry().get("gp_ag"), w, 1, plain)
+        steps.append([n, e, 128, 8, hidden, heads, 2, 1.3 * est.compute_s + est.overhead_s])
+    steps[2][-1] *= 5  # one disturbed sample: the median ignores it
+    prof["kernels"]["gt_step"] = steps
+    cal = SystemModel.from_profile(prof)
+    assert cal.compute_scale == pytest.approx(1.3)
+    w = _work()
+    for c in default_registry():
+        for s in (1, 2, 4):
+            a, b = estimate(c, w, s, plain), estimate(c, w, s, cal)
+            assert b.compute_s == pytest.approx(1.3 * a.compute_s)
+            assert b.comm_s == a.comm_s and b.calls_s == a.calls_s
+    assert profile_module.STEP_KINDS == ("gt_step",)
+
+
 def test_oversubscribed_cpu_ranks_time_share_the_fully_loaded_cores():
     s = SystemModel(contention={2: 1.25, 4: 2.1}, cores=2, device="cpu")
     assert s.slowdown(2) == 1.25
@@ -393,7 +418,7 @@ def test_profile_kernels_keep_the_fastest_call_of_interleaved_rounds(monkeypatch
     assert order == ["x", "y"] * 3  # passes through all samples, not one sample at a time
     assert raw["gemm"] == [[1, 2, 3, 1.0]]
     assert raw["attention"] == [[10, 2, 16, 4.0, 4, 8]]  # [E, h, d', s, rows, cols]
-    assert set(raw) == set(profile_module.KERNEL_KINDS)
+    assert set(raw) == set(profile_module.KERNEL_KINDS + profile_module.STEP_KINDS)
 
 
 def test_sustained_timing_without_a_group():

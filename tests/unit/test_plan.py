@@ -14,6 +14,7 @@ from plexgt.data.loader import PreparedGraph
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import sbm
+from plexgt.parallel.agp import SystemModel
 from plexgt.parallel.plexus_cost import Coefficients
 
 
@@ -74,7 +75,8 @@ def test_profile_file_is_complete_and_feeds_both_planners(prepared, profile_json
     assert prof["hardware"]["cpu"] and prof["hardware"]["cores"] >= 1
     assert prof["software"]["torch"] and "mpi" in prof["software"]
     assert set(prof["kernels"]) == {"spmm", "sddmm", "gemm", "attention", "elementwise", "copy",
-                                   "dense_block"}
+                                   "dense_block", "gt_step"}
+    assert SystemModel.from_profile(prof).compute_scale > 0  # calibrated on a whole step
     Coefficients(**prof["plexus"])  # the 3D planner's coefficients
     for model in ("gt", "gcn"):
         assert main(["plan", "--data", str(prepared), "--model", model, "--world-size", "2",
@@ -162,7 +164,7 @@ def test_gps_grid_auto_takes_the_faster_gcn_path(prepared, strategy):
 
     from plexgt.config import load_config
     from plexgt.dist.grid import Grid3D
-    from plexgt.parallel.agp import SystemModel, Workload, estimate, gcn_grid_for
+    from plexgt.parallel.agp import Workload, estimate, gcn_grid_for
     from plexgt.parallel.gt_task import STRATEGY_NAMES, choose_gps_layout
     from plexgt.parallel.strategies import default_registry
 

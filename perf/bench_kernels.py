@@ -18,6 +18,7 @@ Writes perf/results/bench_kernels_<date>.json and ends with one RESULT line.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import statistics
 import sys
@@ -34,7 +35,7 @@ from common import hardware, result_line, today, write_json  # noqa: E402
 
 from plexgt.ops import native  # noqa: E402
 from plexgt.ops.attention import sparse_attention  # noqa: E402
-from plexgt.profile import _random_graph  # noqa: E402
+from plexgt.profile import random_graph  # noqa: E402
 
 GRAPHS = {"sparse_50k_deg10": (50_000, 10), "dense_4k_deg200": (4_000, 200)}
 HEADS = 4
@@ -63,14 +64,15 @@ def main() -> None:
     if args.kernel_source is not None:
         from torch.utils.cpp_extension import load as build
 
+        digest = hashlib.sha1(args.kernel_source.read_bytes()).hexdigest()[:10]
         native._state["module"] = build(
-            "plexgt_bench_kernels_" + str(abs(hash(args.kernel_source.read_bytes())))[:10],
+            f"plexgt_bench_kernels_{digest}",
             [str(args.kernel_source)], extra_cflags=native.FLAGS, extra_ldflags=["-fopenmp"])
     if native.load() is None:
         raise SystemExit("bench_kernels: the compiled kernels did not build; nothing to compare")
     cases = []
     for gname, (n, deg) in GRAPHS.items():
-        graph = _random_graph(n, deg, 0, torch.device("cpu"))
+        graph = random_graph(n, deg, 0, torch.device("cpu"))
         for d in widths:
             q = torch.randn(n, HEADS, d, requires_grad=True)
             for kern in KERNELS:

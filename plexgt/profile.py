@@ -16,8 +16,8 @@ Run under ``mpiexec -n P plexgt profile --out system.json``. Measured:
   per row·d² and per row·d, up to tens of thousands of rows), and two whole one-rank gt
   training steps (forward, loss, backward, AdamW), which calibrate what the kernel fits add
   up to (:func:`plexgt.parallel.agp.step_calibration`); every kernel sample is the
-  fastest of three interleaved passes over all of them, so a disturbance of a few seconds
-  spoils one pass, not the fits;
+  fastest of three (``--quick``: two) interleaved passes over all of them, so a disturbance
+  of a few seconds spoils one pass, not the fits;
 * under load ("loaded"): the kernel mix run back to back on s ranks against rank 0 alone (a
   sustained contention, which time-slicing cannot hide from: s CPU ranks on fewer cores share
   them; one GPU per rank shares nothing; also stored as ``contention``), and alternated with
@@ -183,7 +183,7 @@ def fit_linear(rows: list[list[float]]) -> dict[str, float]:
 
 
 # -- kernels ----------------------------------------------------------------------------------
-def _random_graph(n: int, deg: int, seed: int, device: torch.device, cols: int | None = None
+def random_graph(n: int, deg: int, seed: int, device: torch.device, cols: int | None = None
                   ) -> Any:
     """[n, cols] (default n x n) pattern, ``deg`` uniform random columns a row (duplicates
     merged)."""
@@ -231,7 +231,7 @@ def gt_step(n: int, deg: int, hidden: int, heads: int, device: torch.device
     from plexgt.models.layers import ModelGraph
 
     shape = GT_STEP_SHAPE
-    graph = ModelGraph(adj=_random_graph(n, deg, 200 + n, device))
+    graph = ModelGraph(adj=random_graph(n, deg, 200 + n, device))
     model = GraphTransformer(shape["features"], hidden, shape["classes"], shape["layers"],
                              heads, dropout=0.0, ffn_mult=shape["ffn_mult"]).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -250,7 +250,7 @@ def kernel_mix(device: torch.device) -> Callable[[], Any]:
     """A fixed GEMM + attention workload (for the contention measurement)."""
     from plexgt.ops.attention import sparse_attention
 
-    graph = _random_graph(3000, 16, 7, device)
+    graph = random_graph(3000, 16, 7, device)
     a = torch.randn(3000, 64, device=device)
     w = torch.randn(64, 64, device=device)
     q = torch.randn(3000, 4, 16, device=device, requires_grad=True)
@@ -300,7 +300,7 @@ def kernel_samples(device: torch.device, quick: bool) -> list[Sample]:
                                              (65536, 8192, 2), (32768, 32768, 2)]
     out: list[Sample] = []
     for i, (n, deg) in enumerate(graphs):
-        g = _random_graph(n, deg, i, device)
+        g = random_graph(n, deg, i, device)
         e = g.num_edges
         for d in (16, 64):
             x = torch.randn(1, n, d, device=device)
@@ -310,7 +310,7 @@ def kernel_samples(device: torch.device, quick: bool) -> list[Sample]:
             out.append(("sddmm", [e, d], lambda g=g, x=xn: sddmm(g, x, x)))
         out += _attention_samples(g, n, n, device)
     for i, (rows, cols, deg) in enumerate(rect):
-        g = _random_graph(rows, deg, 100 + i, device, cols)
+        g = random_graph(rows, deg, 100 + i, device, cols)
         out += _attention_samples(g, rows, cols, device)
     shapes = [(4096, 64, 64), (16384, 64, 64)] if quick else [
         (4096, 64, 64), (16384, 64, 64), (16384, 128, 128), (32768, 64, 256), (8192, 512, 64)]
@@ -334,7 +334,7 @@ def kernel_samples(device: torch.device, quick: bool) -> list[Sample]:
         for rows in ((256, 2048) if quick else (256, 2048, 8192, 32768)):
             out.append(("dense_block", [rows, d], dense_block(rows, d, device)))
     sh = GT_STEP_SHAPE
-    for n, deg, hidden, heads in ((2000, 10, 32, 4),) if quick else GT_STEPS:
+    for n, deg, hidden, heads in ((2000, 10, 32, 4), (4000, 8, 64, 4)) if quick else GT_STEPS:
         e, step = gt_step(n, deg, hidden, heads, device)
         out.append(("gt_step", [n, e, sh["features"], sh["classes"], hidden, heads,
                                 sh["layers"]], step))
@@ -342,11 +342,11 @@ def kernel_samples(device: torch.device, quick: bool) -> list[Sample]:
 
 
 KERNEL_KINDS = ("spmm", "sddmm", "gemm", "attention", "elementwise", "copy", "dense_block")
+"""The kinds of raw kernel sample a profile holds; :meth:`plexgt.parallel.agp.SystemModel.
+from_profile` refits them when all are there."""
 STEP_KINDS = ("gt_step",)
 """Whole training steps [N, E, F, C, hidden, heads, layers, s] (profiles since the
 calibration; optional for :meth:`~plexgt.parallel.agp.SystemModel.from_profile`)."""
-"""The kinds of raw kernel sample a profile holds; :meth:`plexgt.parallel.agp.SystemModel.
-from_profile` refits them when all are there."""
 
 
 def profile_kernels(device: torch.device, quick: bool, rounds: int | None = None
@@ -359,7 +359,8 @@ def profile_kernels(device: torch.device, quick: bool, rounds: int | None = None
     Each sample is the fastest call over ``rounds`` passes through all of them (3, 2 when
     ``quick``), a few calls each: a disturbance lasting seconds then spoils one pass of a
     sample, not all its calls, so the fits, which weigh samples against each other, see the
-    same machine state throughout.
+    same machine state throughout. All samples' operands are alive at once for that (a few
+    hundred MB on the full profile's sizes).
     """
     reps = 3
     rounds = rounds or (2 if quick else 3)
@@ -565,7 +566,7 @@ def profile_loaded(ctx: Any, iters: int, pairs: int = 9) -> dict[str, dict[str, 
                                       for _ in range(3)]))
             if ctx.rank == 0:
                 out[str(s)] = {"contention": max(1.0, t_work / solo),
-                               "sync_s": loaded_sync_cost(0.0, extra, t_coll),
+                               "sync_s": loaded_sync_cost(t_work, t_work + extra, t_coll),
                                "work_s": t_work, "work_and_call_s": t_both, "call_s": t_coll}
         dist.barrier()
     return out

@@ -36,17 +36,21 @@ WIDTHS = (8, 16, 32, 64)
 _state: dict[str, Any] = {}
 
 
-def _isa_tag() -> str:
-    """Hash of what -march=native compiles for: the CPU's flag list and the machine type."""
-    flags = ""
+def cpu_flags_line() -> str:
+    """The CPU's feature line of /proc/cpuinfo (``flags`` on x86, ``Features`` on Arm); ''
+    where there is none."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith(("flags", "Features")):
-                flags = line
-                break
+                return line
     except OSError:
         pass
-    return hashlib.sha1((platform.machine() + flags).encode()).hexdigest()[:10]
+    return ""
+
+
+def _isa_tag() -> str:
+    """Hash of what -march=native compiles for: the CPU's flag list and the machine type."""
+    return hashlib.sha1((platform.machine() + cpu_flags_line()).encode()).hexdigest()[:10]
 
 
 STALE_LOCK_S = 600.0

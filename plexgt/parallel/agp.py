@@ -500,18 +500,21 @@ def step_calibration(sysm: SystemModel, steps: Iterable[list[float]]) -> float:
     """Median over ``steps`` ([N, E, F, C, hidden, heads, layers, seconds]: one-rank gt
     training steps, the profile's ``gt_step``) of measured over predicted compute, the
     prediction :func:`estimate`'s at s = 1 on ``sysm`` as it is (its fixed per-call costs
-    taken off the measurement first). 1.0 without a usable sample."""
+    taken off the measurement first). 1.0 with fewer than two usable samples: one step alone,
+    a disturbed one, would rescale every kernel term at every scale."""
     from plexgt.parallel.strategies import default_registry
+    from plexgt.profile import GT_STEP_SHAPE
 
     one_rank = default_registry().get("gp_ag")  # on one rank every strategy is the same step
     base = replace(sysm, compute_scale=1.0)
     ratios = []
     for n, e, f, c, hidden, heads, layers, t in steps:
-        w = Workload("gt", int(n), int(e), int(f), int(c), int(hidden), int(heads), int(layers))
+        w = Workload("gt", int(n), int(e), int(f), int(c), int(hidden), int(heads), int(layers),
+                     GT_STEP_SHAPE["ffn_mult"])
         est = estimate(one_rank, w, 1, base)
         if est.compute_s > 0 and t > est.overhead_s:
             ratios.append((t - est.overhead_s) / est.compute_s)
-    return float(statistics.median(ratios)) if ratios else 1.0
+    return float(statistics.median(ratios)) if len(ratios) >= 2 else 1.0
 
 
 def step_ops(strategy: AttentionStrategy, w: Workload, s: int, rank: int = 0

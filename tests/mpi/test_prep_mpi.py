@@ -130,6 +130,7 @@ def test_snap_degrees_from_the_split_counting_pass_equal_serial(shared_dir):
         write_snap(path, small_graph(101, 3000))
     arrive(MPI.COMM_WORLD)
     src = SnapSource(path, comm=COMM, chunk_edges=50, count_degrees=True)
+    assert src._degrees is not None and src._degrees[:2] == (COMM.rank, COMM.size)
     m = prepare(src, _opts(shared_dir / "par", tiles=3, chunk_edges=37, permutation="degree"),
                 COMM)
     assert src.counted_degrees(COMM.rank, COMM.size) is None  # handed over to prep, freed

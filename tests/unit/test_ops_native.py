@@ -256,6 +256,17 @@ def test_openmp_runtimes_found_in_the_process_maps():
 
 
 @needs_native
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="no /proc/self/maps here")
 def test_one_openmp_runtime_with_the_kernels_loaded():
-    """The extension's libgomp.so.1 resolves to the runtime torch already loaded."""
+    """With this torch, the extension's libgomp.so.1 resolves to the runtime torch loaded (a
+    torch shipping a renamed libgomp fails here: the case the warning is for)."""
     assert len(native.openmp_runtimes()) == 1
+
+
+@needs_native
+def test_a_second_openmp_runtime_is_warned_about(monkeypatch):
+    monkeypatch.delitem(native._state, "module")
+    monkeypatch.setattr(native, "openmp_runtimes", lambda: ["/t/libgomp.so.1",
+                                                            "/t/libgomp-a34b.so.1"])
+    with pytest.warns(RuntimeWarning, match="more than one OpenMP runtime"):
+        assert native.load() is not None

@@ -9,7 +9,6 @@ compiled head width.
 """
 
 import platform
-from pathlib import Path
 
 import pytest
 import torch
@@ -24,13 +23,8 @@ ISAS = {"x86-64-v3": "avx2", "x86-64": None}
 
 
 def _cpu_flags() -> set[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    line = native.cpu_flags_line()
+    return set(line.split(":", 1)[1].split()) if ":" in line else set()
 
 
 @pytest.mark.skipif(NAT is None, reason="compiled attention kernels unavailable here")

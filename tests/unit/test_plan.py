@@ -76,7 +76,9 @@ def test_profile_file_is_complete_and_feeds_both_planners(prepared, profile_json
     assert prof["software"]["torch"] and "mpi" in prof["software"]
     assert set(prof["kernels"]) == {"spmm", "sddmm", "gemm", "attention", "elementwise", "copy",
                                    "dense_block", "gt_step"}
-    assert SystemModel.from_profile(prof).compute_scale > 0  # calibrated on a whole step
+    steps = prof["kernels"]["gt_step"]
+    assert len(steps) == 2 and all(r[-1] > 0 for r in steps)
+    assert SystemModel.from_profile(prof).compute_scale != 1.0  # calibrated on the steps
     Coefficients(**prof["plexus"])  # the 3D planner's coefficients
     for model in ("gt", "gcn"):
         assert main(["plan", "--data", str(prepared), "--model", model, "--world-size", "2",

@@ -112,9 +112,8 @@ inline float exp_shift_sum<float>(float* x, int64_t n, float m) {
 #endif
 
 // One output row of an SpMM: acc = sum over edges t in [a, b) of w[t or perm[t]] x[ix[t]],
-// then o = acc (or o += acc). The accumulator is D/W vector registers: left to the compiler,
-// a T acc[D] array for D >= 32 lived on the stack and every edge's update went through
-// memory (measured 7-10x slower per element than D = 16).
+// then o = acc (or o += acc). The portable fallback (no AVX2 + FMA, or D not a multiple of
+// the vector width); gcc leaves its T acc[D] on the stack for D >= 32 (see below).
 template <typename T, typename I, int D>
 inline void row_gather(const T* __restrict w, const I* __restrict ix, const I* __restrict perm,
                        int64_t a, int64_t b, const T* __restrict x, T* __restrict o,
@@ -129,7 +128,9 @@ inline void row_gather(const T* __restrict w, const I* __restrict ix, const I* _
     }
     for (int j = 0; j < D; ++j) o[j] = accumulate ? o[j] + acc[j] : acc[j];
 }
-// The same with the accumulator in vector registers (AVX-512, else AVX2 with FMA).
+// The same with the accumulator in D/W vector registers (AVX-512, else AVX2 with FMA): left
+// to the compiler, a T acc[D] array for D >= 32 lived on the stack and every edge's update
+// went through memory (measured 7-10x slower per element than D = 16).
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 template <typename T>
 struct Simd;

@@ -183,6 +183,22 @@ def test_algorithm3_expensive_network_stays_on_one_rank():
     assert "overhead eats the speedup" in pl.rows[1].why
 
 
+def test_plan_flags_near_ties():
+    from plexgt.parallel.agp import NEAR_TIE
+
+    flags = []
+    for scales in ([1, 2, 4, 8], [1, 2]):  # the second: GP-AG and GP-A2A at 2 within 1%
+        pl = plan(_work(), list(default_registry()), scales, _sysm(cores=64))
+        best = pl.choice
+        assert best is not None and best.chosen and "near-tie" not in best.why
+        for r in pl.rows:
+            if r is not best and r.fits and r.passes and r.est.scale > 1:
+                near = r.est.time_s / best.est.time_s - 1 <= NEAR_TIE
+                assert ("near-tie" in r.why) == near, r.why
+                flags.append(near)
+    assert True in flags and False in flags
+
+
 def test_memory_limit_is_never_exceeded():
     w = _work(n=1_000_000, e=200_000_000, heads=8)
     free = plan(w, list(default_registry()), [8], _sysm(1e-7, 1e-13))

@@ -40,7 +40,7 @@ import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -263,14 +263,20 @@ def kernel_mix(device: torch.device) -> Callable[[], Any]:
     return run
 
 
-Sample = tuple[str, list[float], Callable[[], Any]]
-"""(kind, the sample's sizes, the call to time): one row of :func:`profile_kernels`' output
-once its seconds are appended."""
+class Sample(NamedTuple):
+    """One call :func:`profile_kernels` times; its row is ``[*sizes, seconds, *tail]``."""
+
+    kind: str
+    sizes: list[float]
+    fn: Callable[[], Any]
+    tail: tuple[float, ...] = ()
+    """Sizes recorded after the seconds (attention's rows and cols, where later profile
+    versions appended them)."""
 
 
 def _attention_samples(g: Any, rows: int, cols: int, device: torch.device) -> list[Sample]:
     """Forward + backward of the attention kernel on ``g`` for three (h, d'): rows
-    [E, h, d', rows, cols] (the seconds go between d' and rows)."""
+    [E, h, d', seconds, rows, cols]."""
     from plexgt.ops.attention import sparse_attention
 
     out: list[Sample] = []
@@ -281,7 +287,7 @@ def _attention_samples(g: Any, rows: int, cols: int, device: torch.device) -> li
         def att(g: Any = g, q: torch.Tensor = q, k: torch.Tensor = k) -> None:
             sparse_attention(g, q, k, k).sum().backward()
 
-        out.append(("attention", [g.num_edges, h, dh, rows, cols], att))
+        out.append(Sample("attention", [g.num_edges, h, dh], att, (rows, cols)))
     return out
 
 
@@ -305,9 +311,9 @@ def kernel_samples(device: torch.device, quick: bool) -> list[Sample]:
         for d in (16, 64):
             x = torch.randn(1, n, d, device=device)
             vals = torch.rand(1, e, device=device)
-            out.append(("spmm", [e, d], lambda g=g, v=vals, x=x: spmm(g, v, x)))
+            out.append(Sample("spmm", [e, d], lambda g=g, v=vals, x=x: spmm(g, v, x)))
             xn = x.transpose(0, 1)  # sddmm takes node-major [N, h, d]
-            out.append(("sddmm", [e, d], lambda g=g, x=xn: sddmm(g, x, x)))
+            out.append(Sample("sddmm", [e, d], lambda g=g, x=xn: sddmm(g, x, x)))
         out += _attention_samples(g, n, n, device)
     for i, (rows, cols, deg) in enumerate(rect):
         g = random_graph(rows, deg, 100 + i, device, cols)
@@ -317,7 +323,7 @@ def kernel_samples(device: torch.device, quick: bool) -> list[Sample]:
     for m, k, n in shapes:
         a = torch.randn(m, k, device=device)
         b = torch.randn(k, n, device=device)
-        out.append(("gemm", [m, k, n], lambda a=a, b=b: a @ b))
+        out.append(Sample("gemm", [m, k, n], lambda a=a, b=b: a @ b))
     for n in ((1 << 18, 1 << 21) if quick else (1 << 18, 1 << 20, 1 << 22, 1 << 23)):
         # outputs written into buffers kept across calls: a fresh allocation of tens of MB is
         # an mmap whose page faults cost 1x-5x the pass itself, depending on whether the kernel
@@ -325,18 +331,18 @@ def kernel_samples(device: torch.device, quick: bool) -> list[Sample]:
         a = torch.randn(n, device=device)
         b = torch.randn(n, device=device)
         c = torch.empty(n, device=device)
-        out.append(("elementwise", [n],
+        out.append(Sample("elementwise", [n],
                     lambda a=a, b=b, c=c: torch.mul(a, b, out=c).add_(a)))
         x = torch.randn(n // 64, 4, 16, device=device)
         y = torch.empty(4, n // 64, 16, device=device)
-        out.append(("copy", [n], lambda x=x, y=y: y.copy_(x.transpose(0, 1))))
+        out.append(Sample("copy", [n], lambda x=x, y=y: y.copy_(x.transpose(0, 1))))
     for d in (32, 64, 128):
         for rows in ((256, 2048) if quick else (256, 2048, 8192, 32768)):
-            out.append(("dense_block", [rows, d], dense_block(rows, d, device)))
+            out.append(Sample("dense_block", [rows, d], dense_block(rows, d, device)))
     sh = GT_STEP_SHAPE
     for n, deg, hidden, heads in ((2000, 10, 32, 4), (4000, 8, 64, 4)) if quick else GT_STEPS:
         e, step = gt_step(n, deg, hidden, heads, device)
-        out.append(("gt_step", [n, e, sh["features"], sh["classes"], hidden, heads,
+        out.append(Sample("gt_step", [n, e, sh["features"], sh["classes"], hidden, heads,
                                 sh["layers"]], step))
     return out
 
@@ -367,12 +373,11 @@ def profile_kernels(device: torch.device, quick: bool, rounds: int | None = None
     samples = kernel_samples(device, quick)
     best = [math.inf] * len(samples)
     for _ in range(rounds):
-        for i, (_, _, fn) in enumerate(samples):
-            best[i] = min(best[i], timeit(fn, device, reps))
+        for i, smp in enumerate(samples):
+            best[i] = min(best[i], timeit(smp.fn, device, reps))
     out: dict[str, list[list[float]]] = {k: [] for k in KERNEL_KINDS + STEP_KINDS}
-    for (kind, sizes, _), t in zip(samples, best):
-        # attention rows keep their historical order [E, h, d', s, rows, cols]
-        out[kind].append(sizes[:3] + [t] + sizes[3:] if kind == "attention" else sizes + [t])
+    for smp, t in zip(samples, best):
+        out[smp.kind].append([*smp.sizes, t, *smp.tail])
     return out
 
 

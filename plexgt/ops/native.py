@@ -102,9 +102,8 @@ def openmp_runtimes(maps: str | None = None) -> list[str]:
             maps = Path("/proc/self/maps").read_text()
         except OSError:
             return []
-    found = {line.split()[-1] for line in maps.splitlines()
-             if len(line.split()) >= 6 and OPENMP_RUNTIMES.search(line.split()[-1])}
-    return sorted(found)
+    paths = (f[5] for f in map(str.split, maps.splitlines()) if len(f) >= 6)
+    return sorted({p for p in paths if OPENMP_RUNTIMES.search(p)})
 
 
 def enabled() -> bool:

@@ -424,7 +424,8 @@ def test_profile_kernels_keep_the_fastest_call_of_interleaved_rounds(monkeypatch
     times = {"x": iter([3.0, 1.0, 2.0]), "y": iter([5.0, 6.0, 4.0])}
 
     def fake_samples(device, quick):
-        return [("gemm", [1, 2, 3], "x"), ("attention", [10, 2, 16, 4, 8], "y")]
+        return [profile_module.Sample("gemm", [1, 2, 3], "x"),
+                profile_module.Sample("attention", [10, 2, 16], "y", (4, 8))]
 
     def fake_timeit(fn, device, reps):
         order.append(fn)

@@ -134,53 +134,27 @@ inline void row_gather(const T* __restrict w, const I* __restrict ix, const I* _
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 template <typename T>
 struct Simd;
+// Simd<T> for one vector register type REG of WIDTH lanes, intrinsics P##_op_##S
+#define PLEXGT_SIMD(T, REG, WIDTH, P, S)                                            \
+    template <>                                                                     \
+    struct Simd<T> {                                                                \
+        using R = REG;                                                              \
+        static constexpr int W = WIDTH;                                             \
+        static R zero() { return P##_setzero_##S(); }                               \
+        static R set1(T x) { return P##_set1_##S(x); }                              \
+        static R load(const T* p) { return P##_loadu_##S(p); }                      \
+        static void store(T* p, R x) { P##_storeu_##S(p, x); }                      \
+        static R fma(R a, R b, R c) { return P##_fmadd_##S(a, b, c); }              \
+        static R add(R a, R b) { return P##_add_##S(a, b); }                        \
+    };
 #ifdef __AVX512F__
-template <>
-struct Simd<float> {
-    using R = __m512;
-    static constexpr int W = 16;
-    static R zero() { return _mm512_setzero_ps(); }
-    static R set1(float x) { return _mm512_set1_ps(x); }
-    static R load(const float* p) { return _mm512_loadu_ps(p); }
-    static void store(float* p, R x) { _mm512_storeu_ps(p, x); }
-    static R fma(R a, R b, R c) { return _mm512_fmadd_ps(a, b, c); }
-    static R add(R a, R b) { return _mm512_add_ps(a, b); }
-};
-template <>
-struct Simd<double> {
-    using R = __m512d;
-    static constexpr int W = 8;
-    static R zero() { return _mm512_setzero_pd(); }
-    static R set1(double x) { return _mm512_set1_pd(x); }
-    static R load(const double* p) { return _mm512_loadu_pd(p); }
-    static void store(double* p, R x) { _mm512_storeu_pd(p, x); }
-    static R fma(R a, R b, R c) { return _mm512_fmadd_pd(a, b, c); }
-    static R add(R a, R b) { return _mm512_add_pd(a, b); }
-};
+PLEXGT_SIMD(float, __m512, 16, _mm512, ps)
+PLEXGT_SIMD(double, __m512d, 8, _mm512, pd)
 #else
-template <>
-struct Simd<float> {
-    using R = __m256;
-    static constexpr int W = 8;
-    static R zero() { return _mm256_setzero_ps(); }
-    static R set1(float x) { return _mm256_set1_ps(x); }
-    static R load(const float* p) { return _mm256_loadu_ps(p); }
-    static void store(float* p, R x) { _mm256_storeu_ps(p, x); }
-    static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
-    static R add(R a, R b) { return _mm256_add_ps(a, b); }
-};
-template <>
-struct Simd<double> {
-    using R = __m256d;
-    static constexpr int W = 4;
-    static R zero() { return _mm256_setzero_pd(); }
-    static R set1(double x) { return _mm256_set1_pd(x); }
-    static R load(const double* p) { return _mm256_loadu_pd(p); }
-    static void store(double* p, R x) { _mm256_storeu_pd(p, x); }
-    static R fma(R a, R b, R c) { return _mm256_fmadd_pd(a, b, c); }
-    static R add(R a, R b) { return _mm256_add_pd(a, b); }
-};
+PLEXGT_SIMD(float, __m256, 8, _mm256, ps)
+PLEXGT_SIMD(double, __m256d, 4, _mm256, pd)
 #endif
+#undef PLEXGT_SIMD
 template <typename T, typename I, int D>
     requires(D % Simd<T>::W == 0)
 inline void row_gather(const T* __restrict w, const I* __restrict ix, const I* __restrict perm,

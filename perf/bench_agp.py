@@ -10,10 +10,12 @@
 2. Profiles the machine: ``mpiexec -n 4 plexgt profile``.
 3. For p = 1, 2, 4 (one mpiexec each, in ``--rounds`` interleaved rounds; p = 4 oversubscribes
    the 2 cores), trains the distributed gt (hidden 64, 4 heads, 2 layers, float32, AdamW) with
-   each strategy: the fastest of ``--steps`` timed steps after 2 warm-up steps per launch (a
-   step = the slowest rank; the minimum because other jobs on a shared machine only add time;
-   the median is kept too), and, in one more launch with glibc returning every freed block,
-   the peak of each rank's resident memory during one step above its level before it.
+   each strategy, the two strategies' steps alternated (A B B A ...) so that drifting load
+   falls on both alike: the fastest of ``--steps`` timed steps after 2 warm-up steps per
+   launch (a step = the slowest rank; the minimum because other jobs on a shared machine only
+   add time; the median is kept too), and, in one more launch with glibc returning every
+   freed block, the peak of each rank's resident memory during one step above its level
+   before it (one strategy at a time).
 4. Predicts every (graph, strategy, p) with :mod:`plexgt.parallel.agp` from the profile, and
    lets AGP choose among the measured (strategy, p), with and without the p = 1 option.
 
@@ -30,10 +32,12 @@ options, p = 1 counted once; also the strategy at p = 2 and at p = 4) is a *stri
 AGP's pick is the option with the fastest step; its slowdown is the pick's fastest step over
 the best one's. Steps on a shared machine vary by tens of percent, so each decision is also
 scored *within the noise*: a pick whose per-step times are not larger than the fastest option's
-(one-sided Mann-Whitney U over the ~9 steps each, p >= 0.05) is not measurably slower. Both are
-reported, with the ties behind them: graphs whose runner-up is within 5% of the fastest, and
-graphs where some other option is not measurably slower than the fastest. MAPE is over distinct
-measurements, against the fastest step (the bench's t_iter) and the median step.
+(p >= 0.05, one-sided: Wilcoxon signed-rank over the alternated step pairs of two strategies at
+the same p, Mann-Whitney U across p) is not measurably slower. Both are reported, with the
+ties behind them: graphs whose runner-up is within 5% of the fastest, and graphs where some
+other option is not measurably slower than the fastest; and the strict hit rate over the
+others, where the measurement names one fastest option. MAPE is over distinct measurements,
+against the fastest step (the bench's t_iter) and the median step.
 """
 
 from __future__ import annotations
@@ -146,12 +150,12 @@ class _NoSampler:
         pass
 
 
-def worker(args: argparse.Namespace) -> None:
+def _setup(pg, sname: str, p: int, rank: int):  # noqa: ANN001, ANN202
+    """(one training step, its ledger, the graph's resident bytes) of the distributed gt
+    with strategy ``sname`` on this rank, warmed up by nothing yet."""
     import torch
     import torch.distributed as dist
 
-    from plexgt.data.loader import PreparedGraph
-    from plexgt.dist.bootstrap import init_distributed, shutdown
     from plexgt.dist.collectives import Comm, CommLedger
     from plexgt.parallel.gt_dist import DistGraphTransformer
     from plexgt.parallel.rows1d import (
@@ -162,66 +166,99 @@ def worker(args: argparse.Namespace) -> None:
     )
     from plexgt.parallel.strategies import default_registry
 
+    ledger = CommLedger()
+    comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
+    gc.collect()
+    rss0 = _rss()
+    graph = build_dist_graph(pg, comm, default_registry().get(sname), MODEL["heads"])
+    data = read_rows(pg, p, rank)
+    graph_rss = _rss() - rss0
+    torch.manual_seed(0)
+    model = DistGraphTransformer(pg.F, MODEL["hidden"], pg.C, MODEL["layers"], MODEL["heads"],
+                                 dropout=0.0, ffn_mult=MODEL["ffn_mult"])
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        loss = row_cross_entropy(model(data.x, graph), data.labels, data.masks["train"], comm)
+        loss.backward()
+        all_reduce_gradients(model, comm)
+        opt.step()
+
+    return step, ledger, graph_rss
+
+
+def _timed(step) -> float:  # noqa: ANN001
+    """Seconds of one step on this rank, started together (barrier)."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    t0 = time.perf_counter()
+    step()
+    return time.perf_counter() - t0
+
+
+def worker(args: argparse.Namespace) -> None:
+    """Time mode: every strategy of a graph is built up front and their steps alternate, the
+    order flipped every step (A B B A ...), so the load other jobs put on the machine, which
+    drifts over seconds, falls on both alike and step i of one pairs with step i of the
+    other. Memory mode: one strategy at a time, one step, its peak resident set."""
+    import torch
+    import torch.distributed as dist
+
+    from plexgt.data.loader import PreparedGraph
+    from plexgt.dist.bootstrap import init_distributed, shutdown
+    from plexgt.parallel.strategies import default_registry
+
     ctx = init_distributed("gloo", timeout_s=900)
     torch.manual_seed(ctx.rank)
-    reg = default_registry()
     p = ctx.world_size
     results = []
+    memory_pass = args.mode == "memory"
     for name, path in json.loads(args.worker).items():
         pg = PreparedGraph(path)
-        strategies = ["gp_ag"] if p == 1 else reg.names()
-        for sname in strategies:
-            ledger = CommLedger()
-            comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
-            gc.collect()
-            rss0 = _rss()
-            graph = build_dist_graph(pg, comm, reg.get(sname), MODEL["heads"])
-            data = read_rows(pg, p, ctx.rank)
-            graph_rss = _rss() - rss0
-            torch.manual_seed(0)
-            model = DistGraphTransformer(pg.F, MODEL["hidden"], pg.C, MODEL["layers"],
-                                         MODEL["heads"], dropout=0.0,
-                                         ffn_mult=MODEL["ffn_mult"])
-            opt = torch.optim.AdamW(model.parameters(), lr=0.01)
-
-            def step(m=model, o=opt, x=data, g=graph, c=comm) -> None:  # noqa: ANN001
-                o.zero_grad(set_to_none=True)
-                loss = row_cross_entropy(m(x.x, g), x.labels, x.masks["train"], c)
-                loss.backward()
-                all_reduce_gradients(m, c)
-                o.step()
-
-            memory_pass = args.mode == "memory"
-            for _ in range(1 if memory_pass else 2):
-                step()
-            gc.collect()
-            times = []
-            ledger.reset()
-            with PeakRSS() if memory_pass else _NoSampler() as mem:
-                base = _rss()
-                for _ in range(1 if memory_pass else args.steps):
-                    dist.barrier()
-                    t0 = time.perf_counter()
+        names = ["gp_ag"] if p == 1 else default_registry().names()
+        groups = [[s] for s in names] if memory_pass else [names]
+        for group in groups:
+            built = {s: _setup(pg, s, p, ctx.rank) for s in group}
+            for step, _, _ in built.values():
+                for _ in range(1 if memory_pass else 2):
                     step()
-                    times.append(time.perf_counter() - t0)
-            tt = torch.tensor(times, dtype=torch.float64)
-            dist.all_reduce(tt, op=dist.ReduceOp.MAX)
-            peaks = [None] * p
-            dist.all_gather_object(peaks, [mem.peak - base, graph_rss,
-                                           ledger.total(kind="sent") // len(times)])
-            if ctx.rank == 0:
-                results.append({
-                    "graph": name, "strategy": sname, "p": p, "n": pg.N, "e": pg.E,
-                    "f": pg.F, "c": pg.C, "step_s": tt.tolist(),
-                    "t_iter": float(np.min(tt.numpy())),
-                    "t_iter_median": float(np.median(tt.numpy())),
-                    "peak_activation_bytes": [int(x[0]) for x in peaks],
-                    "graph_rss_bytes": [int(x[1]) for x in peaks],
-                    "sent_bytes_per_step": [int(x[2]) for x in peaks],
-                })
-                print(f"  p={p} {name:<10} {sname:<7} t_iter {results[-1]['t_iter']:.4f} s",
-                      flush=True)
-            del model, opt, graph, data, step
+            gc.collect()
+            times: dict[str, list[float]] = {s: [] for s in group}
+            for ledger in (b[1] for b in built.values()):
+                ledger.reset()
+            peak = base = 0
+            if memory_pass:
+                (sname,) = group
+                with PeakRSS() as mem:
+                    base = _rss()
+                    times[sname].append(_timed(built[sname][0]))
+                peak = mem.peak
+            else:
+                for i in range(args.steps):
+                    for sname in (group if i % 2 == 0 else group[::-1]):
+                        times[sname].append(_timed(built[sname][0]))
+            for sname in group:
+                _, ledger, graph_rss = built[sname]
+                tt = torch.tensor(times[sname], dtype=torch.float64)
+                dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+                peaks = [None] * p
+                dist.all_gather_object(peaks, [peak - base, graph_rss,
+                                               ledger.total(kind="sent") // len(times[sname])])
+                if ctx.rank == 0:
+                    results.append({
+                        "graph": name, "strategy": sname, "p": p, "n": pg.N, "e": pg.E,
+                        "f": pg.F, "c": pg.C, "step_s": tt.tolist(),
+                        "t_iter": float(np.min(tt.numpy())),
+                        "t_iter_median": float(np.median(tt.numpy())),
+                        "peak_activation_bytes": [int(x[0]) for x in peaks],
+                        "graph_rss_bytes": [int(x[1]) for x in peaks],
+                        "sent_bytes_per_step": [int(x[2]) for x in peaks],
+                    })
+                    print(f"  p={p} {name:<10} {sname:<7} t_iter {results[-1]['t_iter']:.4f} s",
+                          flush=True)
+            del built
         pg.close()
     if ctx.rank == 0:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
@@ -241,24 +278,34 @@ TIE_GAP = 0.05
 """Candidates whose fastest steps are this close count as a tie in the report."""
 
 
-def _slower_p(pick: list[float], best: list[float]) -> float:
-    """One-sided Mann-Whitney U p-value for 'the pick's step times are larger than the best's'
-    (1.0 when they are the same samples)."""
-    from scipy.stats import mannwhitneyu
+def _slower_p(pick: list[float], best: list[float], paired: bool = False) -> float:
+    """p-value for 'the pick's step times are larger than the best's' (1.0 when they are the
+    same samples): one-sided Wilcoxon signed-rank over step i of one against step i of the
+    other when ``paired`` (the two alternated step by step in the same launches, so a load
+    spike hits both), else one-sided Mann-Whitney U."""
+    from scipy.stats import mannwhitneyu, wilcoxon
 
     if pick is best or sorted(pick) == sorted(best):
         return 1.0
+    if paired and len(pick) == len(best):
+        diff = np.log(np.asarray(pick)) - np.log(np.asarray(best))
+        return float(wilcoxon(diff, alternative="greater").pvalue)
     return float(mannwhitneyu(pick, best, alternative="greater").pvalue)
 
 
-def _choice(graph: str, label: str, pick: tuple[str, int], cands: dict, steps: dict) -> dict:
+def _choice(graph: str, label: str, pick: tuple[str, int], cands: dict, steps: dict,
+            paired: bool = False) -> dict:
     """One decision: AGP's pick against the measured fastest of ``cands`` ({key: t_iter}),
-    strictly (fastest step) and within the noise of the per-step samples."""
+    strictly (fastest step) and within the noise of the per-step samples (``paired``: options
+    at the same p were alternated step by step, so those are compared pair by pair)."""
     best = min(cands, key=cands.get)
     ranked = sorted(cands.values())
-    p_slower = _slower_p(steps[pick], steps[best])
-    tied = sorted(k for k in cands if k != best and _slower_p(steps[k], steps[best])
-                  >= NOISE_ALPHA)
+
+    def slower(k: tuple[str, int]) -> float:
+        return _slower_p(steps[k], steps[best], paired and k[1] == best[1] and k[1] > 1)
+
+    p_slower = slower(pick)
+    tied = sorted(k for k in cands if k != best and slower(k) >= NOISE_ALPHA)
     return {"graph": graph, "decision": label, "agp": list(pick), "fastest": list(best),
             "agp_s": cands[pick], "fastest_s": cands[best],
             "slowdown": cands[pick] / cands[best] - 1,
@@ -268,14 +315,15 @@ def _choice(graph: str, label: str, pick: tuple[str, int], cands: dict, steps: d
             "tied_with_fastest": [list(k) for k in tied]}
 
 
-def analyse(measured: list[dict], prof: dict) -> dict:
+def analyse(measured: list[dict], prof: dict, paired: bool = False) -> dict:
     """Predictions, errors and AGP's choices for every measured configuration.
 
     Decisions per graph: ``scale_and_strategy`` (AGP's plan over p = 1, 2, 4 and both
     strategies, against the fastest of the 5 measured options; p = 1 is one option, run once),
     ``at_p4`` (the plan at p = 4 alone) and ``strategy_at_p2`` / ``strategy_at_p4`` (GP-AG or
     GP-A2A by predicted time at that p). Each is scored strictly (the pick is the measured
-    fastest, by its fastest step) and within the noise (:data:`NOISE_ALPHA`).
+    fastest, by its fastest step) and within the noise (:data:`NOISE_ALPHA`; ``paired``: the
+    run alternated the strategies step by step, :func:`worker`).
     """
     from plexgt.parallel.agp import SystemModel, Workload, estimate, plan
     from plexgt.parallel.strategies import default_registry
@@ -321,11 +369,12 @@ def analyse(measured: list[dict], prof: dict) -> dict:
             # one rank is one option, whatever strategy name the plan gives it
             cands = {k: v for k, v in meas.items() if k[1] in scales and (k[1] > 1 or k == one)}
             pick = (c.strategy, c.scale) if c.scale > 1 else one
-            choices.append(_choice(g, label, pick, cands, steps[g]))
+            choices.append(_choice(g, label, pick, cands, steps[g], paired))
         for p in SCALES[1:]:
             pick = min(("gp_ag", "gp_a2a"), key=lambda s, p=p: d[(s, p)]["predicted"])
             cands = {(s, p): meas[(s, p)] for s in ("gp_ag", "gp_a2a")}
-            choices.append(_choice(g, f"strategy_at_p{p}", (pick, p), cands, steps[g]))
+            choices.append(_choice(g, f"strategy_at_p{p}", (pick, p), cands, steps[g],
+                                   paired))
     return {"rows": rows, "choices": choices}
 
 
@@ -342,12 +391,15 @@ def summarise(analysis: dict) -> dict:
     ``agp_within_10pct`` (by fastest steps), ``agp_noise_hit_rate`` (the pick is the fastest or
     not measurably slower, :data:`NOISE_ALPHA`), ``ties_5pct`` (graphs whose runner-up is within
     :data:`TIE_GAP` of the fastest) and ``ties_noise`` (graphs where some other option is not
-    measurably slower than the fastest).
+    measurably slower than the fastest), and ``agp_hit_rate_resolved`` over the ``resolved``
+    decisions, those whose fastest option is measurably faster than every other (None when
+    there are none): where the measurement can name the fastest, whether AGP picked it.
     """
     rows = [r for r in analysis["rows"] if r["p"] > 1 or r["strategy"] == "gp_ag"]
     ch = analysis["choices"]
     hits = [c for c in ch if c["decision"] == "scale_and_strategy"]
     strat = [c for c in ch if c["decision"].startswith("strategy_at")]
+    resolved = [c for c in hits if not c["tied_with_fastest"]]
     return {
         "mape": float(np.mean([r["ape"] for r in rows])),
         "mape_median": float(np.mean([r["ape_median"] for r in rows])),
@@ -360,6 +412,9 @@ def summarise(analysis: dict) -> dict:
         "decisions": len(hits),
         "ties_5pct": sum(_tie(c) for c in hits),
         "ties_noise": sum(bool(c["tied_with_fastest"]) for c in hits),
+        "resolved": len(resolved),
+        "agp_hit_rate_resolved": (float(np.mean([c["hit"] for c in resolved])) if resolved
+                                  else None),
         "strategy_hit_rate": float(np.mean([c["hit"] for c in strat])),
         "strategy_noise_hit_rate": float(np.mean([c["noise_hit"] for c in strat])),
         "strategy_ties_5pct": sum(_tie(c) for c in strat),
@@ -400,6 +455,10 @@ def report(analysis: dict, summ: dict) -> None:
           f"{100 * summ['agp_max_slowdown']:.1f}%; ties: {summ['ties_5pct']} graphs with the "
           f"runner-up within {100 * TIE_GAP:.0f}%, {summ['ties_noise']} with an option not "
           f"measurably slower than the fastest")
+    if summ["resolved"]:
+        print(f"where the fastest is measurably faster than every other option "
+              f"({summ['resolved']} graphs): AGP picks it "
+              f"{100 * summ['agp_hit_rate_resolved']:.0f}%")
     print(f"strategy at fixed p: {100 * summ['strategy_hit_rate']:.0f}% strict, "
           f"{100 * summ['strategy_noise_hit_rate']:.0f}% within noise "
           f"({summ['strategy_ties_5pct']} of {2 * summ['decisions']} within "
@@ -414,7 +473,7 @@ def reevaluate(path: Path, profile: Path | None) -> dict:
     if not prof_path.exists():  # stored with another checkout's absolute path
         prof_path = path.parent / Path(old["profile"]).name
     prof = json.loads(prof_path.read_text())
-    an = analyse(old["measured"], prof)
+    an = analyse(old["measured"], prof, bool(old.get("paired_steps")))
     summ = summarise(an)
     print(f"re-evaluating {path} with profile {prof_path} "
           f"({len(old['measured'])} measured configurations)")
@@ -544,7 +603,7 @@ def main() -> None:
             t["peak_activation_bytes"] = m["peak_activation_bytes"]
             t["graph_rss_bytes"] = m["graph_rss_bytes"]
             measured.append(t)
-    an = analyse(measured, prof)
+    an = analyse(measured, prof, paired=True)
     summ = summarise(an)
     rows = an["rows"]
     mem_ratio = [r["predicted_activation_bytes"] / max(1, r["measured_activation_bytes"])
@@ -555,7 +614,8 @@ def main() -> None:
     payload = {
         "date": today(), "hardware": hw, "profile": str(prof_path),
         "profile_hardware": prof.get("hardware"), "profile_software": prof.get("software"),
-        "model": MODEL, "steps": args.steps, "graphs": {k: str(v) for k, v in dirs.items()},
+        "model": MODEL, "steps": args.steps, "paired_steps": True,
+        "graphs": {k: str(v) for k, v in dirs.items()},
         "notes": ("p = 2 and 4 run on a 2-core machine shared with other jobs (p = 4 "
                   "oversubscribed 2x); real graphs keep N and E, features projected to "
                   f"{PROJECTED_FEATURES} dims; synthetic SBM N scaled down with degree"),
@@ -574,9 +634,10 @@ def main() -> None:
 
 def _result(result_line, summ: dict, **extra: object) -> None:  # noqa: ANN001
     keys = ("mape", "mape_median", "agp_hit_rate", "agp_noise_hit_rate", "agp_within_10pct",
-            "agp_max_slowdown", "ties_5pct", "ties_noise", "strategy_hit_rate",
+            "agp_max_slowdown", "ties_5pct", "ties_noise", "resolved", "agp_hit_rate_resolved",
+            "strategy_hit_rate",
             "strategy_noise_hit_rate")
-    result_line(bench="agp", **{k: summ[k] for k in keys if k in summ},
+    result_line(bench="agp", **{k: summ[k] for k in keys if summ.get(k) is not None},
                 **{k: summ[k] for k in ("activation_pred_over_measured_median",) if k in summ},
                 **extra)
 

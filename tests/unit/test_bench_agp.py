@@ -35,6 +35,39 @@ def test_choice_is_scored_strictly_and_within_the_noise(bench):
     assert not miss["noise_hit"] and miss["slowdown"] == pytest.approx(2.0 / 0.98 - 1)
 
 
+def test_alternated_steps_are_compared_pair_by_pair(bench):
+    # a load that drifts over the run moves both strategies' steps together; "a" is 3% slower
+    # at every step, which the pairs show and pooled samples hide
+    load = [1.0, 1.4, 0.9, 1.6, 1.1, 1.3, 0.95, 1.5, 1.2, 1.05, 1.35, 1.0]
+    steps = {("a", 2): [1.03 * x for x in load], ("b", 2): list(load), ("c", 1): [5.0] * 12}
+    cands = {k: min(v) for k, v in steps.items()}
+    pooled = bench._choice("g", "x", ("a", 2), cands, steps)
+    assert pooled["noise_hit"] and pooled["tied_with_fastest"] == [["a", 2]]
+    paired = bench._choice("g", "x", ("a", 2), cands, steps, paired=True)
+    assert not paired["noise_hit"] and paired["p_slower"] < bench.NOISE_ALPHA
+    assert paired["tied_with_fastest"] == []
+    # across p the launches differ: never paired
+    assert bench._choice("g", "x", ("c", 1), cands, steps, paired=True)["p_slower"] < 1e-3
+
+
+def test_hit_rate_where_the_measurement_names_the_fastest(bench):
+    def choice(hit: bool, tied: list) -> dict:
+        return {"decision": "scale_and_strategy", "hit": hit, "noise_hit": True,
+                "slowdown": 0.0 if hit else 0.01, "runner_up_gap": 0.2,
+                "tied_with_fastest": tied}
+
+    rows = [{"p": 1, "strategy": "gp_ag", "ape": 0.1, "ape_median": 0.1}]
+    ch = [choice(True, []), choice(False, [["gp_ag", 2]]), choice(True, [["gp_ag", 2]]),
+          choice(True, [])]
+    for p in (2, 4):
+        ch += [{**choice(True, []), "decision": f"strategy_at_p{p}"},
+               {**choice(True, []), "decision": "at_p4"}]
+    s = bench.summarise({"rows": rows + [{**rows[0], "p": 2}, {**rows[0], "p": 4}],
+                         "choices": ch})
+    assert s["agp_hit_rate"] == 0.75 and s["ties_noise"] == 2
+    assert s["resolved"] == 2 and s["agp_hit_rate_resolved"] == 1.0
+
+
 @pytest.mark.skipif(not STORED.exists(), reason="no stored AGP run")
 def test_reevaluate_scores_the_stored_run_offline(bench, tmp_path, capsys):
     out = bench.reevaluate(STORED, None)

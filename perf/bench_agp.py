@@ -375,7 +375,33 @@ def analyse(measured: list[dict], prof: dict, paired: bool = False) -> dict:
             cands = {(s, p): meas[(s, p)] for s in ("gp_ag", "gp_a2a")}
             choices.append(_choice(g, f"strategy_at_p{p}", (pick, p), cands, steps[g],
                                    paired))
-    return {"rows": rows, "choices": choices}
+    out = {"rows": rows, "choices": choices}
+    if paired:
+        out["strategy_pairs"] = strategy_pairs(measured)
+    return out
+
+
+def strategy_pairs(measured: list[dict], draws: int = 2000) -> list[dict]:
+    """Per graph and p > 1, GP-AG's step over GP-A2A's step i for i of the alternated steps:
+    the median ratio, its 95% bootstrap interval (resampling the pairs, fixed seed) and the
+    two-sided Wilcoxon signed-rank p-value. An interval across 1 means the run cannot say
+    which strategy is faster at that p."""
+    from scipy.stats import wilcoxon
+
+    steps = {(m["graph"], m["strategy"], m["p"]): np.asarray(m["step_s"]) for m in measured}
+    out = []
+    for (g, s, p), ag in steps.items():
+        a2a = steps.get((g, "gp_a2a", p))
+        if s != "gp_ag" or p == 1 or a2a is None or len(a2a) != len(ag):
+            continue
+        lr = np.log(ag / a2a)
+        rng = np.random.default_rng(0)
+        boot = np.median(lr[rng.integers(0, lr.size, (draws, lr.size))], axis=1)
+        lo, hi = np.exp(np.percentile(boot, [2.5, 97.5]))
+        out.append({"graph": g, "p": p, "pairs": int(lr.size),
+                    "ag_over_a2a": float(np.exp(np.median(lr))), "ci95": [float(lo), float(hi)],
+                    "p_value": float(wilcoxon(lr).pvalue)})
+    return out
 
 
 def _tie(c: dict) -> bool:
@@ -455,6 +481,11 @@ def report(analysis: dict, summ: dict) -> None:
           f"{100 * summ['agp_max_slowdown']:.1f}%; ties: {summ['ties_5pct']} graphs with the "
           f"runner-up within {100 * TIE_GAP:.0f}%, {summ['ties_noise']} with an option not "
           f"measurably slower than the fastest")
+    for sp in analysis.get("strategy_pairs", []):
+        lo, hi = sp["ci95"]
+        print(f"{sp['graph']:<10} p={sp['p']}: GP-AG / GP-A2A step {sp['ag_over_a2a']:.3f} "
+              f"[{lo:.3f}, {hi:.3f}] over {sp['pairs']} alternated pairs"
+              + ("" if lo > 1 or hi < 1 else "  (undecided)"))
     if summ["resolved"]:
         print(f"where the fastest is measurably faster than every other option "
               f"({summ['resolved']} graphs): AGP picks it "

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STORED = ROOT / "perf" / "results" / "bench_agp_2026-11-29.json"
+STORED = ROOT / "perf" / "results" / "bench_agp_2026-11-30.json"
+"""The latest stored run (its strategies alternated step by step)."""
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +51,24 @@ def test_alternated_steps_are_compared_pair_by_pair(bench):
     assert bench._choice("g", "x", ("c", 1), cands, steps, paired=True)["p_slower"] < 1e-3
 
 
+def test_strategy_pairs_give_the_paired_ratio_and_whether_it_is_decided(bench):
+    load = [1.0, 1.4, 0.9, 1.6, 1.1, 1.3, 0.95, 1.5, 1.2, 1.05, 1.35, 1.0]
+    noise = [1.01, 0.99, 1.02, 0.98, 1.0, 1.01, 0.99, 1.02, 0.98, 1.0, 1.01, 0.99]
+
+    def m(g: str, s: str, p: int, xs: list) -> dict:
+        return {"graph": g, "strategy": s, "p": p, "step_s": xs}
+
+    measured = [m("slow", "gp_ag", 2, [1.1 * x for x in load]), m("slow", "gp_a2a", 2, load),
+                m("tie", "gp_ag", 2, [x * y for x, y in zip(load, noise)]),
+                m("tie", "gp_a2a", 2, load), m("tie", "gp_ag", 1, load)]
+    out = {(r["graph"], r["p"]): r for r in bench.strategy_pairs(measured)}
+    assert set(out) == {("slow", 2), ("tie", 2)}
+    slow, tie = out[("slow", 2)], out[("tie", 2)]
+    assert slow["ag_over_a2a"] == pytest.approx(1.1) and slow["ci95"][0] > 1.0
+    assert slow["p_value"] < 0.01 and slow["pairs"] == 12
+    assert tie["ci95"][0] < 1.0 < tie["ci95"][1] and tie["p_value"] > 0.05
+
+
 def test_hit_rate_where_the_measurement_names_the_fastest(bench):
     def choice(hit: bool, tied: list) -> dict:
         return {"decision": "scale_and_strategy", "hit": hit, "noise_hit": True,
@@ -79,4 +98,9 @@ def test_reevaluate_scores_the_stored_run_offline(bench, tmp_path, capsys):
     # p = 1 is one measurement and one option, whatever strategy name the plan gives it
     distinct = [r for r in out["analysis"]["rows"] if r["p"] > 1 or r["strategy"] == "gp_ag"]
     assert len(distinct) == len(stored["measured"])
+    # alternated steps: GP-AG against GP-A2A pair by pair, at every p > 1 of every graph
+    pairs = out["analysis"]["strategy_pairs"]
+    assert len(pairs) == 2 * s["decisions"]
+    assert all(p["ci95"][0] <= p["ag_over_a2a"] <= p["ci95"][1] for p in pairs)
+    assert pairs == stored["analysis"]["strategy_pairs"]
     assert "MAPE" in capsys.readouterr().out

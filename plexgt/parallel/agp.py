@@ -24,12 +24,14 @@ measured time-vs-bytes curves.
   :meth:`SystemModel.slowdown`); 1 with one GPU per rank.
 * β_c(s)·N: what parallelism adds and does not split. The strategy's collectives, each at its
   exact per-rank bytes (:mod:`plexgt.parallel.attention_cost`) on the profiled curve of that
-  operation and group size, plus, where the profile measured it, the extra a call costs when
-  peers compute between calls ("loaded"); its own data movement: GP-AG's kernel streams all N
-  gathered columns of K, V and their gradients (the N - N/s beyond its share do not split),
-  GP-A2A permutes [N, d/s] between layouts (the profiled copy curve); and the fixed per-call
-  costs (kernel calls per head, the dense block's operator overheads, the optimizer on the
-  replicated parameters). β_c(1) is those fixed costs only.
+  operation and group size (the byte-proportional part time-shared, ×p/cores, when CPU ranks
+  outnumber the cores: :meth:`SystemModel.oversubscription`), plus, where the profile
+  measured it, the extra a call costs when peers compute between calls ("loaded"); its own
+  data movement: GP-AG's kernel streams all N gathered columns of K, V and their gradients
+  (the N - N/s beyond its share do not split), GP-A2A permutes [N, d/s] between layouts (the
+  profiled copy curve); and the fixed per-call costs (kernel calls per head, the dense
+  block's operator overheads, the optimizer on the replicated parameters). β_c(1) is those
+  fixed costs only.
 
 Selection is the paper's Algorithm 3 with a memory filter: k = t_iter(1)/N; a (s, c) with s > 1
 is kept when s·β_c(s)/(s-1) <= k — with the terms above, when t_iter(s, c) <= t_iter(1) (up to
@@ -349,6 +351,19 @@ class SystemModel:
         return elems * self.copy_curve[0][1] * table_factor(self._copy_table,
                                                             elems * self.sharing(p))
 
+    def oversubscription(self, p: int) -> float:
+        """p·threads/cores where CPU ranks outnumber the cores, else 1.
+
+        What a collective moves, it moves with CPU work (copies, reductions, the socket
+        stack) that, inside a step, competes with the peers' compute for time-shared cores;
+        the profile's fastest call, ranks in lock-step and mostly waiting on each other, did
+        not. Measured on 2 cores, 4 ranks: a collective looped back to back takes 2-2.6x its
+        fastest call (all-gather, reduce-scatter, all-to-all alike).
+        """
+        if self.device != "cpu":
+            return 1.0
+        return max(1.0, p * self.threads / max(1, self.cores))
+
     def slowdown(self, p: int) -> float:
         """κ(p): how much slower each of p busy ranks computes than one rank alone.
 
@@ -362,7 +377,7 @@ class SystemModel:
         if self.device != "cpu":
             return max(1.0, self.contention.get(p, 1.0))
         full = max(1, self.cores // max(1, self.threads))
-        bound = p * self.threads / max(1, self.cores)
+        bound = self.oversubscription(p)
         if p > full:
             at_full = [s for s in self.contention if s <= full]
             k_full = self.contention[max(at_full)] if at_full else 1.0
@@ -533,11 +548,18 @@ def step_ops(strategy: AttentionStrategy, w: Workload, s: int, rank: int = 0
 def comm_time(ops: list[tuple[str, CommOp]], s: int, grid: Grid3D | None,
               sysm: SystemModel) -> float:
     """Seconds of a rank's collectives: each on its group's profiled curve ('rows': s ranks,
-    an axis: its extent in ``grid``), plus the loaded per-call cost of that group size."""
+    an axis: its extent in ``grid``), its byte-proportional part times
+    :meth:`SystemModel.oversubscription`, plus the loaded per-call cost of that group size."""
     def size(name: str) -> int:
         return s if name == "rows" or grid is None else grid.dim(name)
 
-    t = sum(sysm.collective_time(o.op, size(n), max(o.sent, o.recv)) for n, o in ops)
+    share = sysm.oversubscription(s)
+
+    def one(op: str, g: int, sent: int) -> float:
+        t0 = sysm.collective_time(op, g, 0)
+        return t0 + share * (sysm.collective_time(op, g, sent) - t0)
+
+    t = sum(one(o.op, size(n), max(o.sent, o.recv)) for n, o in ops)
     calls = Counter(size(n) for n, _ in ops)
     return t + sum(c * sysm.sync_time(g) for g, c in calls.items())
 

@@ -380,6 +380,23 @@ def test_oversubscribed_cpu_ranks_time_share_the_fully_loaded_cores():
     assert SystemModel(contention={2: 1.25, 4: 2.1}, cores=8, device="cpu").slowdown(4) == 2.1
 
 
+def test_oversubscribed_cpu_ranks_time_share_what_collectives_move():
+    from plexgt.parallel.strategies import CommOp
+
+    fits = {"all_gather": {g: (1e-4, 1e-9) for g in (2, 4, 8)}}
+    op = [("rows", CommOp("all_gather", 10**6, 10**6))]
+    cpu = SystemModel(collectives=fits, cores=2, device="cpu")
+    assert cpu.oversubscription(2) == 1.0 and cpu.oversubscription(8) == 4.0
+    assert comm_time(op, 2, None, cpu) == pytest.approx(1e-4 + 1e-3)
+    # 4 ranks on 2 cores: the bytes take twice as long, the latency does not
+    assert comm_time(op, 4, None, cpu) == pytest.approx(1e-4 + 2e-3)
+    two_threads = SystemModel(collectives=fits, cores=8, threads=2, device="cpu")
+    assert comm_time(op, 8, None, two_threads) == pytest.approx(1e-4 + 2e-3)
+    gpu = SystemModel(collectives=fits, cores=2, device="cuda")
+    assert gpu.oversubscription(8) == 1.0
+    assert comm_time(op, 8, None, gpu) == pytest.approx(1e-4 + 1e-3)
+
+
 def test_gp_ag_pays_the_gathered_columns_gp_a2a_splits_them():
     kern = {k: 0.0 for k in SystemModel().kernels}
     kern["attention_s_per_col_head_dim"] = 1e-8

@@ -36,6 +36,19 @@ def test_choice_is_scored_strictly_and_within_the_noise(bench):
     assert not miss["noise_hit"] and miss["slowdown"] == pytest.approx(2.0 / 0.98 - 1)
 
 
+def test_a_lucky_fastest_step_does_not_decide_the_median_scoring(bench):
+    steps = {("one", 1): [1.0, 1.01, 1.02, 0.99, 1.0, 1.01, 1.0],
+             ("two", 2): [0.6, 1.1, 1.2, 1.05, 1.15, 1.1, 1.2]}  # noisy, one lucky step
+    cands = {k: min(v) for k, v in steps.items()}
+    c = bench._choice("g", "x", ("one", 1), cands, steps)
+    assert not c["hit"] and c["slowdown"] == pytest.approx(0.99 / 0.6 - 1)
+    assert c["hit_by_median"] and c["fastest_by_median"] == ["one", 1]
+    assert c["slowdown_by_median"] == 0.0
+    c = bench._choice("g", "x", ("two", 2), cands, steps)
+    assert c["hit"] and not c["hit_by_median"]
+    assert c["slowdown_by_median"] == pytest.approx(1.1 / 1.0 - 1)
+
+
 def test_alternated_steps_are_compared_pair_by_pair(bench):
     # a load that drifts over the run moves both strategies' steps together; "a" is 3% slower
     # at every step, which the pairs show and pooled samples hide
@@ -95,6 +108,7 @@ def test_reevaluate_scores_the_stored_run_offline(bench, tmp_path, capsys):
     assert s["decisions"] == len({m["graph"] for m in stored["measured"]})
     assert 0.0 <= s["agp_hit_rate"] <= s["agp_noise_hit_rate"] <= 1.0
     assert s["agp_within_10pct"] >= s["agp_hit_rate"]
+    assert 0.0 <= s["agp_hit_rate_by_median"] <= 1.0 and s["agp_max_slowdown_by_median"] >= 0
     # p = 1 is one measurement and one option, whatever strategy name the plan gives it
     distinct = [r for r in out["analysis"]["rows"] if r["p"] > 1 or r["strategy"] == "gp_ag"]
     assert len(distinct) == len(stored["measured"])

@@ -142,19 +142,9 @@ class PeakRSS:
         self.peak = max(self.peak, _rss())
 
 
-class _NoSampler:
-    peak = 0
-
-    def __enter__(self) -> _NoSampler:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        pass
-
-
 def _setup(pg, sname: str, p: int, rank: int):  # noqa: ANN001, ANN202
     """(one training step, its ledger, the graph's resident bytes) of the distributed gt
-    with strategy ``sname`` on this rank, warmed up by nothing yet."""
+    with strategy ``sname`` on this rank; the step is not yet warmed up."""
     import torch
     import torch.distributed as dist
 

@@ -11,11 +11,11 @@
 3. For p = 1, 2, 4 (one mpiexec each, in ``--rounds`` interleaved rounds; p = 4 oversubscribes
    the 2 cores), trains the distributed gt (hidden 64, 4 heads, 2 layers, float32, AdamW) with
    each strategy, the two strategies' steps alternated (A B B A ...) so that drifting load
-   falls on both alike: the fastest of ``--steps`` timed steps after 2 warm-up steps per
-   launch (a step = the slowest rank; the minimum because other jobs on a shared machine only
-   add time; the median is kept too), and, in one more launch with glibc returning every
-   freed block, the peak of each rank's resident memory during one step above its level
-   before it (one strategy at a time).
+   falls on both alike: the fastest of ``--steps`` timed steps over all rounds (``--steps //
+   --rounds`` a launch, after 2 warm-up steps; a step = the slowest rank; the minimum because
+   other jobs on a shared machine only add time; the median is kept too), and, in one more
+   launch with glibc returning every freed block, the peak of each rank's resident memory
+   during one step above its level before it (one strategy at a time).
 4. Predicts every (graph, strategy, p) with :mod:`plexgt.parallel.agp` from the profile, and
    lets AGP choose among the measured (strategy, p), with and without the p = 1 option.
 
@@ -37,8 +37,8 @@ the same p, Mann-Whitney U across p) is not measurably slower. Both are reported
 ties behind them: graphs whose runner-up is within 5% of the fastest, and graphs where some
 other option is not measurably slower than the fastest; and the strict hit rate over the
 others, where the measurement names one fastest option. The decisions are also scored by
-median step: the fastest of 40 steps is one lucky draw, and the noisier options (more ranks
-on the 2 cores) draw luckier ones. MAPE is over distinct measurements, against the fastest
+median step: the fastest of tens of steps is one lucky draw, and the noisier options (more
+ranks on the 2 cores) draw luckier ones. MAPE is over distinct measurements, against the fastest
 step (the bench's t_iter) and the median step.
 """
 
@@ -190,13 +190,63 @@ def _timed(step) -> float:  # noqa: ANN001
     return time.perf_counter() - t0
 
 
+def _measure(pg, name: str, group: list[str], p: int, rank: int, steps: int,  # noqa: ANN001
+             memory_pass: bool) -> list[dict]:
+    """The rows (rank 0; [] elsewhere) of the strategies in ``group`` on graph ``name``: their
+    steps alternated (time), or one step's peak resident set (memory, one strategy). A
+    function of its own so the models, optimizer states and graphs die with it, before the
+    next group or graph is built."""
+    import torch
+    import torch.distributed as dist
+
+    built = {s: _setup(pg, s, p, rank) for s in group}
+    for step, _, _ in built.values():
+        for _ in range(1 if memory_pass else 2):
+            step()
+    gc.collect()
+    times: dict[str, list[float]] = {s: [] for s in group}
+    for _, ledger, _ in built.values():
+        ledger.reset()
+    peak = base = 0
+    if memory_pass:
+        (sname,) = group
+        with PeakRSS() as mem:
+            base = _rss()
+            times[sname].append(_timed(built[sname][0]))
+        peak = mem.peak
+    else:
+        for i in range(steps):
+            for sname in (group if i % 2 == 0 else group[::-1]):
+                times[sname].append(_timed(built[sname][0]))
+    rows = []
+    for sname in group:
+        _, ledger, graph_rss = built[sname]
+        tt = torch.tensor(times[sname], dtype=torch.float64)
+        dist.all_reduce(tt, op=dist.ReduceOp.MAX)
+        peaks = [None] * p
+        dist.all_gather_object(peaks, [peak - base, graph_rss,
+                                       ledger.total(kind="sent") // len(times[sname])])
+        if rank == 0:
+            rows.append({
+                "graph": name, "strategy": sname, "p": p, "n": pg.N, "e": pg.E,
+                "f": pg.F, "c": pg.C, "step_s": tt.tolist(),
+                "t_iter": float(np.min(tt.numpy())),
+                "t_iter_median": float(np.median(tt.numpy())),
+                "peak_activation_bytes": [int(x[0]) for x in peaks],
+                "graph_rss_bytes": [int(x[1]) for x in peaks],
+                "sent_bytes_per_step": [int(x[2]) for x in peaks],
+            })
+            print(f"  p={p} {name:<10} {sname:<7} t_iter {rows[-1]['t_iter']:.4f} s",
+                  flush=True)
+    return rows
+
+
 def worker(args: argparse.Namespace) -> None:
     """Time mode: every strategy of a graph is built up front and their steps alternate, the
     order flipped every step (A B B A ...), so the load other jobs put on the machine, which
     drifts over seconds, falls on both alike and step i of one pairs with step i of the
     other. Memory mode: one strategy at a time, one step, its peak resident set."""
     import torch
-    import torch.distributed as dist
 
     from plexgt.data.loader import PreparedGraph
     from plexgt.dist.bootstrap import init_distributed, shutdown
@@ -212,45 +262,7 @@ def worker(args: argparse.Namespace) -> None:
         names = ["gp_ag"] if p == 1 else default_registry().names()
         groups = [[s] for s in names] if memory_pass else [names]
         for group in groups:
-            built = {s: _setup(pg, s, p, ctx.rank) for s in group}
-            for step, _, _ in built.values():
-                for _ in range(1 if memory_pass else 2):
-                    step()
-            gc.collect()
-            times: dict[str, list[float]] = {s: [] for s in group}
-            for ledger in (b[1] for b in built.values()):
-                ledger.reset()
-            peak = base = 0
-            if memory_pass:
-                (sname,) = group
-                with PeakRSS() as mem:
-                    base = _rss()
-                    times[sname].append(_timed(built[sname][0]))
-                peak = mem.peak
-            else:
-                for i in range(args.steps):
-                    for sname in (group if i % 2 == 0 else group[::-1]):
-                        times[sname].append(_timed(built[sname][0]))
-            for sname in group:
-                _, ledger, graph_rss = built[sname]
-                tt = torch.tensor(times[sname], dtype=torch.float64)
-                dist.all_reduce(tt, op=dist.ReduceOp.MAX)
-                peaks = [None] * p
-                dist.all_gather_object(peaks, [peak - base, graph_rss,
-                                               ledger.total(kind="sent") // len(times[sname])])
-                if ctx.rank == 0:
-                    results.append({
-                        "graph": name, "strategy": sname, "p": p, "n": pg.N, "e": pg.E,
-                        "f": pg.F, "c": pg.C, "step_s": tt.tolist(),
-                        "t_iter": float(np.min(tt.numpy())),
-                        "t_iter_median": float(np.median(tt.numpy())),
-                        "peak_activation_bytes": [int(x[0]) for x in peaks],
-                        "graph_rss_bytes": [int(x[1]) for x in peaks],
-                        "sent_bytes_per_step": [int(x[2]) for x in peaks],
-                    })
-                    print(f"  p={p} {name:<10} {sname:<7} t_iter {results[-1]['t_iter']:.4f} s",
-                          flush=True)
-            del built
+            results += _measure(pg, name, group, p, ctx.rank, args.steps, memory_pass)
         pg.close()
     if ctx.rank == 0:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
@@ -265,7 +277,11 @@ def _launch(n: int, argv: list[str], log_env: dict[str, str]) -> None:
 
 NOISE_ALPHA = 0.05
 """A choice whose step times are not slower than the fastest's at this significance (one-sided
-Mann-Whitney U over the per-step samples) is within the measurement noise."""
+Wilcoxon signed-rank over the alternated step pairs at the same p, Mann-Whitney U across p) is
+within the measurement noise; a GP-AG/GP-A2A pair is *decided* below it (two-sided signed-rank,
+:func:`strategy_pairs`). Needs at least 6 pairs: with 5 or fewer the signed-rank test cannot
+reach it, and every same-p option would count as within the noise."""
+MIN_PAIRS = 6
 TIE_GAP = 0.05
 """Candidates whose fastest steps are this close count as a tie in the report."""
 
@@ -279,8 +295,13 @@ def _slower_p(pick: list[float], best: list[float], paired: bool = False) -> flo
 
     if pick is best or sorted(pick) == sorted(best):
         return 1.0
-    if paired and len(pick) == len(best):
+    if paired:
+        if len(pick) != len(best):
+            raise ValueError(f"paired step times of unequal lengths ({len(pick)}, {len(best)}): "
+                             "the steps were not alternated")
         diff = np.log(np.asarray(pick)) - np.log(np.asarray(best))
+        if not diff.any():
+            return 1.0
         return float(wilcoxon(diff, alternative="greater").pvalue)
     return float(mannwhitneyu(pick, best, alternative="greater").pvalue)
 
@@ -296,7 +317,7 @@ def _choice(graph: str, label: str, pick: tuple[str, int], cands: dict, steps: d
     ranked = sorted(cands.values())
 
     def slower(k: tuple[str, int]) -> float:
-        return _slower_p(steps[k], steps[best], paired and k[1] == best[1] and k[1] > 1)
+        return _slower_p(steps[k], steps[best], paired and k[1] == best[1])
 
     p_slower = slower(pick)
     tied = sorted(k for k in cands if k != best and slower(k) >= NOISE_ALPHA)
@@ -380,10 +401,11 @@ def analyse(measured: list[dict], prof: dict, paired: bool = False) -> dict:
 
 
 def strategy_pairs(measured: list[dict], draws: int = 2000) -> list[dict]:
-    """Per graph and p > 1, GP-AG's step over GP-A2A's step i for i of the alternated steps:
-    the median ratio, its 95% bootstrap interval (resampling the pairs, fixed seed) and the
-    two-sided Wilcoxon signed-rank p-value. An interval across 1 means the run cannot say
-    which strategy is faster at that p."""
+    """Per graph and p > 1, GP-AG's step i over GP-A2A's step i for the alternated steps: the
+    median ratio, its 95% bootstrap interval (resampling the pairs, fixed seed), the two-sided
+    Wilcoxon signed-rank p-value, and ``decided``: p-value < :data:`NOISE_ALPHA`, the test
+    the decisions are scored with (the interval, of the median rather than the signed-rank
+    test's pseudo-median, can touch 1 where the test is just below it)."""
     from scipy.stats import wilcoxon
 
     steps = {(m["graph"], m["strategy"], m["p"]): np.asarray(m["step_s"]) for m in measured}
@@ -393,12 +415,13 @@ def strategy_pairs(measured: list[dict], draws: int = 2000) -> list[dict]:
         if s != "gp_ag" or p == 1 or a2a is None or len(a2a) != len(ag):
             continue
         lr = np.log(ag / a2a)
+        p_value = float(wilcoxon(lr).pvalue) if lr.any() else 1.0
         rng = np.random.default_rng(0)
         boot = np.median(lr[rng.integers(0, lr.size, (draws, lr.size))], axis=1)
         lo, hi = np.exp(np.percentile(boot, [2.5, 97.5]))
         out.append({"graph": g, "p": p, "pairs": int(lr.size),
                     "ag_over_a2a": float(np.exp(np.median(lr))), "ci95": [float(lo), float(hi)],
-                    "p_value": float(wilcoxon(lr).pvalue)})
+                    "p_value": p_value, "decided": p_value < NOISE_ALPHA})
     return out
 
 
@@ -435,8 +458,8 @@ def summarise(analysis: dict) -> dict:
         "agp_noise_hit_rate": float(np.mean([c["noise_hit"] for c in hits])),
         "agp_within_10pct": float(np.mean([c["slowdown"] <= 0.10 for c in hits])),
         "agp_max_slowdown": max(c["slowdown"] for c in hits),
-        "agp_hit_rate_by_median": float(np.mean([c.get("hit_by_median", False) for c in hits])),
-        "agp_max_slowdown_by_median": max(c.get("slowdown_by_median", 0.0) for c in hits),
+        "agp_hit_rate_by_median": float(np.mean([c["hit_by_median"] for c in hits])),
+        "agp_max_slowdown_by_median": max(c["slowdown_by_median"] for c in hits),
         "decisions": len(hits),
         "ties_5pct": sum(_tie(c) for c in hits),
         "ties_noise": sum(bool(c["tied_with_fastest"]) for c in hits),
@@ -489,7 +512,7 @@ def report(analysis: dict, summ: dict) -> None:
         lo, hi = sp["ci95"]
         print(f"{sp['graph']:<10} p={sp['p']}: GP-AG / GP-A2A step {sp['ag_over_a2a']:.3f} "
               f"[{lo:.3f}, {hi:.3f}] over {sp['pairs']} alternated pairs"
-              + ("" if lo > 1 or hi < 1 else "  (undecided)"))
+              + ("" if sp["decided"] else "  (undecided)"))
     if summ["resolved"]:
         print(f"where the fastest is measurably faster than every other option "
               f"({summ['resolved']} graphs): AGP picks it "
@@ -614,6 +637,9 @@ def main() -> None:
     # other jobs' load drifts over minutes, and must not favour whichever p ran in a calm one
     rounds = max(1, args.rounds)
     steps = max(1, args.steps // rounds)
+    if steps * rounds < MIN_PAIRS:
+        print(f"warning: {steps * rounds} alternated pairs per option, fewer than {MIN_PAIRS}: "
+              "no same-p option can be told apart, every one is 'within the noise'", flush=True)
     timed: dict[tuple[str, str, int], dict] = {}
     for k in range(rounds):
         for p in SCALES:

@@ -24,14 +24,14 @@ measured time-vs-bytes curves.
   :meth:`SystemModel.slowdown`); 1 with one GPU per rank.
 * β_c(s)·N: what parallelism adds and does not split. The strategy's collectives, each at its
   exact per-rank bytes (:mod:`plexgt.parallel.attention_cost`) on the profiled curve of that
-  operation and group size (the byte-proportional part time-shared, ×p/cores, when CPU ranks
-  outnumber the cores: :meth:`SystemModel.oversubscription`), plus, where the profile
-  measured it, the extra a call costs when peers compute between calls ("loaded"); its own
-  data movement: GP-AG's kernel streams all N gathered columns of K, V and their gradients
-  (the N - N/s beyond its share do not split), GP-A2A permutes [N, d/s] between layouts (the
-  profiled copy curve); and the fixed per-call costs (kernel calls per head, the dense
-  block's operator overheads, the optimizer on the replicated parameters). β_c(1) is those
-  fixed costs only.
+  operation and group size (the byte-proportional part time-shared, ×p·threads/cores, when
+  CPU ranks' threads outnumber the cores: :meth:`SystemModel.oversubscription`), plus, where
+  the profile measured it, the extra a call costs when peers compute between calls
+  ("loaded"); its own data movement: GP-AG's kernel streams all N gathered columns of K, V
+  and their gradients (the N - N/s beyond its share do not split), GP-A2A permutes [N, d/s]
+  between layouts (the profiled copy curve); and the fixed per-call costs (kernel calls per
+  head, the dense block's operator overheads, the optimizer on the replicated parameters).
+  β_c(1) is those fixed costs only.
 
 Selection is the paper's Algorithm 3 with a memory filter: k = t_iter(1)/N; a (s, c) with s > 1
 is kept when s·β_c(s)/(s-1) <= k — with the terms above, when t_iter(s, c) <= t_iter(1) (up to
@@ -352,7 +352,8 @@ class SystemModel:
                                                             elems * self.sharing(p))
 
     def oversubscription(self, p: int) -> float:
-        """p·threads/cores where CPU ranks outnumber the cores, else 1.
+        """p·threads/cores where the threads of p CPU ranks outnumber the cores, else 1 (the
+        ranks on one node, as :meth:`slowdown` assumes: a CPU profile prices one node).
 
         What a collective moves, it moves with CPU work (copies, reductions, the socket
         stack) that, inside a step, competes with the peers' compute for time-shared cores;

@@ -385,11 +385,11 @@ def test_oversubscribed_cpu_ranks_time_share_what_collectives_move():
 
     fits = {"all_gather": {g: (1e-4, 1e-9) for g in (2, 4, 8)}}
     op = [("rows", CommOp("all_gather", 10**6, 10**6))]
-    cpu = SystemModel(collectives=fits, cores=2, device="cpu")
+    cpu = SystemModel(collectives=fits, sync={2: 3e-4, 4: 5e-4}, cores=2, device="cpu")
     assert cpu.oversubscription(2) == 1.0 and cpu.oversubscription(8) == 4.0
-    assert comm_time(op, 2, None, cpu) == pytest.approx(1e-4 + 1e-3)
-    # 4 ranks on 2 cores: the bytes take twice as long, the latency does not
-    assert comm_time(op, 4, None, cpu) == pytest.approx(1e-4 + 2e-3)
+    assert comm_time(op, 2, None, cpu) == pytest.approx(1e-4 + 1e-3 + 3e-4)
+    # 4 ranks on 2 cores: the bytes take twice as long, the latency and the loaded wait do not
+    assert comm_time(op, 4, None, cpu) == pytest.approx(1e-4 + 2e-3 + 5e-4)
     two_threads = SystemModel(collectives=fits, cores=8, threads=2, device="cpu")
     assert comm_time(op, 8, None, two_threads) == pytest.approx(1e-4 + 2e-3)
     gpu = SystemModel(collectives=fits, cores=2, device="cuda")

@@ -61,7 +61,12 @@ def test_alternated_steps_are_compared_pair_by_pair(bench):
     assert not paired["noise_hit"] and paired["p_slower"] < bench.NOISE_ALPHA
     assert paired["tied_with_fastest"] == []
     # across p the launches differ: never paired
-    assert bench._choice("g", "x", ("c", 1), cands, steps, paired=True)["p_slower"] < 1e-3
+    across = bench._choice("g", "x", ("c", 1), cands, steps, paired=True)["p_slower"]
+    assert across == pytest.approx(bench._slower_p(steps[("c", 1)], steps[("b", 2)]))
+    assert across != pytest.approx(bench._slower_p(steps[("c", 1)], steps[("b", 2)], True))
+    # steps that were meant to alternate but do not pair up are an error, not a silent switch
+    with pytest.raises(ValueError, match="not alternated"):
+        bench._slower_p([1.0, 1.1, 1.2], [1.0, 1.1], paired=True)
 
 
 def test_strategy_pairs_give_the_paired_ratio_and_whether_it_is_decided(bench):
@@ -78,15 +83,17 @@ def test_strategy_pairs_give_the_paired_ratio_and_whether_it_is_decided(bench):
     assert set(out) == {("slow", 2), ("tie", 2)}
     slow, tie = out[("slow", 2)], out[("tie", 2)]
     assert slow["ag_over_a2a"] == pytest.approx(1.1) and slow["ci95"][0] > 1.0
-    assert slow["p_value"] < 0.01 and slow["pairs"] == 12
+    assert slow["p_value"] < 0.01 and slow["pairs"] == 12 and slow["decided"]
     assert tie["ci95"][0] < 1.0 < tie["ci95"][1] and tie["p_value"] > 0.05
+    assert not tie["decided"]
 
 
 def test_hit_rate_where_the_measurement_names_the_fastest(bench):
     def choice(hit: bool, tied: list) -> dict:
         return {"decision": "scale_and_strategy", "hit": hit, "noise_hit": True,
                 "slowdown": 0.0 if hit else 0.01, "runner_up_gap": 0.2,
-                "tied_with_fastest": tied}
+                "tied_with_fastest": tied, "hit_by_median": not hit,
+                "slowdown_by_median": 0.03 if hit else 0.0}
 
     rows = [{"p": 1, "strategy": "gp_ag", "ape": 0.1, "ape_median": 0.1}]
     ch = [choice(True, []), choice(False, [["gp_ag", 2]]), choice(True, [["gp_ag", 2]]),
@@ -98,6 +105,7 @@ def test_hit_rate_where_the_measurement_names_the_fastest(bench):
                          "choices": ch})
     assert s["agp_hit_rate"] == 0.75 and s["ties_noise"] == 2
     assert s["resolved"] == 2 and s["agp_hit_rate_resolved"] == 1.0
+    assert s["agp_hit_rate_by_median"] == 0.25 and s["agp_max_slowdown_by_median"] == 0.03
 
 
 @pytest.mark.skipif(not STORED.exists(), reason="no stored AGP run")

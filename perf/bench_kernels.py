@@ -62,12 +62,9 @@ def main() -> None:
     args = ap.parse_args()
     widths = [int(w) for w in args.widths.split(",")]
     if args.kernel_source is not None:
-        from torch.utils.cpp_extension import load as build
-
         digest = hashlib.sha1(args.kernel_source.read_bytes()).hexdigest()[:10]
-        native._state["module"] = build(
-            f"plexgt_bench_kernels_{digest}",
-            [str(args.kernel_source)], extra_cflags=native.FLAGS, extra_ldflags=["-fopenmp"])
+        native._state["module"] = native.build(f"plexgt_bench_kernels_{digest}",
+                                               source=args.kernel_source)
     if native.load() is None:
         raise SystemExit("bench_kernels: the compiled kernels did not build; nothing to compare")
     cases = []

@@ -111,6 +111,21 @@ def enabled() -> bool:
     return os.environ.get("PLEXGT_NATIVE", "1") != "0"
 
 
+def build(name: str, flags: list[str] | None = None, source: Path = SOURCE,
+          verbose: bool = False) -> Any:
+    """Compile ``source`` as the torch extension ``name`` (``flags``: :data:`FLAGS` by
+    default) and import it; raises what the compiler raised. A dead build's lock is cleared
+    first and ninja put on PATH: every build (this module's, an ISA test's, a benchmark's
+    A/B) goes through here, so none hangs on another's stale lock."""
+    from torch.utils.cpp_extension import _get_build_directory
+    from torch.utils.cpp_extension import load as torch_load
+
+    _clear_stale_lock(Path(_get_build_directory(name, verbose=False)) / "lock")
+    _ninja_on_path()
+    return torch_load(name, [str(source)], extra_cflags=FLAGS if flags is None else flags,
+                      extra_ldflags=["-fopenmp"], verbose=verbose)
+
+
 def load(verbose: bool = False) -> Any | None:
     """The compiled module, building it if needed; None where disabled or the build fails
     (warned about once per process)."""
@@ -119,15 +134,8 @@ def load(verbose: bool = False) -> Any | None:
     if "module" in _state:
         return _state["module"]
     module = None
-    name = f"plexgt_attention_cpu_{_isa_tag()}"
     try:
-        from torch.utils.cpp_extension import _get_build_directory
-        from torch.utils.cpp_extension import load as build
-
-        _clear_stale_lock(Path(_get_build_directory(name, verbose=False)) / "lock")
-        _ninja_on_path()
-        module = build(name, [str(SOURCE)], extra_cflags=FLAGS,
-                       extra_ldflags=["-fopenmp"], verbose=verbose)
+        module = build(f"plexgt_attention_cpu_{_isa_tag()}", verbose=verbose)
     except Exception as exc:  # no compiler, no headers, ...: torch's kernels still work
         lines = str(exc).strip().splitlines()
         why = lines[-1] if lines else type(exc).__name__

@@ -502,14 +502,15 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     copy = 0.0
     if s > 1 and strategy.full_graph:  # GP-A2A's permutes (one rank has nothing to permute)
         copy = L * A2A_COPIES * sysm.copy_time(n_pad * h_r * dh, s) * kappa
-    copy += gathered * kappa * sysm.compute_scale
+    kernels = kappa * sysm.compute_scale  # what a kernel term costs on this rank, calibrated
+    copy += gathered * kernels
     comm, comm_rank, ops = -1.0, 0, []
     for r in range(s) if grid is not None else (0,):
         ops_r = step_ops(strategy, w, s, r)
         t = comm_time(ops_r, s, grid, sysm)
         if t > comm:
             comm, comm_rank, ops = t, r, ops_r
-    compute = (edge + node + dense) * kappa * sysm.compute_scale
+    compute = (edge + node + dense) * kernels
     mem = model_memory(strategy, prob, s, L, w.features, w.classes, w.num_params, w.ffn_mult,
                        w.gcn, grid)
     return Estimate(strategy.name, s, compute / max(1, w.e), (copy + calls + comm) / w.n,
@@ -527,7 +528,7 @@ def step_calibration(sysm: SystemModel, steps: Iterable[list[float]]) -> float:
     from plexgt.profile import GT_STEP_SHAPE
 
     one_rank = default_registry().get("gp_ag")  # on one rank every strategy is the same step
-    base = replace(sysm, compute_scale=1.0)
+    base = sysm if sysm.compute_scale == 1.0 else replace(sysm, compute_scale=1.0)
     ratios = []
     for n, e, f, c, hidden, heads, layers, t in steps:
         w = Workload("gt", int(n), int(e), int(f), int(c), int(hidden), int(heads), int(layers),
@@ -557,8 +558,11 @@ def comm_time(ops: list[tuple[str, CommOp]], s: int, grid: Grid3D | None,
     share = sysm.oversubscription(s)
 
     def one(op: str, g: int, sent: int) -> float:
+        t = sysm.collective_time(op, g, sent)
+        if share == 1.0:  # GPUs, and CPU ranks that fit the cores: the curve as profiled
+            return t
         t0 = sysm.collective_time(op, g, 0)
-        return t0 + share * (sysm.collective_time(op, g, sent) - t0)
+        return t0 + share * (t - t0)
 
     t = sum(one(o.op, size(n), max(o.sent, o.recv)) for n, o in ops)
     calls = Counter(size(n) for n, _ in ops)

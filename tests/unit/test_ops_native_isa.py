@@ -34,11 +34,8 @@ def test_kernels_built_for_an_older_isa_match_torch(march, monkeypatch):
     need = ISAS[march]
     if need is not None and need not in _cpu_flags():
         pytest.skip(f"this CPU lacks {need}, needed to run a -march={march} build")
-    from torch.utils.cpp_extension import load as build
-
     flags = [f for f in native.FLAGS if not f.startswith("-march")] + [f"-march={march}"]
-    mod = build(f"plexgt_attention_cpu_{march.replace('-', '_')}", [str(native.SOURCE)],
-                extra_cflags=flags, extra_ldflags=["-fopenmp"])
+    mod = native.build(f"plexgt_attention_cpu_{march.replace('-', '_')}", flags)
     monkeypatch.setitem(native._state, "module", mod)
     assert native.load() is mod
     graph = _graph(40, 60, 500, seed=1, empty_rows=(2,))

@@ -45,6 +45,8 @@ demo: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(PY) tools/check_ruff_files.py $(VENV)/bin/ruff
+	$(VENV)/bin/lint-imports
 
 test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider --durations=8 tests/unit tests/integration tests/data \

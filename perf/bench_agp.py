@@ -16,12 +16,13 @@
    other jobs on a shared machine only add time; the median is kept too), and, in one more
    launch with glibc returning every freed block, the peak of each rank's resident memory
    during one step above its level before it (one strategy at a time).
-4. Predicts every (graph, strategy, p) with :mod:`plexgt.parallel.agp` from the profile, and
+4. Predicts every (graph, strategy, p) with :mod:`plexgt.plan.agp` from the profile, and
    lets AGP choose among the measured (strategy, p), with and without the p = 1 option.
 
-Writes perf/results/bench_agp_<date>.json and .png and ends with one RESULT line.
+Writes perf/results/bench_agp.json and .png (the profile: bench_agp_system.json; a new run
+overwrites them, the date is inside the JSON) and ends with one RESULT line.
 
-    .venv/bin/python perf/bench_agp.py --reevaluate perf/results/bench_agp_2026-11-29_run2.json
+    .venv/bin/python perf/bench_agp.py --reevaluate perf/results/bench_agp.json
 
 measures nothing: it recomputes the current model's predictions and AGP's choices for a stored
 run's measurements, from that run's stored profile (or ``--profile``) and graph sizes, so a
@@ -148,22 +149,18 @@ def _setup(pg, sname: str, p: int, rank: int):  # noqa: ANN001, ANN202
     import torch
     import torch.distributed as dist
 
-    from plexgt.dist.collectives import Comm, CommLedger
+    from plexgt.distributed.collectives import Comm, CommLedger
+    from plexgt.parallel.attention.registry import default_registry
     from plexgt.parallel.gt_dist import DistGraphTransformer
-    from plexgt.parallel.rows1d import (
-        all_reduce_gradients,
-        build_dist_graph,
-        read_rows,
-        row_cross_entropy,
-    )
-    from plexgt.parallel.strategies import default_registry
+    from plexgt.parallel.rows1d import all_reduce_gradients, row_cross_entropy
+    from plexgt.tasks.attention import read_dist_graph, read_row_data
 
     ledger = CommLedger()
     comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
     gc.collect()
     rss0 = _rss()
-    graph = build_dist_graph(pg, comm, default_registry().get(sname), MODEL["heads"])
-    data = read_rows(pg, p, rank)
+    graph = read_dist_graph(pg, comm, default_registry().get(sname), MODEL["heads"])
+    data = read_row_data(pg, p, rank)
     graph_rss = _rss() - rss0
     torch.manual_seed(0)
     model = DistGraphTransformer(pg.F, MODEL["hidden"], pg.C, MODEL["layers"], MODEL["heads"],
@@ -249,8 +246,8 @@ def worker(args: argparse.Namespace) -> None:
     import torch
 
     from plexgt.data.loader import PreparedGraph
-    from plexgt.dist.bootstrap import init_distributed, shutdown
-    from plexgt.parallel.strategies import default_registry
+    from plexgt.distributed.bootstrap import init_distributed, shutdown
+    from plexgt.parallel.attention.registry import default_registry
 
     ctx = init_distributed("gloo", timeout_s=900)
     torch.manual_seed(ctx.rank)
@@ -344,8 +341,8 @@ def analyse(measured: list[dict], prof: dict, paired: bool = False) -> dict:
     fastest, by its fastest step) and within the noise (:data:`NOISE_ALPHA`; ``paired``: the
     run alternated the strategies step by step, :func:`worker`).
     """
-    from plexgt.parallel.agp import SystemModel, Workload, estimate, plan
-    from plexgt.parallel.strategies import default_registry
+    from plexgt.parallel.attention.registry import default_registry
+    from plexgt.plan.agp import SystemModel, Workload, estimate, plan
 
     reg = default_registry()
     sysm = SystemModel.from_profile(prof)
@@ -382,7 +379,7 @@ def analyse(measured: list[dict], prof: dict, paired: bool = False) -> dict:
         for label, scales in (("scale_and_strategy", list(SCALES)), ("at_p4", [4])):
             pl = plan(w, [reg.get(s) for s in reg.names()], scales, sysm)
             # without the one-rank option nothing may pass Algorithm 3's test: then, as a job
-            # of that size does (gt_task.choose_strategy), the fastest predicted
+            # of that size does (plan.choose.choose_strategy), the fastest predicted
             c = pl.choice.est if pl.choice else min((r.est for r in pl.rows),
                                                     key=lambda e: e.time_s)
             # one rank is one option, whatever strategy name the plan gives it
@@ -625,8 +622,7 @@ def main() -> None:
     # memory pass: every allocation over 64 KiB is its own mapping, returned when freed, so the
     # resident set follows live tensors (the timing pass keeps glibc's defaults: realistic)
     env_mem = {**env, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
-    date = today()[:10]
-    prof_path = args.profile or RESULTS_DIR / f"bench_agp_system_{date}.json"
+    prof_path = args.profile or RESULTS_DIR / "bench_agp_system.json"
     if args.profile is None:
         print("profiling (mpiexec -n 4 plexgt profile) ...", flush=True)
         _launch(4, ["-m", "plexgt", "profile", "--out", str(prof_path)], env)
@@ -682,8 +678,8 @@ def main() -> None:
                   f"{PROJECTED_FEATURES} dims; synthetic SBM N scaled down with degree"),
         "measured": measured, "analysis": an, "summary": summ,
     }
-    jpath = write_json(f"bench_agp_{date}.json", payload)
-    plot(an, RESULTS_DIR / f"bench_agp_{date}.png",
+    jpath = write_json("bench_agp.json", payload)
+    plot(an, RESULTS_DIR / "bench_agp.png",
          f"AGP on {hw['cpu']} ({hw['usable_cores']} cores), gt h=64 4 heads 2 layers: "
          f"MAPE {100 * summ['mape']:.1f}%, AGP picks fastest {100 * summ['agp_hit_rate']:.0f}% "
          f"({100 * summ['agp_noise_hit_rate']:.0f}% within noise)")

@@ -137,7 +137,7 @@ def main() -> None:
               f"{r['balanced_A1_mean']:.5f} ({r['balanced_seconds']:.1f} s) "
               f"floor~{r['poisson_floor']:.4f}")
     res["seconds"] = round(time.time() - t0, 1)
-    path = write_json(f"bench_balance_{res['date'][:10]}.json", res)
+    path = write_json("bench_balance.json", res)
     fields = {}
     for key, short in (("ego-twitter", "twitter"), ("soc-slashdot0902", "slashdot"),
                        ("rmat-2^24", "rmat24")):

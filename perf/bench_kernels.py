@@ -12,7 +12,7 @@ compiled kernels' (> 1: the compiled ones are faster) per graph and width.
 
 The compiled kernels keep one output row's accumulator in vector registers; before that, at
 d' = 32 and 64 the compiler left it on the stack (their backward was slower than torch's).
-Writes perf/results/bench_kernels_<date>.json and ends with one RESULT line.
+Writes perf/results/bench_kernels<tag>.json (dated inside) and ends with one RESULT line.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from common import hardware, result_line, today, write_json  # noqa: E402
 
 from plexgt.ops import native  # noqa: E402
 from plexgt.ops.attention import sparse_attention  # noqa: E402
-from plexgt.profile import random_graph  # noqa: E402
+from plexgt.plan.measure import random_graph  # noqa: E402
 
 GRAPHS = {"sparse_50k_deg10": (50_000, 10), "dense_4k_deg200": (4_000, 200)}
 HEADS = 4
@@ -98,7 +98,7 @@ def main() -> None:
                   f"{1e3 * base['min_s']:8.1f} ms  torch/compiled {rat['min']:.2f}x "
                   f"(median {rat['median']:.2f}x)", flush=True)
     hw = hardware()
-    path = write_json(f"bench_kernels_{today()[:10]}{args.tag}.json", {
+    path = write_json(f"bench_kernels{args.tag}.json", {
         "date": today(), "hardware": hw, "heads": HEADS, "rounds": args.rounds,
         "kernel_source": str(args.kernel_source or native.SOURCE.relative_to(ROOT)),
         "dtype": "float32", "what": "sparse_attention forward + backward, q = k = v leaves",

@@ -30,7 +30,7 @@ from plexgt.data.loader import PreparedGraph, read_rank_blocks
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import sbm
-from plexgt.dist.grid import Grid3D
+from plexgt.distributed.grid import Grid3D
 
 GRIDS = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 1), (2, 1, 2), (1, 2, 2), (2, 2, 2)]
 LAYERS = 2
@@ -90,7 +90,7 @@ def main() -> None:
             res["tilings"][f"T={t}"] = rows
             worst[t] = max(r["read_over_needed_max"] for r in rows)
     res["seconds"] = round(time.time() - t0, 1)
-    path = write_json(f"bench_loader_{res['date'][:10]}.json", res)
+    path = write_json("bench_loader.json", res)
     print(f"wrote {path}")
     g222 = {k: next(r for r in v if r["grid"] == "2x2x2") for k, v in res["tilings"].items()}
     result_line(bench="loader", read_over_needed_max_T8=worst[8],

@@ -9,7 +9,7 @@
    (SpMM and GEMM from the 1-rank epoch, bytes/latency from an all-reduce sweep at 8 ranks).
 
 Usage: python perf/bench_plexus.py [--epochs 3] [--hidden 64] [--rounds 3]. Workers are started with
-mpiexec; results go to perf/results/bench_plexus_<date>.json, last line ``RESULT ...``.
+mpiexec; results go to perf/results/bench_plexus.json, last line ``RESULT ...``.
 """
 
 from __future__ import annotations
@@ -52,16 +52,16 @@ def worker_plexus(args: argparse.Namespace) -> None:
     import torch
 
     from plexgt.data.loader import PreparedGraph
-    from plexgt.dist.bootstrap import init_distributed, shutdown
-    from plexgt.dist.collectives import CommLedger
-    from plexgt.dist.grid import build_groups, parse_grid
-    from plexgt.parallel.layout3d import layer_layouts
+    from plexgt.distributed.bootstrap import init_distributed, shutdown
+    from plexgt.distributed.collectives import CommLedger
+    from plexgt.distributed.grid import build_groups, parse_grid
+    from plexgt.distributed.layout3d import layer_layouts
     from plexgt.parallel.plexus3d import (
         Plexus3DGCN,
-        PlexusData,
         parallel_cross_entropy,
         plexus_comms,
     )
+    from plexgt.tasks.gcn import read_plexus_inputs
 
     ctx = init_distributed("gloo")
     grid = parse_grid(args.grid)
@@ -69,8 +69,9 @@ def worker_plexus(args: argparse.Namespace) -> None:
     dims = [pg.F, args.hidden, pg.C]
     lays = layer_layouts(grid, ctx.rank, pg.N, dims, args.order)
     ledger = CommLedger()
-    comms = plexus_comms(build_groups(grid, ctx.rank, ctx.world_size), ledger, lays[-1])
-    data = PlexusData(pg, lays, torch.float32)
+    groups = build_groups(grid, ctx.rank, ctx.world_size, ctx.timeout)
+    comms = plexus_comms(groups, ledger, lays[-1])
+    data = read_plexus_inputs(pg, lays, torch.float32)
     model = Plexus3DGCN(lays, comms, data.adj, dropout=0.0, block_rows=args.block_rows)
     torch.manual_seed(0)
     ref = [torch.nn.Linear(a, b) for a, b in zip(dims, dims[1:])]
@@ -153,12 +154,12 @@ def _comm_sweep(ctx) -> dict:  # noqa: ANN001
 
 def worker_row1d(args: argparse.Namespace) -> None:
     import torch
+    from gcn1d_baseline import Row1DGCN, read_row1d
 
     from plexgt.data.loader import PreparedGraph
-    from plexgt.dist.bootstrap import init_distributed, shutdown
-    from plexgt.dist.collectives import Comm, CommLedger
-    from plexgt.dist.grid import block_bounds, padded
-    from plexgt.parallel.gcn1d import Row1DGCN, read_row1d
+    from plexgt.distributed.bootstrap import init_distributed, shutdown
+    from plexgt.distributed.collectives import Comm, CommLedger
+    from plexgt.distributed.grid import block_bounds, padded
     from plexgt.parallel.plexus3d import _ParallelCrossEntropy
 
     ctx = init_distributed("gloo")
@@ -274,8 +275,8 @@ def main() -> None:
         {"plexus": worker_plexus, "row1d": worker_row1d, "pyg": worker_pyg}[args.worker](args)
         return
 
-    from plexgt.dist.grid import factorizations
-    from plexgt.parallel.plexus_cost import Coefficients, estimate, row1d_step_bytes
+    from plexgt.distributed.grid import factorizations
+    from plexgt.plan.plexus_cost import Coefficients, estimate, row1d_step_bytes
 
     if not (DATASETS_DIR / "gnn-benchmark" / "ms_academic_phy.npz").exists():
         sys.exit(f"bench_plexus: Coauthor Physics not found under {DATASETS_DIR}")
@@ -334,7 +335,7 @@ def main() -> None:
                         gemm_s_per_fma=calib["gemm_s_per_fma"],
                         latency_s=eight[0]["latency_s"], s_per_byte=eight[0]["s_per_byte"])
     for r in eight:
-        from plexgt.dist.grid import parse_grid
+        from plexgt.distributed.grid import parse_grid
 
         est = estimate(parse_grid(r["grid"]), pg.N, pg.E, dims, 4, coef)
         r["predicted_s"] = est.time_s
@@ -361,7 +362,7 @@ def main() -> None:
         "coefficients": coef.__dict__, "spearman_pred_vs_measured_8": rho,
         "spearman_oversubscribed_pred_vs_measured_8": rho_over,
     }
-    path = write_json(f"bench_plexus_{today()[:10]}.json", out)
+    path = write_json("bench_plexus.json", out)
     print(f"wrote {path}")
     for r in eight:
         print(f"  8 ranks {r['grid']:>6}: {r['epoch_s']:.3f} s/epoch (predicted "

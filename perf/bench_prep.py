@@ -101,7 +101,7 @@ def main() -> None:
     }
     res["peak_rss_flat"] = max(rss) <= 2048
     res["time_per_edge_ratio_largest_vs_smallest"] = lin
-    path = write_json(f"bench_prep_{res['date'][:10]}.json", res)
+    path = write_json("bench_prep.json", res)
     print(f"wrote {path}")
     result_line(bench="prep", cpu=hardware()["cpu"].replace(" ", "_"),
                 **{f"s_2^{x['log2_edges']}": float(x["prep_s"]) for x in runs},

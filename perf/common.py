@@ -17,7 +17,7 @@ def hardware(device: str = "cpu") -> dict[str, Any]:
     """What the numbers were measured on (CPU model, usable cores, torch build, GPU)."""
     import torch
 
-    from plexgt.profile import cpu_model
+    from plexgt.plan.measure import cpu_model
 
     info: dict[str, Any] = {
         "cpu": cpu_model(),

@@ -8,7 +8,7 @@ Modes:
   python perf/strong_scaling.py --simulate [--profile system.json]
       projects ogbn-papers100M epoch time at 8 ... 2048 GPUs from the cost model.
 
-Writes perf/results/strong_scaling_<date>.{json,md,png} (hardware named) and ends with a
+Writes perf/results/strong_scaling_<label>.{json,md,png} (dated, hardware named) and ends with a
 ``RESULT`` line. Epoch time is the median over epochs after the first (which pays one-off
 costs such as GEMM tuning).
 """
@@ -70,8 +70,8 @@ def read_sweep(root: Path) -> list[dict]:
 def simulate(args: argparse.Namespace) -> list[dict]:
     """papers100M (N=111M, 3.34B stored nonzeros with both directions and self loops,
     F=128 float16 input, hidden 256, 172 classes, 3 layers) at 8 ... 2048 ranks."""
-    from plexgt.parallel.plexus_cost import Coefficients, rank_grids
-    from plexgt.profile import read_profile
+    from plexgt.plan.plexus_cost import Coefficients, rank_grids
+    from plexgt.plan.profile import read_profile
 
     coef = Coefficients.from_profile(read_profile(args.profile) if args.profile else None)
     n, nnz, dims = 111_059_956, 3_339_000_000, [128, 256, 256, 172]
@@ -101,7 +101,7 @@ def report(res: list[dict], label: str, hw: dict) -> None:
                      f"{r['time_compute']:.4f} | {r['time_comm']:.4f} | {r['time_wait']:.4f} | "
                      f"{r['speedup']:.2f} | {r['efficiency']:.2f} | "
                      f"{r['peak_mem_bytes'] / 2**20:.0f} |")
-    stem = f"strong_scaling_{label}_{today()[:10]}"
+    stem = f"strong_scaling_{label}"
     write_text(stem + ".md", "\n".join(lines) + "\n")
     write_json(stem + ".json", {"date": today(), "hardware": hw, "label": label, "runs": res})
     try:

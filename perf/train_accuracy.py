@@ -2,7 +2,7 @@
 gt >= 0.89, gcn >= 0.88 test accuracy at the best validation epoch).
 
 Usage: python perf/train_accuracy.py [--models gcn gt] [--ranks 4] [--epochs 300]
-Writes perf/results/train_accuracy_<date>.json; ends with one RESULT line per model.
+Writes perf/results/train_accuracy.json; ends with one RESULT line per model.
 """
 
 from __future__ import annotations
@@ -64,12 +64,13 @@ def main() -> None:
                 "median_epoch_s": sorted(x["time_epoch"] for x in rows)[len(rows) // 2],
                 "final_line": r.stdout.strip().splitlines()[-1],
             }
-    # runs of other models measured earlier the same day are kept beside these
-    name = f"train_accuracy_{today()[:10]}.json"
+    # the latest runs of other models, measured earlier, are kept beside these (with their date)
+    name = "train_accuracy.json"
     prev = Path(__file__).resolve().parent / "results" / name
     if prev.exists():
         old = json.loads(prev.read_text())
-        out["runs"] = {**{k: {**v, "date": old.get("date")} for k, v in old["runs"].items()},
+        out["runs"] = {**{k: {**v, "date": v.get("date", old.get("date"))}
+                          for k, v in old["runs"].items()},
                        **out["runs"]}
     write_json(name, out)
     for model, res in out["runs"].items():

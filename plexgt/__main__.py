@@ -1,5 +1,5 @@
 import sys
 
-from plexgt.cli import main
+from plexgt.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

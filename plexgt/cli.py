@@ -1,8 +1,9 @@
 """The ``plexgt`` command: one argparse tree whose subcommands live in :mod:`plexgt.commands`.
 
 Each subcommand module defines ``HELP`` (one line), ``add_arguments(parser)`` and
-``run(args) -> int``. Modules are imported only when their command runs, so ``plexgt info``
-does not pay for h5py or scipy.
+``run(args) -> int``, and imports what it needs at its top. Only the module of the command
+being run is imported (the others appear in ``plexgt --help`` by their one-line help alone), so
+``plexgt prep`` on 64 ranks does not pay for torch and ``plexgt info`` not for h5py.
 """
 
 from __future__ import annotations
@@ -10,6 +11,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from plexgt import __version__
+from plexgt.distributed.launch import end_job, install_abort_on_error, launch_rank
+from plexgt.errors import PeerFailed, PlexgtError
 
 #: subcommand name -> module under plexgt.commands (and its one-line help)
 COMMANDS: dict[str, str] = {
@@ -22,13 +27,8 @@ COMMANDS: dict[str, str] = {
 }
 
 
-class UsageError(Exception):
-    """Bad command-line input: printed as one line, exit status 2."""
-
-
-def build_parser() -> argparse.ArgumentParser:
-    from plexgt import __version__
-
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The argparse tree; ``command``'s arguments in full (every command's when None)."""
     parser = argparse.ArgumentParser(
         prog="plexgt", description="Exact full-graph GNN / graph transformer training."
     )
@@ -37,7 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, help_text in COMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=name)
-        _module(name).add_arguments(p)
+        if command is None or name == command:
+            _module(name).add_arguments(p)
     return parser
 
 
@@ -45,12 +46,16 @@ def _module(name: str):  # noqa: ANN202 - a module object
     return importlib.import_module(f"plexgt.commands.{name.replace('-', '_')}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    from plexgt.config import ConfigError
-    from plexgt.data.graph import DataError
-    from plexgt.dist.grid import GridError
+def _command_in(argv: list[str]) -> str:
+    """The subcommand named on the command line, or '' (help, version, a typo)."""
+    return next((a for a in argv if not a.startswith("-")), "") if argv else ""
 
-    parser = build_parser()
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    rank, size = launch_rank()
+    name = _command_in(argv)
+    parser = build_parser(name if name in COMMANDS else "")
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "accepts_overrides", False):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
@@ -59,6 +64,21 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(set(extra) - set(args.overrides))}")
     try:
         return int(_module(args._module).run(args) or 0)
-    except (UsageError, GridError, DataError, ConfigError) as e:
-        print(f"plexgt {args.command}: error: {e}", file=sys.stderr)
+    except PlexgtError as e:
+        origin = getattr(e, "origin", rank)
+        if isinstance(e, PeerFailed) or origin != rank:
+            return 2  # the ranks agreed on the failure; the failing rank prints it
+        who = f"rank {rank}: " if size > 1 else ""
+        print(f"plexgt {args.command}: error: {who}{e}", file=sys.stderr, flush=True)
+        if size > 1 and not getattr(e, "agreed", False):
+            end_job(2)  # this rank alone: the others would wait for it in a collective
         return 2
+
+
+def entry() -> int:
+    """The ``plexgt`` console script: :func:`main`, with an uncaught exception on any rank of
+    a multi-rank job ending every rank (a traceback, then MPI Abort), never a hang."""
+    rank, size = launch_rank()
+    if size > 1:
+        install_abort_on_error(rank, None)
+    return main()

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
-
-class ConfigError(ValueError):
-    """A configuration problem, reported as one line naming the key."""
+from plexgt.distributed.grid import parse_grid
+from plexgt.errors import ConfigError, GridError
+from plexgt.plan.choose import STRATEGIES
+from plexgt.plan.profile import read_profile
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,8 @@ class ModelConfig:
     """Number of layers (gcn) or blocks (gt, gps)."""
     heads: int = 4
     """Attention heads h (gt, gps); d' = d / h."""
+    ffn_mult: int = 2
+    """Width of each block's feed-forward layer in units of d (gt, gps)."""
     dropout: float = 0.5
     """Dropout probability on hidden activations."""
     input_dropout: float = 0.5
@@ -60,7 +63,8 @@ class ParallelConfig:
     grid: str = "auto"
     """'auto' (the planner's choice) or 'GxxGyxGz' for 3D aggregation."""
     strategy: str = "auto"
-    """Attention strategy: 'auto' (AGP), 'ag' (GP-AG) or 'a2a' (GP-A2A)."""
+    """Attention strategy (gt, gps): 'auto' (AGP's choice), 'gp_ag' (node partition, K and V
+    all-gathered) or 'gp_a2a' (head partition by all-to-all): the names of plan and metrics."""
     block_rows: int = 0
     """Rows per aggregation block (overlap of SpMM and all-reduce); 0 = from the cost model."""
     gcn_order: str = "auto"
@@ -114,20 +118,26 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def hash(self) -> str:
-        """Hash of what determines the computation (not of paths, epochs or bookkeeping)."""
+    def computation(self) -> dict[str, Any]:
+        """The keys that determine the computation: not paths, the epoch count (a run may be
+        extended on resume) or bookkeeping. A resume must match them (:meth:`hash`)."""
         d = self.to_dict()
         for k in ("data", "metrics", "checkpoint_dir", "checkpoint_every", "resume",
-                  "progress", "eval_every", "stop_after"):
+                  "progress", "eval_every", "stop_after", "epochs"):
             d.pop(k)
         d["parallel"] = {k: v for k, v in d["parallel"].items()
                          if k not in ("timeout_s", "profile")}
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+        return d
+
+    def hash(self) -> str:
+        """Hash of :meth:`computation`."""
+        return hashlib.sha256(json.dumps(self.computation(), sort_keys=True).encode()
+                              ).hexdigest()[:16]
 
 
 CHOICES = {
     "model.name": ("gcn", "gt", "gps"),
-    "parallel.strategy": ("auto", "ag", "a2a"),
+    "parallel.strategy": STRATEGIES,
     "parallel.gcn_order": ("auto", "aggregate_first", "gemm_first"),
     "parallel.backend": ("auto", "nccl", "gloo"),
     "dtype": ("float32", "float64"),
@@ -229,8 +239,9 @@ def validate(cfg: TrainConfig) -> None:
         if node not in allowed:
             raise ConfigError(f"config key '{key}': {node!r} is not one of {', '.join(allowed)}")
     m = cfg.model
-    if m.hidden < 1 or m.layers < 1 or m.heads < 1:
-        raise ConfigError("config keys model.hidden, model.layers, model.heads must be >= 1")
+    if m.hidden < 1 or m.layers < 1 or m.heads < 1 or m.ffn_mult < 1:
+        raise ConfigError("config keys model.hidden, model.layers, model.heads, model.ffn_mult "
+                          "must be >= 1")
     if m.name in ("gt", "gps") and m.hidden % m.heads:
         raise ConfigError(f"config key 'model.hidden': {m.hidden} is not divisible by "
                           f"model.heads={m.heads}")
@@ -243,15 +254,11 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.resume and not cfg.checkpoint_dir:
         raise ConfigError("config key 'resume' needs 'checkpoint_dir'")
     if cfg.parallel.grid != "auto":
-        from plexgt.dist.grid import GridError, parse_grid
-
         try:
             parse_grid(cfg.parallel.grid)
         except GridError as e:
             raise ConfigError(f"config key 'parallel.grid': {e}") from None
     if cfg.parallel.profile:
-        from plexgt.profile import read_profile
-
         try:
             read_profile(cfg.parallel.profile)
         except ValueError as e:

@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 import socket
 
-from plexgt.dist.grid import AXES, PLANES, Grid3D, check_world_size, parse_grid
+import torch.distributed as dist
+
+from plexgt.distributed.bootstrap import init_distributed, shutdown
+from plexgt.distributed.grid import AXES, PLANES, Grid3D, build_groups, check_world_size, parse_grid
+from plexgt.errors import UsageError
 
 HELP = "Print the process grid: each rank's coordinates and group members."
 
@@ -38,8 +42,6 @@ def plan_lines(grid: Grid3D) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from plexgt.cli import UsageError
-
     grid = parse_grid(args.grid)
     if args.dry_run:
         if args.world_size is None:
@@ -48,14 +50,11 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(plan_lines(grid)))
         return 0
 
-    import torch.distributed as dist
 
-    from plexgt.dist.bootstrap import init_distributed, shutdown
-    from plexgt.dist.grid import build_groups
 
     ctx = init_distributed(args.backend)
     check_world_size(grid, ctx.world_size)
-    gg = build_groups(grid, ctx.rank, ctx.world_size)
+    gg = build_groups(grid, ctx.rank, ctx.world_size, ctx.timeout)
     actual = {k: dist.get_process_group_ranks(g) for k, g in {**gg.axis, **gg.plane}.items()}
     line = (
         f"{describe_rank(grid, ctx.rank, actual)}  host={socket.gethostname()} "

@@ -1,10 +1,10 @@
 """``plexgt plan``: predicted time and memory per rank of every strategy and scale, and a choice.
 
 gt / gps: the attention strategies (GP-AG, GP-A2A) x scales 1, 2, 4, ..., P, chosen by AGP
-(:mod:`plexgt.parallel.agp`); for gps each scale s > 1 is priced with the GCN path in the 1D
+(:mod:`plexgt.plan.agp`); for gps each scale s > 1 is priced with the GCN path in the 1D
 layout and 3D on the 3D planner's best grid of s ranks (as ``plexgt train`` with
 ``parallel.grid = "auto"`` decides), one row each, the path shown. gcn: every Gx x Gy x Gz
-of P ranked by the 3D tensor-parallel cost model (:func:`plexgt.parallel.plexus_cost.
+of P ranked by the 3D tensor-parallel cost model (:func:`plexgt.plan.plexus_cost.
 rank_grids`). Sizes come from the prepared directory's manifest; machine coefficients from
 ``--profile`` (``plexgt profile``) or defaults. One process, no MPI.
 """
@@ -15,6 +15,16 @@ import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+from plexgt.data.loader import PreparedGraph
+from plexgt.distributed.layout3d import layer_orders
+from plexgt.errors import DataError, UsageError
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.plan.agp import format_plan, plan, scales_for
+from plexgt.plan.choose import GraphSizes, ModelShape, gcn_dims, gps_grid, workload
+from plexgt.plan.plexus_cost import Coefficients, rank_grids
+from plexgt.plan.profile import read_profile
+from plexgt.tasks.task import graph_sizes, plexus_coefficients_for, system_model_for
 
 HELP = "Predict time and memory of each strategy and scale; choose one (AGP / Plexus)."
 ESIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
@@ -37,24 +47,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, help="also write the table as JSON here")
 
 
-def _manifest(path: Path) -> dict[str, Any]:
-    from plexgt.data.graph import DataError
-    from plexgt.data.loader import PreparedGraph
-
+def _manifest(path: Path) -> tuple[GraphSizes, str]:
+    """The prepared graph's sizes (from its manifest alone) and its name."""
     pg = PreparedGraph(path)  # refuses directories without a manifest
-    m = pg.manifest
+    name = pg.manifest.get("name", str(path))
     pg.close()
     if pg.N < 1 or pg.E < 0:
         raise DataError(f"{path}: manifest has N={pg.N}, E={pg.E}")
-    return {"n": pg.N, "e": pg.E, "f": pg.F, "c": max(1, pg.C),
-            "self_loops": bool(m.get("self_loops")), "name": m.get("name", str(path))}
+    return graph_sizes(pg), name
 
 
 def load_profile(path: Path | None) -> dict[str, Any] | None:
     """The profile JSON, validated (UsageError naming the file when it is not one)."""
-    from plexgt.cli import UsageError
-    from plexgt.profile import read_profile
-
     if path is None:
         return None
     try:
@@ -64,8 +68,6 @@ def load_profile(path: Path | None) -> dict[str, Any] | None:
 
 
 def _check(args: argparse.Namespace) -> None:
-    from plexgt.cli import UsageError
-
     for name in ("world_size", "hidden", "layers", "heads", "ffn_mult"):
         v = getattr(args, name)
         if v < 1:
@@ -78,31 +80,28 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
-    info = _manifest(args.data)
+    sizes, name = _manifest(args.data)
     prof = load_profile(args.profile)
     limit = None if args.memory_per_rank is None else int(args.memory_per_rank * 2**30)
-    esize = ESIZE[args.dtype]
+    shape = ModelShape(args.model, args.hidden, args.layers, args.heads, args.ffn_mult,
+                       ESIZE[args.dtype])
     src = f"profile {args.profile}" if prof else "default coefficients (no --profile)"
-    print(f"{info['name']}: {args.model} on up to {args.world_size} ranks, {src}")
+    print(f"{name}: {args.model} on up to {args.world_size} ranks, {src}")
     if args.model == "gcn":
-        table = _plan_gcn(args, info, prof, limit, esize)
+        table = _plan_gcn(args, sizes, shape, prof, limit)
     else:
-        table = _plan_attention(args, info, prof, limit, esize)
+        table = _plan_attention(args, sizes, shape, prof, limit)
     if args.json is not None:
         args.json.write_text(json.dumps(table, indent=1) + "\n")
     return 0 if table.get("choice") else 1
 
 
-def _plan_gcn(args: argparse.Namespace, info: dict[str, Any], prof: dict[str, Any] | None,
-              limit: int | None, esize: int) -> dict[str, Any]:
-    from plexgt.parallel.plexus_cost import Coefficients, rank_grids
-
+def _plan_gcn(args: argparse.Namespace, sizes: GraphSizes, shape: ModelShape,
+              prof: dict[str, Any] | None, limit: int | None) -> dict[str, Any]:
     coef = Coefficients.from_profile(prof)
-    dims = [info["f"]] + [args.hidden] * (args.layers - 1) + [info["c"]]
-    nnz = info["e"] + (0 if info["self_loops"] else info["n"])
-    ests = rank_grids(args.world_size, info["n"], nnz, dims, esize, coef, limit)
-    from plexgt.parallel.layout3d import layer_orders
-
+    dims = gcn_dims(sizes, shape)
+    nnz = sizes.e  # the stored pattern, self loops included (what train's grid choice prices)
+    ests = rank_grids(args.world_size, sizes.n, nnz, dims, shape.esize, coef, limit)
     print(f"dims {dims}, nnz(Â) = {nnz}, layer orders {layer_orders(dims)}")
     print(f"{'grid':<10} {'time s':>9} {'comm s':>9} {'compute s':>9} {'MB/rank':>9} "
           f"{'mem GiB':>8} fits")
@@ -122,32 +121,21 @@ def _plan_gcn(args: argparse.Namespace, info: dict[str, Any], prof: dict[str, An
     return {"model": "gcn", "rows": rows, "choice": choice}
 
 
-def _plan_attention(args: argparse.Namespace, info: dict[str, Any],
-                    prof: dict[str, Any] | None, limit: int | None, esize: int
-                    ) -> dict[str, Any]:
-    from plexgt.cli import UsageError
-    from plexgt.parallel.agp import SystemModel, Workload, format_plan, plan, scales_for
-    from plexgt.parallel.strategies import default_registry
-
+def _plan_attention(args: argparse.Namespace, sizes: GraphSizes, shape: ModelShape,
+                    prof: dict[str, Any] | None, limit: int | None) -> dict[str, Any]:
     reg = default_registry()
     names = reg.names() if not args.strategies else [s.strip() for s in
                                                      args.strategies.split(",") if s.strip()]
     for s in names:
         if s not in reg:
             raise UsageError(f"--strategies: unknown {s!r}; known: {', '.join(reg.names())}")
-    w = Workload(args.model, info["n"], info["e"], info["f"], info["c"], args.hidden,
-                 args.heads, args.layers, args.ffn_mult, esize)
-    sysm = SystemModel.from_profile(prof) if prof else SystemModel()
+    w = workload(sizes, shape)
+    sysm = system_model_for(prof)
     scales = scales_for(args.world_size)
     grids = None
     if w.gcn:
-        from plexgt.parallel.agp import gcn_grid_for
-        from plexgt.parallel.plexus_cost import Coefficients
-
-        coef = Coefficients.from_profile(prof)
-        nnz = info["e"] + (0 if info["self_loops"] else info["n"])
-        grids = {s: gcn_grid_for(s, info["n"], nnz, args.hidden, esize, coef)
-                 for s in scales if s > 1}
+        coef = plexus_coefficients_for(prof)
+        grids = {s: gps_grid(sizes, shape, s, coef) for s in scales if s > 1}
         print(f"GCN path: 1D (rows), or 3D on the 3D planner's grid for a {args.hidden} -> "
               f"{args.hidden} layer: "
               + (", ".join(f"{s} ranks {g}" for s, g in grids.items()) or "none (1 rank)"))

@@ -9,6 +9,16 @@ import argparse
 import sys
 from pathlib import Path
 
+from plexgt.data.formats.gnn_benchmark import read_gnn_benchmark
+from plexgt.data.formats.mtx import MtxSource
+from plexgt.data.formats.ogb import open_ogb
+from plexgt.data.formats.snap import SnapSource
+from plexgt.data.runtime import world_comm
+from plexgt.data.shard import PrepOptions, prepare
+from plexgt.data.source import GeneratedFeatures, MemorySource
+from plexgt.data.synthetic import RmatSource, sbm
+from plexgt.errors import UsageError
+
 HELP = "Shard a dataset into adjacency tiles, features and node arrays (out of core, MPI)."
 FORMATS = ("gnn-benchmark", "ogb", "snap", "mtx", "rmat", "sbm")
 SYNTHETIC = ("rmat", "sbm")
@@ -53,8 +63,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _source(args: argparse.Namespace, comm=None):  # noqa: ANN001, ANN202 - a GraphSource
     """The source of ``--format``; ``comm`` (a runtime.Comm) splits a SNAP counting pass."""
-    from plexgt.cli import UsageError
-    from plexgt.data.source import GeneratedFeatures, MemorySource
 
     fmt = args.format
     if fmt in SYNTHETIC:
@@ -69,34 +77,22 @@ def _source(args: argparse.Namespace, comm=None):  # noqa: ANN001, ANN202 - a Gr
     if fmt not in SYNTHETIC and (args.edges is not None or (args.nodes and fmt != "snap")):
         raise UsageError(f"--nodes/--edges do not apply to --format {fmt}")
     if fmt == "rmat":
-        from plexgt.data.synthetic import RmatSource
-
         if args.nodes is None or args.edges is None:
             raise UsageError("--format rmat needs --nodes and --edges")
         src = RmatSource(args.nodes, args.edges, args.seed)
     elif fmt == "sbm":
-        from plexgt.data.synthetic import sbm
-
         kw = {k: getattr(args, a) for k, a in (("num_nodes", "nodes"), ("num_edges", "edges"),
               ("num_classes", "classes"), ("num_features", "features")) if getattr(args, a)}
         return MemorySource(sbm(seed=args.seed, **kw))
     elif fmt == "ogb":
-        from plexgt.data.formats.ogb import open_ogb
-
         src = open_ogb(args.input, args.split)
     elif fmt == "gnn-benchmark":
-        from plexgt.data.formats.gnn_benchmark import read_gnn_benchmark
-
         files = sorted(args.input.glob("*.npz")) if args.input.is_dir() else [args.input]
         src = MemorySource(read_gnn_benchmark(args.input), files)
     elif fmt == "snap":
-        from plexgt.data.formats.snap import SnapSource
-
         src = SnapSource(args.input, args.nodes, comm=comm, chunk_edges=args.chunk_edges,
                          count_degrees=args.permutation == "degree")
     else:
-        from plexgt.data.formats.mtx import MtxSource
-
         src = MtxSource(args.input)
     if args.features or args.classes:
         if args.features and src.num_features:
@@ -118,10 +114,6 @@ def _desc(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from plexgt.cli import UsageError
-    from plexgt.data.runtime import world_comm
-    from plexgt.data.shard import PrepOptions, prepare
-
     if args.overwrite and args.resume:
         raise UsageError("--overwrite and --resume exclude each other")
     if args.tiles is not None and args.tiles < 1:

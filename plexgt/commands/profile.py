@@ -10,6 +10,12 @@ import argparse
 import json
 from pathlib import Path
 
+import torch
+
+from plexgt.distributed.bootstrap import init_distributed, shutdown
+from plexgt.errors import UsageError
+from plexgt.plan.measure import run_profile
+
 HELP = "Measure collectives and kernels (under mpiexec -n P); save a system profile JSON."
 
 
@@ -23,12 +29,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from plexgt.cli import UsageError
-    from plexgt.dist.bootstrap import init_distributed, shutdown
-    from plexgt.profile import run_profile
-
     out: Path = args.out
     if out.exists() and out.is_dir():
         raise UsageError(f"--out {out} is a directory; give a file name")

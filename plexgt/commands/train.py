@@ -6,6 +6,16 @@ import argparse
 import os
 import sys
 
+import torch
+
+from plexgt.config import load_config, to_toml
+from plexgt.distributed.agree import agreed
+from plexgt.distributed.bootstrap import init_distributed, shutdown
+from plexgt.distributed.collectives import CommLedger
+from plexgt.errors import UsageError
+from plexgt.tasks import build_task
+from plexgt.training.loop import train
+
 HELP = "Train gcn, gt or gps full-graph on a prepared directory (MPI job)."
 
 
@@ -14,7 +24,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=["gcn", "gt", "gps"])
     p.add_argument("--config", help="TOML file of the run (see plexgt/config.py)")
     p.add_argument("--grid", help="auto or GxxGyxGz")
-    p.add_argument("--strategy", choices=["auto", "ag", "a2a"])
+    p.add_argument("--strategy", choices=["auto", "gp_ag", "gp_a2a"])
     p.add_argument("--epochs", type=int)
     p.add_argument("--metrics", help="JSONL file of per-epoch metrics")
     p.add_argument("--checkpoint-dir")
@@ -29,14 +39,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from plexgt.config import load_config, to_toml
-    from plexgt.dist.bootstrap import init_distributed, shutdown
-    from plexgt.dist.collectives import CommLedger
-    from plexgt.tasks import build_task
-    from plexgt.train import train
-
     flags = {
         "data": args.data, "model.name": args.model, "parallel.grid": args.grid,
         "parallel.strategy": args.strategy, "epochs": args.epochs, "metrics": args.metrics,
@@ -44,10 +46,9 @@ def run(args: argparse.Namespace) -> int:
         "resume": args.resume, "deterministic": args.deterministic,
         "parallel.backend": args.backend, "stop_after": args.stop_after,
     }
-    cfg = load_config(args.config, flags, args.overrides)
+    # every rank reads the configuration; one copy of an error (rank 0's), whoever failed
+    cfg = agreed(lambda: load_config(args.config, flags, args.overrides))
     if not cfg.data:
-        from plexgt.cli import UsageError
-
         raise UsageError("--data (or data in the config file) is required")
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
@@ -61,14 +62,14 @@ def run(args: argparse.Namespace) -> int:
     torch.manual_seed(cfg.seed)
     ctx = init_distributed(cfg.parallel.backend, cfg.parallel.timeout_s)
     ledger = CommLedger()
-    task = build_task(cfg, ctx, ledger)
+    task = agreed(lambda: build_task(cfg, ctx, ledger), ctx.device)
     if ctx.rank == 0:
         print(f"plexgt train: {ctx.world_size} ranks ({ctx.backend}), grid {task.grid}, "
               f"strategy {task.strategy}\n# resolved config\n{to_toml(cfg)}",
               file=sys.stderr, flush=True)
     summary = train(cfg, ctx, task, log=lambda m: print(m, file=sys.stderr, flush=True))
     if ctx.rank == 0:
-        status = "stopped by signal" if summary["stopped"] else "finished"
+        status = f"stopped by {summary['stopped']}" if summary["stopped"] else "finished"
         print(f"plexgt train: {status} after epoch {summary['last_epoch']}; best validation "
               f"epoch {summary['best_epoch']}: valid_acc={summary['best_valid_acc']:.4f} "
               f"test_acc={summary['test_acc_at_best']:.4f}", flush=True)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+from plexgt.data.verify import verify
+from plexgt.errors import DataError
+
 HELP = "Check a prepared directory: checksums, tile invariants, permutations, A1/A2 partner."
 
 
@@ -15,9 +18,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from plexgt.data.graph import DataError
-    from plexgt.data.verify import verify
-
     res = verify(args.dir, checksums=not args.no_checksums)
     if not res["ok"]:
         probs = res["problems"]

@@ -6,9 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-
-class DataError(ValueError):
-    """Bad input data. The message names the file (or dataset) and the problem in one line."""
+from plexgt.errors import DataError
 
 
 @dataclass

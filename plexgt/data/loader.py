@@ -6,7 +6,8 @@ feature rows x columns, node arrays. ``bytes_read`` counts the payload bytes of 
 read, so benchmarks compare a rank's I/O with its ideal share.
 
 :func:`read_rank_blocks` gives one rank of a Gx x Gy x Gz grid exactly what 3D tensor
-parallelism needs (see :func:`plexgt.dist.grid.layer_roles`): at layer l with roles (a, b, c),
+parallelism needs (see :func:`plexgt.distributed.grid.layer_roles`): at layer l with roles
+(a, b, c),
 the adjacency block [rows over c, columns over a] of A1 (l even) or A2 (l odd); the layer-0
 features [rows over x, feature dims over y then z]; labels and masks of the final layer's output
 rows in its order (P when the number of layers is odd, Q when even). :func:`read_row_block` is
@@ -16,6 +17,7 @@ the 1D partition of graph transformers.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,26 +26,51 @@ import h5py
 import numpy as np
 import scipy.sparse as sp
 
-from plexgt.data.graph import DataError
+from plexgt.data.prepared import (
+    A1,
+    A2,
+    ANCHORS,
+    COL_ORDER,
+    COUNTS,
+    FEATURES_X,
+    FORMAT,
+    FORMAT_VERSION,
+    INDICES,
+    MANIFEST,
+    MATRICES,
+    NODES,
+    ORDERS,
+    ROW_ORDER,
+    SPLITS,
+    STAGING,
+    deg_ds,
+    feature_file,
+    labels_ds,
+    mask_ds,
+    perm_ds,
+    tile_file,
+    tile_group,
+)
 from plexgt.data.runtime import read_json
-from plexgt.dist.grid import Grid3D, block_bounds, layer_roles
+from plexgt.distributed.grid import Grid3D, block_bounds
+from plexgt.distributed.layout3d import LayerLayout, layer_layouts
+from plexgt.errors import DataError
 
-FORMAT_VERSION = 1
 Range = tuple[int, int]
 
 
 class PreparedGraph:
-    """A prepared directory opened for reading (see :mod:`plexgt.data.shard` for the layout)."""
+    """A prepared directory opened for reading (see :mod:`plexgt.data.prepared` for the layout)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        mpath = self.path / "manifest.json"
+        mpath = self.path / MANIFEST
         if not mpath.exists():
-            why = ("an interrupted prep: run plexgt prep --resume" if (self.path / ".staging")
+            why = ("an interrupted prep: run plexgt prep --resume" if (self.path / STAGING)
                    .exists() else "not a prepared directory")
-            raise DataError(f"{self.path}: no manifest.json ({why})")
+            raise DataError(f"{self.path}: no {MANIFEST} ({why})")
         m = self.manifest = read_json(mpath)
-        if m.get("format") != "plexgt-prepared" or m.get("format_version") != FORMAT_VERSION:
+        if m.get("format") != FORMAT or m.get("format_version") != FORMAT_VERSION:
             raise DataError(f"{mpath}: unsupported format {m.get('format')!r} version "
                             f"{m.get('format_version')!r} (expected {FORMAT_VERSION})")
         try:
@@ -106,7 +133,7 @@ class PreparedGraph:
 
     @staticmethod
     def _order(order: str) -> str:
-        if order not in ("P", "Q"):
+        if order not in ORDERS:
             raise DataError(f"order {order!r}: expected 'P' or 'Q'")
         return order
 
@@ -118,7 +145,7 @@ class PreparedGraph:
         Reads exactly the tiles that intersect the block: per tile, the row counts of the
         block and the contiguous run of indices they cover (columns outside are dropped).
         """
-        if which not in ("A1", "A2"):
+        if which not in MATRICES:
             raise DataError(f"matrix {which!r}: expected 'A1' or 'A2'")
         r0, r1 = self._range(rows, self.N, "row")
         c0, c1 = self._range(cols, self.N, "column")
@@ -127,13 +154,13 @@ class PreparedGraph:
         cc: list[np.ndarray] = []
         if r1 > r0 and c1 > c0:
             for ti in range(r0 // s, math.ceil(r1 / s)):
-                rel = f"{which}/rows_{ti:05d}.h5"
+                rel = tile_file(which, ti)
                 tr = ti * s
                 a, b = max(r0, tr) - tr, min(r1, tr + s) - tr
                 for tj in range(c0 // s, math.ceil(c1 / s)):
                     tc = tj * s
                     ca, cb = max(c0, tc) - tc, min(c1, tc + s) - tc
-                    cnt, ind = self.read_tile_rows(rel, f"t{tj:05d}", a, b)
+                    cnt, ind = self.read_tile_rows(rel, tile_group(tj), a, b)
                     lr = np.repeat(np.arange(b - a, dtype=np.int64), cnt)
                     keep = (ind >= ca) & (ind < cb)
                     rr.append(lr[keep] + (tr + a - r0))
@@ -142,7 +169,8 @@ class PreparedGraph:
 
     def read_tile_rows(self, rel: str, tile: str, a: int, b: int
                        ) -> tuple[np.ndarray, np.ndarray]:
-        """(counts [b-a] int64, indices) of local rows [a, b) of one tile (shard.encode_counts).
+        """(counts [b-a] int64, indices) of local rows [a, b) of one tile (encoded by
+        :func:`plexgt.data.prep_stages.encode_counts`).
 
         One anchor gives the offset of row (a // stride) * stride; fewer than ``stride`` counts
         before ``a`` are summed to reach row a.
@@ -151,11 +179,11 @@ class PreparedGraph:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
         stride = self.anchor_stride
         k = a // stride
-        base = int(self._read(rel, f"{tile}/anchors", np.s_[k : k + 1])[0])
-        cnt = self._read(rel, f"{tile}/counts", np.s_[k * stride : b]).astype(np.int64)
+        base = int(self._read(rel, f"{tile}/{ANCHORS}", np.s_[k : k + 1])[0])
+        cnt = self._read(rel, f"{tile}/{COUNTS}", np.s_[k * stride : b]).astype(np.int64)
         start = base + int(cnt[: a - k * stride].sum())
         cnt = cnt[a - k * stride :]
-        ind = self._read(rel, f"{tile}/indices", np.s_[start : start + int(cnt.sum())])
+        ind = self._read(rel, f"{tile}/{INDICES}", np.s_[start : start + int(cnt.sum())])
         return cnt, ind
 
     # -- node data --------------------------------------------------------------------
@@ -171,21 +199,21 @@ class PreparedGraph:
         for b in range(r0 // fb, math.ceil(r1 / fb)):
             lo = b * fb
             a, z = max(r0, lo) - lo, min(r1, lo + fb) - lo
-            out[lo + a - r0 : lo + z - r0] = self._read(f"features/rows_{b:05d}.h5", "x",
+            out[lo + a - r0 : lo + z - r0] = self._read(feature_file(b), FEATURES_X,
                                                         np.s_[a:z, c0:c1])
         return out
 
     def read_labels(self, rows: Range | None = None, order: str = "P") -> np.ndarray:
         """[rows] int64 labels (-1 unlabelled) in P or Q order."""
         lo, hi = self._range(rows, self.N, "label row")
-        return self._read("nodes.h5", f"labels_{self._order(order)}", np.s_[lo:hi])
+        return self._read(NODES, labels_ds(self._order(order)), np.s_[lo:hi])
 
     def read_mask(self, split: str, rows: Range | None = None, order: str = "P") -> np.ndarray:
         """[rows] bool mask of split 'train' | 'valid' | 'test' in P or Q order."""
-        if split not in ("train", "valid", "test"):
+        if split not in SPLITS:
             raise DataError(f"split {split!r}: expected train, valid or test")
         lo, hi = self._range(rows, self.N, "mask row")
-        return self._read("nodes.h5", f"mask_{split}_{self._order(order)}", np.s_[lo:hi])
+        return self._read(NODES, mask_ds(split, self._order(order)), np.s_[lo:hi])
 
     def read_degrees(self, rows: Range | None = None, order: str = "P") -> np.ndarray:
         """[rows] int64 row counts of A1 (order P) or A2 (order Q), self loops included.
@@ -193,12 +221,12 @@ class PreparedGraph:
         GCN normalisation of A1[i, j] is deg_P[i]^-1/2 * deg_Q[j]^-1/2 (A2: the reverse).
         """
         lo, hi = self._range(rows, self.N, "degree row")
-        return self._read("nodes.h5", f"deg_{self._order(order)}", np.s_[lo:hi])
+        return self._read(NODES, deg_ds(self._order(order)), np.s_[lo:hi])
 
     def read_perm(self, order: str = "P", rows: Range | None = None) -> np.ndarray:
         """[rows] int64 original node id of each position of the P or Q order."""
         lo, hi = self._range(rows, self.N, "permutation row")
-        return self._read("nodes.h5", f"perm_{self._order(order).lower()}", np.s_[lo:hi])
+        return self._read(NODES, perm_ds(self._order(order)), np.s_[lo:hi])
 
     def to_original(self, values: np.ndarray, order: str = "P") -> np.ndarray:
         """[N, ...] values in P or Q order -> the same values in original node order."""
@@ -282,29 +310,26 @@ def check_grid(pg: PreparedGraph, grid: Grid3D, num_layers: int = 1) -> None:
 
 def read_rank_blocks(pg: PreparedGraph, grid: Grid3D, rank: int, num_layers: int
                      ) -> RankBlocks:
-    """Read the blocks ``rank`` of ``grid`` needs for ``num_layers`` layers (module docstring)."""
+    """Read the blocks ``rank`` of ``grid`` needs for ``num_layers`` layers (module docstring),
+    at the ranges of its :func:`~plexgt.distributed.layout3d.layer_layouts` (widths do not
+    move node blocks; the feature columns are layer 0's input columns, unpadded)."""
     check_grid(pg, grid, num_layers)
     before = pg.bytes_read
-    coords = dict(zip(("x", "y", "z"), grid.coords(rank)))
-    n = pg.N
+    lays = layer_layouts(grid, rank, pg.N, [pg.F] + [1] * num_layers)
     layers = []
-    for layer in range(num_layers):
-        a, _b, c = layer_roles(layer)
-        rows = block_bounds(n, grid.dim(c), coords[c])
-        cols = block_bounds(n, grid.dim(a), coords[a])
-        which, out_o, in_o = ("A1", "P", "Q") if layer % 2 == 0 else ("A2", "Q", "P")
-        adj = pg.read_adjacency(which, rows, cols)
-        layers.append(LayerBlock(layer, which, rows, cols, adj,
-                                 pg.read_degrees(rows, out_o), pg.read_degrees(cols, in_o)))
-    frows = block_bounds(n, grid.gx, coords["x"])
-    # flat block y*Gz + z of Gy*Gz equal blocks: the layout of plexgt.parallel.layout3d
-    fcols = block_bounds(pg.F, grid.gy * grid.gz, coords["y"] * grid.gz + coords["z"])
+    for lay in lays:
+        out_o, in_o = ROW_ORDER[lay.matrix], COL_ORDER[lay.matrix]
+        adj = pg.read_adjacency(lay.matrix, lay.rows, lay.cols)
+        layers.append(LayerBlock(lay.layer, lay.matrix, lay.rows, lay.cols, adj,
+                                 pg.read_degrees(lay.rows, out_o),
+                                 pg.read_degrees(lay.cols, in_o)))
+    first, last = lays[0], lays[-1]
+    frows = first.cols
+    fcols = (min(first.in_cols[0], pg.F), min(first.in_cols[1], pg.F))
     feats = pg.read_features(frows, fcols)
-    last_c = layer_roles(num_layers - 1)[2]
-    orows = block_bounds(n, grid.dim(last_c), coords[last_c])
-    order = "P" if (num_layers - 1) % 2 == 0 else "Q"
+    orows, order = last.rows, last.out_order
     labels = pg.read_labels(orows, order)
-    masks = {s: pg.read_mask(s, orows, order) for s in ("train", "valid", "test")}
+    masks = {s: pg.read_mask(s, orows, order) for s in SPLITS}
     return RankBlocks(grid, rank, num_layers, layers, frows, fcols, feats, orows, order, labels,
                       masks, pg.bytes_read - before)
 
@@ -325,22 +350,99 @@ class RowBlock:
     bytes_read: int = 0
 
 
-def read_row_block(pg: PreparedGraph, i: int, p: int) -> RowBlock:
-    """Block i of p of the nodes in Q order, with their adjacency rows over all N nodes.
+def read_adjacency_q(pg: PreparedGraph, rows: Range | None = None) -> sp.csr_matrix:
+    """Rows ``rows`` of Q A Qᵀ against all N columns, CSR with sorted column indices.
 
     Why Q order and A2: an attention layer needs rows and columns in one order (residuals),
     A2 = Q A P^T has Q-ordered rows, and relabelling its columns P -> Q (via perm_p and the
     inverse of perm_q, 16 N bytes) gives Q A Q^T; features and labels are then contiguous.
     """
-    before = pg.bytes_read
-    rows = block_bounds(pg.N, p, i)
-    a2 = pg.read_adjacency("A2", rows, None).tocoo()
+    lo, hi = pg._range(rows, pg.N, "row")
+    a2 = pg.read_adjacency(A2, (lo, hi), None).tocoo()
     perm_p, perm_q = pg.read_perm("P"), pg.read_perm("Q")
     qinv = np.empty_like(perm_q)
     qinv[perm_q] = np.arange(pg.N, dtype=perm_q.dtype)
-    cols = qinv[perm_p[a2.col]]
-    adj = _csr([a2.row.astype(np.int64)], [cols], (rows[1] - rows[0], pg.N))
+    adj = _csr([a2.row.astype(np.int64)], [qinv[perm_p[a2.col]]], (hi - lo, pg.N))
     adj.sort_indices()
+    return adj
+
+
+def read_row_block(pg: PreparedGraph, i: int, p: int) -> RowBlock:
+    """Block i of p of the nodes in Q order, with their adjacency rows over all N nodes
+    (:func:`read_adjacency_q`)."""
+    before = pg.bytes_read
+    rows = block_bounds(pg.N, p, i)
+    adj = read_adjacency_q(pg, rows)
     return RowBlock(rows, adj, pg.read_features(rows), pg.read_labels(rows, "Q"),
-                    {s: pg.read_mask(s, rows, "Q") for s in ("train", "valid", "test")},
+                    {s: pg.read_mask(s, rows, "Q") for s in SPLITS},
                     pg.read_degrees(rows, "Q"), pg.bytes_read - before)
+
+
+@dataclass
+class NodeTargets:
+    """Labels and split masks of one rank's rows, padded to the rank's padded row count."""
+
+    labels: np.ndarray
+    """[rows_pad] int64 (-1: unlabelled or padding)."""
+    masks: dict[str, np.ndarray]
+    """'train' / 'valid' / 'test' -> [rows_pad] bool (False on padding)."""
+
+
+def read_targets(pg: PreparedGraph, rows: Range, order: str, rows_pad: int) -> NodeTargets:
+    """Labels and masks of nodes ``rows`` (in P or Q ``order``), padded to ``rows_pad``."""
+    pad = rows_pad - (rows[1] - rows[0])
+    if pad < 0:
+        raise ValueError(f"rows {rows} do not fit in {rows_pad} padded rows")
+    labels = np.concatenate([pg.read_labels(rows, order).astype(np.int64),
+                             np.full(pad, -1, dtype=np.int64)])
+    masks = {s: np.concatenate([pg.read_mask(s, rows, order).astype(bool),
+                                np.zeros(pad, dtype=bool)]) for s in SPLITS}
+    return NodeTargets(labels, masks)
+
+
+def read_feature_block(pg: PreparedGraph, rows: Range, cols: Range, shape: tuple[int, int]
+                       ) -> np.ndarray:
+    """[shape] float64 features of nodes ``rows`` (Q order) and feature columns ``cols``,
+    zero-padded (columns past F are padding, so ``cols`` may reach beyond F)."""
+    out = np.zeros(shape, dtype=np.float64)
+    c0, c1 = min(cols[0], pg.F), min(cols[1], pg.F)
+    if c1 > c0 and rows[1] > rows[0]:
+        out[: rows[1] - rows[0], : c1 - c0] = pg.read_features(rows, (c0, c1))
+    return out
+
+
+@dataclass
+class PlexusArrays:
+    """What one rank of a 3D grid reads for an L-layer GCN, driven by its layer layouts.
+
+    Per layer the pattern block [rows over c, cols over a] of A1 (even layers) or A2 (odd)
+    with both sides' degrees (GCN normalisation); the layer-0 input features
+    [rows over x, feature dims over y·z], padded; labels and masks of the last layer's
+    output rows in its output order, padded.
+    """
+
+    blocks: list[tuple[sp.csr_matrix, np.ndarray, np.ndarray]]
+    """(pattern, deg of rows, deg of columns) per layer."""
+    features: np.ndarray
+    targets: NodeTargets
+    rows: Range
+    """The last layer's output rows (over its role c) that the targets cover."""
+    order: str
+    """Their order: 'P' (odd layer count) or 'Q' (even)."""
+    bytes_read: int
+
+
+def read_plexus_arrays(pg: PreparedGraph, layouts: Sequence[LayerLayout]) -> PlexusArrays:
+    """Read :class:`PlexusArrays` for this rank's ``layouts`` (one per layer)."""
+    before = pg.bytes_read
+    blocks = []
+    for lay in layouts:
+        out_o, in_o = ("P", "Q") if lay.matrix == A1 else ("Q", "P")
+        blocks.append((pg.read_adjacency(lay.matrix, lay.rows, lay.cols),
+                       pg.read_degrees(lay.rows, out_o), pg.read_degrees(lay.cols, in_o)))
+    first, last = layouts[0], layouts[-1]
+    width = first.in_cols[1] - first.in_cols[0]
+    feats = read_feature_block(pg, first.cols, first.in_cols, (first.cols_pad, width))
+    targets = read_targets(pg, last.rows, last.out_order, last.rows_pad)
+    return PlexusArrays(blocks, feats, targets, last.rows, last.out_order,
+                        pg.bytes_read - before)

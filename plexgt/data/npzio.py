@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plexgt.data.graph import DataError
+from plexgt.errors import DataError
 
 _NPZ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError)
 

@@ -19,8 +19,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from plexgt.data.graph import DataError
-from plexgt.dist.mpiwait import arrive
+from plexgt.distributed.mpiwait import arrive
+from plexgt.errors import DataError
 
 T = TypeVar("T")
 
@@ -33,7 +33,7 @@ class Comm:
         self.rank = 0 if self.c is None else self.c.Get_rank()
         self.size = 1 if self.c is None else self.c.Get_size()
 
-    # each collective first meets in a sleeping barrier (plexgt.dist.mpiwait): ranks often
+    # each collective first meets in a sleeping barrier (plexgt.distributed.mpiwait): ranks often
     # wait here for seconds while another builds a tile, and must not spin meanwhile
 
     def bcast(self, obj: Any) -> Any:
@@ -78,11 +78,11 @@ class Comm:
         infos = self.allgather(info)
         for r, i in enumerate(infos):
             if i is not None:
-                if err is not None:
-                    raise err
-                if i[0]:
-                    raise DataError(i[1])
-                raise RuntimeError(f"rank {r} failed: {i[1]}")
+                # every rank raises; the command line prints only rank r's (one copy)
+                out = err if err is not None else (
+                    DataError(i[1]) if i[0] else RuntimeError(f"rank {r} failed: {i[1]}"))
+                out.agreed, out.origin = True, r  # type: ignore[union-attr]
+                raise out
 
 
 def world_comm() -> Comm:

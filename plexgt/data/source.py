@@ -22,7 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from plexgt.data.graph import DataError, GraphData, first_id_error
+from plexgt.data.graph import GraphData, first_id_error
+from plexgt.data.textio import block_bytes_for
+from plexgt.errors import DataError
 
 
 class GraphSource:
@@ -107,7 +109,6 @@ class TextEdgeSource(GraphSource):
         raise NotImplementedError
 
     def edge_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
-        from plexgt.data.textio import block_bytes_for
 
         count = 0
         for src, dst, stored in self._edge_blocks(part, nparts,

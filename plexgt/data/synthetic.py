@@ -17,8 +17,9 @@ import math
 
 import numpy as np
 
-from plexgt.data.graph import DataError, GraphData, random_split
+from plexgt.data.graph import GraphData, random_split
 from plexgt.data.source import GraphSource, MemorySource
+from plexgt.errors import DataError
 
 #: edges per independently seeded R-MAT chunk
 RMAT_CHUNK = 1 << 20

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plexgt.data.graph import DataError
+from plexgt.errors import DataError
 
 #: bytes of text parsed per block (whole lines; a block holds ~4M short edge lines)
 BLOCK_BYTES = 64 << 20

@@ -19,12 +19,30 @@ from typing import Any
 import h5py
 import numpy as np
 
-from plexgt.data.graph import DataError
 from plexgt.data.loader import PreparedGraph
 from plexgt.data.permute import edge_hash, is_permutation
+from plexgt.data.prepared import (
+    A1,
+    A2,
+    ANCHORS,
+    COUNTS,
+    FEATURES_X,
+    INDICES,
+    MATRICES,
+    NODES,
+    ROW_ORDER,
+    SPLITS,
+    TILE_DEG,
+    data_files,
+    feature_file,
+    labels_ds,
+    mask_ds,
+    perm_ds,
+    tile_file,
+    tile_group,
+)
 from plexgt.data.runtime import sha256_file
-
-SPLITS = ("train", "valid", "test")
+from plexgt.errors import DataError
 
 
 class _Problems(list):
@@ -32,17 +50,9 @@ class _Problems(list):
         self.append(msg)
 
 
-def _expected_files(m: dict[str, Any]) -> list[str]:
-    t, nfb = int(m["T"]), int(m.get("num_feature_blocks", 0))
-    out = ["nodes.h5"]
-    out += [f"{k}/rows_{i:05d}.h5" for k in ("A1", "A2") for i in range(t)]
-    out += [f"features/rows_{i:05d}.h5" for i in range(nfb)]
-    return out
-
-
 def _check_files(root: Path, m: dict[str, Any], bad: _Problems) -> int:
     files = m.get("files", {})
-    for rel in _expected_files(m):
+    for rel in data_files(int(m["T"]), int(m.get("num_feature_blocks", 0))):
         if rel not in files:
             bad.add(f"{root / rel}: not listed in the manifest")
     for rel, rec in files.items():
@@ -64,13 +74,13 @@ def _orig(values: np.ndarray, perm: np.ndarray) -> np.ndarray:
 
 
 def _check_nodes(pg: PreparedGraph, bad: _Problems) -> tuple[np.ndarray, np.ndarray] | None:
-    n, where = pg.N, pg.path / "nodes.h5"
+    n, where = pg.N, pg.path / NODES
     try:
         p, q = pg.read_perm("P"), pg.read_perm("Q")
     except DataError as e:
         bad.add(str(e))
         return None
-    for name, perm in (("perm_p", p), ("perm_q", q)):
+    for name, perm in ((perm_ds("P"), p), (perm_ds("Q"), q)):
         if not is_permutation(perm, n):
             bad.add(f"{where}: {name} is not a permutation of 0..{n - 1}")
             return None
@@ -79,13 +89,14 @@ def _check_nodes(pg: PreparedGraph, bad: _Problems) -> tuple[np.ndarray, np.ndar
         if lp.size and (lp.min() < -1 or lp.max() >= pg.C):
             bad.add(f"{where}: labels outside [-1, C={pg.C})")
         if not np.array_equal(_orig(lp, p), _orig(lq, q)):
-            bad.add(f"{where}: labels_P and labels_Q disagree on some node")
+            bad.add(f"{where}: {labels_ds('P')} and {labels_ds('Q')} disagree on some node")
         seen = np.zeros(n, dtype=bool)
         for s in SPLITS:
             mp, mq = pg.read_mask(s, None, "P"), pg.read_mask(s, None, "Q")
             op = _orig(mp, p)
             if not np.array_equal(op, _orig(mq, q)):
-                bad.add(f"{where}: mask_{s}_P and mask_{s}_Q disagree on some node")
+                bad.add(f"{where}: {mask_ds(s, 'P')} and {mask_ds(s, 'Q')} disagree on some "
+                        "node")
             if int(op.sum()) != pg.manifest.get("splits", {}).get(s, -1):
                 bad.add(f"{where}: split {s} holds {int(op.sum())} nodes, manifest says "
                         f"{pg.manifest.get('splits', {}).get(s)}")
@@ -128,14 +139,14 @@ def _check_matrix(pg: PreparedGraph, which: str, p: np.ndarray, q: np.ndarray,
                   bad: _Problems) -> tuple[int, int, int, int]:
     """(nnz, hash of (dst, src), hash of (src, dst), self loops) of one matrix."""
     n, s, t = pg.N, pg.tile_size, pg.T
-    rowmap, colmap = (p, q) if which == "A1" else (q, p)
-    order = "P" if which == "A1" else "Q"
+    rowmap, colmap = (p, q) if which == A1 else (q, p)
+    order = ROW_ORDER[which]
     tile_nnz = pg.manifest.get("tile_nnz", {}).get(which)
     total = h_fwd = h_rev = loops = 0
     deg_all = pg.read_degrees(None, order)
     for ti in range(t):
         r0, r1 = min(n, ti * s), min(n, ti * s + s)
-        path = pg.path / f"{which}/rows_{ti:05d}.h5"
+        path = pg.path / tile_file(which, ti)
         try:
             f = h5py.File(path, "r")
         except OSError as e:
@@ -145,10 +156,10 @@ def _check_matrix(pg: PreparedGraph, which: str, p: np.ndarray, q: np.ndarray,
             deg = np.zeros(r1 - r0, dtype=np.int64)
             for tj in range(t):
                 c0, c1 = min(n, tj * s), min(n, tj * s + s)
-                where = f"{path}[t{tj:05d}]"
+                where = f"{path}[{tile_group(tj)}]"
                 try:
-                    g = f[f"t{tj:05d}"]
-                    cnt, anchors, ind = g["counts"][()], g["anchors"][()], g["indices"][()]
+                    g = f[tile_group(tj)]
+                    cnt, anchors, ind = g[COUNTS][()], g[ANCHORS][()], g[INDICES][()]
                 except (KeyError, OSError) as e:
                     bad.add(f"{where}: unreadable tile ({e})")
                     continue
@@ -167,9 +178,9 @@ def _check_matrix(pg: PreparedGraph, which: str, p: np.ndarray, q: np.ndarray,
                 h_rev = (h_rev + edge_hash(src, dst, n)) % 2**64
                 loops += int(np.count_nonzero(dst == src))
             try:
-                stored = f["deg"][()]
+                stored = f[TILE_DEG][()]
             except KeyError:
-                bad.add(f"{path}: missing dataset 'deg'")
+                bad.add(f"{path}: missing dataset {TILE_DEG!r}")
                 continue
             if not np.array_equal(stored, deg) or not np.array_equal(deg_all[r0:r1], deg):
                 bad.add(f"{path}: degrees disagree with the tiles' row counts")
@@ -181,13 +192,13 @@ def _check_features(pg: PreparedGraph, bad: _Problems) -> None:
     if pg.F and nfb != -(-pg.N // fb):
         bad.add(f"{pg.path}: {nfb} feature blocks cannot hold N={pg.N} rows of {fb}")
     for b in range(nfb):
-        path = pg.path / f"features/rows_{b:05d}.h5"
+        path = pg.path / feature_file(b)
         lo, hi = b * fb, min(pg.N, b * fb + fb)
         try:
             with h5py.File(path, "r") as f:
-                x = f["x"]
+                x = f[FEATURES_X]
                 if x.shape != (hi - lo, pg.F):
-                    bad.add(f"{path}: x has shape {x.shape}, expected {(hi - lo, pg.F)}")
+                    bad.add(f"{path}: {FEATURES_X} has shape {x.shape}, expected {(hi - lo, pg.F)}")
                     continue
                 step = max(1, (64 << 20) // max(1, pg.F * x.dtype.itemsize))
                 for a in range(0, hi - lo, step):
@@ -207,8 +218,8 @@ def verify(path: str | Path, checksums: bool = True) -> dict[str, Any]:
         perms = _check_nodes(pg, bad)
         if perms is not None:
             p, q = perms
-            res = {w: _check_matrix(pg, w, p, q, bad) for w in ("A1", "A2")}
-            (e1, h1, r1, l1), (e2, h2, _, _) = res["A1"], res["A2"]
+            res = {w: _check_matrix(pg, w, p, q, bad) for w in MATRICES}
+            (e1, h1, r1, l1), (e2, h2, _, _) = res[A1], res[A2]
             if e1 != pg.E or e2 != pg.E:
                 bad.add(f"{pg.path}: A1 holds {e1} and A2 {e2} nonzeros; manifest E={pg.E}")
             if h1 != h2:

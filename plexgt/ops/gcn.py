@@ -7,12 +7,22 @@ would build Âᵀ on every call).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
 from plexgt.ops.csr import CSRGraph
 
 Tensor = torch.Tensor
+
+
+def inv_sqrt_degrees(deg: Tensor | np.ndarray, dtype: torch.dtype = torch.float64) -> Tensor:
+    """deg^-1/2 per node, 0 where the degree is 0 (a padding node or an empty row): the one
+    place GCN normalisation's factors are computed, for every path (single-process, 1D, 3D)."""
+    d = torch.as_tensor(deg).to(dtype)
+    out = d.pow(-0.5)
+    out[d == 0] = 0.0
+    return out
 
 
 def gcn_norm(
@@ -40,20 +50,16 @@ def gcn_norm(
         dst = torch.cat([dst, loop_rows])
         src = torch.cat([src, loop_rows + row_offset])
     g = CSRGraph.from_coo(dst, src, nr, nc)  # merges an existing self loop with the new one
-    deg = g.degrees().to(dtype)
+    deg = g.degrees()
     if col_degrees is None:
         if nr != nc or row_offset != 0:
             raise ValueError("a rectangular graph needs col_degrees (global in-degrees + 1)")
         col_deg = deg
     else:
-        col_deg = col_degrees.to(dtype).cpu()
+        col_deg = col_degrees.cpu()
         if col_deg.shape != (nc,):
             raise ValueError(f"col_degrees has shape {tuple(col_deg.shape)}, expected ({nc},)")
-    rinv = deg.pow(-0.5)
-    cinv = col_deg.pow(-0.5)
-    rinv[deg == 0] = 0.0
-    cinv[col_deg == 0] = 0.0
-    values = rinv[g.row] * cinv[g.indices]
+    values = inv_sqrt_degrees(deg, dtype)[g.row] * inv_sqrt_degrees(col_deg, dtype)[g.indices]
     return CSRGraph(g.indptr, g.indices, nr, nc, values).to(dev)
 
 

@@ -4,7 +4,6 @@ Shapes on a rank (n = ceil(N/p)): x [n, F] -> logits [n, C]. Each block sums
 
 * the attention path, distributed by the graph's strategy (GP-AG or GP-A2A), and
 * the GCN path, in one of two layouts:
-
   - 1D (``graph.gcn``): X·W [n, d] is row-local, all-gathered to [p·n, d] (the columns of the
     rank's Â rows), multiplied by Â[rows, :] [n, p·n] and biased; the backward reduce-scatters
     Âᵀ·dY. (p-1)·n·d elements each way per layer and rank, whatever p is.
@@ -23,11 +22,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plexgt.dist.collectives import Comm, all_gather
+from plexgt.distributed.collectives import (
+    Comm,
+    CommOp,
+    all_gather,
+    all_gather_bytes,
+    reduce_scatter_bytes,
+)
 from plexgt.models.gps import GPS, GPSBlock
 from plexgt.models.layers import Features, ffn, residual_norm
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_spmm
+from plexgt.parallel.attention.strategy import AttentionProblem
 from plexgt.parallel.gt_dist import dist_attention
 from plexgt.parallel.redistribute import gcn3d_conv
 from plexgt.parallel.rows1d import DistGraph
@@ -68,3 +74,13 @@ class DistGPS(GPS):
 
     def forward(self, x: Features, graph: DistGraph) -> Tensor:  # type: ignore[override]
         return self.run(x, graph, dist_gps_block)
+
+
+def gcn1d_comm(problem: AttentionProblem, p: int) -> list[CommOp]:
+    """GPS local path in the 1D layout: all-gather X·W [N/p, d], reduce-scatter its gradient."""
+    if p == 1:
+        return []
+    shard = problem.rows(p) * problem.d * problem.esize
+    ag = all_gather_bytes(shard, p)
+    rs = reduce_scatter_bytes(p * shard, p)
+    return [CommOp("all_gather", ag, ag), CommOp("reduce_scatter", rs, rs, "backward")]

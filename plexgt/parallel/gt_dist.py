@@ -4,7 +4,8 @@ Shapes on a rank of a p-rank group (n = ceil(N/p), see :mod:`plexgt.parallel.row
 x [n, F] -> logits [n, C], rows = this rank's block in Q order. Every dense layer (input
 projection, Q/K/V/O projections, LayerNorm, FFN, classifier) is row-local on replicated
 parameters; only attention communicates, through the strategy of the graph's
-:class:`~plexgt.parallel.strategies.AttentionShard` (GP-AG or GP-A2A). After ``backward`` the
+:class:`~plexgt.parallel.attention.strategy.AttentionShard` (GP-AG or GP-A2A). After
+``backward`` the
 caller sums parameter gradients over the group (:func:`~plexgt.parallel.rows1d.
 all_reduce_gradients`), one ledger-counted all-reduce.
 
@@ -23,8 +24,8 @@ from plexgt.models.layers import (
     ffn,
     residual_norm,
 )
+from plexgt.parallel.attention.strategy import AttentionShard
 from plexgt.parallel.rows1d import DistGraph
-from plexgt.parallel.strategies import AttentionShard
 
 Tensor = torch.Tensor
 

@@ -1,6 +1,6 @@
 """3D tensor-parallel GCN (Plexus): Agarwal's 3D matrix multiply applied to GCN layers.
 
-Layer l with roles (a, b, c) (:mod:`plexgt.parallel.layout3d` has every block's shape):
+Layer l with roles (a, b, c) (:mod:`plexgt.distributed.layout3d` has every block's shape):
 
 forward
     H [N/Ga, d/(Gb·Gc)] --all-gather over c--> [N/Ga, d/Gb]
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,8 @@ import scipy.sparse as sp
 import torch
 from torch import nn
 
-from plexgt.dist.collectives import (
+from plexgt.data.loader import PlexusArrays
+from plexgt.distributed.collectives import (
     Comm,
     all_gather,
     all_gather_async,
@@ -45,7 +47,8 @@ from plexgt.dist.collectives import (
     replicated,
     wait,
 )
-from plexgt.parallel.layout3d import LayerLayout, row_blocks
+from plexgt.distributed.layout3d import LayerLayout, output_plane, row_blocks
+from plexgt.ops.gcn import inv_sqrt_degrees
 
 
 def gcn_block_values(adj: sp.csr_matrix, deg_rows: np.ndarray, deg_cols: np.ndarray
@@ -53,9 +56,7 @@ def gcn_block_values(adj: sp.csr_matrix, deg_rows: np.ndarray, deg_cols: np.ndar
     """The block of Â = D^-1/2 A D^-1/2 given the pattern block and both sides' degrees."""
     a = adj.tocsr().astype(np.float64)
     r = np.repeat(np.arange(a.shape[0]), np.diff(a.indptr))
-    a.data = (1.0 / np.sqrt(deg_rows[r].astype(np.float64))) * (
-        1.0 / np.sqrt(deg_cols[a.indices].astype(np.float64))
-    )
+    a.data = (inv_sqrt_degrees(deg_rows)[r] * inv_sqrt_degrees(deg_cols)[a.indices]).numpy()
     return a
 
 
@@ -387,54 +388,38 @@ def parallel_correct(z: torch.Tensor, target: torch.Tensor, masks: dict[str, tor
     return {k: (int(c[0]), int(c[1])) for k, c in zip(masks, counts)}
 
 
-def _pad2(a: np.ndarray, rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
-    out = torch.zeros(rows, cols, dtype=dtype)
-    if a.size:
-        out[: a.shape[0], : a.shape[1]] = torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
-    return out
+@dataclass
+class PlexusInputs:
+    """One rank's tensors for an L-layer 3D-parallel GCN, from the loader's
+    :class:`~plexgt.data.loader.PlexusArrays`.
 
-
-def _clip(r: tuple[int, int], n: int) -> tuple[int, int]:
-    return min(r[0], n), min(r[1], n)
-
-
-class PlexusData:
-    """What one rank reads from a prepared directory for an L-layer 3D-parallel GCN.
-
-    x [ceil(N/Gx), d_0/(Gy·Gz)] (Q order); per layer the normalised Â block; labels and split
-    masks of the last layer's output rows [ceil(N/Gc_L)] in its output order.
+    x [ceil(N/Gx), d_0/(Gy·Gz)] (Q order); per layer the normalised Â block (scipy, cut into
+    row blocks by :class:`BlockedAdjacency`); labels and split masks of the last layer's
+    output rows [ceil(N/Gc_L)] in its output order.
     """
 
-    def __init__(self, pg: Any, layouts: Sequence[LayerLayout], dtype: torch.dtype) -> None:
-        first, last = layouts[0], layouts[-1]
-        before = pg.bytes_read
-        self.adj = []
-        for lay in layouts:
-            out_o, in_o = ("P", "Q") if lay.matrix == "A1" else ("Q", "P")
-            block = pg.read_adjacency(lay.matrix, lay.rows, lay.cols)
-            self.adj.append(gcn_block_values(
-                block, pg.read_degrees(lay.rows, out_o), pg.read_degrees(lay.cols, in_o)))
-        fc = _clip(first.in_cols, pg.F)
-        feats = pg.read_features(first.cols, fc) if fc[1] > fc[0] else np.zeros((0, 0))
-        w = first.in_cols[1] - first.in_cols[0]
-        self.x = _pad2(feats, first.cols_pad, w, dtype)
-        rows, order = last.rows, last.out_order
-        self.rows, self.order = rows, order
-        pad = last.rows_pad - (rows[1] - rows[0])
-        lab = torch.from_numpy(pg.read_labels(rows, order).astype(np.int64))
-        self.labels = torch.cat([lab, torch.full((pad,), -1, dtype=torch.int64)])
-        self.masks = {
-            s: torch.cat([torch.from_numpy(pg.read_mask(s, rows, order).astype(bool)),
-                          torch.zeros(pad, dtype=torch.bool)])
-            for s in ("train", "valid", "test")
-        }
-        self.bytes_read = pg.bytes_read - before
+    adj: list[sp.csr_matrix]
+    x: torch.Tensor
+    labels: torch.Tensor
+    masks: dict[str, torch.Tensor]
+    rows: tuple[int, int]
+    """The last layer's output rows the labels and masks cover."""
+    order: str
+    """Their order: 'P' or 'Q'."""
+    bytes_read: int = 0
+
+    @classmethod
+    def from_arrays(cls, arrays: PlexusArrays, dtype: torch.dtype) -> PlexusInputs:
+        adj = [gcn_block_values(a, dr, dc) for a, dr, dc in arrays.blocks]
+        t = arrays.targets
+        return cls(adj, torch.from_numpy(arrays.features).to(dtype),
+                   torch.from_numpy(t.labels), {k: torch.from_numpy(m) for k, m in t.masks.items()},
+                   arrays.rows, arrays.order, arrays.bytes_read)
 
 
 def plexus_comms(groups: Any, ledger: Any, last: LayerLayout) -> dict[str, Comm]:
-    """Comm per axis from a :class:`~plexgt.dist.grid.GridGroups`, plus 'plane': the group of
+    """Comm per axis from a :class:`~plexgt.distributed.grid.GridGroups`, plus 'plane': the group of
     the last layer's class shards (roles a and b)."""
-    from plexgt.parallel.layout3d import output_plane
 
     comms = {a: Comm.from_group(groups.axis[a], a, ledger) for a in ("x", "y", "z")}
     plane = output_plane(last.roles)

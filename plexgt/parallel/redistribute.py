@@ -17,7 +17,7 @@ rows (1D)          rows block r of p, all d columns       [ceil(N/p), d]
 :func:`redistribute` moves a matrix from one layout to another with one all-to-all over the
 group (uneven splits: each rank sends every other rank the intersection of their blocks), so
 its bytes are in the ledger and its adjoint (the reverse all-to-all) is the backward.
-:func:`redistribute_bytes` is the same intersection arithmetic, for the cost model (which,
+:func:`gcn3d_comm` prices the same intersections for the cost model (which,
 for the layouts here, each a partition of the matrix, needs only a rank's own two blocks).
 
 The 3D GCN path (:func:`gcn3d_conv`): X [N/p, d] (1D) -> 3D input layout -> Plexus layer
@@ -39,8 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from plexgt.dist.collectives import (
+from plexgt.distributed.collectives import (
     Comm,
+    CommOp,
     all_gather,
     all_gather_bytes,
     all_reduce_bytes,
@@ -48,9 +49,11 @@ from plexgt.dist.collectives import (
     reduce_scatter,
     reduce_scatter_bytes,
 )
-from plexgt.dist.grid import Grid3D, block_bounds
-from plexgt.parallel.layout3d import layer_layouts, row_blocks
-from plexgt.parallel.strategies import CommOp
+from plexgt.distributed.grid import Grid3D, block_bounds
+from plexgt.distributed.layout3d import layer_layouts, row_blocks
+from plexgt.ops.csr import CSRGraph
+from plexgt.ops.gcn import gcn_norm
+from plexgt.parallel.plexus3d import BlockedAdjacency, _AggregateAllReduce
 
 Tensor = torch.Tensor
 Range = tuple[int, int]
@@ -144,20 +147,9 @@ def redistribute(x: Tensor, src: Layout, dst: Layout, comm: Comm) -> Tensor:
     return out
 
 
-def redistribute_bytes(src: Layout, dst: Layout, p: int, me: int, esize: int
-                       ) -> tuple[int, int]:
-    """(sent, received) bytes of :func:`redistribute` on rank ``me`` (own piece excluded)."""
-    if p == 1:
-        return 0, 0
-    srcs = [src(r) for r in range(p)]
-    dsts = [dst(r) for r in range(p)]
-    sent = sum(_size(q) for j, q in enumerate(_pieces(srcs[me], dsts)) if j != me)
-    recv = sum(_size(q) for j, q in enumerate(_pieces(dsts[me], srcs)) if j != me)
-    return sent * esize, recv * esize
-
-
 def _partition_bytes(src: Block, dst: Block, esize: int) -> tuple[int, int]:
-    """:func:`redistribute_bytes` of the rank holding ``src`` before and ``dst`` after, when
+    """(sent, received) bytes of :func:`redistribute` on the rank holding ``src`` before and
+    ``dst`` after, when
     both layouts partition the matrix (the row and 3D layouts do): it sends all of its block
     but what it keeps and receives all of its new block but that, so no other rank's block
     is needed (O(1) a rank, not O(p))."""
@@ -179,53 +171,43 @@ class Plexus3DPath:
     n: int
 
 
-def build_axis_groups(grid: Grid3D, rank: int) -> dict[str, Any]:
-    """Axis groups of ``grid`` over global ranks 0..grid.size-1 (collective over the world:
-    every rank calls it in step, members or not; non-members get no entry)."""
-    import torch.distributed as dist
-
-    out = {}
-    for axis in ("x", "y", "z"):
-        for members in grid.all_axis_groups(axis):
-            g = dist.new_group(members)
-            if rank in members:
-                out[axis] = g
-    return out
+def gcn3d_rows(grid: Grid3D, rank: int, n: int) -> Range:
+    """The rows of Q A Qᵀ whose pattern ``rank``'s 3D Â block needs (block over z, all
+    columns): what the loader reads for :func:`build_gcn3d_path`. Width independent."""
+    return layer_layouts(grid, rank, n, [1, 1])[0].rows
 
 
 def gcn3d_block(adj_rows: sp.csr_matrix, cols: Range, row0: int, deg: np.ndarray
                 ) -> sp.csr_matrix:
     """Â[rows, cols] from the pattern's rows [row0, row0+r) x all N columns (Q order):
-    columns restricted to ``cols``, self loops merged, values deg[r]^-1/2 deg[c]^-1/2 with
-    ``deg`` [N] the global row counts of A + I."""
-    a = sp.csr_matrix(adj_rows, dtype=np.float64)
-    r = a.shape[0]
-    loops = sp.csr_matrix((np.ones(r), (np.arange(r), row0 + np.arange(r))), shape=a.shape)
-    a = ((a + loops) > 0).astype(np.float64).tocsr()[:, cols[0]:cols[1]].tocsr()
+    :func:`~plexgt.ops.gcn.gcn_norm` of the rows (self loops merged, ``deg`` [N] the global
+    row counts of A + I), columns restricted to ``cols``."""
+    g = CSRGraph.from_scipy(adj_rows, keep_values=False)
+    norm = gcn_norm(g, self_loops=True, row_offset=row0, col_degrees=torch.from_numpy(deg),
+                    dtype=torch.float64).to_scipy()
+    a = norm[:, cols[0]:cols[1]].tocsr()
     a.sort_indices()
-    rr = np.repeat(np.arange(r), np.diff(a.indptr))
-    a.data = deg[row0 + rr] ** -0.5 * deg[cols[0] + a.indices] ** -0.5
     return a
 
 
-def build_gcn3d_path(pg: Any, grid: Grid3D, comms: dict[str, Comm], deg: np.ndarray,
-                     dtype: torch.dtype, block_rows: int | None = None) -> Plexus3DPath:
-    """This rank's 3D path: its Â block [rows over z, cols over x] (Q order both sides) read
-    from its rows of the pattern, with ``deg`` [N] the row counts of A + I (Q order).
+def build_gcn3d_path(rows: sp.csr_matrix, n: int, grid: Grid3D, comms: dict[str, Comm],
+                     deg: np.ndarray, dtype: torch.dtype, block_rows: int | None = None
+                     ) -> Plexus3DPath:
+    """This rank's 3D path: its Â block [rows over z, cols over x] (Q order both sides) from
+    ``rows``, its pattern rows :func:`gcn3d_rows` x all N columns of Q A Qᵀ, with ``deg`` [N]
+    the row counts of A + I (Q order).
 
     ``comms``: 'x', 'y', 'z' (axes of ``grid``; absent axes of extent 1 are fine) and 'rows'
     (the whole group; its rank is the grid rank). The block does not depend on the width."""
-    from plexgt.parallel.plexus3d import BlockedAdjacency
-    from plexgt.parallel.rows1d import read_adjacency_q
-
     rank = comms["rows"].rank
     if comms["rows"].size != grid.size:
         raise ValueError(f"grid {grid} has {grid.size} ranks, the group {comms['rows'].size}")
     full = {a: comms.get(a) or Comm.single(a, comms["rows"].ledger) for a in ("x", "y", "z")}
     full["rows"] = comms["rows"]
-    n = pg.N
     lay = layer_layouts(grid, rank, n, [1, 1])[0]
-    rows = read_adjacency_q(pg, lay.rows).to_scipy()
+    if rows.shape != (lay.rows[1] - lay.rows[0], n):
+        raise ValueError(f"rank {rank}'s 3D block needs pattern rows {lay.rows} x {n}, got "
+                         f"{rows.shape[0]}x{rows.shape[1]}")
     ahat = gcn3d_block(rows, lay.cols, lay.rows[0], deg.astype(np.float64))
     adj = BlockedAdjacency(ahat, (lay.rows_pad, lay.cols_pad), block_rows, dtype)
     return Plexus3DPath(grid, full, adj, n)
@@ -233,7 +215,6 @@ def build_gcn3d_path(pg: Any, grid: Grid3D, comms: dict[str, Comm], deg: np.ndar
 
 def gcn3d_conv(path: Plexus3DPath, x: Tensor, lin: nn.Linear) -> Tensor:
     """Â X W + b for this rank's rows: x [N/p, d] (1D) -> [N/p, d] (1D), via the 3D layout."""
-    from plexgt.parallel.plexus3d import _AggregateAllReduce
 
     n, d = path.n, x.shape[1]
     lay = layer_layouts(path.grid, path.comms["rows"].rank, n, [d, d])[0]

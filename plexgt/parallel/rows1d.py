@@ -18,19 +18,28 @@ Double permutation makes every block's edge count about E/p, so no rank waits fo
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from plexgt.dist.collectives import Comm, CommLedger, all_gather, all_reduce_
-from plexgt.dist.grid import block_bounds
+from plexgt.distributed.collectives import Comm, CommLedger, all_gather, all_reduce_
+from plexgt.distributed.grid import Grid3D, block_bounds
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_norm
-from plexgt.parallel.strategies import AttentionShard, AttentionStrategy, make_shard, pad_rows
+from plexgt.parallel.attention.strategy import (
+    AttentionShard,
+    AttentionStrategy,
+    make_shard,
+    pad_rows,
+)
+from plexgt.parallel.redistribute import build_gcn3d_path
 
 Tensor = torch.Tensor
 Range = tuple[int, int]
@@ -53,7 +62,6 @@ class DistGraph:
     def to(self, device: torch.device | str) -> DistGraph:
         """The same operators on ``device`` (the attention pattern with its cached transpose,
         the 1D Â rows, and the 3D path's Â blocks)."""
-        import dataclasses
 
         att = dataclasses.replace(self.attention, graph=self.attention.graph.to(device))
         gcn = None if self.gcn is None else self.gcn.to(device)
@@ -81,33 +89,13 @@ class RowData:
         return RowData(self.rows, self.x.to(device), self.labels.to(device),
                        {k: m.to(device) for k, m in self.masks.items()})
 
-
-def read_adjacency_q(pg: object, rows: Range | None = None) -> CSRGraph:
-    """Rows ``rows`` of Q A Qᵀ against all N columns (as :func:`~plexgt.data.loader.
-    read_row_block`, without reading features): A2 = Q A Pᵀ relabelled P -> Q."""
-    a2 = pg.read_adjacency("A2", rows, None).tocoo()  # type: ignore[attr-defined]
-    perm_p, perm_q = pg.read_perm("P"), pg.read_perm("Q")  # type: ignore[attr-defined]
-    qinv = np.empty_like(perm_q)
-    qinv[perm_q] = np.arange(perm_q.size, dtype=perm_q.dtype)
-    return CSRGraph.from_coo(a2.row, qinv[perm_p[a2.col]], a2.shape[0], a2.shape[1])
-
-
-def read_rows(pg: object, p: int, i: int, dtype: torch.dtype = torch.float32) -> RowData:
-    """Features, labels and split masks of block i of p (Q order), padded to ceil(N/p) rows."""
-    n = pg.N  # type: ignore[attr-defined]
-    lo, hi = block_bounds(n, p, i)
-    n_loc = -(-n // p)
-    feats = pg.read_features((lo, hi))  # type: ignore[attr-defined]
-    x = torch.zeros(n_loc, feats.shape[1], dtype=dtype)
-    x[: hi - lo] = torch.from_numpy(np.asarray(feats, dtype=np.float64)).to(dtype)
-    labels = torch.full((n_loc,), -1, dtype=torch.int64)
-    labels[: hi - lo] = torch.from_numpy(pg.read_labels((lo, hi), "Q").astype(np.int64))  # type: ignore[attr-defined]
-    masks = {}
-    for s in ("train", "valid", "test"):
-        m = torch.zeros(n_loc, dtype=torch.bool)
-        m[: hi - lo] = torch.from_numpy(pg.read_mask(s, (lo, hi), "Q").astype(bool))  # type: ignore[attr-defined]
-        masks[s] = m
-    return RowData((lo, hi), x, labels, masks)
+    @classmethod
+    def from_arrays(cls, rows: Range, x: np.ndarray, labels: np.ndarray,
+                    masks: dict[str, np.ndarray], dtype: torch.dtype) -> RowData:
+        """From a loader's padded arrays (features [n, F], labels [n], masks [n])."""
+        return cls(rows, torch.from_numpy(np.ascontiguousarray(x)).to(dtype),
+                   torch.from_numpy(labels.astype(np.int64)),
+                   {k: torch.from_numpy(m.astype(bool)) for k, m in masks.items()})
 
 
 def global_degrees(block: CSRGraph, lo: int, comm: Comm) -> Tensor:
@@ -127,8 +115,6 @@ def global_degrees(block: CSRGraph, lo: int, comm: Comm) -> Tensor:
 def _comm_device(comm: Comm) -> torch.device:
     """Where ``comm``'s tensors must live: the current GPU for NCCL, else the CPU."""
     if comm.group is not None:
-        import torch.distributed as dist
-
         if dist.get_backend(comm.group) == "nccl":
             return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -147,31 +133,36 @@ def gcn_rows(block: CSRGraph, lo: int, comm: Comm, dtype: torch.dtype) -> CSRGra
     return g
 
 
-def build_dist_graph(pg: object, comm: Comm, strategy: AttentionStrategy, heads: int,
-                     gcn: bool = False, dtype: torch.dtype = torch.float32,
-                     setup_ledger: CommLedger | None = None, grid: Any = None,
-                     axis_comms: dict[str, Comm] | None = None,
+def build_dist_graph(n: int, mine: sp.csr_matrix, comm: Comm, strategy: AttentionStrategy,
+                     heads: int, full: sp.csr_matrix | None = None, gcn: bool = False,
+                     dtype: torch.dtype = torch.float32, setup_ledger: CommLedger | None = None,
+                     grid: Grid3D | None = None, axis_comms: dict[str, Comm] | None = None,
+                     gcn3d_rows: sp.csr_matrix | None = None,
                      block_rows: int | None = None) -> DistGraph:
-    """Read this rank's attention pattern (its rows, or all rows for a full-graph strategy)
-    and, for gps, its GCN operator: Â rows (1D path) or, given a ``grid`` of the group's
-    ranks and its ``axis_comms`` ('x', 'y', 'z'), its Â block of the 3D path (``block_rows``:
-    Plexus' blocked aggregation). Setup collectives go to ``setup_ledger`` (fresh if None)."""
-    n = pg.N  # type: ignore[attr-defined]
-    lo, hi = block_bounds(n, comm.size, comm.rank)
-    mine = read_adjacency_q(pg, (lo, hi))
-    adj = read_adjacency_q(pg) if strategy.full_graph else mine
+    """This rank's sparse operators from its pattern rows ``mine`` [hi-lo, N] of Q A Qᵀ (block
+    ``comm.rank`` of ``comm.size``; ``full`` [N, N]: every row, for a full-graph strategy) and,
+    for gps, its GCN operator: Â rows (1D path) or, given a ``grid`` of the group's ranks, its
+    ``axis_comms`` ('x', 'y', 'z') and the pattern rows of its 3D block ``gcn3d_rows``
+    (:func:`~plexgt.parallel.redistribute.gcn3d_rows`), its Â block of the 3D path
+    (``block_rows``: Plexus' blocked aggregation). Setup collectives (the global degrees) go
+    to ``setup_ledger`` (fresh if None)."""
+    lo, _ = block_bounds(n, comm.size, comm.rank)
+    own = CSRGraph.from_scipy(mine, keep_values=False)
+    if strategy.full_graph and full is None:
+        raise ValueError(f"{strategy.name} needs the whole pattern on every rank")
+    adj = CSRGraph.from_scipy(full, keep_values=False) if strategy.full_graph else own
     shard = make_shard(strategy, comm, n, heads, adj)
     norm = path = None
     if gcn:
         setup = Comm(comm.group, comm.size, comm.rank, comm.name, setup_ledger or CommLedger())
         if grid is None:
-            norm = gcn_rows(mine, lo, setup, dtype)
+            norm = gcn_rows(own, lo, setup, dtype)
         else:
-            from plexgt.parallel.redistribute import build_gcn3d_path
-
-            deg = global_degrees(mine, lo, setup).numpy()
-            path = build_gcn3d_path(pg, grid, {**(axis_comms or {}), "rows": comm}, deg,
-                                    dtype, block_rows)
+            if gcn3d_rows is None:
+                raise ValueError("the 3D GCN path needs its pattern rows (gcn3d_rows)")
+            deg = global_degrees(own, lo, setup).numpy()
+            path = build_gcn3d_path(gcn3d_rows, n, grid, {**(axis_comms or {}), "rows": comm},
+                                    deg, dtype, block_rows)
     return DistGraph(shard, norm, path)
 
 
@@ -221,3 +212,36 @@ def all_reduce_gradients(module: nn.Module, comm: Comm) -> None:
         k = p.numel()
         p.grad = flat[off:off + k].view_as(p).clone()
         off += k
+
+
+class _SyncOnBackward(torch.autograd.Function):
+    """Identity whose backward queues the gradient all-reduce for the end of the pass."""
+
+    @staticmethod
+    def forward(ctx: Any, out: Tensor, owner: RowParallel) -> Tensor:
+        ctx.owner = owner
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, g: Tensor) -> tuple[Any, ...]:
+        owner = ctx.owner
+        torch.autograd.Variable._execution_engine.queue_callback(  # type: ignore[attr-defined]
+            lambda: all_reduce_gradients(owner.model, owner.comm))
+        return g, None
+
+
+class RowParallel(nn.Module):
+    """A row-partitioned model (DistGraphTransformer / DistGPS) with its graph: x -> logits,
+    parameter gradients summed over ``comm`` after each backward."""
+
+    def __init__(self, model: nn.Module, graph: DistGraph, comm: Comm) -> None:
+        super().__init__()
+        self.model = model
+        self.graph = graph
+        self.comm = comm
+
+    def forward(self, x: Any) -> Tensor:
+        out = self.model(x, self.graph)
+        if torch.is_grad_enabled() and out.requires_grad and self.comm.size > 1:
+            out = _SyncOnBackward.apply(out, self)
+        return out

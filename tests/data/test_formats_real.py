@@ -13,7 +13,7 @@ from plexgt.data.formats.ogb import read_ogb
 from plexgt.data.formats.snap import read_snap
 from plexgt.data.graph import symmetrize
 from plexgt.data.loader import PreparedGraph, read_rank_blocks
-from plexgt.dist.grid import Grid3D
+from plexgt.distributed.grid import Grid3D
 
 DATASETS = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
 pytestmark = [

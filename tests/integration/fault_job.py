@@ -6,7 +6,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from plexgt.dist.bootstrap import init_distributed
+from plexgt.distributed.bootstrap import init_distributed
 
 ctx = init_distributed("gloo", timeout_s=600)
 bad = int(sys.argv[1])

@@ -74,12 +74,12 @@ def test_gps_trains_on_the_gcn_path_agp_chooses(data, tmp_path):
     predicts fastest, named in the metrics; an explicit grid runs the 3D path as given."""
     from plexgt.config import load_config
     from plexgt.data.loader import PreparedGraph
-    from plexgt.parallel.gt_task import choose_gps_layout
+    from plexgt.tasks.attention import attention_layout
 
     for grid_arg in ("auto", "1x1x2"):
         cfg = load_config(None, None, [f"--data={data}", "--model.name=gps",
                                        "--model.hidden=16", f"--parallel.grid={grid_arg}"])
-        sname, grid = choose_gps_layout(cfg, PreparedGraph(data), 2, 4)
+        sname, grid = attention_layout(cfg, PreparedGraph(data), 2)
         want = (str(grid), f"{sname}+plexus3d") if grid else ("rows2", sname)
         m = tmp_path / f"{grid_arg}.jsonl"
         r = _train(data, 2, "--model", "gps", "--grid", grid_arg, "--epochs", "3",
@@ -120,6 +120,21 @@ def test_kill_and_resume_reproduces_the_loss_curve_exactly(data, tmp_path):
             assert all(torch.equal(v, b["optim"]["state"][i][k]) for k, v in st.items()
                        if isinstance(v, torch.Tensor))
     assert _losses(part) == _losses(full)  # and every epoch's loss, bit for bit
+
+
+@pytest.mark.parametrize("model", ["gt", "gps"])
+def test_graph_transformers_checkpoint_and_resume(data, tmp_path, model):
+    """gt and gps write checkpoints (they once died at the first save) and resume from them."""
+    ck, m = tmp_path / "ck", tmp_path / "m.jsonl"
+    common = ["--model", model, "--model.heads=2", "--epochs", "4", "--checkpoint-dir",
+              str(ck), "--checkpoint-every", "1", "--metrics", str(m)]
+    r = _train(data, 2, *common, "--stop-after", "2")
+    assert r.returncode == 0, r.stderr
+    assert (ck / "epoch_000002" / "COMPLETE").exists()
+    r = _train(data, 2, *common, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert "resumed from" in r.stderr and "finished after epoch 4" in r.stdout
+    assert [json.loads(l)["epoch"] for l in m.read_text().splitlines()] == [1, 2, 3, 4]
 
 
 def test_resume_on_another_grid_is_refused(data, tmp_path):

@@ -15,7 +15,7 @@ import tempfile
 import pytest
 from mpi4py import MPI
 
-from plexgt.dist.grid import factorizations
+from plexgt.distributed.grid import factorizations
 
 WORLD = MPI.COMM_WORLD.Get_size()
 RANK = MPI.COMM_WORLD.Get_rank()
@@ -54,7 +54,7 @@ def grids_for_world(every: bool = True) -> list:
 
 @pytest.fixture(scope="session")
 def dist_ctx():
-    from plexgt.dist.bootstrap import init_distributed, shutdown
+    from plexgt.distributed.bootstrap import init_distributed, shutdown
 
     ctx = init_distributed("gloo", timeout_s=120, abort_on_error=False)
     yield ctx
@@ -68,7 +68,7 @@ def grid_groups(dist_ctx):
     Groups are never freed by torch until teardown, and each gloo group holds threads and
     sockets: rebuilding them in every test oversubscribes a small machine badly.
     """
-    from plexgt.dist.grid import build_groups
+    from plexgt.distributed.grid import build_groups
 
     cache = {}
 
@@ -91,7 +91,7 @@ def prepare_on_rank0(tmp_path_factory, name: str, make_graph, **options):
     from plexgt.data.loader import PreparedGraph
     from plexgt.data.shard import PrepOptions, prepare
     from plexgt.data.source import MemorySource
-    from plexgt.dist.mpiwait import arrive
+    from plexgt.distributed.mpiwait import arrive
 
     comm = MPI.COMM_WORLD
     path = None

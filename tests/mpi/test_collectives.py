@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from plexgt.dist.collectives import (
+from plexgt.distributed.collectives import (
     Comm,
     CommLedger,
     all_gather,
@@ -20,7 +20,7 @@ from plexgt.dist.collectives import (
     reduce_scatter,
     shift,
 )
-from plexgt.dist.grid import AXES, PLANES
+from plexgt.distributed.grid import AXES, PLANES
 
 from .conftest import WORLD, grids_for_world
 

@@ -13,14 +13,14 @@ from collections import Counter, defaultdict
 import pytest
 import torch.distributed as dist
 
-from plexgt.dist.grid import Grid3D
+from plexgt.distributed.grid import Grid3D
 from plexgt.models.gps import GPS
-from plexgt.parallel.agp import SystemModel, Workload, estimate, step_ops
-from plexgt.parallel.attention_cost import step_bytes_named
+from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.gps_dist import DistGPS
-from plexgt.parallel.redistribute import build_axis_groups
 from plexgt.parallel.rows1d import all_reduce_gradients, row_cross_entropy
-from plexgt.parallel.strategies import default_registry
+from plexgt.plan.agp import SystemModel, Workload, estimate, step_ops
+from plexgt.plan.step_cost import step_bytes_named
+from tests.parallel_helpers import build_axis_groups
 
 from . import test_gt_dist as _gt
 from .conftest import RANK

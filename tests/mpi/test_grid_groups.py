@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from plexgt.dist.grid import AXES, PLANES
+from plexgt.distributed.grid import AXES, PLANES
 
 from .conftest import grids_for_world
 

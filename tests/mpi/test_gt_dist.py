@@ -15,23 +15,19 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from plexgt.data.loader import read_adjacency_q
 from plexgt.data.synthetic import sbm
-from plexgt.dist.collectives import Comm, CommLedger
+from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.models.gt import GraphTransformer
 from plexgt.models.layers import ModelGraph
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_norm
-from plexgt.parallel.attention_cost import step_bytes
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.parallel.attention.strategy import AttentionProblem
 from plexgt.parallel.gt_dist import DistGraphTransformer
-from plexgt.parallel.rows1d import (
-    all_reduce_gradients,
-    build_dist_graph,
-    read_adjacency_q,
-    read_rows,
-    row_correct,
-    row_cross_entropy,
-)
-from plexgt.parallel.strategies import AttentionProblem, default_registry
+from plexgt.parallel.rows1d import all_reduce_gradients, row_correct, row_cross_entropy
+from plexgt.plan.step_cost import step_bytes
+from plexgt.tasks.attention import read_dist_graph, read_row_data
 
 from .conftest import RANK, WORLD, prepare_on_rank0
 
@@ -63,7 +59,7 @@ def groups(dist_ctx):
 
 def reference_inputs(pg, gcn: bool = False):
     """Original-order graph, features, labels, masks; perm_q (Q position -> original id)."""
-    a = read_adjacency_q(pg)
+    a = CSRGraph.from_scipy(read_adjacency_q(pg), keep_values=False)
     pq = torch.from_numpy(pg.read_perm("Q"))
     adj = CSRGraph.from_coo(pq[a.row], pq[a.indices], N, N)
     graph = ModelGraph(adj, gcn_norm(adj, dtype=DT) if gcn else None)
@@ -92,9 +88,9 @@ def setup_rank(pg, groups, p, strategy, gcn=False, grid=None, axis_groups=None):
     axis = None
     if grid is not None:
         axis = {a: Comm.from_group(g, a, ledger) for a, g in axis_groups.items()}
-    graph = build_dist_graph(pg, comm, reg.get(strategy), HEADS, gcn=gcn, dtype=DT, grid=grid,
-                             axis_comms=axis, block_rows=4)
-    data = read_rows(pg, comm.size, comm.rank, DT)
+    graph = read_dist_graph(pg, comm, reg.get(strategy), HEADS, gcn=gcn, dtype=DT, grid=grid,
+                            axis_comms=axis, block_rows=4)
+    data = read_row_data(pg, comm.size, comm.rank, DT)
     return ledger, comm, graph, data
 
 
@@ -207,7 +203,7 @@ def test_gt_training_follows_reference(prepared, groups, p, strategy):
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_row_parallel_wrapper_sums_gradients_after_backward(prepared, groups, strategy):
     """The train-loop wrapper: plain loss.backward() gives the reference gradients."""
-    from plexgt.parallel.gt_task import RowParallel
+    from plexgt.tasks.attention import RowParallel
 
     graph_ref, x, labels, masks, _ = reference_inputs(pg := prepared)
     ledger, comm, graph, data = setup_rank(pg, groups, WORLD, strategy)

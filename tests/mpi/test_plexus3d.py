@@ -12,20 +12,20 @@ import pytest
 import torch
 
 from plexgt.data.synthetic import sbm
-from plexgt.dist.collectives import CommLedger
+from plexgt.distributed.collectives import CommLedger
+from plexgt.distributed.layout3d import layer_layouts
 from plexgt.models.gcn import GCN
 from plexgt.models.layers import ModelGraph
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_norm
-from plexgt.parallel.layout3d import layer_layouts
 from plexgt.parallel.plexus3d import (
     Plexus3DGCN,
-    PlexusData,
     parallel_correct,
     parallel_cross_entropy,
     plexus_comms,
 )
-from plexgt.parallel.plexus_cost import plexus_step_bytes
+from plexgt.plan.plexus_cost import plexus_step_bytes
+from plexgt.tasks.gcn import read_plexus_inputs
 
 from .conftest import grids_for_world, prepare_on_rank0
 
@@ -72,7 +72,7 @@ def _distributed(pg, dist_ctx, grid_groups, grid, block_rows=None, order="aggreg
     lays = layer_layouts(grid, dist_ctx.rank, N, dims, order)
     ledger = CommLedger()
     comms = plexus_comms(grid_groups(grid), ledger, lays[-1])
-    data = PlexusData(pg, lays, DT)
+    data = read_plexus_inputs(pg, lays, DT)
     model = Plexus3DGCN(lays, comms, data.adj, block_rows=block_rows, dtype=DT)
     return lays, ledger, comms, data, model
 

@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
-from plexgt.data.graph import DataError
 from plexgt.data.runtime import Comm
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import RmatSource
-from plexgt.data.testing import small_graph
 from plexgt.data.verify import verify
-from plexgt.dist.mpiwait import arrive
+from plexgt.distributed.mpiwait import arrive
+from plexgt.errors import DataError
+from tests.datagen import small_graph
 
 pytestmark = pytest.mark.timeout(120)
 COMM = Comm(MPI.COMM_WORLD)
@@ -103,7 +103,7 @@ def _text_source(kind, d, comm):
 @pytest.mark.parametrize("kind", ["snap", "snap-gz", "mtx", "ogb-csv"])
 def test_text_sources_split_over_ranks_equal_serial(shared_dir, kind):
     """Plain text split by byte ranges, gzip by blocks: the output equals a serial run's."""
-    from plexgt.data.testing import write_mtx, write_ogb_csv, write_snap
+    from tests.datagen import write_mtx, write_ogb_csv, write_snap
 
     g = small_graph(101, 3000, f=4)
     if COMM.rank == 0:
@@ -123,7 +123,7 @@ def test_snap_degrees_from_the_split_counting_pass_equal_serial(shared_dir):
     """--permutation degree on SNAP without --nodes: each rank's share of the degrees comes
     from the counting pass split over the ranks; the output equals a serial run's own pass."""
     from plexgt.data.formats.snap import SnapSource
-    from plexgt.data.testing import write_snap
+    from tests.datagen import write_snap
 
     path = shared_dir / "g.txt"
     if COMM.rank == 0:

@@ -8,11 +8,26 @@ from collections import Counter
 import pytest
 import torch
 
-import plexgt.profile as profile_module
-from plexgt.dist.grid import Grid3D
+import plexgt.plan.measure as profile_module
+from plexgt.distributed.grid import Grid3D
 from plexgt.models.gps import GPS
 from plexgt.models.gt import GraphTransformer
-from plexgt.parallel.agp import (
+from plexgt.parallel.attention.gp_a2a import gp_a2a_memory
+from plexgt.parallel.attention.gp_ag import gp_ag_memory
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.parallel.attention.strategy import (
+    AttentionProblem,
+    AttentionStrategy,
+    StrategyRegistry,
+    head_splits,
+)
+from plexgt.parallel.redistribute import (
+    gcn3d_comm,
+    plexus_in_layout,
+    plexus_out_layout,
+    row_layout,
+)
+from plexgt.plan.agp import (
     SystemModel,
     Workload,
     comm_time,
@@ -27,40 +42,17 @@ from plexgt.parallel.agp import (
     step_calibration,
     step_ops,
 )
-from plexgt.parallel.attention_cost import (
-    gcn1d_comm,
-    gp_a2a_memory,
-    gp_ag_memory,
-    step_bytes,
-    step_comm,
-    step_comm_named,
-    table1,
-)
-from plexgt.parallel.plexus_cost import Coefficients
-from plexgt.parallel.redistribute import (
-    gcn3d_comm,
-    plexus_in_layout,
-    plexus_out_layout,
-    redistribute_bytes,
-    row_layout,
-)
-from plexgt.parallel.strategies import (
-    AttentionProblem,
-    AttentionStrategy,
-    StrategyRegistry,
-    default_registry,
-    head_splits,
-)
-from plexgt.profile import (
+from plexgt.plan.measure import loaded_sync_cost, paired_medians, sustained
+from plexgt.plan.plexus_cost import Coefficients
+from plexgt.plan.profile import (
     fit_kernels,
     fit_linear,
-    loaded_sync_cost,
+    fit_plexus_coefficients,
     memory_factor,
-    paired_medians,
     per_element_curve,
-    plexus_coefficients,
-    sustained,
 )
+from plexgt.plan.step_cost import gcn1d_comm, step_bytes, step_comm, step_comm_named, table1
+from tests.parallel_helpers import redistribute_bytes
 
 
 @pytest.mark.parametrize("model", ["gt", "gps"])
@@ -184,7 +176,7 @@ def test_algorithm3_expensive_network_stays_on_one_rank():
 
 
 def test_plan_flags_near_ties():
-    from plexgt.parallel.agp import NEAR_TIE
+    from plexgt.plan.agp import NEAR_TIE
 
     flags = []
     for scales in ([1, 2, 4, 8], [1, 2]):  # the second: GP-AG and GP-A2A at 2 within 1%
@@ -218,7 +210,7 @@ def test_plexus_coefficients_from_a_profile_build():
     fit = fit_linear([[1e3, 1e-4 + 1e-6], [1e6, 1e-4 + 1e-3], [1e7, 1e-4 + 1e-2]])
     assert fit["latency_s"] == pytest.approx(1e-4, rel=1e-3)
     assert fit["s_per_byte"] == pytest.approx(1e-9, rel=1e-3)
-    coef = Coefficients(**plexus_coefficients(
+    coef = Coefficients(**fit_plexus_coefficients(
         {"spmm_s_per_nnz_col": 1e-9, "gemm_s_per_fma": 1e-11},
         {"all_gather": {"2": fit, "4": fit}}))
     assert coef.latency_s == pytest.approx(1e-4, rel=1e-3) and math.isfinite(coef.s_per_byte)
@@ -381,7 +373,7 @@ def test_oversubscribed_cpu_ranks_time_share_the_fully_loaded_cores():
 
 
 def test_oversubscribed_cpu_ranks_time_share_what_collectives_move():
-    from plexgt.parallel.strategies import CommOp
+    from plexgt.parallel.attention.strategy import CommOp
 
     fits = {"all_gather": {g: (1e-4, 1e-9) for g in (2, 4, 8)}}
     op = [("rows", CommOp("all_gather", 10**6, 10**6))]

@@ -1,16 +1,80 @@
-"""perf/bench_agp.py's scoring and its offline re-evaluation of the stored run (no MPI)."""
+"""perf/bench_agp.py's scoring and its offline re-evaluation of a stored run (no MPI; the
+stored run is a synthetic one written here, no result file under perf/results is read)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import statistics
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-STORED = ROOT / "perf" / "results" / "bench_agp_2026-11-30.json"
-"""The latest stored run (its strategies alternated step by step)."""
+
+PROFILE = {
+    "format": "plexgt-system-profile", "version": 1,
+    "hardware": {"cpu": "synthetic", "cores": 2, "host": "test", "device": "cpu", "gpu": None},
+    "software": {"backend": "gloo", "threads_per_rank": 1},
+    "world_size": 4, "ranks_per_node": 4,
+    # linear fits only (no size curves, no raw kernel samples): the model prices from these
+    "collective_fits": {
+        op: {"2": {"latency_s": lat2, "s_per_byte": spb2},
+             "4": {"latency_s": lat4, "s_per_byte": spb4}}
+        for op, (lat2, spb2, lat4, spb4) in {
+            "all_gather": (3.1e-4, 1.2e-9, 1.5e-3, 2.0e-9),
+            "reduce_scatter": (4.4e-4, 1.7e-9, 3.5e-3, 2.8e-9),
+            "all_to_all": (2.4e-4, 0.9e-9, 7.5e-4, 1.3e-9),
+            "all_reduce": (4.4e-4, 1.0e-9, 3.7e-3, 1.2e-9),
+        }.items()},
+    "kernel_fits": {"spmm_s_per_nnz_col": 1.3e-10, "sddmm_s_per_nnz_col": 1.3e-10,
+                    "gemm_s_per_fma": 2.4e-11, "elementwise_s_per_elem": 4.0e-10,
+                    "copy_s_per_elem": 3.3e-10, "dense_s_per_block": 2.8e-4,
+                    "dense_s_per_row_d2": 5.3e-10, "dense_s_per_row_d": 1.2e-8,
+                    "attention_s_per_row_head_dim": 3.7e-9,
+                    "attention_s_per_col_head_dim": 3.2e-9, "attention_s_per_head": 0.0,
+                    "attention_s_per_edge_head_dim": 1.2e-10,
+                    "attention_s_per_edge_head": 1.3e-8},
+    "contention": {"1": 1.0, "2": 1.0, "4": 2.06},
+    "loaded": {"2": {"contention": 1.0, "sync_s": 3.3e-4},
+               "4": {"contention": 2.06, "sync_s": 2.5e-3}},
+}
+"""A system profile as ``plexgt profile`` writes it, cut to what the AGP model reads (the
+shape of a 2-core CPU machine's)."""
+
+LOAD = [1.0, 1.4, 0.9, 1.6, 1.1, 1.3, 0.95, 1.5, 1.2, 1.05, 1.35, 1.0]
+NOISE = [1.01, 0.99, 1.02, 0.98, 1.0, 1.01, 0.99, 1.02, 0.98, 1.0, 1.01, 0.99]
+# graph: n, e, f, c, one rank's step (s), {p: (p's step over one rank's, GP-AG's over GP-A2A's)}
+GRAPHS = {
+    "syn5": (8000, 47906, 64, 8, 0.07, {2: (1.05, 1.04), 4: (1.7, 1.08)}),
+    "syn50": (4000, 197040, 64, 8, 0.055, {2: (0.75, 0.97), 4: (1.6, 1.0)}),
+    "cs": (18333, 182121, 128, 15, 0.21, {2: (0.6, 0.96), 4: (1.1, 1.02)}),
+}
+"""Three graphs measured as bench_agp measures them: one rank once, both strategies at p = 2
+and 4 with their steps alternated (a load drifting over the run moves both, GP-AG's steps also
+carry a little noise of their own): decided and undecided pairs, hits and misses."""
+
+
+def _measured() -> list[dict]:
+    out = []
+    for p in (1, 2, 4):
+        for k, (g, (n, e, f, c, t1, by_p)) in enumerate(GRAPHS.items()):
+            load = [LOAD[(i + k + p) % len(LOAD)] for i in range(len(LOAD))]
+            if p == 1:
+                runs = {"gp_ag": [t1 * x for x in load]}
+            else:
+                share, ag_over_a2a = by_p[p]
+                a2a = [t1 * share * x for x in load]
+                runs = {"gp_ag": [ag_over_a2a * y * NOISE[(i + k) % len(NOISE)]
+                                  for i, y in enumerate(a2a)], "gp_a2a": a2a}
+            for s, steps in runs.items():
+                out.append({"graph": g, "strategy": s, "p": p, "n": n, "e": e, "f": f, "c": c,
+                            "step_s": steps, "t_iter": min(steps),
+                            "t_iter_median": statistics.median(steps),
+                            "peak_activation_bytes": [n * 4096 // p] * p,
+                            "graph_rss_bytes": [e * 48 // p] * p,
+                            "sent_bytes_per_step": [0 if p == 1 else n * 256] * p})
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -19,6 +83,27 @@ def bench():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+@pytest.fixture
+def stored_run(bench, tmp_path) -> Path:
+    """A run stored as bench_agp.py's main() stores one (its strategies alternated step by
+    step): the measurements, the analysis and summary of them, and the path of its profile,
+    written beside it."""
+    prof_path = tmp_path / "bench_agp_system.json"
+    prof_path.write_text(json.dumps(PROFILE, indent=2) + "\n")
+    measured = _measured()
+    an = bench.analyse(measured, json.loads(prof_path.read_text()), paired=True)
+    payload = {
+        "date": "2026-11-30T00:00:00Z", "hardware": {"cpu": "synthetic", "usable_cores": 2},
+        "profile": str(prof_path), "profile_hardware": PROFILE["hardware"],
+        "profile_software": PROFILE["software"], "model": bench.MODEL, "steps": len(LOAD),
+        "paired_steps": True, "graphs": {g: f"/tmp/plexgt-bench-agp/{g}" for g in GRAPHS},
+        "measured": measured, "analysis": an, "summary": bench.summarise(an),
+    }
+    path = tmp_path / "bench_agp.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
 
 
 def test_choice_is_scored_strictly_and_within_the_noise(bench):
@@ -108,11 +193,10 @@ def test_hit_rate_where_the_measurement_names_the_fastest(bench):
     assert s["agp_hit_rate_by_median"] == 0.25 and s["agp_max_slowdown_by_median"] == 0.03
 
 
-@pytest.mark.skipif(not STORED.exists(), reason="no stored AGP run")
-def test_reevaluate_scores_the_stored_run_offline(bench, tmp_path, capsys):
-    out = bench.reevaluate(STORED, None)
+def test_reevaluate_scores_the_stored_run_offline(bench, stored_run, capsys):
+    out = bench.reevaluate(stored_run, None)
     s = out["summary"]
-    stored = json.loads(STORED.read_text())
+    stored = json.loads(stored_run.read_text())
     assert s["decisions"] == len({m["graph"] for m in stored["measured"]})
     assert 0.0 <= s["agp_hit_rate"] <= s["agp_noise_hit_rate"] <= 1.0
     assert s["agp_within_10pct"] >= s["agp_hit_rate"]

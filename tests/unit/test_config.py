@@ -2,7 +2,8 @@
 
 import pytest
 
-from plexgt.config import ConfigError, load_config, to_toml
+from plexgt.config import load_config, to_toml
+from plexgt.errors import ConfigError
 
 
 def test_precedence_and_types(tmp_path):

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from plexgt.cli import main
-from plexgt.data.graph import DataError
 from plexgt.data.loader import PreparedGraph, check_grid, read_rank_blocks
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
-from plexgt.data.testing import small_graph, write_gnn_benchmark, write_ogb_csv, write_ogb_npz
-from plexgt.dist.grid import Grid3D
+from plexgt.distributed.grid import Grid3D
+from plexgt.errors import DataError
+from tests.datagen import small_graph, write_gnn_benchmark, write_ogb_csv, write_ogb_npz
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -18,8 +18,8 @@ from plexgt.data.permute import (
 )
 from plexgt.data.shard import default_balance_blocks
 from plexgt.data.synthetic import rmat
-from plexgt.data.testing import small_graph
-from plexgt.dist.grid import block_bounds
+from plexgt.distributed.grid import block_bounds
+from tests.datagen import small_graph
 
 pytestmark = pytest.mark.timeout(120)
 

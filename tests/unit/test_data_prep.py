@@ -10,14 +10,15 @@ import pytest
 import scipy.sparse as sp
 
 from plexgt.cli import main
-from plexgt.data.graph import DataError, symmetrize
+from plexgt.data.graph import symmetrize
 from plexgt.data.loader import PreparedGraph, read_rank_blocks, read_row_block
 from plexgt.data.permute import inverse, permutations, processed_edges, reference_matrices
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
-from plexgt.data.testing import small_graph
 from plexgt.data.verify import verify
-from plexgt.dist.grid import Grid3D, block_bounds, layer_roles
+from plexgt.distributed.grid import Grid3D, block_bounds, layer_roles
+from plexgt.errors import DataError
+from tests.datagen import small_graph
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -244,7 +245,7 @@ def test_resume_redoes_interrupted_bucketing(tmp_path):
 
 
 def test_cli_prep_and_verify(tmp_path, capsys):
-    from plexgt.data.testing import write_snap
+    from tests.datagen import write_snap
 
     snap = write_snap(tmp_path / "g.txt.gz", small_graph(30, 80))
     out = tmp_path / "o"
@@ -289,7 +290,7 @@ def test_rows_beyond_an_anchor_and_wide_counts(tmp_path):
 def test_streamed_features_through_buckets(tmp_path):
     """A streaming source (OGB npz): feature rows go through the buckets, land in Q order."""
     from plexgt.data.formats.ogb import open_ogb
-    from plexgt.data.testing import write_ogb_npz
+    from tests.datagen import write_ogb_npz
 
     g = small_graph(53, 200, f=6)
     root = write_ogb_npz(tmp_path / "ogb", g)

@@ -9,10 +9,11 @@ from plexgt.data.formats.gnn_benchmark import read_gnn_benchmark
 from plexgt.data.formats.mtx import read_mtx
 from plexgt.data.formats.ogb import open_ogb, read_ogb
 from plexgt.data.formats.snap import read_snap
-from plexgt.data.graph import DataError, dedup_edges
+from plexgt.data.graph import dedup_edges
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import RMAT_CHUNK, RmatSource, rmat, sbm
-from plexgt.data.testing import (
+from plexgt.errors import DataError
+from tests.datagen import (
     small_graph,
     write_gnn_benchmark,
     write_mtx,
@@ -181,7 +182,7 @@ def test_memory_source_rejects_edgeless_graph():
 
 
 def test_reddit_npz_pair(tmp_path):
-    from plexgt.data.testing import write_reddit
+    from tests.datagen import write_reddit
 
     g = small_graph()
     r = read_gnn_benchmark(write_reddit(tmp_path / "reddit", g))

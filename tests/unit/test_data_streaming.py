@@ -18,11 +18,11 @@ from plexgt.cli import main
 from plexgt.data.formats.mtx import MtxSource, read_mtx
 from plexgt.data.formats.ogb import OgbCsvSource, open_ogb, read_ogb
 from plexgt.data.formats.snap import SnapSource, read_snap
-from plexgt.data.graph import DataError
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
-from plexgt.data.testing import small_graph, write_mtx, write_ogb_csv, write_snap
 from plexgt.data.textio import iter_blocks
+from plexgt.errors import DataError
+from tests.datagen import small_graph, write_mtx, write_ogb_csv, write_snap
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -4,11 +4,10 @@ import itertools
 
 import pytest
 
-from plexgt.dist.grid import (
+from plexgt.distributed.grid import (
     AXES,
     PLANES,
     Grid3D,
-    GridError,
     block_bounds,
     check_world_size,
     factorizations,
@@ -16,6 +15,7 @@ from plexgt.dist.grid import (
     padded,
     parse_grid,
 )
+from plexgt.errors import GridError
 
 SHAPES = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 2), (3, 1, 1), (3, 2, 1),
           (1, 3, 2), (5, 1, 1), (2, 3, 4), (4, 1, 3)]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from plexgt.dist.grid import Grid3D, block_bounds
-from plexgt.parallel.layout3d import layer_layouts, layer_orders
-from plexgt.parallel.plexus_cost import Coefficients, estimate, plexus_step_bytes
+from plexgt.distributed.grid import Grid3D, block_bounds
+from plexgt.distributed.layout3d import layer_layouts, layer_orders
+from plexgt.plan.plexus_cost import Coefficients, estimate, plexus_step_bytes
 
 GRIDS = [Grid3D(1, 1, 1), Grid3D(2, 1, 1), Grid3D(1, 3, 1), Grid3D(1, 1, 2), Grid3D(2, 2, 1),
          Grid3D(3, 2, 1), Grid3D(2, 1, 3), Grid3D(2, 2, 2)]

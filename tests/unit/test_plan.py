@@ -14,8 +14,8 @@ from plexgt.data.loader import PreparedGraph
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import sbm
-from plexgt.parallel.agp import SystemModel
-from plexgt.parallel.plexus_cost import Coefficients
+from plexgt.plan.agp import SystemModel
+from plexgt.plan.plexus_cost import Coefficients
 
 
 @pytest.fixture(scope="module")
@@ -88,17 +88,19 @@ def test_profile_file_is_complete_and_feeds_both_planners(prepared, profile_json
 
 def test_training_config_plans_with_the_profile(prepared, profile_json, tmp_path):
     """parallel.profile feeds --grid auto and --strategy auto; a bad one is a one-line error."""
-    from plexgt.config import ConfigError, load_config
-    from plexgt.parallel.gt_task import choose_strategy
-    from plexgt.tasks import choose_grid, plexus_coefficients
+    from plexgt.config import load_config
+    from plexgt.errors import ConfigError
+    from plexgt.tasks.attention import attention_layout
+    from plexgt.tasks.gcn import gcn_grid
+    from plexgt.tasks.task import machine_profile, plexus_coefficients_for
 
     pg = PreparedGraph(prepared)
     cfg = load_config(None, None, [f"--data={prepared}", f"--parallel.profile={profile_json}",
                                    "--model.name=gt"])
     prof = json.loads(profile_json.read_text())
-    assert plexus_coefficients(cfg) == Coefficients(**prof["plexus"])
-    assert choose_grid(cfg, pg, 4).size == 4
-    assert choose_strategy(cfg, pg, 2, 4) in ("gp_ag", "gp_a2a")
+    assert plexus_coefficients_for(machine_profile(cfg)) == Coefficients(**prof["plexus"])
+    assert gcn_grid(cfg, pg, 4).size == 4
+    assert attention_layout(cfg, pg, 2)[0] in ("gp_ag", "gp_a2a")
     bad = tmp_path / "bad.json"
     bad.write_text("[]")
     with pytest.raises(ConfigError, match=f"parallel.profile': {bad}: not a plexgt system"):
@@ -158,29 +160,29 @@ def test_plan_gps_shows_the_gcn_path_of_every_row(prepared, tmp_path, capsys):
     assert "GCN path" in out.splitlines()[-1]
 
 
-@pytest.mark.parametrize("strategy", ["ag", "a2a", "auto"])
+@pytest.mark.parametrize("strategy", ["gp_ag", "gp_a2a", "auto"])
 def test_gps_grid_auto_takes_the_faster_gcn_path(prepared, strategy):
     """parallel.grid 'auto': the 3D planner's grid, then AGP prices the step with the GCN path
     1D and 3D on it; the faster is taken (an explicit grid is kept as given)."""
     from dataclasses import replace
 
     from plexgt.config import load_config
-    from plexgt.dist.grid import Grid3D
-    from plexgt.parallel.agp import Workload, estimate, gcn_grid_for
-    from plexgt.parallel.gt_task import STRATEGY_NAMES, choose_gps_layout
-    from plexgt.parallel.strategies import default_registry
+    from plexgt.distributed.grid import Grid3D
+    from plexgt.parallel.attention.registry import default_registry
+    from plexgt.plan.agp import Workload, estimate, gcn_grid_for
+    from plexgt.tasks.attention import attention_layout
 
     pg = PreparedGraph(prepared)
     cfg = load_config(None, None, [f"--data={prepared}", "--model.name=gps",
                                    "--model.hidden=16", f"--parallel.strategy={strategy}"])
-    assert choose_gps_layout(cfg, pg, 1, 4)[1] is None
-    sname, grid = choose_gps_layout(cfg, pg, 4, 4)
+    assert attention_layout(cfg, pg, 1)[1] is None
+    sname, grid = attention_layout(cfg, pg, 4)
     if strategy != "auto":
-        assert sname == STRATEGY_NAMES[strategy]
+        assert sname == strategy
     g = gcn_grid_for(4, pg.N, pg.E + (0 if pg.manifest.get("self_loops") else pg.N), 16, 4)
     assert grid in (None, g)
     reg = default_registry()
-    names = reg.names() if strategy == "auto" else [STRATEGY_NAMES[strategy]]
+    names = reg.names() if strategy == "auto" else [strategy]
     w = Workload("gps", pg.N, pg.E, pg.F, pg.C, 16, cfg.model.heads, cfg.model.layers, 2, 4)
     times = {(c, path): estimate(reg.get(c), replace(w, gcn_grid=path), 4,
                                  SystemModel()).time_s
@@ -189,4 +191,4 @@ def test_gps_grid_auto_takes_the_faster_gcn_path(prepared, strategy):
     cfg = load_config(None, None, [f"--data={prepared}", "--model.name=gps",
                                    "--model.hidden=16", "--parallel.grid=1x2x2",
                                    f"--parallel.strategy={strategy}"])
-    assert choose_gps_layout(cfg, pg, 4, 4)[1] == Grid3D(1, 2, 2)
+    assert attention_layout(cfg, pg, 4)[1] == Grid3D(1, 2, 2)

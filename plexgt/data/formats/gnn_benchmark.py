@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from plexgt.data.graph import DataError, GraphData
+from plexgt.data.graph import GraphData
+from plexgt.errors import DataError
 
 
 def _csr(z: np.lib.npyio.NpzFile, prefix: str, path: Path) -> sp.csr_matrix:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plexgt.data.graph import DataError, GraphData, first_id_error
+from plexgt.data.graph import GraphData, first_id_error
 from plexgt.data.source import TextEdgeSource, collect_edges
 from plexgt.data.textio import (
     BLOCK_BYTES,
@@ -28,6 +28,7 @@ from plexgt.data.textio import (
     parse,
     read_errors,
 )
+from plexgt.errors import DataError
 
 _FIELDS = {"pattern": 2, "real": 3, "integer": 3, "double": 3, "complex": 4}
 _SYMM = ("general", "symmetric", "skew-symmetric", "hermitian")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plexgt.data.graph import DataError, GraphData, first_id_error
+from plexgt.data.graph import GraphData, first_id_error
 from plexgt.data.npzio import NpzArray, npz_keys
 from plexgt.data.source import (
     GraphSource,
@@ -42,6 +42,7 @@ from plexgt.data.textio import (
     parse,
     read_all_rows,
 )
+from plexgt.errors import DataError
 
 SPLIT_KEYS = ("train", "valid", "test")
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plexgt.data.graph import DataError, GraphData, first_id_error
+from plexgt.data.graph import GraphData, first_id_error
 from plexgt.data.runtime import Comm
 from plexgt.data.source import TextEdgeSource, collect_edges
 from plexgt.data.textio import (
@@ -36,6 +36,7 @@ from plexgt.data.textio import (
     parse,
     read_head,
 )
+from plexgt.errors import DataError
 
 _HEADER = re.compile(rb"^#.*?Nodes:\s*(\d+)\s+Edges:\s*(\d+)", re.MULTILINE)
 #: bytes of a typical edge line ("1234567\t7654321\n"): sizes parse blocks from a chunk of edges

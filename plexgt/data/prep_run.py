@@ -1,0 +1,203 @@
+"""Options of ``plexgt prep`` and the state one run shares between its stages on one rank.
+
+Why a separate record: every stage (prep_stages.py) needs the same sizes (N, T, tile size,
+feature blocks), dtypes and permutations; :meth:`PrepRun.create` derives and checks them all
+once, before any rank touches the output directory, so a bad option fails every rank at the
+first agreement and leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from plexgt.data.permute import inverse, permutations
+from plexgt.data.prepared import FEATURE_UNIT, FORMAT_VERSION, MATRICES, done_file, unit_file
+from plexgt.data.runtime import Comm
+from plexgt.data.source import GraphSource
+from plexgt.errors import DataError
+
+#: target nonzeros per tile when --tiles is not given (bounds the memory of one tile build)
+TILE_TARGET_NNZ = 8 << 20
+
+
+@dataclass
+class PrepOptions:
+    """Options of one prep run (command-line flags of ``plexgt prep``)."""
+
+    out: Path
+    tiles: int | None = None
+    symmetrize: bool = False
+    self_loops: bool = True
+    features_dtype: str | None = None
+    """'float16' | 'float32' | None (float16 sources stay float16, others become float32)."""
+    seed: int = 0
+    permutation: str = "random"
+    """'random' (uniform, as in Plexus) | 'degree' (stratified by degree: permute.py) |
+    'balanced' (degree, then refined on the edges: equal nnz per block; O(E) memory on rank 0)."""
+    balance_blocks: int | None = None
+    """'balanced' only: balance the split of N into this many blocks (default
+    :func:`default_balance_blocks`: lcm(T, 8), so the T x T tiles and an 8 x 8 grid both)."""
+    overwrite: bool = False
+    resume: bool = False
+    chunk_edges: int = 1 << 21
+    flush_items: int | None = None
+    """Records a bucket writer buffers before it flushes (default 4 * chunk_edges = 8M)."""
+    feature_block_bytes: int = 1 << 28
+    progress: bool = True
+    source_desc: dict[str, Any] = field(default_factory=dict)
+    """How the source was specified (format, input, sizes): recorded, and checked on resume."""
+
+    def __post_init__(self) -> None:
+        """Refuse a bad ``balance_blocks`` here: before the CLI opens (maybe counts) the input."""
+        if self.balance_blocks is not None and self.balance_blocks < 1:
+            raise DataError(f"--balance-blocks {self.balance_blocks}: must be at least 1")
+
+
+def choose_tiles(n: int, e_hint: int, symmetrize: bool) -> int:
+    """Default T: tiles of about TILE_TARGET_NNZ nonzeros, at least 1, at most N."""
+    nnz = e_hint * (2 if symmetrize else 1) + n
+    return int(min(n, max(1, math.ceil(math.sqrt(nnz / TILE_TARGET_NNZ)))))
+
+
+def default_balance_blocks(t: int) -> int:
+    """The split ``balanced`` targets by default: lcm(T, 8) (T when that exceeds 64).
+
+    Why: the tiles (T) and the common 8-way grids both consist of whole blocks of it, up to a
+    row at each boundary; the refinement costs ~blocks^2 per node, hence the cap.
+    """
+    m = t * 8 // math.gcd(t, 8)
+    return m if m <= 64 else t
+
+
+def physical_memory() -> int | None:
+    """Bytes of RAM on this machine, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_node_memory(n: int, name: str) -> None:
+    """Refuse an N whose node arrays (~40 bytes a node) exceed this machine's memory.
+
+    Why: N can come from a header (.mtx sizes, OGB num-node-list) whose claim no edge can
+    confirm (isolated nodes are legal); allocating from it unchecked would end in a crash.
+    """
+    phys = physical_memory()
+    if phys is not None and 40 * n > phys:
+        raise DataError(f"{name}: N={n} nodes need ~{40 * n / 2**30:.0f} GiB of node arrays, "
+                        f"more than this machine's {phys / 2**30:.0f} GiB (bad header?)")
+
+
+@dataclass
+class PrepRun:
+    """One prep run on one rank: its input, options, sizes and (once set) permutations.
+
+    Everything but the permutations and ``balance_info`` is fixed by :meth:`create`; the
+    permutation stage sets those (``random`` already in :meth:`create`: it needs no edges).
+    """
+
+    src: GraphSource
+    opts: PrepOptions
+    comm: Comm
+    n: int
+    """N: nodes."""
+    t: int
+    """T: tiles per side of each matrix (a T x T grid)."""
+    size: int
+    """ceil(N/T): rows (and columns) of a tile."""
+    idx_dtype: np.dtype
+    """Of tile indices and the inverse permutations: int32 while N < 2^31, else int64."""
+    f: int
+    """F: feature columns (0: no features)."""
+    fdtype: np.dtype
+    """Of the stored features: float16 | float32."""
+    fb: int
+    """Rows of a feature block: about feature_block_bytes, at most a tile's rows."""
+    nfb: int
+    """Feature blocks (0 without features)."""
+    balance_blocks: int
+    """The split ``balanced`` actually balances (recorded in params); 0 for the others."""
+    params: dict[str, Any]
+    """Options and input as recorded in .staging/params.json and the manifest: ``--resume``
+    continues a run only when they are equal."""
+    units: list[tuple[str, int]]
+    """(kind, index) of every file the build stage writes: A1 and A2 row blocks, then the
+    feature blocks (kind 'X'); unit k belongs to rank k % ranks."""
+    pinv: np.ndarray
+    """[N] inverse of perm_p (original id -> P position), idx_dtype; empty until set."""
+    qinv: np.ndarray
+    """[N] inverse of perm_q, likewise."""
+    balance_info: dict[str, Any] = field(default_factory=dict)
+    """``balanced`` only, rank 0: what the refinement reports (recorded in the manifest)."""
+
+    @classmethod
+    def create(cls, source: GraphSource, opts: PrepOptions, comm: Comm) -> PrepRun:
+        """Check ``opts`` against ``source`` (:class:`DataError`) and fix every size."""
+        n = source.num_nodes
+        if n <= 0:
+            raise DataError(f"{source.name}: empty graph (0 nodes)")
+        check_node_memory(n, source.name)
+        t = opts.tiles if opts.tiles is not None else choose_tiles(
+            n, source.num_edges_hint(), opts.symmetrize)
+        if t < 1 or t > n:
+            raise DataError(f"--tiles {t}: must be in [1, N={n}]")
+        size = math.ceil(n / t)
+        idx_dtype = np.dtype(np.int32 if n < 2**31 else np.int64)
+        f = source.num_features
+        if opts.features_dtype not in (None, "float16", "float32"):
+            raise DataError(f"--features-dtype {opts.features_dtype}: expected float16|float32")
+        fd = opts.features_dtype or (
+            "float16" if source.feature_dtype == np.dtype(np.float16) else "float32")
+        fdtype = np.dtype(fd)
+        row_bytes = max(1, f * fdtype.itemsize)
+        fb = max(1, min(size, opts.feature_block_bytes // row_bytes))
+        nfb = math.ceil(n / fb) if f else 0
+        if opts.permutation not in ("random", "degree", "balanced"):
+            raise DataError(f"--permutation {opts.permutation}: expected random|degree|balanced")
+        balance_blocks = 0
+        if opts.permutation == "balanced":
+            b = opts.balance_blocks if opts.balance_blocks is not None else \
+                default_balance_blocks(t)
+            balance_blocks = min(b, n)
+        params = {
+            "format_version": FORMAT_VERSION, "source": opts.source_desc, "N": n, "T": t,
+            "symmetrized": opts.symmetrize, "self_loops": opts.self_loops,
+            "features_dtype": fd, "seed": opts.seed, "F": f, "feature_block_rows": fb,
+            "permutation": opts.permutation,
+        }
+        if balance_blocks:
+            params["balance_blocks"] = balance_blocks
+        units = ([(k, i) for k in MATRICES for i in range(t)]
+                 + [(FEATURE_UNIT, i) for i in range(nfb)])
+        empty = np.empty(0, dtype=idx_dtype)
+        run = cls(source, opts, comm, n, t, size, idx_dtype, f, fdtype, fb, nfb, balance_blocks,
+                  params, units, empty, empty)
+        if opts.permutation == "random":
+            run.set_perms(*permutations(n, opts.seed))
+        return run
+
+    def set_perms(self, p: np.ndarray, q: np.ndarray) -> None:
+        """Take (perm_p, perm_q), new position -> original id; keep their inverses."""
+        self.pinv, self.qinv = inverse(p).astype(self.idx_dtype), inverse(q).astype(self.idx_dtype)
+
+    @property
+    def out(self) -> Path:
+        """The prepared directory."""
+        return Path(self.opts.out)
+
+    def path(self, rel: str) -> Path:
+        """``rel`` (a name of prepared.py) inside the prepared directory."""
+        return self.out / rel
+
+    def unit_path(self, kind: str, i: int) -> Path:
+        return self.path(unit_file(kind, i))
+
+    def done_path(self, kind: str, i: int) -> Path:
+        return self.path(done_file(kind, i))

@@ -1,0 +1,500 @@
+"""The four stages of a prep run, in pipeline order, each a collective function of a PrepRun.
+
+(1) :func:`permute_stage`: perm_p and perm_q (``random`` needs no edges and is set already);
+(2) :func:`bucket_stage`: every rank routes its share of the edges to bucket files keyed by
+tile of A1 and of A2 (buckets.py), and its feature rows keyed by row block; (3)
+:func:`build_stage`: every unit (a row block of A1, of A2, or of features) is built by one rank
+from the buckets; (4) :func:`finish_stage`: rank 0 writes nodes.h5 and, last, the manifest.
+Each stage ends in an agreement of all ranks (runtime.Comm), so an error anywhere stops every
+rank at the same boundary. File names: prepared.py.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import h5py
+import numpy as np
+
+from plexgt import __version__
+from plexgt.data.buckets import BucketReader, BucketWriter
+from plexgt.data.graph import random_split
+from plexgt.data.permute import (
+    balanced_permutations,
+    degree_permutations,
+    inverse,
+    process_edges,
+)
+from plexgt.data.prep_run import PrepRun, physical_memory
+from plexgt.data.prepared import (
+    A1,
+    A2,
+    ANCHOR,
+    ANCHORS,
+    BUCKETED,
+    BUCKETS,
+    COUNTS,
+    DONE,
+    FEATURE_UNIT,
+    FEATURES,
+    FEATURES_X,
+    FORMAT,
+    FORMAT_VERSION,
+    INDICES,
+    MANIFEST,
+    MATRICES,
+    NODES,
+    ROW_ORDER,
+    SPLITS,
+    STAGING,
+    TILE_DEG,
+    TILE_FORMAT,
+    bucket_base,
+    deg_ds,
+    labels_ds,
+    mask_ds,
+    perm_ds,
+    tile_file,
+    tile_group,
+    unit_file,
+)
+from plexgt.data.runtime import Progress, read_json, sha256_file, write_json_atomic
+from plexgt.data.source import check_finite, collect_edges, parts_of
+from plexgt.errors import DataError
+
+Streams = dict[str, tuple[np.dtype, int | None]]
+
+
+def _block(n: int, size: int, i: int) -> tuple[int, int]:
+    """[lo, hi) of block ``i`` of ``size`` rows out of ``n`` (empty past the end)."""
+    lo = min(n, i * size)
+    return lo, min(n, lo + size)
+
+
+def _h5_write_atomic(path: Path, fill: Callable[[h5py.File], None]) -> dict[str, Any]:
+    """Create ``path`` via ``fill(h5file)`` under a temporary name; return its record."""
+    tmp = path.with_name(path.name + ".tmp")
+    with h5py.File(tmp, "w", libver="v108", track_order=False) as f:
+        fill(f)
+    out = {"bytes": tmp.stat().st_size, "sha256": sha256_file(tmp)}
+    tmp.replace(path)
+    return out
+
+
+def _ds(f: h5py.Group, name: str, data: np.ndarray, **kw: Any) -> None:
+    f.create_dataset(name, data=data, track_times=False, **kw)
+
+
+# -- stage 1: the permutations ---------------------------------------------------------------
+def permute_stage(run: PrepRun) -> None:
+    """Collective: set perm_p and perm_q of ``degree`` and ``balanced``.
+
+    ``degree`` needs every node's degree, so each rank counts its share and the counts are
+    summed; ``balanced`` needs every edge, so rank 0 alone computes it and broadcasts.
+    """
+    comm, o = run.comm, run.opts
+    if o.permutation == "degree":
+        deg = comm.run(lambda: count_degrees(run))
+        run.set_perms(*degree_permutations(comm.sum(deg), o.seed))
+    elif o.permutation == "balanced":
+        perms = comm.run(lambda: balance(run) if comm.rank == 0 else None)
+        run.set_perms(*comm.bcast(perms))
+
+
+def count_degrees(run: PrepRun) -> np.ndarray:
+    """[N] int64 in + out degree over this rank's share of the edges (before the sum):
+    from the source's earlier pass where it counted them, else from a pass of our own."""
+    rank, w = run.comm.rank, run.comm.size
+    deg = run.src.counted_degrees(rank, w)
+    if deg is not None:
+        return deg
+    deg = np.zeros(run.n, dtype=np.int64)
+    for src, dst in run.src.edge_chunks(rank, w, run.opts.chunk_edges):
+        deg += np.bincount(src, minlength=run.n)
+        deg += np.bincount(dst, minlength=run.n)
+    return deg
+
+
+def balance(run: PrepRun) -> tuple[np.ndarray, np.ndarray]:
+    """(perm_p, perm_q) of ``--permutation balanced``, from all the edges (rank 0 alone).
+
+    Unlike the other stages this holds every processed edge in memory (~50 bytes an edge):
+    the refinement needs each node's nonzeros per block exactly, duplicates merged.
+    """
+    t0 = time.monotonic()
+    n, o = run.n, run.opts
+    e = run.src.num_edges_hint() * (2 if o.symmetrize else 1) + n
+    phys = physical_memory()
+    need = 56 * e + 48 * n * run.balance_blocks
+    if phys is not None and need > phys:
+        raise DataError(f"{run.src.name}: --permutation balanced needs ~{need / 2**30:.0f} "
+                        f"GiB for {e} edges, more than this machine's {phys / 2**30:.0f} "
+                        "GiB (use --permutation degree or random)")
+    src, dst = process_edges(*collect_edges(run.src.edge_chunks(0, 1, o.chunk_edges)),
+                             n, o.symmetrize, o.self_loops)
+    p, q, info = balanced_permutations(src, dst, n, run.balance_blocks, o.seed)
+    info["seconds"] = round(time.monotonic() - t0, 3)
+    run.balance_info = info
+    return p, q
+
+
+# -- stage 2: route edges and feature rows to buckets ----------------------------------------
+def edge_streams(run: PrepRun) -> Streams:
+    """Bucket records of a matrix: (row, column) in its permuted order."""
+    return {"r": (run.idx_dtype, None), "c": (run.idx_dtype, None)}
+
+
+def feature_streams(run: PrepRun) -> Streams:
+    """Bucket records of the features: Q position and the [F] row."""
+    return {"pos": (np.dtype(np.int64), None), "x": (run.fdtype, run.f)}
+
+
+def bucket_stage(run: PrepRun) -> None:
+    """Collective: fill the buckets, unless a run on as many ranks already did (``--resume``).
+
+    Then the source checks what only the whole pass can show (e.g. a header's claimed edge
+    count: :meth:`GraphSource.check_edge_pass`), on the counts of every rank summed.
+    """
+    comm, source = run.comm, run.src
+    marker = run.path(BUCKETED)
+    redo = True
+    if marker.exists():
+        redo = read_json(marker).get("nparts") != comm.size
+    comm.agree(None)
+    if not redo:
+        return
+    if comm.rank == 0 and marker.exists():
+        marker.unlink()
+    comm.run(lambda: bucket(run))
+    # counts a split pass could not check (a header's claimed edges): summed, checked
+    stats = source.edge_pass_stats()
+    if stats.size:
+        totals = comm.sum(np.array(stats, dtype=np.int64))
+        comm.run(lambda: source.check_edge_pass(totals))
+    if comm.rank == 0:
+        write_json_atomic(marker, {"nparts": comm.size})
+    comm.agree(None)
+
+
+def bucket(run: PrepRun) -> None:
+    """This rank's share: its edges into A1 and A2 (with symmetrization and self loops), and
+    its feature rows unless the source reads rows by id (then the build stage gathers them)."""
+    run.path(BUCKETS).mkdir(parents=True, exist_ok=True)
+    _bucket_edges(run)
+    if run.f and not run.src.random_access_features:
+        _bucket_features(run)
+
+
+def _bucket_edges(run: PrepRun) -> None:
+    """Edge (src, dst) is A[dst, src]: (pinv[dst], qinv[src]) in A1, (qinv[dst], pinv[src]) in
+    A2, each keyed by its tile (row block * T + column block)."""
+    rank, w, o = run.comm.rank, run.comm.size, run.opts
+    nk = run.t * run.t
+    fl = o.flush_items or 4 * o.chunk_edges
+    w1 = BucketWriter(run.path(bucket_base(A1, rank)), nk, edge_streams(run), fl)
+    w2 = BucketWriter(run.path(bucket_base(A2, rank)), nk, edge_streams(run), fl)
+    ehint = run.src.num_edges_hint() * (2 if o.symmetrize else 1)
+    prog = Progress("prep: routing edges", ehint / w, o.progress and rank == 0)
+    s, t, pinv, qinv = run.size, run.t, run.pinv, run.qinv
+
+    def route(src: np.ndarray, dst: np.ndarray) -> None:
+        r1, c1 = pinv[dst], qinv[src]
+        w1.add((r1 // s).astype(np.int64) * t + c1 // s, r=r1, c=c1)
+        r2, c2 = qinv[dst], pinv[src]
+        w2.add((r2 // s).astype(np.int64) * t + c2 // s, r=r2, c=c2)
+        prog.update(src.size)
+
+    for src, dst in run.src.edge_chunks(rank, w, o.chunk_edges):
+        route(src, dst)
+        if o.symmetrize:
+            route(dst, src)
+    if o.self_loops:
+        for lo, hi in parts_of(run.n, o.chunk_edges, rank, w):
+            ids = np.arange(lo, hi, dtype=np.int64)
+            route(ids, ids)
+    w1.close()
+    w2.close()
+    prog.close()
+
+
+def _bucket_features(run: PrepRun) -> None:
+    """Feature rows, cast to the stored dtype (refused if that overflows), keyed by the block
+    of their Q position."""
+    rank, w, f, fdtype = run.comm.rank, run.comm.size, run.f, run.fdtype
+    row_bytes = f * fdtype.itemsize + 8
+    wf = BucketWriter(run.path(bucket_base(FEATURE_UNIT, rank)), run.nfb, feature_streams(run),
+                      max(1, (128 << 20) // row_bytes))
+    rows = max(1, (64 << 20) // max(1, f * 4))
+    for row0, x in run.src.feature_chunks(rank, w, rows):
+        xs = np.asarray(x).astype(fdtype, copy=False)
+        if xs.dtype != x.dtype:
+            check_finite(xs, row0, f"{run.src.name}: features cast to {fdtype}")
+        pos = run.qinv[row0 : row0 + x.shape[0]].astype(np.int64)
+        wf.add(pos // run.fb, pos=pos, x=xs)
+    wf.close()
+
+
+# -- stage 3: build the units from the buckets -----------------------------------------------
+def build_stage(run: PrepRun, fail_after: int | None) -> None:
+    """Collective: every rank builds the units it owns (round robin) that are not done yet.
+
+    ``fail_after`` (tests only) interrupts this rank after it has built that many units.
+    """
+    run.comm.run(lambda: build_units(run, fail_after))
+
+
+def is_done(run: PrepRun, kind: str, i: int) -> bool:
+    """Whether a unit's completion record and file exist and agree on the file's size."""
+    d, p = run.done_path(kind, i), run.unit_path(kind, i)
+    if not (d.exists() and p.exists()):
+        return False
+    try:
+        rec = read_json(d)
+    except DataError:
+        return False
+    return rec.get("bytes") == p.stat().st_size
+
+
+def build_units(run: PrepRun, fail_after: int | None) -> None:
+    """This rank's units, each written atomically, then recorded as done (for ``--resume``)."""
+    rank, w = run.comm.rank, run.comm.size
+    nb = read_json(run.path(BUCKETED))["nparts"]
+    mine = [u for k, u in enumerate(run.units) if k % w == rank and not is_done(run, *u)]
+    readers: dict[str, BucketReader | None] = {}
+    q: np.ndarray | None = None  # perm_q, once feature rows are gathered by original id
+    prog = Progress("prep: building tiles", len(mine), run.opts.progress and rank == 0,
+                    every_s=5.0)
+    for built, (kind, i) in enumerate(mine):
+        if fail_after is not None and built >= fail_after:
+            raise RuntimeError(f"simulated interruption after {built} units")
+        if kind == FEATURE_UNIT and run.src.random_access_features:
+            readers[kind] = None
+        if kind not in readers:
+            streams = feature_streams(run) if kind == FEATURE_UNIT else edge_streams(run)
+            readers[kind] = BucketReader([run.path(bucket_base(kind, p)) for p in range(nb)],
+                                         streams)
+        for sub in (*MATRICES, FEATURES, DONE):
+            run.path(sub).mkdir(exist_ok=True)
+        reader = readers[kind]
+        if kind != FEATURE_UNIT:
+            rec = build_tile_row(run, kind, i, reader)
+        elif reader is None:  # the source reads rows by id: gather, no buckets
+            q = inverse(run.qinv) if q is None else q
+            rec = build_features(run, i, _gathered_rows(run, i, q))
+        else:
+            rec = build_features(run, i, reader.read(i))
+        rec["file"] = unit_file(kind, i)
+        write_json_atomic(run.done_path(kind, i), rec)
+        prog.update(1)
+    prog.close()
+
+
+def encode_counts(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row counts of a tile -> (counts in the narrowest unsigned dtype, anchors).
+
+    Why not an int64 indptr: a tile of a sparse graph has ~deg/T nonzeros per row, so an
+    indptr (8 B a row, per tile) would cost as much I/O as the indices themselves (T/deg
+    overhead per read). Counts take 1 B a row for most tiles; anchors (the indptr of every
+    ANCHOR-th row) let a reader start anywhere after summing fewer than ANCHOR counts.
+    """
+    mx = int(counts.max()) if counts.size else 0
+    dtype = np.uint8 if mx < 1 << 8 else np.uint16 if mx < 1 << 16 else np.uint32
+    indptr = np.zeros(counts.size + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    anchors = np.append(indptr[:-1:ANCHOR], indptr[-1])
+    return counts.astype(dtype), anchors
+
+
+def _sorted_unique(key: np.ndarray) -> np.ndarray:
+    """Sorted distinct values (np.unique's hash path is ~10x slower on int64 keys)."""
+    key.sort()
+    if key.size < 2:
+        return key
+    keep = np.empty(key.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(key[1:], key[:-1], out=keep[1:])
+    return key[keep]
+
+
+def build_tile_row(run: PrepRun, kind: str, ti: int, reader: BucketReader) -> dict[str, Any]:
+    """Row block ``ti`` of matrix ``kind``, one tile at a time: duplicate edges merged, rows
+    encoded (:func:`encode_counts`), degrees summed. Returns the file's record with the
+    nonzeros of each tile."""
+    n, s, t = run.n, run.size, run.t
+    r0, r1 = _block(n, s, ti)
+    nrows = r1 - r0
+    deg = np.zeros(nrows, dtype=np.int64)
+    nnz: list[int] = []
+
+    def fill(f: h5py.File) -> None:
+        f.attrs.update({"matrix": kind, "ti": ti, "row_lo": r0, "row_hi": r1})
+        for tj in range(t):
+            c0, c1 = _block(n, s, tj)
+            rec = reader.read(ti * t + tj)
+            key = (rec["r"].astype(np.int64) - r0) * (c1 - c0) + (rec["c"] - c0)
+            key = _sorted_unique(key)
+            counts = np.bincount(key // max(1, c1 - c0), minlength=nrows)
+            indices = (key % max(1, c1 - c0)).astype(run.idx_dtype)
+            g = f.create_group(tile_group(tj))
+            stored, anchors = encode_counts(counts)
+            _ds(g, COUNTS, stored)
+            _ds(g, ANCHORS, anchors)
+            _ds(g, INDICES, indices)
+            deg[:] += counts
+            nnz.append(int(key.size))
+        _ds(f, TILE_DEG, deg)
+
+    rec = _h5_write_atomic(run.unit_path(kind, ti), fill)
+    rec["nnz"] = nnz
+    return rec
+
+
+def _gathered_rows(run: PrepRun, b: int, q: np.ndarray) -> dict[str, np.ndarray]:
+    """Feature block ``b`` read from the source by original id (``q``: perm_q), as the
+    records the buckets would hold."""
+    lo, hi = _block(run.n, run.fb, b)
+    x = run.src.feature_rows(q[lo:hi].astype(np.int64))
+    rec = {"pos": np.arange(lo, hi, dtype=np.int64), "x": x.astype(run.fdtype)}
+    if rec["x"].dtype != x.dtype:
+        check_finite(rec["x"], lo, f"{run.src.name}: features (Q order) cast to {run.fdtype}")
+    return rec
+
+
+def build_features(run: PrepRun, b: int, rec: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Feature block ``b`` from its records (Q position, row), which must cover every row of
+    the block exactly once. Returns the file's record."""
+    lo, hi = _block(run.n, run.fb, b)
+    pos, x = rec["pos"], rec["x"]
+    have = np.zeros(hi - lo, dtype=bool)
+    have[pos - lo] = True
+    if not have.all() or pos.size != hi - lo:
+        missing = int(np.nonzero(~have)[0][0]) + lo if not have.all() else -1
+        raise DataError(f"{run.src.name}: feature rows do not cover every node once "
+                        f"(Q position {missing} missing or rows duplicated)")
+    out = np.empty((hi - lo, run.f), dtype=run.fdtype)
+    out[pos - lo] = x
+    cr = max(1, min(hi - lo, (256 << 10) // (min(run.f, 64) * run.fdtype.itemsize)))
+
+    def fill(f: h5py.File) -> None:
+        f.attrs.update({"row_lo": lo, "row_hi": hi})
+        _ds(f, FEATURES_X, out, chunks=(cr, min(run.f, 64)))
+
+    return _h5_write_atomic(run.unit_path(FEATURE_UNIT, b), fill)
+
+
+# -- stage 4: node arrays and the manifest (rank 0) ------------------------------------------
+def finish_stage(run: PrepRun, t_start: float) -> dict[str, Any]:
+    """Collective: rank 0 writes nodes.h5 and the manifest; returns it on every rank."""
+    comm = run.comm
+    manifest = comm.run(lambda: finish(run, t_start) if comm.rank == 0 else None)
+    return comm.bcast(manifest)
+
+
+def finish(run: PrepRun, t_start: float) -> dict[str, Any]:
+    """Rank 0: nodes.h5, then the manifest (its presence marks the directory complete), then
+    the staging area goes. Returns the manifest."""
+    manifest = manifest_of(run, *write_nodes(run), t_start)
+    for sub in (*MATRICES, FEATURES):  # leftovers of interrupted writes
+        for tmp in run.path(sub).glob("*.tmp"):
+            tmp.unlink()
+    write_json_atomic(run.path(MANIFEST), manifest)
+    shutil.rmtree(run.path(STAGING), ignore_errors=True)
+    return manifest
+
+
+def _labels(run: PrepRun) -> np.ndarray:
+    """[N] int64 labels of the source in original order, -1 throughout when it has none."""
+    n = run.n
+    labels = run.src.labels()
+    if labels is None:
+        labels = np.full(n, -1, dtype=np.int64)
+    labels = np.asarray(labels, dtype=np.int64)
+    if labels.shape != (n,):
+        raise DataError(f"{run.src.name}: {labels.shape[0]} labels disagree with N={n}")
+    if labels.size and labels.min() < -1:
+        raise DataError(f"{run.src.name}: label {int(labels.min())} is below -1")
+    return labels
+
+
+def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int]:
+    """nodes.h5: permutations, then labels, degrees (summed from the tile files) and split
+    masks in both orders. Returns (its record, nodes per split, C)."""
+    n = run.n
+    labels = _labels(run)
+    c = int(labels.max()) + 1 if labels.size else 0
+    splits = run.src.splits() or random_split(n, run.opts.seed)
+    sizes = {k: int(np.asarray(splits.get(k, [])).size) for k in SPLITS}
+    degs = {}
+    for kind in MATRICES:
+        parts = []
+        for ti in range(run.t):
+            with h5py.File(run.path(tile_file(kind, ti)), "r") as f:
+                parts.append(f[TILE_DEG][()])
+        degs[ROW_ORDER[kind]] = np.concatenate(parts)
+
+    p, q = inverse(run.pinv).astype(np.int64), inverse(run.qinv).astype(np.int64)
+
+    def fill(f: h5py.File) -> None:
+        _ds(f, perm_ds("P"), p)
+        _ds(f, perm_ds("Q"), q)
+        for order, perm in (("P", p), ("Q", q)):
+            _ds(f, labels_ds(order), labels[perm])
+            _ds(f, deg_ds(order), degs[order])
+            for k in SPLITS:
+                m = np.zeros(n, dtype=bool)
+                idx = np.asarray(splits.get(k, []), dtype=np.int64)
+                if idx.size and (idx.min() < 0 or idx.max() >= n):
+                    raise DataError(f"{run.src.name}: split '{k}' holds an id outside "
+                                    f"[0, {n})")
+                m[idx] = True
+                _ds(f, mask_ds(k, order), m[perm])
+
+    rec = _h5_write_atomic(run.path(NODES), fill)
+    return rec, sizes, c
+
+
+def manifest_of(run: PrepRun, nodes_rec: dict[str, Any], split_sizes: dict[str, int], c: int,
+                t_start: float) -> dict[str, Any]:
+    """The manifest: sizes, dtypes, options, and every file's record (the units' from their
+    completion records)."""
+    o = run.opts
+    files = {NODES: nodes_rec}
+    tile_nnz: dict[str, list[list[int]]] = {k: [] for k in MATRICES}
+    for kind, i in run.units:
+        rec = read_json(run.done_path(kind, i))
+        files[rec["file"]] = {"bytes": rec["bytes"], "sha256": rec["sha256"]}
+        if kind != FEATURE_UNIT:
+            tile_nnz[kind].append(rec["nnz"])
+    e1 = int(np.sum(tile_nnz[A1]))
+    e2 = int(np.sum(tile_nnz[A2]))
+    if e1 != e2:
+        raise RuntimeError(f"internal error: A1 holds {e1} nonzeros, A2 {e2}")
+    nnz = np.asarray(tile_nnz[A1], dtype=np.float64)
+    imbalance = float(nnz.max() / nnz.mean()) if nnz.mean() > 0 else 1.0
+    rnd = o.permutation == "random"
+    sources = [{"path": str(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
+               for p in run.src.files]
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "plexgt_version": __version__, "name": run.src.name,
+        "N": run.n, "E": e1, "F": run.f, "C": c,
+        "dtypes": {"features": str(run.fdtype), "indices": str(run.idx_dtype),
+                   "anchors": "int64", "labels": "int64", "deg": "int64", "perm": "int64",
+                   "mask": "bool"},
+        "T": run.t, "tile_size": run.size, "feature_block_rows": run.fb,
+        "tile_format": TILE_FORMAT, "anchor_stride": ANCHOR,
+        "num_feature_blocks": run.nfb,
+        "self_loops": o.self_loops, "symmetrized": o.symmetrize,
+        "permutation": {"method": o.permutation, "seed": o.seed,
+                        "perm_p_rng": [o.seed, 1 if rnd else 3],
+                        "perm_q_rng": [o.seed, 2 if rnd else 4],
+                        **({"balance": run.balance_info} if run.balance_blocks else {})},
+        "splits": split_sizes, "tile_nnz": tile_nnz, "tile_imbalance": imbalance,
+        "source": o.source_desc, "source_files": sources, "files": files,
+        "prep_seconds": round(time.monotonic() - t_start, 3), "prep_ranks": run.comm.size,
+        "params": run.params,
+    }

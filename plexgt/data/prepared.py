@@ -1,0 +1,124 @@
+"""The prepared-directory format: every file, dataset and name in it, defined once.
+
+The writer (shard.py and its stages), the reader (loader.py) and the checker (verify.py) all
+spell the layout through this module, so changing the format takes one edit here and a bump of
+FORMAT_VERSION, which readers check.
+
+Layout of a prepared directory (format version 1; the manifest describes it fully)::
+
+    manifest.json          written last: its presence means the directory is complete
+    nodes.h5               perm_p, perm_q [N] (new position -> original id); labels_P/_Q [N];
+                           mask_{train,valid,test}_P/_Q [N] bool; deg_P, deg_Q [N]
+    A1/rows_00000.h5       tile row-block ti of A1 = P A Q^T; per tile a group t00000..:
+    A2/rows_00000.h5       counts [rows] (uint8/16/32: nonzeros per row), anchors [rows/1024+1]
+                           int64 (offset of every 1024th row; the last = nnz), indices [nnz]
+                           int32 local to the tile (columns ascending per row); deg [rows] int64
+    features/rows_00000.h5 x [rows, F], rows of the Q order, chunked for hyperslab reads
+
+Tiles are a T x T grid of ceil(N/T)-sized blocks, independent of any training grid. A1's rows
+are in P order and its columns in Q order, A2 the reverse (ROW_ORDER, COL_ORDER): so deg_P is
+the row counts of A1 and deg_Q those of A2. A tile file's attributes are matrix, ti, row_lo and
+row_hi; a feature file's row_lo and row_hi.
+
+While prep runs, and after an interruption, the directory also holds ``.staging/`` (removed
+once the manifest is written)::
+
+    .staging/params.json          options and input of the run (--resume must match them)
+    .staging/buckets/A1.p0.*      bucket files of A1, A2 and features (X) by producing rank
+    .staging/bucketed.json        {"nparts": ranks}: every rank has finished bucketing
+    .staging/done/A1_00000.json   completion record of one unit: its file's bytes and sha256
+"""
+
+from __future__ import annotations
+
+FORMAT = "plexgt-prepared"
+FORMAT_VERSION = 1
+TILE_FORMAT = "counts+anchors"
+#: a tile stores the indptr of every ANCHOR-th row (see prep_stages.encode_counts)
+ANCHOR = 1024
+
+MANIFEST = "manifest.json"
+NODES = "nodes.h5"
+FEATURES = "features"
+"""Directory of the feature blocks."""
+
+A1, A2 = "A1", "A2"
+MATRICES = (A1, A2)
+"""The two matrices, each also the directory of its tile row-blocks."""
+ROW_ORDER = {A1: "P", A2: "Q"}
+COL_ORDER = {A1: "Q", A2: "P"}
+ORDERS = ("P", "Q")
+SPLITS = ("train", "valid", "test")
+
+# datasets of a tile file (TILE_DEG) and of each tile group in it
+TILE_DEG = "deg"
+COUNTS = "counts"
+ANCHORS = "anchors"
+INDICES = "indices"
+# the dataset of a feature file
+FEATURES_X = "x"
+
+STAGING = ".staging"
+PARAMS = f"{STAGING}/params.json"
+BUCKETED = f"{STAGING}/bucketed.json"
+BUCKETS = f"{STAGING}/buckets"
+DONE = f"{STAGING}/done"
+FEATURE_UNIT = "X"
+"""Unit kind of a feature block (the others are the matrix names): names its buckets and
+completion records."""
+
+
+def tile_file(matrix: str, ti: int) -> str:
+    """Relative path of tile row-block ``ti`` of ``matrix`` ('A1' | 'A2')."""
+    return f"{matrix}/rows_{ti:05d}.h5"
+
+
+def feature_file(b: int) -> str:
+    """Relative path of feature block ``b`` (rows [b * feature_block_rows, ...) in Q order)."""
+    return f"{FEATURES}/rows_{b:05d}.h5"
+
+
+def tile_group(tj: int) -> str:
+    """Group of tile column ``tj`` inside a tile row-block file."""
+    return f"t{tj:05d}"
+
+
+def data_files(t: int, num_feature_blocks: int) -> list[str]:
+    """Every file a complete directory holds besides the manifest, as listed in it."""
+    return ([NODES] + [tile_file(k, i) for k in MATRICES for i in range(t)]
+            + [feature_file(b) for b in range(num_feature_blocks)])
+
+
+def perm_ds(order: str) -> str:
+    """[N] int64 new position of ``order`` ('P' | 'Q') -> original id, in nodes.h5."""
+    return f"perm_{order.lower()}"
+
+
+def labels_ds(order: str) -> str:
+    """[N] int64 labels (-1 unlabelled) in ``order``, in nodes.h5."""
+    return f"labels_{order}"
+
+
+def mask_ds(split: str, order: str) -> str:
+    """[N] bool mask of ``split`` in ``order``, in nodes.h5."""
+    return f"mask_{split}_{order}"
+
+
+def deg_ds(order: str) -> str:
+    """[N] int64 row counts of the matrix whose rows are in ``order``, in nodes.h5."""
+    return f"deg_{order}"
+
+
+def unit_file(kind: str, i: int) -> str:
+    """Relative path of the file prep's unit (``kind`` 'A1' | 'A2' | 'X', index ``i``) builds."""
+    return feature_file(i) if kind == FEATURE_UNIT else tile_file(kind, i)
+
+
+def done_file(kind: str, i: int) -> str:
+    """Relative path of the completion record of one unit (``--resume`` skips those)."""
+    return f"{DONE}/{kind}_{i:05d}.json"
+
+
+def bucket_base(kind: str, rank: int) -> str:
+    """Relative base path of the bucket files ``rank`` writes for units of ``kind``."""
+    return f"{BUCKETS}/{kind}.p{rank}"

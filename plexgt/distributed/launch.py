@@ -1,0 +1,71 @@
+"""What a process knows of its job before anything is initialised: no torch, no MPI init.
+
+The command line imports this module alone (``plexgt prep`` on 64 ranks should not pay for
+torch), to name the rank in a one-line error and to end the whole job when one rank fails
+outside a collective that the others would notice.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import traceback
+from typing import Any
+
+
+def launch_rank() -> tuple[int, int]:
+    """(rank, size) of this process as its launcher set them, before any initialisation:
+    MPI's (MPICH, Open MPI, PMIx), Slurm's, or torchrun's variables; (0, 1) alone."""
+    for r, s in (("PMI_RANK", "PMI_SIZE"), ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"),
+                 ("PMIX_RANK", "PMIX_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS"),
+                 ("RANK", "WORLD_SIZE")):
+        if r in os.environ and s in os.environ:
+            try:
+                return int(os.environ[r]), int(os.environ[s])
+            except ValueError:
+                continue
+    return 0, 1
+
+
+def mpi_world() -> Any | None:
+    """COMM_WORLD if mpi4py imports and this process was started by an MPI launcher."""
+    if os.environ.get("PLEXGT_NO_MPI"):
+        return None
+    try:
+        # imported here, not at the top: importing mpi4py.MPI initialises MPI, which a
+        # torchrun-launched process (or one told PLEXGT_NO_MPI) must never do
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    return MPI.COMM_WORLD
+
+
+def end_job(code: int) -> None:
+    """End every rank of the job now: MPI Abort when launched by MPI, else exit this process
+    (torchrun's peers then fail at their next collective, bounded by its timeout)."""
+    sys.stderr.flush()
+    comm = mpi_world()
+    if comm is not None and comm.Get_size() > 1:
+        comm.Abort(code)
+    os._exit(code)
+
+
+def install_abort_on_error(rank: int, comm: Any | None) -> None:
+    """Make an uncaught exception on this rank end the whole job (MPI Abort), not hang it.
+    ``comm``: the job's MPI communicator, or None to find it (if any) when it is needed."""
+
+    def _abort(exc_type: type[BaseException], exc: BaseException, tb: Any) -> None:
+        msg = "".join(traceback.format_exception(exc_type, exc, tb))
+        sys.stderr.write(f"plexgt: rank {rank}: uncaught {exc_type.__name__}: {exc}\n{msg}")
+        sys.stderr.flush()
+        if comm is not None and comm.Get_size() > 1:
+            comm.Abort(1)
+        end_job(1)
+
+    sys.excepthook = _abort
+
+    def _thread_abort(args: threading.ExceptHookArgs) -> None:
+        _abort(args.exc_type, args.exc_value, args.exc_traceback)
+
+    threading.excepthook = _thread_abort

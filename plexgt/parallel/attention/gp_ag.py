@@ -1,0 +1,80 @@
+"""GP-AG: graph attention over a node partition, K and V all-gathered.
+
+Rank r of p holds rows [N/p] (block r in Q order, double-permuted so every block has about
+E/p edges) and computes its own q, k, v [N/p, h, d'] with replicated projections. Then
+
+forward
+    K [N/p, h, d'] --all-gather--> [N, h, d']      before the SDDMM (scores of local rows)
+    V [N/p, h, d'] --all-gather--> [N, h, d']      before the SpMM
+    y [N/p, h, d'] = softmax_rows(q Kᵀ ⊙ A[rows, :]) V   the single-rank kernel, all heads
+backward (the adjoints of the collectives; nothing hand-written)
+    dK, dV [N, h, d'] partial sums of every rank --reduce-scatter--> [N/p, h, d']
+
+Why: communication is 4·N·d per rank whatever p is (no strong scaling of traffic), but the
+graph is stored once in total (N/p + E/p per rank) and every rank computes all heads, so it
+wins when heads are few or the graph is too big to replicate.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from plexgt.distributed.collectives import (
+    CommOp,
+    all_gather,
+    all_gather_bytes,
+    reduce_scatter_bytes,
+)
+from plexgt.ops.attention import sparse_attention
+from plexgt.parallel.attention.strategy import (
+    AttentionProblem,
+    AttentionShard,
+    AttentionStrategy,
+    MemoryEstimate,
+    graph_bytes,
+)
+
+Tensor = torch.Tensor
+
+
+def gp_ag_forward(shard: AttentionShard, q: Tensor, k: Tensor, v: Tensor,
+                  block_rows: int | None = None) -> Tensor:
+    """q, k, v [N/p, h, d'] (rows over the group) -> y [N/p, h, d'] (rows over the group).
+
+    The local pattern is [N/p, p·N/p]; gathered K and V rows are in group-rank order, which is
+    Q order, so the pattern's global column ids index them directly.
+    """
+    k_all = all_gather(k, shard.comm, dim=0)
+    v_all = all_gather(v, shard.comm, dim=0)
+    return sparse_attention(shard.graph, q, k_all, v_all, block_rows=block_rows)
+
+
+def gp_ag_comm(problem: AttentionProblem, rank: int, p: int) -> list[CommOp]:
+    """GP-AG: all-gather K and V [N/p, d] (forward), reduce-scatter dK and dV (backward)."""
+    if p == 1:
+        return []
+    shard = problem.rows(p) * problem.d * problem.esize
+    ag = all_gather_bytes(shard, p)
+    rs = reduce_scatter_bytes(p * shard, p)
+    return [CommOp("all_gather", ag, ag), CommOp("all_gather", ag, ag),
+            CommOp("reduce_scatter", rs, rs, "backward"),
+            CommOp("reduce_scatter", rs, rs, "backward")]
+
+
+def gp_ag_memory(problem: AttentionProblem, p: int) -> MemoryEstimate:
+    """4·N·d (gathered K, V and their full-size gradients) + E·h/p (scores of local rows)."""
+    n_pad = p * problem.rows(p)
+    e_loc = -(-problem.e // p)
+    act = 4 * n_pad * problem.d + e_loc * problem.heads
+    return MemoryEstimate(act, act * problem.esize, graph_bytes(problem.rows(p), n_pad, e_loc),
+                          e_loc * problem.heads)
+
+
+GP_AG = AttentionStrategy(
+    name="gp_ag",
+    description="node partition; all-gather K, V; reduce-scatter dK, dV",
+    forward=gp_ag_forward,
+    comm=gp_ag_comm,
+    memory=gp_ag_memory,
+    full_graph=False,
+)

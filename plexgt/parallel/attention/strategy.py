@@ -1,0 +1,219 @@
+"""What a distributed sparse-attention strategy is, what one rank holds, and the registry type.
+
+A strategy is three functions over the same 1D node partition of p ranks (rows of the graph in
+Q order, ``ceil(N/p)`` padded rows per rank, :func:`plexgt.distributed.grid.block_bounds`):
+
+* ``forward(shard, q, k, v, block_rows) -> y``: q, k, v [N/p, h, d'] (rows over the group) ->
+  y [N/p, h, d'], through autograd collectives so the backward communicates by itself;
+* ``comm(problem, rank, p) -> [CommOp]``: the collectives one attention block issues on that
+  rank, forward and backward, with exact bytes (the ledger of a real run equals them);
+* ``memory(problem, p) -> MemoryEstimate``: activation and graph-storage bytes per rank.
+
+Plus ``full_graph``: whether each rank stores the whole graph (head partition) or only its row
+block (node partition), which decides what :class:`AttentionShard` carries.
+
+Each strategy is one module beside this one (``gp_ag.py``, ``gp_a2a.py``) holding its three
+functions; :mod:`plexgt.parallel.attention.registry` lists them, and a registry is an object the
+caller builds (``default_registry()``) and extends (``reg.register(...)``): no module-level
+mutable state. Adding a strategy is one new module and one line there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from plexgt.distributed.collectives import Comm, CommOp
+from plexgt.distributed.grid import block_bounds
+from plexgt.ops.csr import CSRGraph
+
+Tensor = torch.Tensor
+Range = tuple[int, int]
+
+
+def head_splits(heads: int, p: int) -> tuple[int, ...]:
+    """Heads per rank when h heads are cut over p ranks: h//p each, one more for the first h%p.
+
+    Balanced (never two ranks more than one head apart), and valid for h < p (some ranks then
+    hold no head and only relay rows).
+    """
+    if heads < 1 or p < 1:
+        raise ValueError(f"cannot split {heads} heads over {p} ranks")
+    return tuple(heads // p + (1 if j < heads % p else 0) for j in range(p))
+
+
+@dataclass(frozen=True)
+class AttentionProblem:
+    """The sizes a strategy's cost and memory functions need (one attention block)."""
+
+    n: int
+    """Nodes N."""
+    e: int
+    """Edges E (nonzeros of the attention pattern, self loops included when stored)."""
+    d: int
+    """Hidden width d = h * d'."""
+    heads: int
+    """Heads h."""
+    esize: int = 4
+    """Bytes per element of activations."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.d // self.heads
+
+    def rows(self, p: int) -> int:
+        """Padded rows per rank, ceil(N/p)."""
+        return -(-self.n // p)
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-rank bytes of one attention block (Table 1 of Lin et al., in bytes)."""
+
+    activation_elems: int
+    """Elements of the block's activations and their gradients (e.g. 4·N·d + E·h/p for GP-AG)."""
+    activation_bytes: int
+    graph_bytes: int
+    """Stored pattern: row pointers + per-edge index arrays of the rows this rank holds."""
+    score_elems: int = 0
+    """Elements of one [h, E] score array on this rank (E·h/p): the kernel's backward holds
+    about three more of them at once, for one layer at a time."""
+
+    @property
+    def total(self) -> int:
+        return self.activation_bytes + self.graph_bytes
+
+
+@dataclass(frozen=True)
+class AttentionShard:
+    """What one rank of a p-rank group holds to run distributed attention.
+
+    ``graph`` is [ceil(N/p), p·ceil(N/p)] (this rank's rows against all padded columns) for a
+    node-partitioned strategy, or [p·ceil(N/p)] squared (every row) for a head-partitioned one;
+    columns are global positions in Q order either way, so K/V gathered in group-rank order
+    line up with them. Padding rows own no edges and no column points at them.
+    """
+
+    strategy: AttentionStrategy
+    comm: Comm
+    n: int
+    """True node count N."""
+    rows: Range
+    """This rank's node range [lo, hi) in Q order (block ``comm.rank`` of ``comm.size``)."""
+    n_loc: int
+    """Padded rows per rank, ceil(N/p): the first dimension of q, k, v and y."""
+    graph: CSRGraph
+    heads: int
+
+    @property
+    def head_splits(self) -> tuple[int, ...]:
+        return head_splits(self.heads, self.comm.size)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, block_rows: int | None = None) -> Tensor:
+        """q, k, v [N/p, h, d'] (rows over the group) -> y [N/p, h, d'] (this rank's rows)."""
+        return self.strategy.forward(self, q, k, v, block_rows)
+
+
+AttentionForward = Callable[[AttentionShard, Tensor, Tensor, Tensor, "int | None"], Tensor]
+CommFunction = Callable[[AttentionProblem, int, int], list[CommOp]]
+MemoryFunction = Callable[[AttentionProblem, int], MemoryEstimate]
+
+
+@dataclass(frozen=True)
+class AttentionStrategy:
+    """A named distributed attention: its forward, its cost and its memory function."""
+
+    name: str
+    description: str
+    forward: AttentionForward
+    comm: CommFunction
+    """(problem, rank, p) -> the rank's collectives of one block, forward then backward."""
+    memory: MemoryFunction
+    """(problem, p) -> the most loaded rank's bytes of one block."""
+    full_graph: bool
+    """True: every rank stores all N rows of the pattern (head partition)."""
+
+    def comm_bytes(self, problem: AttentionProblem, rank: int, p: int) -> dict[str, int]:
+        """Bytes sent per operation name by ``rank`` in one block (forward + backward)."""
+        out: dict[str, int] = {}
+        for op in self.comm(problem, rank, p):
+            out[op.op] = out.get(op.op, 0) + op.sent
+        return out
+
+
+INDEX_BYTES = 8
+"""int64 row pointers."""
+GRAPH_BYTES_PER_EDGE = 48
+"""What a :class:`~plexgt.ops.csr.CSRGraph` keeps per edge once attention has run on it:
+indices and row ids (int64), the transpose's indices and the two edge permutations (int64),
+and the int32 index copies torch's CPU sparse kernels use for the matrix and its transpose."""
+
+
+def graph_bytes(rows: int, cols: int, edges: int) -> int:
+    """Bytes of a stored [rows, cols] pattern of ``edges`` entries and its transpose."""
+    return (rows + 1 + cols + 1) * INDEX_BYTES + edges * GRAPH_BYTES_PER_EDGE
+
+
+class StrategyRegistry:
+    """Strategies by name. Build with :func:`default_registry`; add with :meth:`register`."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, AttentionStrategy] = {}
+
+    def register(self, strategy: AttentionStrategy, replace: bool = False) -> AttentionStrategy:
+        if strategy.name in self._items and not replace:
+            raise ValueError(f"attention strategy {strategy.name!r} is already registered")
+        self._items[strategy.name] = strategy
+        return strategy
+
+    def get(self, name: str) -> AttentionStrategy:
+        try:
+            return self._items[name]
+        except KeyError:
+            raise KeyError(f"unknown attention strategy {name!r}; known: "
+                           f"{', '.join(self._items)}") from None
+
+    def names(self) -> list[str]:
+        return list(self._items)
+
+    def __iter__(self) -> Iterator[AttentionStrategy]:
+        return iter(self._items.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
+def make_shard(strategy: AttentionStrategy, comm: Comm, n: int, heads: int,
+               adjacency: CSRGraph) -> AttentionShard:
+    """Wrap a rank's pattern as an :class:`AttentionShard`, padding it to the strategy's shape.
+
+    ``adjacency``: [hi-lo, N] (this rank's rows) for a node-partitioned strategy, [N, N] for a
+    full-graph one; columns in Q order. Rows and columns are padded to multiples of ceil(N/p).
+    """
+
+    p = comm.size
+    n_loc = -(-n // p)
+    rows = block_bounds(n, p, comm.rank)
+    want = (n if strategy.full_graph else rows[1] - rows[0], n)
+    if adjacency.shape != want:
+        raise ValueError(f"{strategy.name} on rank {comm.rank}/{p} needs a {want[0]}x{want[1]} "
+                         f"pattern, got {adjacency.shape[0]}x{adjacency.shape[1]}")
+    nrows = p * n_loc if strategy.full_graph else n_loc
+    g = pad_rows(adjacency, nrows, p * n_loc)
+    g.transpose()
+    _ = g.row
+    return AttentionShard(strategy, comm, n, rows, n_loc, g, heads)
+
+
+def pad_rows(g: CSRGraph, num_rows: int, num_cols: int) -> CSRGraph:
+    """The same pattern as a [num_rows, num_cols] graph (extra rows empty, extra columns unused)."""
+    if num_rows < g.num_rows or num_cols < g.num_cols:
+        raise ValueError("padding cannot shrink a graph")
+    extra = torch.full((num_rows - g.num_rows,), int(g.indptr[-1]), dtype=torch.int64,
+                       device=g.device)
+    return CSRGraph(torch.cat([g.indptr, extra]), g.indices, num_rows, num_cols, g.values)

@@ -1,0 +1,680 @@
+"""AGP: automatic choice of attention strategy and scale from a cost and a memory model.
+
+Time model (Lin, Madduri & Kandemir, DAC 2026), per training step on s ranks with strategy c:
+    t_iter(s, c) = α(s)·E + β_c(s)·N,        α(s) ≈ α(1)·κ(s)/s
+
+Every coefficient comes from a system profile (:mod:`plexgt.plan.profile`): kernel rates refitted
+from its raw samples, per-element costs read along its size curves, collectives priced on their
+measured time-vs-bytes curves.
+
+* α(s)·E: the work s ranks split, on the busiest rank, times κ(s). The sparse-attention
+  kernel's forward + backward on the rank's edges and heads (GP-AG: E/s edges x h heads;
+  GP-A2A: E edges x ceil(h/s) heads): per edge·head·d' and per edge·head, plus its passes over
+  the [h, rows, d'] and [h, cols, d'] arrays (per row·head·d' and per column·head·d'); for gps
+  the GCN SpMM both ways; the row-local part of the blocks (the profiled dense block: per
+  row·d², its GEMMs, and per row·d, its memory-bound passes) with the input and output GEMMs.
+  Node-proportional passes are priced at the per-element speed the profile's elementwise curve
+  gives for the arrays the ranks running at once stream (:meth:`SystemModel.memory_factor`:
+  1 in cache, more once they spill to DRAM), so splitting a big graph can gain more than s.
+  All of it times the profile's calibration (``SystemModel.compute_scale``): whole one-rank
+  training steps over what their kernels add up to in isolation, as the paper fits α on
+  profiled iterations. κ(s) >= 1 is the profiled slowdown of s ranks sharing a node; with
+  more CPU ranks than cores it is at least κ(full)·s/full (time-sharing,
+  :meth:`SystemModel.slowdown`); 1 with one GPU per rank.
+* β_c(s)·N: what parallelism adds and does not split. The strategy's collectives, each at its
+  exact per-rank bytes (:mod:`plexgt.plan.step_cost`) on the profiled curve of that
+  operation and group size (the byte-proportional part time-shared, ×p·threads/cores, when
+  CPU ranks' threads outnumber the cores: :meth:`SystemModel.oversubscription`), plus, where
+  the profile measured it, the extra a call costs when peers compute between calls
+  ("loaded"); its own data movement: GP-AG's kernel streams all N gathered columns of K, V
+  and their gradients (the N - N/s beyond its share do not split), GP-A2A permutes [N, d/s]
+  between layouts (the profiled copy curve); and the fixed per-call costs (kernel calls per
+  head, the dense block's operator overheads, the optimizer on the replicated parameters).
+  β_c(1) is those fixed costs only.
+
+Selection is the paper's Algorithm 3 with a memory filter: k = t_iter(1)/N; a (s, c) with s > 1
+is kept when s·β_c(s)/(s-1) <= k — with the terms above, when t_iter(s, c) <= t_iter(1) (up to
+β(1), and exactly where α(s) = α(1)·κ(s)/s) — and when its predicted per-rank memory fits;
+the argmin of t_iter among the kept (and s = 1, if it fits) is chosen. Nothing that does not
+fit is ever chosen.
+
+For gps the GCN path runs in one of two layouts, and AGP prices the one the step runs:
+
+* 1D (``Workload.gcn_grid`` None): Â rows times the all-gathered X·W, both ways: 2·(E/s)·d
+  SpMM per layer in α, the all-gather and reduce-scatter of :func:`~plexgt.parallel.
+  gps_dist.gcn1d_comm` in β.
+* 3D on ``gcn_grid`` (Plexus, at s = its size): the Â block [N/Gz, N/Gx] times d/Gy columns,
+  forward and backward, 2·(E/(Gx·Gz))·d/Gy SpMM per layer in α, and the GEMM of the aggregate
+  with the W block, [N/Gz, d/Gy] x [d/Gy, d/Gx], in place of the 1D layer's [N/s, d] x [d, d]
+  (the same per-FMA rate); in β the collectives of :func:`~plexgt.parallel.redistribute.
+  gcn3d_comm`, each over its group ('rows': the s ranks, or a grid axis of Gx, Gy or Gz):
+  the four redistribution all-to-alls between the 1D and the 3D layouts and the Plexus
+  layer's all-gather, all-reduce(s) and reduce-scatter, at exact bytes. Ranks move different
+  amounts in the redistribution, so the step's collectives are priced on every rank and the
+  slowest one's count (``Estimate.comm_rank``).
+
+:func:`plan` with ``gcn_grids`` (scale -> grid, e.g. the 3D planner's best per scale,
+:func:`gcn_grid_for`) prices both layouts and keeps both as rows, so the choice covers the
+GCN path too.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import statistics
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from plexgt.distributed.collectives import CommOp
+from plexgt.distributed.grid import Grid3D
+from plexgt.distributed.layout3d import layer_layouts
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.parallel.attention.strategy import AttentionProblem, AttentionStrategy, head_splits
+from plexgt.plan.plexus_cost import Coefficients, rank_grids
+from plexgt.plan.profile import (
+    GT_STEP_SHAPE,
+    KERNEL_KINDS,
+    fit_kernels,
+    memory_table,
+    per_element_curve,
+    table_factor,
+)
+from plexgt.plan.step_cost import model_memory, step_comm_named
+
+ELEMENTWISE_PER_NODE_DIM = {"gt": 60, "gps": 90}
+"""Elementwise passes over [N, d] per layer, forward + backward (LayerNorms, residuals, ReLU,
+dropout, bias adds, reshapes); a count, not a measurement."""
+A2A_COPIES = 8
+"""GP-A2A permutes [N, d/s] between node- and head-major layouts about 8 times per layer beyond
+the head-major copies the kernel makes anyway (Q, K, V arrive head-major, so the kernel's own
+copies of them are free); a count, priced by the profiled copy curve."""
+NEAR_TIE = 0.10
+"""Predicted gaps up to this are flagged as near-ties in the plan. On the 2-core test VM, ten
+fresh profiles put GP-AG's prediction against GP-A2A's at p = 2 anywhere in a band 10-23%
+wide per graph (the loaded per-call cost moves most), and measured options that close were
+mostly within each other's step-time noise: which is faster is not settled by the model."""
+OPTIMIZER_PASSES = 16
+"""AdamW reads and writes ~16 parameter-sized arrays a step, on every rank (replicated)."""
+DEFAULT_KERNELS = {
+    "spmm_s_per_nnz_col": 2e-9, "sddmm_s_per_nnz_col": 2e-9, "gemm_s_per_fma": 1e-10,
+    "elementwise_s_per_elem": 1e-9, "copy_s_per_elem": 1e-9, "attention_s_per_head": 0.0,
+    "dense_s_per_row_d2": 0.0, "dense_s_per_row_d": 0.0, "dense_s_per_block": 0.0,
+    "attention_s_per_edge_head_dim": 1.2e-8, "attention_s_per_edge_head": 2e-8,
+    "attention_s_per_row_head_dim": 4e-9, "attention_s_per_col_head_dim": 4e-9,
+}
+
+
+def count_params(model: str, features: int, hidden: int, classes: int, layers: int,
+                 ffn_mult: int = 2) -> int:
+    """Parameters of :class:`~plexgt.models.gt.GraphTransformer` or :class:`~plexgt.models.gps.
+    GPS` (checked against the modules in the tests)."""
+    d, m = hidden, ffn_mult
+    block = 4 * (d * d + d) + (d * m * d + m * d) + (m * d * d + d) + 2 * 2 * d
+    if model == "gps":
+        block += d * d + d + 2 * d
+    return features * d + d + layers * block + d * classes + classes
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One gt or gps training step: graph and model sizes."""
+
+    model: str
+    n: int
+    e: int
+    features: int
+    classes: int
+    hidden: int = 64
+    heads: int = 4
+    layers: int = 2
+    ffn_mult: int = 2
+    esize: int = 4
+    gcn_grid: Grid3D | None = None
+    """gps: the grid of the 3D GCN path, used at s = its size (the 1D path elsewhere); None:
+    the 1D path at every scale."""
+    gcn_block_rows: int | None = None
+    """gps, 3D path: rows per block of the blocked aggregation (``parallel.block_rows``)."""
+
+    def __post_init__(self) -> None:
+        if self.model not in ("gt", "gps"):
+            raise ValueError(f"AGP plans gt or gps models, not {self.model!r}")
+        if self.hidden % self.heads:
+            raise ValueError(f"hidden {self.hidden} is not divisible by {self.heads} heads")
+        if self.gcn_grid is not None and self.model != "gps":
+            raise ValueError(f"only gps has a GCN path to run on grid {self.gcn_grid}")
+
+    @property
+    def problem(self) -> AttentionProblem:
+        return AttentionProblem(self.n, self.e, self.hidden, self.heads, self.esize)
+
+    @property
+    def num_params(self) -> int:
+        return count_params(self.model, self.features, self.hidden, self.classes, self.layers,
+                            self.ffn_mult)
+
+    @property
+    def gcn(self) -> bool:
+        return self.model == "gps"
+
+    def grid_at(self, s: int) -> Grid3D | None:
+        """The 3D GCN path's grid on s ranks, or None (gt, the 1D path, or s = 1)."""
+        g = self.gcn_grid
+        return g if self.gcn and g is not None and s > 1 and g.size == s else None
+
+
+def gcn_grid_for(s: int, n: int, nnz: int, hidden: int, esize: int,
+                 coef: Coefficients | None = None) -> Grid3D:
+    """The 3D planner's fastest grid of s ranks for gps's GCN path: one d -> d layer in the
+    order the path runs it (:func:`plexgt.plan.plexus_cost.rank_grids` on
+    [hidden, hidden], aggregate first)."""
+
+    return rank_grids(s, n, nnz, [hidden, hidden], esize, coef or Coefficients(),
+                      order="aggregate_first")[0].grid
+
+
+def monotone_curve(points: list[list[float]] | list[tuple[float, float]]
+                   ) -> tuple[tuple[float, float], ...]:
+    """Measured (bytes, seconds) sorted by size, each time lowered to the fastest time of any
+    size at least as large: sending more never takes less, and on a shared machine noise only
+    adds time, so a small message timed slower than a bigger one was disturbed."""
+    pts = sorted((float(b), float(t)) for b, t in points)
+    out: list[tuple[float, float]] = []
+    low = math.inf
+    for b, t in reversed(pts):
+        low = min(low, t)
+        out.append((b, low))
+    return tuple(reversed(out))
+
+
+def curve_time(curve: tuple[tuple[float, float], ...], x: float) -> float:
+    """Piecewise-linear time at x bytes: the smallest size's time below it, the last
+    segment's slope beyond the largest (its bandwidth)."""
+    if x <= curve[0][0] or len(curve) == 1:
+        return curve[0][1] if x <= curve[0][0] else curve[-1][1]
+    for (b0, t0), (b1, t1) in zip(curve, curve[1:]):
+        if x <= b1:
+            return t0 + (t1 - t0) * (x - b0) / (b1 - b0)
+    (b0, t0), (b1, t1) = curve[-2], curve[-1]
+    return t1 + (t1 - t0) / (b1 - b0) * (x - b1)
+
+
+def _by_group_size(sizes: Iterable[int], p: int, at: Callable[[int], float],
+                   outside: Callable[[int], float]) -> float:
+    """A quantity profiled at some group sizes, at p ranks: ``at(p)`` where p was profiled,
+    linear between the two profiled neighbours, and ``outside(q)`` below the smallest or
+    beyond the largest, q that size (each quantity has its own extrapolation)."""
+    sizes = sorted(sizes)
+    if p in sizes:
+        return at(p)
+    if p < sizes[0] or p > sizes[-1]:
+        return outside(sizes[0] if p < sizes[0] else sizes[-1])
+    i = bisect.bisect(sizes, p)
+    lo, hi = sizes[i - 1], sizes[i]
+    w = (p - lo) / (hi - lo)
+    return at(lo) * (1 - w) + at(hi) * w
+
+
+@dataclass(frozen=True)
+class SystemModel:
+    """Coefficients read from a system profile (:mod:`plexgt.plan.profile`), or defaults."""
+
+    kernels: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_KERNELS))
+    collectives: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)
+    """op -> group size -> (latency s, seconds per byte sent)."""
+    collective_curves: dict[str, dict[int, tuple[tuple[float, float], ...]]] = field(
+        default_factory=dict)
+    """op -> group size -> ((bytes sent, seconds), ...) as profiled, sizes ascending, times
+    made non-decreasing (:func:`monotone_curve`); preferred over the fit where present."""
+    memory_curve: tuple[tuple[float, float], ...] = ()
+    """(elements, seconds per element) of a streaming elementwise op over sizes: how much
+    slower [rows, d] passes get once they fall out of cache (:func:`plexgt.plan.profile.
+    memory_factor`)."""
+    copy_curve: tuple[tuple[float, float], ...] = ()
+    """(elements, seconds per element) of the [N, h, d'] -> [h, N, d'] layout copy."""
+    contention: dict[int, float] = field(default_factory=dict)
+    sync: dict[int, float] = field(default_factory=dict)
+    """Group size -> extra seconds per collective call when the ranks compute between calls
+    (the profile's "loaded" measurement; 0 where it has none)."""
+    cores: int = 1
+    threads: int = 1
+    """Threads per rank in the profiled runs."""
+    device: str = "unspecified"
+    """'cpu' (ranks share cores: κ > 1 when oversubscribed), 'cuda', or 'unspecified' (κ = 1)."""
+    name: str = "defaults"
+    compute_scale: float = 1.0
+    """Measured over predicted compute of whole one-rank training steps (the profile's
+    ``gt_step`` samples, :func:`step_calibration`): a step runs its kernels back to back on
+    data the previous one evicted, where each microbenchmark repeated one kernel on hot
+    caches. Multiplies every kernel term (α·E and GP-AG's gathered columns) at every scale."""
+    _memory_table: Any = field(init=False, repr=False, compare=False)
+    _copy_table: Any = field(init=False, repr=False, compare=False)
+    """The curves' :func:`plexgt.plan.profile.memory_table` (logs taken once, not per size
+    asked)."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_memory_table", memory_table(self.memory_curve))
+        object.__setattr__(self, "_copy_table", memory_table(self.copy_curve))
+
+    @classmethod
+    def from_profile(cls, prof: dict[str, Any]) -> SystemModel:
+        """Coefficients of a system profile; the kernel fits are redone from its raw samples
+        (when it has them) by this version's :func:`plexgt.plan.profile.fit_kernels`, and the
+        collectives are priced from their measured size curves."""
+
+        kern = dict(DEFAULT_KERNELS)
+        kern.update({k: float(v) for k, v in prof.get("kernel_fits", {}).items()})
+        raw = prof.get("kernels") or {}
+        mem: tuple[tuple[float, float], ...] = ()
+        cpy: tuple[tuple[float, float], ...] = ()
+        if all(raw.get(k) for k in KERNEL_KINDS):  # every kind a profile measures
+            kern.update(fit_kernels(raw))
+            mem = tuple(per_element_curve(raw["elementwise"]))
+            cpy = tuple(per_element_curve(raw["copy"]))
+        coll = {op: {int(s): (float(f["latency_s"]), float(f["s_per_byte"]))
+                     for s, f in by.items()}
+                for op, by in prof.get("collective_fits", {}).items()}
+        curves = {op: {int(s): monotone_curve(pts) for s, pts in by.items() if pts}
+                  for op, by in prof.get("collectives", {}).items()}
+        cont = {int(s): float(v) for s, v in prof.get("contention", {}).items()}
+        sync = {}
+        for s, v in (prof.get("loaded") or {}).items():
+            # sustained (back-to-back) contention prices a step's long compute better than
+            # the fastest of a few short calls
+            cont[int(s)] = float(v["contention"])
+            sync[int(s)] = float(v["sync_s"])
+        hw = prof.get("hardware", {})
+        name = hw.get("gpu") or hw.get("cpu") or "profile"
+        threads = int(prof.get("software", {}).get("threads_per_rank") or 1)
+        sysm = cls(kern, coll, curves, mem, cpy, cont, sync, int(hw.get("cores") or 1),
+                   threads, str(hw.get("device", "cpu")), str(name))
+        if mem and raw.get("gt_step"):  # refitted kernels: calibrate their sums on whole steps
+            sysm = replace(sysm, compute_scale=step_calibration(sysm, raw["gt_step"]))
+        return sysm
+
+    def _call_time(self, op: str, p: int, sent: float) -> float:
+        """One call at a profiled group size p: the measured curve, else the linear fit."""
+        curve = self.collective_curves.get(op, {}).get(p)
+        if curve:
+            return curve_time(curve, sent)
+        lat, spb = self.collectives[op][p]
+        return lat + spb * sent
+
+    def collective_time(self, op: str, p: int, sent: int) -> float:
+        """Seconds of one call of ``op`` over p ranks sending ``sent`` bytes per rank.
+
+        At a profiled group size: the profiled time-vs-bytes curve at ``sent`` (piecewise
+        linear between the measured sizes, the last segment's slope beyond them), or the
+        latency + bytes fit where the profile kept no curve. Between profiled group sizes the
+        two neighbours are interpolated; below the smallest, its time; beyond the largest, its
+        time plus latency growing with the p-1 steps of a ring.
+        """
+        if p <= 1:
+            return 0.0
+        sizes = set(self.collectives.get(op, {})) | set(self.collective_curves.get(op, {}))
+        if not sizes:
+            c = Coefficients()
+            return c.latency_s + c.s_per_byte * sent
+
+        def outside(q: int) -> float:
+            if p < q:  # the smallest profiled group's time
+                return self._call_time(op, q, sent)
+            lat = self._call_time(op, q, 0)  # the largest's, plus a latency per extra step
+            return self._call_time(op, q, sent) + lat * ((p - 1) / max(1, q - 1) - 1)
+
+        return _by_group_size(sizes, p, lambda q: self._call_time(op, q, sent), outside)
+
+    def sync_time(self, p: int) -> float:
+        """Extra seconds per collective call on p ranks busy between calls (interpolated in p;
+        beyond the largest profiled group it grows with the p-1 peers to wait for)."""
+        if p <= 1 or not self.sync:
+            return 0.0
+        return _by_group_size(self.sync, p, self.sync.__getitem__,
+                             lambda q: self.sync[q] * (p - 1) / max(1, q - 1))
+
+    def sharing(self, p: int) -> int:
+        """Ranks of p whose arrays share one cache hierarchy at a time: on CPUs those running
+        at once (p, up to the cores); a GPU per rank shares nothing."""
+        if self.device != "cpu":
+            return 1
+        return max(1, min(p, self.cores // max(1, self.threads)))
+
+    def memory_factor(self, elems: float, p: int = 1) -> float:
+        """Per-element slowdown of a pass over arrays of ``elems`` elements on each of p
+        ranks (1 in cache): the profiled curve at the size the ranks running at once stream."""
+
+        return table_factor(self._memory_table, elems * self.sharing(p))
+
+    def copy_time(self, elems: float, p: int = 1) -> float:
+        """Seconds of one layout copy of ``elems`` elements on each of p ranks (the profiled
+        size curve)."""
+        if not self.copy_curve:
+            return elems * self.kernels["copy_s_per_elem"]
+
+        return elems * self.copy_curve[0][1] * table_factor(self._copy_table,
+                                                            elems * self.sharing(p))
+
+    def oversubscription(self, p: int) -> float:
+        """p·threads/cores where the threads of p CPU ranks outnumber the cores, else 1 (the
+        ranks on one node, as :meth:`slowdown` assumes: a CPU profile prices one node).
+
+        What a collective moves, it moves with CPU work (copies, reductions, the socket
+        stack) that, inside a step, competes with the peers' compute for time-shared cores;
+        the profile's fastest call, ranks in lock-step and mostly waiting on each other, did
+        not. Measured on 2 cores, 4 ranks: a collective looped back to back takes 2-2.6x its
+        fastest call (all-gather, reduce-scatter, all-to-all alike).
+        """
+        if self.device != "cpu":
+            return 1.0
+        return max(1.0, p * self.threads / max(1, self.cores))
+
+    def slowdown(self, p: int) -> float:
+        """κ(p): how much slower each of p busy ranks computes than one rank alone.
+
+        On CPUs, ranks that fit the cores (p·threads <= cores) slow each other through shared
+        caches and memory: the profiled κ(p). Beyond, the cores are time-shared: p ranks get at
+        most full/p of the throughput of the ``full`` ranks that fill the cores, each of those
+        already at κ(full), so κ(p) >= κ(full)·p/full whatever a short kernel mix, which one
+        scheduler slice can cover, measured at p. Between and beyond profiled sizes κ grows
+        with the rank count once cores are shared.
+        """
+        if self.device != "cpu":
+            return max(1.0, self.contention.get(p, 1.0))
+        full = max(1, self.cores // max(1, self.threads))
+        bound = self.oversubscription(p)
+        if p > full:
+            at_full = [s for s in self.contention if s <= full]
+            k_full = self.contention[max(at_full)] if at_full else 1.0
+            bound = max(bound, k_full * p / full)
+        if p in self.contention:
+            return max(1.0, bound, self.contention[p])
+        below = [s for s in self.contention if s < p]
+        if below:
+            s0 = max(below)
+            if self.contention[s0] > 1.0:  # already sharing cores: grows with the rank count
+                bound = max(bound, self.contention[s0] * p / s0)
+        return max(1.0, bound)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted step of one (strategy, scale)."""
+
+    strategy: str
+    scale: int
+    alpha: float
+    """α(s): seconds per edge (the split work)."""
+    beta: float
+    """β_c(s): seconds per node (what parallelism adds)."""
+    compute_s: float
+    """α(s)·E."""
+    copy_s: float
+    calls_s: float
+    comm_s: float
+    comm_bytes: int
+    """Bytes the busiest rank sends per step."""
+    memory: dict[str, int]
+    gcn_path: str = ""
+    """gps: '1d' or '3d' (the GCN path priced); '' for gt."""
+    gcn_grid: Grid3D | None = None
+    """The 3D GCN path's grid (gcn_path '3d')."""
+    comm_rank: int = 0
+    """The rank whose collectives were priced (the slowest; 0 unless the 3D path's
+    redistribution makes ranks differ)."""
+
+    @property
+    def gcn_label(self) -> str:
+        """'1d', '3d GxxGyxGz' or '' (gt)."""
+        return f"3d {self.gcn_grid}" if self.gcn_grid is not None else self.gcn_path
+
+    @property
+    def overhead_s(self) -> float:
+        """β_c(s)·N."""
+        return self.copy_s + self.calls_s + self.comm_s
+
+    @property
+    def time_s(self) -> float:
+        return self.compute_s + self.overhead_s
+
+
+def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel) -> Estimate:
+    """t_iter(s, c) = α(s)·E + β_c(s)·N and the per-rank memory of ``strategy`` on s ranks."""
+    k = sysm.kernels
+    prob = w.problem
+    h, dh, d, L = w.heads, prob.head_dim, w.hidden, w.layers
+    kappa = sysm.slowdown(s)
+    n_loc = prob.rows(s)  # N at s = 1
+    n_pad = s * n_loc
+    # the attention kernel the busiest rank runs: E/s edges of its n_loc rows against all
+    # N columns with every head (node partition), or all E edges and N rows and columns
+    # with ceil(h/s) heads (head partition); on one rank both are the whole kernel
+    if strategy.full_graph:
+        h_r, e_r, rows, cols = head_splits(h, s)[0], w.e, n_pad, n_pad
+    else:
+        h_r, e_r, rows, cols = h, w.e / s, n_loc, n_pad
+
+    def side(coef: str, n: float) -> float:
+        """The kernel's per-row or per-column passes over [h_r, n, d'] arrays, per layer."""
+        x = n * h_r * dh
+        return k[coef] * x * sysm.memory_factor(x, s)
+
+    edge = L * e_r * h_r * (k["attention_s_per_edge_head_dim"] * dh
+                            + k["attention_s_per_edge_head"])
+    node = L * (side("attention_s_per_row_head_dim", rows)
+                + side("attention_s_per_col_head_dim", cols if strategy.full_graph else n_loc))
+    # GP-AG's kernel also streams the N - n_loc gathered columns (none at s = 1): unsplit, so
+    # overhead (β)
+    gathered = 0.0
+    if not strategy.full_graph:
+        gathered = L * (side("attention_s_per_col_head_dim", cols)
+                        - side("attention_s_per_col_head_dim", n_loc))
+    grid = w.grid_at(s)
+    gemm3 = 0.0  # the 3D path's GEMM FMAs per layer beyond the 1D layer's n_loc·d·d
+    if grid is not None:  # the 3D GCN path: the rank's Â block on d/Gy columns, both ways
+
+        lay = layer_layouts(grid, 0, w.n, [d, d])[0]
+        ga, gb, gc = lay.g
+        edge += L * 2 * (w.e / (ga * gc)) * (lay.d_in // gb) * k["spmm_s_per_nnz_col"]
+        gemm3 = lay.rows_pad * (lay.d_in // gb) * (lay.d_out // ga) - n_loc * d * d
+    elif w.gcn:  # the 1D GCN path: the rank's own rows' edges, both ways
+        edge += L * 2 * (w.e / s) * d * k["spmm_s_per_nnz_col"]
+    if k["dense_s_per_row_d2"] or k["dense_s_per_row_d"]:
+        # the profiled row-local block (ffn_mult 2), scaled to this FFN and, for gps, the GCN
+        # path's linear layer and LayerNorm; its row·d passes at this rank's array size
+        scale = (4 + 2 * w.ffn_mult + (1 if w.gcn else 0)) / 8
+        per_row = L * (k["dense_s_per_row_d2"] * d * d * scale
+                       + k["dense_s_per_row_d"] * d * (1.5 if w.gcn else 1.0)
+                       * sysm.memory_factor(n_loc * d, s))
+        per_row += (w.features * d * 2 + d * w.classes * 3) * k["gemm_s_per_fma"]
+        gcn_gemm = L * gemm3 * k["dense_s_per_row_d2"] / 8  # its share of the block (1 of 8)
+    else:
+        fma = w.features * d * 2 + (L * (4 + 2 * w.ffn_mult + (1 if w.gcn else 0)) * d * d
+                                    + d * w.classes) * 3
+        per_row = (fma * k["gemm_s_per_fma"]
+                   + L * ELEMENTWISE_PER_NODE_DIM[w.model] * d * k["elementwise_s_per_elem"])
+        gcn_gemm = L * gemm3 * 3 * k["gemm_s_per_fma"]
+    dense = n_loc * per_row + gcn_gemm
+    # fixed per-call costs every rank pays whatever its share: kernel calls per head, the
+    # dense block's operator overheads, the optimizer over the replicated parameters
+    calls = L * (h_r * k["attention_s_per_head"] + k["dense_s_per_block"]) * kappa
+    calls += OPTIMIZER_PASSES * w.num_params * k["elementwise_s_per_elem"] * kappa
+    # GP-AG makes no layout copies outside the kernel (the gathered K, V and the kernel's
+    # node-major dK, dV go to and from the collectives as they are); what the kernel does with
+    # the N gathered columns is its per-column cost (``gathered``)
+    copy = 0.0
+    if s > 1 and strategy.full_graph:  # GP-A2A's permutes (one rank has nothing to permute)
+        copy = L * A2A_COPIES * sysm.copy_time(n_pad * h_r * dh, s) * kappa
+    kernels = kappa * sysm.compute_scale  # what a kernel term costs on this rank, calibrated
+    copy += gathered * kernels
+    comm, comm_rank, ops = -1.0, 0, []
+    for r in range(s) if grid is not None else (0,):
+        ops_r = step_ops(strategy, w, s, r)
+        t = comm_time(ops_r, s, grid, sysm)
+        if t > comm:
+            comm, comm_rank, ops = t, r, ops_r
+    compute = (edge + node + dense) * kernels
+    mem = model_memory(strategy, prob, s, L, w.features, w.classes, w.num_params, w.ffn_mult,
+                       w.gcn, grid)
+    return Estimate(strategy.name, s, compute / max(1, w.e), (copy + calls + comm) / w.n,
+                    compute, copy, calls, comm, sum(o.sent for _, o in ops), mem,
+                    ("3d" if grid is not None else "1d") if w.gcn else "", grid, comm_rank)
+
+
+def step_calibration(sysm: SystemModel, steps: Iterable[list[float]]) -> float:
+    """Median over ``steps`` ([N, E, F, C, hidden, heads, layers, seconds]: one-rank gt
+    training steps, the profile's ``gt_step``) of measured over predicted compute, the
+    prediction :func:`estimate`'s at s = 1 on ``sysm`` as it is (its fixed per-call costs
+    taken off the measurement first). 1.0 with fewer than two usable samples: one step alone,
+    a disturbed one, would rescale every kernel term at every scale."""
+
+    one_rank = default_registry().get("gp_ag")  # on one rank every strategy is the same step
+    base = sysm if sysm.compute_scale == 1.0 else replace(sysm, compute_scale=1.0)
+    ratios = []
+    for n, e, f, c, hidden, heads, layers, t in steps:
+        w = Workload("gt", int(n), int(e), int(f), int(c), int(hidden), int(heads), int(layers),
+                     GT_STEP_SHAPE["ffn_mult"])
+        est = estimate(one_rank, w, 1, base)
+        if est.compute_s > 0 and t > est.overhead_s:
+            ratios.append((t - est.overhead_s) / est.compute_s)
+    return float(statistics.median(ratios)) if len(ratios) >= 2 else 1.0
+
+
+def step_ops(strategy: AttentionStrategy, w: Workload, s: int, rank: int = 0
+             ) -> list[tuple[str, CommOp]]:
+    """(group name, op) of every collective ``rank`` issues in one step on s ranks: what
+    :func:`estimate` prices (the ledger of a run equals them to the byte)."""
+    return step_comm_named(strategy, w.problem, rank, s, w.layers, w.num_params, w.gcn,
+                           w.grid_at(s), w.gcn_block_rows)
+
+
+def comm_time(ops: list[tuple[str, CommOp]], s: int, grid: Grid3D | None,
+              sysm: SystemModel) -> float:
+    """Seconds of a rank's collectives: each on its group's profiled curve ('rows': s ranks,
+    an axis: its extent in ``grid``), its byte-proportional part times
+    :meth:`SystemModel.oversubscription`, plus the loaded per-call cost of that group size."""
+    def size(name: str) -> int:
+        return s if name == "rows" or grid is None else grid.dim(name)
+
+    share = sysm.oversubscription(s)
+
+    def one(op: str, g: int, sent: int) -> float:
+        t = sysm.collective_time(op, g, sent)
+        if share == 1.0:  # GPUs, and CPU ranks that fit the cores: the curve as profiled
+            return t
+        t0 = sysm.collective_time(op, g, 0)
+        return t0 + share * (t - t0)
+
+    t = sum(one(o.op, size(n), max(o.sent, o.recv)) for n, o in ops)
+    calls = Counter(size(n) for n, _ in ops)
+    return t + sum(c * sysm.sync_time(g) for g, c in calls.items())
+
+
+@dataclass
+class PlanRow:
+    est: Estimate
+    fits: bool
+    passes: bool
+    """Algorithm 3's test s·β/(s-1) <= k (always True at s = 1)."""
+    score: float
+    """s·β_c(s)/(s-1) (inf at s = 1)."""
+    chosen: bool = False
+    why: str = ""
+
+
+@dataclass
+class Plan:
+    workload: Workload
+    k: float
+    """t_iter(1)/N."""
+    rows: list[PlanRow]
+    memory_limit: int | None
+
+    @property
+    def choice(self) -> PlanRow | None:
+        return next((r for r in self.rows if r.chosen), None)
+
+
+def scales_for(world_size: int) -> list[int]:
+    """1, 2, 4, ... up to the world size, and the world size."""
+    out = [s for s in (2 ** i for i in range(31)) if s <= world_size]
+    if world_size not in out:
+        out.append(world_size)
+    return out
+
+
+def plan(w: Workload, strategies: list[AttentionStrategy], scales: list[int],
+         sysm: SystemModel, memory_limit: int | None = None,
+         gcn_grids: dict[int, Grid3D] | None = None) -> Plan:
+    """Algorithm 3 over ``strategies`` x ``scales`` with the memory filter (module docstring).
+
+    gps: ``gcn_grids`` (scale -> grid of that many ranks) adds, at each of those scales
+    s > 1, a row per strategy with the GCN path 3D on that grid next to the row of ``w``'s
+    own path, so the choice covers the path too."""
+    if not strategies:
+        raise ValueError("no attention strategy to plan with")
+    one = estimate(strategies[0], w, 1, sysm)
+    k = one.time_s / w.n
+    rows = []
+    for c in strategies:
+        for s in sorted(set(scales)):
+            ests = [one if s == 1 and c is strategies[0] else estimate(c, w, s, sysm)]
+            g = (gcn_grids or {}).get(s)
+            if w.gcn and g is not None and s > 1 and g != w.grid_at(s):
+                if g.size != s:
+                    raise ValueError(f"GCN grid {g} has {g.size} ranks, not {s}")
+                ests.append(estimate(c, replace(w, gcn_grid=g), s, sysm))
+            for est in ests:
+                fits = memory_limit is None or est.memory["total"] <= memory_limit
+                score = math.inf if s == 1 else s * est.beta / (s - 1)
+                rows.append(PlanRow(est, fits, s == 1 or score <= k, score))
+    ok = [r for r in rows if r.fits and r.passes]
+    best = min(ok, key=lambda r: (r.est.time_s, r.est.scale), default=None)
+    for r in rows:
+        if r is best:
+            r.chosen, r.why = True, "fastest predicted among those that fit and pass"
+        elif not r.fits:
+            r.why = (f"needs {r.est.memory['total'] / 2**30:.2f} GiB > "
+                     f"{(memory_limit or 0) / 2**30:.2f} GiB per rank")
+        elif not r.passes:
+            r.why = f"s·β/(s-1) = {r.score:.3g} > k = {k:.3g} s/node: overhead eats the speedup"
+        elif best is not None and r.est.scale == 1 and best.est.scale == 1:
+            r.why = "same as the chosen (one rank: no communication)"
+        else:
+            slower = r.est.time_s / best.est.time_s - 1 if best else 0.0
+            r.why = f"{100 * slower:.0f}% slower than the chosen"
+            if slower <= NEAR_TIE:
+                r.why += " (a near-tie: within what re-profiling moves a prediction)"
+    return Plan(w, k, rows, memory_limit)
+
+
+def format_plan(pl: Plan) -> list[str]:
+    """The table ``plexgt plan`` prints."""
+    w = pl.workload
+    gcn = f"{'gcn path':<9} " if w.gcn else ""
+    lines = [
+        f"{w.model}: N={w.n} E={w.e} F={w.features} C={w.classes} hidden={w.hidden} "
+        f"heads={w.heads} layers={w.layers}; k = t_iter(1)/N = {pl.k:.3e} s",
+        f"{'strategy':<8} {gcn}{'s':>3} {'t_iter s':>9} {'α·E s':>8} {'β·N s':>8} "
+        f"{'comm s':>8} {'MB sent':>8} {'mem GiB':>8} {'fits':>4} {'sβ/(s-1)':>9} "
+        f"{'chosen':>6}  why",
+    ]
+    for r in pl.rows:
+        e = r.est
+        score = "-" if math.isinf(r.score) else f"{r.score:.2e}"
+        path = f"{e.gcn_label:<9} " if w.gcn else ""
+        lines.append(
+            f"{e.strategy:<8} {path}{e.scale:>3} {e.time_s:>9.4f} {e.compute_s:>8.4f} "
+            f"{e.overhead_s:>8.4f} {e.comm_s:>8.4f} {e.comm_bytes / 1e6:>8.2f} "
+            f"{e.memory['total'] / 2**30:>8.3f} {'yes' if r.fits else 'no':>4} {score:>9} "
+            f"{'*' if r.chosen else '':>6}  {r.why}")
+    c = pl.choice
+    if c is None:
+        lines.append("no strategy and scale fits the memory limit")
+    else:
+        via = f", GCN path {c.est.gcn_label}" if w.gcn else ""
+        lines.append(f"choice: {c.est.strategy}{via} on {c.est.scale} rank(s), predicted "
+                     f"{c.est.time_s:.4f} s per step, {c.est.memory['total'] / 2**30:.3f} GiB "
+                     f"per rank")
+    return lines

@@ -1,0 +1,220 @@
+"""Cost of a 3D tensor-parallel GCN step: bytes per rank per axis (exact), time, memory.
+
+The byte formulas use the collectives' own per-rank formulas, operation by operation, so the
+ledger of a real run equals :func:`plexus_step_bytes` to the byte (tests check it). Time adds
+profiled coefficients: SpMM seconds per nonzero·column, GEMM seconds per multiply-add, and per
+axis a latency and a seconds-per-byte (see :class:`Coefficients`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from plexgt.distributed.collectives import all_gather_bytes, all_reduce_bytes, reduce_scatter_bytes
+from plexgt.distributed.grid import Grid3D, factorizations
+from plexgt.distributed.layout3d import LayerLayout, layer_layouts, output_plane, row_blocks
+
+
+def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad: bool
+                ) -> list[tuple[str, str, int]]:
+    """(axis role, op, bytes sent) of one layer's forward and backward, in issue order."""
+    ga, gb, gc = lay.g
+    a, b, c = lay.roles
+    din_b, dout_a = lay.d_in // gb, lay.d_out // ga
+    blocks = row_blocks(lay.rows_pad, block_rows)
+    if lay.order == "gemm_first":
+        dout_b, dout_ab = lay.d_out // gb, lay.d_out // (ga * gb)
+        ops = [
+            (c, "all_gather", all_gather_bytes(lay.cols_pad * (din_b // gc) * esize, gc)),
+            (c, "all_gather", all_gather_bytes((din_b // gc) * dout_a * esize, gc)),
+            (a, "all_gather", all_gather_bytes(din_b * dout_a * esize, ga)),
+            (b, "reduce_scatter", reduce_scatter_bytes(lay.cols_pad * lay.d_out * esize, gb)),
+            *[(a, "reduce_scatter", reduce_scatter_bytes((r1 - r0) * dout_b * esize, ga))
+              for r0, r1 in blocks],
+            # backward
+            (c, "all_reduce", all_reduce_bytes(dout_ab * esize, gc)),
+            *[(a, "all_gather", all_gather_bytes((r1 - r0) * dout_ab * esize, ga))
+              for r0, r1 in blocks],
+            (b, "all_gather", all_gather_bytes(lay.cols_pad * dout_b * esize, gb)),
+            (a, "reduce_scatter", reduce_scatter_bytes(din_b * lay.d_out * esize, ga)),
+            (c, "reduce_scatter", reduce_scatter_bytes(din_b * dout_a * esize, gc)),
+        ]
+        if input_grad:
+            ops.append((c, "reduce_scatter",
+                        reduce_scatter_bytes(lay.cols_pad * din_b * esize, gc)))
+        return ops
+    ops = [
+        (c, "all_gather", all_gather_bytes(lay.cols_pad * (din_b // gc) * esize, gc)),
+        *[(a, "all_reduce", all_reduce_bytes((r1 - r0) * din_b * esize, ga)) for r0, r1 in blocks],
+        (c, "all_gather", all_gather_bytes((din_b // gc) * dout_a * esize, gc)),
+        (b, "reduce_scatter", reduce_scatter_bytes(lay.rows_pad * dout_a * esize, gb)),
+        # backward
+        (b, "all_gather", all_gather_bytes(lay.rows_pad * (dout_a // gb) * esize, gb)),
+        (c, "all_reduce", all_reduce_bytes((dout_a // gb) * esize, gc)),
+        (c, "reduce_scatter", reduce_scatter_bytes(din_b * dout_a * esize, gc)),
+    ]
+    if input_grad:
+        ops += [(a, "all_reduce", all_reduce_bytes((r1 - r0) * din_b * esize, ga))
+                for r0, r1 in blocks]
+        ops.append((c, "reduce_scatter", reduce_scatter_bytes(lay.cols_pad * din_b * esize, gc)))
+    return ops
+
+
+def loss_bytes(last: LayerLayout, esize: int) -> list[tuple[str, str, int]]:
+    """Parallel cross-entropy: row max and (exp-sum, target) over the class plane, totals over c."""
+    ga, gb, gc = last.g
+    plane = output_plane(last.roles)
+    return [
+        (plane, "all_reduce", all_reduce_bytes(last.rows_pad * esize, ga * gb)),
+        (plane, "all_reduce", all_reduce_bytes(last.rows_pad * 2 * esize, ga * gb)),
+        (last.roles[2], "all_reduce", all_reduce_bytes(2 * esize, gc)),
+    ]
+
+
+def plexus_step_bytes(grid: Grid3D, rank: int, n: int, dims: list[int], esize: int,
+                      block_rows: int | None = None, order: str = "aggregate_first"
+                      ) -> dict[str, int]:
+    """Bytes ``rank`` sends per axis (and class plane) in one forward + loss + backward."""
+    out: dict[str, int] = defaultdict(int)
+    lays = layer_layouts(grid, rank, n, dims, order)
+    for lay in lays:
+        for axis, _, nbytes in layer_bytes(lay, esize, block_rows, lay.layer > 0):
+            out[axis] += nbytes
+    for axis, _, nbytes in loss_bytes(lays[-1], esize):
+        out[axis] += nbytes
+    return {k: v for k, v in out.items() if v}
+
+
+def row1d_step_bytes(p: int, n: int, dims: list[int], esize: int) -> int:
+    """Bytes per rank of the 1D baseline: rows over p ranks, H all-gathered every layer.
+
+    Forward all-gathers H [N/p, d] per layer; backward reduce-scatters dH (not for layer 0);
+    the replicated weight and bias gradients are all-reduced; the loss sums two scalars.
+    """
+    rows = -(-n // p)
+    total = 0
+    for l in range(len(dims) - 1):
+        total += all_gather_bytes(rows * dims[l] * esize, p)
+        if l > 0:
+            total += reduce_scatter_bytes(rows * p * dims[l] * esize, p)
+        total += all_reduce_bytes(dims[l] * dims[l + 1] * esize, p)
+        total += all_reduce_bytes(dims[l + 1] * esize, p)
+    return total + all_reduce_bytes(2 * esize, p)  # the loss total
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """Machine coefficients for the time model (measured by ``plexgt profile``)."""
+
+    spmm_s_per_nnz_col: float = 2e-9
+    """SpMM seconds per (nonzero x dense column)."""
+    gemm_s_per_fma: float = 1e-10
+    """GEMM seconds per multiply-add."""
+    latency_s: float = 2e-5
+    """Seconds per collective call."""
+    s_per_byte: float = 1e-9
+    """Seconds per byte sent by one rank."""
+
+    @classmethod
+    def from_profile(cls, prof: dict[str, Any] | None) -> Coefficients:
+        """A system profile's (``plexgt profile``) coefficients, or the defaults without one."""
+        return cls(**prof["plexus"]) if prof else cls()
+
+
+#: resident bytes of a rank before any data (interpreter, torch, MPI, gloo buffers)
+PROCESS_BASE_BYTES = 350 << 20
+
+
+@dataclass(frozen=True)
+class PlexusEstimate:
+    grid: Grid3D
+    bytes_per_rank: int
+    """Max over ranks of bytes sent per step."""
+    comm_s: float
+    compute_s: float
+    memory_bytes: int
+    """Max over ranks: process base, adjacency blocks, activations, parameters and Adam."""
+
+    @property
+    def time_s(self) -> float:
+        return self.comm_s + self.compute_s
+
+
+def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
+             coef: Coefficients, block_rows: int | None = None, order: str = "auto"
+             ) -> PlexusEstimate:
+    """Predicted step time and memory of ``grid`` (nnz spread evenly: double permutation)."""
+    worst_b, worst_c, worst_t, worst_m = 0, 0.0, 0.0, 0
+    for r in range(grid.size):
+        lays = layer_layouts(grid, r, n, dims, order)
+        nbytes, calls, flops_s, mem = 0, 0, 0.0, 0
+        for lay in lays:
+            ga, gb, gc = lay.g
+            ops = layer_bytes(lay, esize, block_rows, lay.layer > 0)
+            nbytes += sum(o[2] for o in ops)
+            calls += sum(1 for o in ops if o[2])
+            blk_nnz = nnz / (ga * gc)
+            shard = lay.cols_pad * lay.d_in // (gb * gc) * (2 if lay.layer == 0 else 1)
+            mem += int(blk_nnz * 12 * 2)  # CSR + transpose: 8-byte index + 4-byte value
+            mem += (lay.d_in // gb) * (lay.d_out // ga) * esize * 4  # W shard, grad, Adam
+            if lay.order == "gemm_first":
+                # the SpMM runs forward and backward on d_out/Gb columns; GEMM on input rows
+                spmm = blk_nnz * (lay.d_out // gb) * 2
+                gemm = lay.cols_pad * (lay.d_in // gb) * lay.d_out * (3 if lay.layer else 2)
+                # input shard (+ staging on layer 0), gathered input (staged twice), whole W
+                # block, H·W before and after its reduce-scatter, the aggregate
+                mem += (shard + 2 * lay.cols_pad * lay.d_in // gb
+                        + (lay.d_in // gb) * lay.d_out + lay.cols_pad * lay.d_out
+                        + lay.cols_pad * lay.d_out // gb + lay.rows_pad * lay.d_out // gb
+                        ) * esize
+            else:
+                spmm = blk_nnz * (lay.d_in // gb) * (2 if lay.layer > 0 else 1)
+                gemm = lay.rows_pad * (lay.d_in // gb) * (lay.d_out // ga) * 3
+                # input shard (and its staging copy on layer 0), gathered input (twice: the
+                # backend stages the gather), aggregate, partial product
+                mem += (shard + 2 * lay.cols_pad * lay.d_in // gb
+                        + lay.rows_pad * lay.d_in // gb + lay.rows_pad * lay.d_out // ga) * esize
+            flops_s += spmm * coef.spmm_s_per_nnz_col + gemm * coef.gemm_s_per_fma
+        mem += PROCESS_BASE_BYTES
+        comm = calls * coef.latency_s + nbytes * coef.s_per_byte
+        worst_b = max(worst_b, nbytes)
+        worst_c = max(worst_c, comm)
+        worst_t = max(worst_t, flops_s)
+        worst_m = max(worst_m, mem)
+    return PlexusEstimate(grid, worst_b, worst_c, worst_t, worst_m)
+
+
+def rank_grids(world_size: int, n: int, nnz: int, dims: list[int], esize: int,
+               coef: Coefficients, memory_limit: int | None = None, order: str = "auto"
+               ) -> list[PlexusEstimate]:
+    """Every factorisation of ``world_size``, fastest first (those over ``memory_limit`` last)."""
+    ests = [estimate(g, n, nnz, dims, esize, coef, order=order)
+            for g in factorizations(world_size)]
+    return sorted(ests, key=lambda e: (memory_limit is not None and e.memory_bytes > memory_limit,
+                                       e.time_s))
+
+
+def default_block_rows(lay: LayerLayout, block_nnz: int, esize: int, coef: Coefficients,
+                       max_blocks: int = 64) -> int | None:
+    """Rows per aggregation block that minimise the modelled layer-aggregation time.
+
+    With k blocks the pipeline costs about max(S, C) + min(S, C)/k + k·latency, where S is the
+    block's SpMM time and C its all-reduce (gemm_first: reduce-scatter) time over a: the
+    optimum is k = sqrt(min(S, C) / latency). None (one block) when nothing is to be
+    overlapped (Ga = 1).
+    """
+    ga, gb, _ = lay.g
+    if ga == 1 or lay.rows_pad == 0:
+        return None
+    if lay.order == "gemm_first":  # blocks are reduce-scattered, on d_out/Gb columns
+        cols = lay.d_out // gb
+        nbytes = reduce_scatter_bytes(lay.rows_pad * cols * esize, ga)
+    else:
+        cols = lay.d_in // gb
+        nbytes = all_reduce_bytes(lay.rows_pad * cols * esize, ga)
+    spmm = block_nnz * cols * coef.spmm_s_per_nnz_col
+    comm = nbytes * coef.s_per_byte
+    k = max(1, min(max_blocks, int(round((min(spmm, comm) / coef.latency_s) ** 0.5))))
+    return -(-lay.rows_pad // k)

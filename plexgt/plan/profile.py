@@ -1,0 +1,197 @@
+"""The system profile file: its format, its validation, and the fits the planners read.
+
+A profile (``plexgt profile --out system.json``, measured by :mod:`plexgt.plan.measure`) is
+JSON with ``format`` = :data:`FORMAT` and ``version`` = :data:`VERSION`; it names the
+hardware and the libraries, and holds the raw samples (``collectives``, ``kernels``,
+``loaded``) beside what is fitted from them: ``collective_fits`` (latency and seconds per byte
+per operation and group size), ``kernel_fits`` (per-element costs, :func:`fit_kernels`),
+``contention`` and, under ``plexus``, the four coefficients
+:class:`plexgt.plan.plexus_cost.Coefficients` takes (:func:`fit_plexus_coefficients`).
+The fits live here rather than with the measurements so that a planner can refit stored raw
+samples without importing the measuring code.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from scipy.optimize import nnls
+
+from plexgt.plan.plexus_cost import Coefficients
+
+FORMAT = "plexgt-system-profile"
+VERSION = 1
+OPS = ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")
+
+
+def fit_linear(rows: list[list[float]]) -> dict[str, float]:
+    """Least squares ``t = latency + s_per_byte · x`` with both coefficients >= 0."""
+
+    a = np.array([[1.0, r[0]] for r in rows])
+    t = np.array([r[1] for r in rows])
+    w = 1.0 / np.maximum(t, 1e-9)  # relative error: small messages matter as much as big
+    coef, _ = nnls(a * w[:, None], t * w)
+    return {"latency_s": float(coef[0]), "s_per_byte": float(coef[1])}
+GT_STEP_SHAPE = {"features": 128, "classes": 8, "layers": 2, "ffn_mult": 2}
+
+
+KERNEL_KINDS = ("spmm", "sddmm", "gemm", "attention", "elementwise", "copy", "dense_block")
+"""The kinds of raw kernel sample a profile holds; :meth:`plexgt.plan.agp.SystemModel.
+from_profile` refits them when all are there."""
+STEP_KINDS = ("gt_step",)
+"""Whole training steps [N, E, F, C, hidden, heads, layers, s] (profiles since the
+calibration; optional for :meth:`~plexgt.plan.agp.SystemModel.from_profile`)."""
+
+
+def per_element_curve(samples: list[list[float]]) -> list[tuple[float, float]]:
+    """[(elements, seconds per element)] sorted by size, from [elements, seconds] samples."""
+    return sorted((float(r[0]), float(r[1]) / float(r[0])) for r in samples if r[0] > 0)
+
+
+def memory_factor(curve: list[tuple[float, float]] | tuple[tuple[float, float], ...],
+                  elems: float) -> float:
+    """How much slower per element a streaming op over arrays of ``elems`` elements runs than
+    over the smallest profiled ones (>= 1 where the arrays fall out of cache).
+
+    The profiled per-element cost, interpolated linearly in log(size) and held constant
+    outside the profiled sizes; 1.0 without a curve. For many sizes on one curve, take its
+    :func:`memory_table` once and ask :func:`table_factor`.
+    """
+    return table_factor(memory_table(curve), elems)
+
+
+def memory_table(curve: list[tuple[float, float]] | tuple[tuple[float, float], ...]
+                 ) -> tuple[np.ndarray, np.ndarray] | None:
+    """What :func:`memory_factor` interpolates on ``curve``: the logs of its sizes and its
+    per-element costs (None without a curve)."""
+    if not curve:
+        return None
+    return np.log([c[0] for c in curve]), np.array([c[1] for c in curve])
+
+
+def table_factor(table: tuple[np.ndarray, np.ndarray] | None, elems: float) -> float:
+    """:func:`memory_factor` at ``elems`` elements from the curve's :func:`memory_table`."""
+    if table is None:
+        return 1.0
+    xs, ys = table
+    return float(max(1.0, np.interp(np.log(max(elems, 1.0)), xs, ys) / ys[0]))
+
+
+def _attention_nodes(r: list[float]) -> tuple[float, float] | None:
+    """(rows, cols) of an attention sample; None for the first profiler's [E, h, d', s]."""
+    return (float(r[4]), float(r[5])) if len(r) >= 6 else None
+
+
+def fit_kernels(raw: dict[str, list[list[float]]]) -> dict[str, float]:
+    """Per-unit coefficients (non-negative least squares on relative error).
+
+    Terms that stream [rows, d]-sized arrays (the row·d part of the dense block, the per-row
+    and per-column part of attention) are fitted against size x memory_factor(array elements),
+    so the same coefficient prices a cache-resident and a DRAM-bound size; the per-edge and
+    per-row·d² (GEMM) terms are not scaled.
+    """
+
+    def through_origin(xs: list[float], ts: list[float]) -> float:
+        x, t = np.array(xs), np.array(ts)
+        return float(np.median(t / x))
+
+    def rel_nnls(a: np.ndarray, t: np.ndarray) -> np.ndarray:
+        coef, _ = nnls(a / t[:, None], np.ones_like(t))
+        return coef
+
+    fits = {
+        "spmm_s_per_nnz_col": through_origin([r[0] * r[1] for r in raw["spmm"]],
+                                             [r[2] for r in raw["spmm"]]),
+        "sddmm_s_per_nnz_col": through_origin([r[0] * r[1] for r in raw["sddmm"]],
+                                              [r[2] for r in raw["sddmm"]]),
+        "gemm_s_per_fma": through_origin([r[0] * r[1] * r[2] for r in raw["gemm"]],
+                                         [r[3] for r in raw["gemm"]]),
+        "elementwise_s_per_elem": through_origin([r[0] for r in raw["elementwise"]],
+                                                 [r[1] for r in raw["elementwise"]]),
+        "copy_s_per_elem": through_origin([r[0] for r in raw["copy"]],
+                                          [r[1] for r in raw["copy"]]),
+    }
+    mem = memory_table(per_element_curve(raw["elementwise"]))
+    rows = raw["dense_block"]
+    a = np.array([[1.0, r[0] * r[1] * r[1], r[0] * r[1] * table_factor(mem, r[0] * r[1])]
+                  for r in rows], dtype=np.float64)
+    coef = rel_nnls(a, np.array([r[2] for r in rows]))
+    fits["dense_s_per_block"] = float(coef[0])
+    fits["dense_s_per_row_d2"] = float(coef[1])
+    fits["dense_s_per_row_d"] = float(coef[2])
+    rows = raw["attention"]
+    t = np.array([r[3] for r in rows])
+    nodes = [_attention_nodes(r) for r in rows]
+    fits["attention_s_per_row_head_dim"] = fits["attention_s_per_col_head_dim"] = 0.0
+    if any(nd is None for nd in nodes):  # sizes unknown: per-call, per-edge terms only
+        a = np.array([[r[1], r[0] * r[1] * r[2], r[0] * r[1]] for r in rows], dtype=np.float64)
+        coef = rel_nnls(a, t)
+    else:
+        def side(r: list[float], n: float) -> float:
+            x = n * r[1] * r[2]  # a [h, n, d'] array
+            return x * table_factor(mem, x)
+
+        a = np.array([[r[1], r[0] * r[1] * r[2], r[0] * r[1], side(r, nd[0]), side(r, nd[1])]
+                      for r, nd in zip(rows, nodes)], dtype=np.float64)
+        if all(nd[0] == nd[1] for nd in nodes):
+            # square patterns only: rows and columns cannot be told apart; half each
+            coef = rel_nnls(np.column_stack([a[:, :3], a[:, 3] + a[:, 4]]), t)
+            coef = np.append(coef, coef[3])
+        else:
+            coef = rel_nnls(a, t)
+        fits["attention_s_per_row_head_dim"] = float(coef[3])
+        fits["attention_s_per_col_head_dim"] = float(coef[4])
+    fits["attention_s_per_head"] = float(coef[0])
+    fits["attention_s_per_edge_head_dim"] = float(coef[1])
+    fits["attention_s_per_edge_head"] = float(coef[2])
+    return fits
+
+
+def fit_plexus_coefficients(kfits: dict[str, float], cfits: dict[str, dict[str, dict[str, float]]]
+                        ) -> dict[str, float]:
+    """The four numbers of :class:`plexgt.plan.plexus_cost.Coefficients`: kernel rates, and
+    latency / s_per_byte averaged over the operations at the largest profiled group."""
+
+    dflt = Coefficients()
+    lat, spb = [], []
+    for by in cfits.values():
+        if by:
+            big = by[max(by, key=int)]
+            lat.append(big["latency_s"])
+            spb.append(big["s_per_byte"])
+    return {
+        "spmm_s_per_nnz_col": kfits.get("spmm_s_per_nnz_col", dflt.spmm_s_per_nnz_col),
+        "gemm_s_per_fma": kfits.get("gemm_s_per_fma", dflt.gemm_s_per_fma),
+        "latency_s": float(np.mean(lat)) if lat else dflt.latency_s,
+        "s_per_byte": float(np.mean(spb)) if spb else dflt.s_per_byte,
+    }
+
+
+def read_profile(path: Path | str) -> dict[str, Any]:
+    """A system profile file, validated; ValueError naming the file and the problem."""
+    try:
+        prof = json.loads(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+    return check_profile(prof, str(path))
+
+
+def check_profile(prof: Any, where: str) -> dict[str, Any]:
+    """Raise ValueError naming ``where`` unless ``prof`` is a system profile this code reads."""
+    if not isinstance(prof, dict) or prof.get("format") != FORMAT:
+        raise ValueError(f"{where}: not a plexgt system profile (no format {FORMAT!r})")
+    if prof.get("version") != VERSION:
+        raise ValueError(f"{where}: profile version {prof.get('version')!r}, expected {VERSION}")
+    for key in ("kernel_fits", "collective_fits", "plexus"):
+        if key not in prof:
+            raise ValueError(f"{where}: profile has no {key!r}")
+    for k, v in prof["plexus"].items():
+        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{where}: plexus coefficient {k}={v!r} is not a finite number >= 0")
+    return prof

@@ -1,0 +1,152 @@
+"""What one training step of a distributed gt / gps model communicates and holds, per rank.
+
+The attention terms are each strategy's own exact functions (Table 1 of Lin, Madduri &
+Kandemir, in :mod:`plexgt.parallel.attention`, beside each forward); this module adds the parts
+outside attention: the GCN path of GPS (1D layout, or 3D on a grid with its redistribution,
+whose bytes sit beside their forwards in :mod:`plexgt.parallel`), the loss statistics and the
+gradient all-reduce of the replicated parameters. Everything is exact, so a run's
+:class:`~plexgt.distributed.collectives.CommLedger` equals :func:`step_bytes_named` to the byte
+on every rank; AGP (:mod:`plexgt.plan.agp`) prices these operations and checks the memory.
+
+:func:`table1` gives the paper's closed forms (elements), for printing next to the exact ones.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from plexgt.distributed.collectives import CommOp, all_reduce_bytes
+from plexgt.distributed.grid import Grid3D
+from plexgt.distributed.layout3d import layer_layouts
+from plexgt.parallel.attention.strategy import AttentionProblem, AttentionStrategy, graph_bytes
+from plexgt.parallel.gps_dist import gcn1d_comm
+from plexgt.parallel.redistribute import gcn3d_comm
+
+
+def table1(problem: AttentionProblem, p: int) -> dict[str, dict[str, float]]:
+    """The paper's closed forms in elements (for printing next to the exact functions)."""
+    n, e, d, h = problem.n, problem.e, problem.d, problem.heads
+    return {
+        "gp_ag": {"calls": 4, "comm_elems": 4 * n * d, "act_elems": 4 * n * d + e * h / p,
+                  "graph": n / p + e / p},
+        "gp_a2a": {"calls": 8, "comm_elems": 8 * n * d / p,
+                   "act_elems": 4 * n * d / p + e * h / p, "graph": n + e},
+    }
+
+
+# -- whole models -----------------------------------------------------------------------------
+def step_comm_named(strategy: AttentionStrategy, problem: AttentionProblem, rank: int,
+                    p: int, layers: int, num_params: int, gcn: bool = False,
+                    gcn_grid: Grid3D | None = None, block_rows: int | None = None
+                    ) -> list[tuple[str, CommOp]]:
+    """Every collective of one training step on ``rank``, with the name of the group it runs
+    over (the ledger's view): 'rows' (all p ranks) or a grid axis 'x', 'y', 'z'.
+
+    Per layer the attention block's collectives and, for gps (gcn=True), the GCN path's: the
+    1D layout's (:func:`gcn1d_comm`) or, given ``gcn_grid`` (p ranks; ``block_rows``: the
+    blocked aggregation's rows), the 3D path's with its redistribution all-to-alls
+    (:func:`~plexgt.parallel.redistribute.gcn3d_comm`); then the loss statistics (sum, count:
+    2 elements) and one all-reduce of every parameter gradient, over 'rows'.
+    """
+    gcn3: list[tuple[str, CommOp]] = []
+    if gcn and gcn_grid is not None:
+        if gcn_grid.size != p:
+            raise ValueError(f"GCN grid {gcn_grid} has {gcn_grid.size} ranks, not {p}")
+
+        gcn3 = gcn3d_comm(gcn_grid, rank, problem.n, problem.d, problem.esize, block_rows)
+    ops: list[tuple[str, CommOp]] = []
+    for _ in range(layers):
+        ops += [("rows", o) for o in strategy.comm(problem, rank, p)]
+        if gcn and gcn_grid is None:
+            ops += [("rows", o) for o in gcn1d_comm(problem, p)]
+        ops += gcn3
+    if p > 1:
+        b = all_reduce_bytes(2 * problem.esize, p)
+        ops.append(("rows", CommOp("all_reduce", b, b)))
+        b = all_reduce_bytes(num_params * problem.esize, p)
+        ops.append(("rows", CommOp("all_reduce", b, b, "backward")))
+    return ops
+
+
+def step_comm(strategy: AttentionStrategy, problem: AttentionProblem, rank: int, p: int,
+              layers: int, num_params: int, gcn: bool = False,
+              gcn_grid: Grid3D | None = None, block_rows: int | None = None) -> list[CommOp]:
+    """Every collective of one training step of a distributed gt (gcn=False) or gps model
+    (:func:`step_comm_named` without the group names)."""
+    return [o for _, o in step_comm_named(strategy, problem, rank, p, layers, num_params, gcn,
+                                          gcn_grid, block_rows)]
+
+
+def step_bytes(strategy: AttentionStrategy, problem: AttentionProblem, rank: int, p: int,
+               layers: int, num_params: int, gcn: bool = False, kind: str = "sent",
+               gcn_grid: Grid3D | None = None, block_rows: int | None = None
+               ) -> dict[str, int]:
+    """Bytes ``kind`` ('sent' or 'recv') per operation name in one step (ledger's view):
+    :func:`step_bytes_named` summed over the groups, operations of 0 bytes kept."""
+    out: dict[str, int] = defaultdict(int)
+    for (_, op), b in step_bytes_named(strategy, problem, rank, p, layers, num_params, gcn,
+                                       kind, gcn_grid, block_rows, keep_zero=True).items():
+        out[op] += b
+    return dict(out)
+
+
+def step_bytes_named(strategy: AttentionStrategy, problem: AttentionProblem, rank: int, p: int,
+                     layers: int, num_params: int, gcn: bool = False, kind: str = "sent",
+                     gcn_grid: Grid3D | None = None, block_rows: int | None = None,
+                     keep_zero: bool = False) -> dict[tuple[str, str], int]:
+    """Bytes ``kind`` per (group name, operation) in one step: the keys of a
+    :class:`~plexgt.distributed.collectives.CommLedger` (entries of 0 bytes left out unless
+    ``keep_zero``)."""
+    out: dict[tuple[str, str], int] = defaultdict(int)
+    for name, op in step_comm_named(strategy, problem, rank, p, layers, num_params, gcn,
+                                    gcn_grid, block_rows):
+        out[name, op.op] += op.sent if kind == "sent" else op.recv
+    return {k: v for k, v in out.items() if v or keep_zero}
+
+
+def dense_activation_elems(n_rows: int, d: int, ffn_mult: int, gcn: bool) -> int:
+    """Elements a block keeps for backward outside Table 1's attention terms, ``n_rows`` rows.
+
+    The block input (saved by the Q, K, V, O projections), this rank's head-major Q, the first
+    residual sum and its LayerNorm output, the FFN's ReLU output [n, m·d] and the second
+    residual sum: (5 + m)·d a row. GPS adds the GCN path's sum and LayerNorm output, the
+    attention path's LayerNorm output and the sum of both paths: 4·d.
+    """
+    return n_rows * (5 + ffn_mult + (4 if gcn else 0)) * d
+
+
+def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int, layers: int,
+                 features: int, classes: int, num_params: int, ffn_mult: int = 2,
+                 gcn: bool = False, gcn_grid: Grid3D | None = None) -> dict[str, int]:
+    """Per-rank bytes of a training step: attention (Table 1 per layer, plus the backward's
+    three [h, E/p] temporaries of one layer), dense activations, graphs, features, and
+    parameters with gradients and two AdamW moments (4 copies).
+
+    For gps the GCN operator is this rank's Â rows [N/p, N] (1D) or, on ``gcn_grid``, its Â
+    block [N/Gz, N/Gx] of E/(Gx·Gz) entries, whose layer also keeps the aggregate
+    [N/Gz, d/Gy] for the weight gradient."""
+    e = problem.esize
+    att = strategy.memory(problem, p)
+    n_loc = problem.rows(p)
+    dense = layers * dense_activation_elems(n_loc, problem.d, ffn_mult, gcn) * e
+    # input projection and classifier (2·d), logits and their gradient (2·C), and the
+    # gradients of one block in flight during backward (4·d)
+    dense += n_loc * (6 * problem.d + 2 * classes) * e
+    graphs = att.graph_bytes
+    if gcn and gcn_grid is not None:
+        lay = layer_layouts(gcn_grid, 0, problem.n, [problem.d, problem.d])[0]
+        nnz = -(-problem.e // (lay.g[0] * lay.g[2]))
+        graphs += graph_bytes(lay.rows_pad, lay.cols_pad, nnz) + nnz * e
+        dense += layers * lay.rows_pad * (lay.d_in // lay.g[1]) * e
+    elif gcn:
+        graphs += graph_bytes(n_loc, p * n_loc, -(-problem.e // p)) + (
+            -(-problem.e // p)) * e
+    out = {
+        "attention_activations": layers * att.activation_bytes + 3 * att.score_elems * e,
+        "dense_activations": dense,
+        "graph": graphs,
+        "features": n_loc * features * e,
+        "parameters": 4 * num_params * e,
+    }
+    out["total"] = sum(out.values())
+    return out

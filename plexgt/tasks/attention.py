@@ -1,0 +1,128 @@
+"""gt / gps for ``plexgt train``: node rows over the ranks, attention by a registered strategy.
+
+* Strategy: ``parallel.strategy`` 'gp_ag' or 'gp_a2a'; 'auto' asks AGP for the fastest at the
+  job's size (:func:`plexgt.plan.choose.choose_strategy`).
+* GPS GCN path: 3D (Plexus) on an explicit ``parallel.grid``; with 'auto' on more than one
+  rank, 1D or 3D on the 3D planner's grid of the job, whichever AGP predicts faster
+  (:func:`plexgt.plan.choose.choose_gps_layout`). The Task's grid and strategy name the
+  choice ('rows4', 'gp_ag'; '2x2x1', 'gp_ag+plexus3d').
+* Each rank reads its rows of Q A Qᵀ (all rows for a head-partitioned strategy) and its
+  node rows (:mod:`plexgt.data.loader`); the distributed operators are built from those
+  arrays (:func:`plexgt.parallel.rows1d.build_dist_graph`).
+* Parameters are replicated; :class:`~plexgt.parallel.rows1d.RowParallel` sums their
+  gradients over the ranks in one all-reduce at the end of every backward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from plexgt.config import TrainConfig
+from plexgt.data.loader import PreparedGraph, read_adjacency_q, read_feature_block, read_targets
+from plexgt.distributed.bootstrap import DistContext
+from plexgt.distributed.collectives import Comm, CommLedger
+from plexgt.distributed.grid import Grid3D, block_bounds, build_groups
+from plexgt.errors import ConfigError
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.parallel.attention.strategy import AttentionStrategy
+from plexgt.parallel.gps_dist import DistGPS
+from plexgt.parallel.gt_dist import DistGraphTransformer
+from plexgt.parallel.redistribute import gcn3d_rows
+from plexgt.parallel.rows1d import (
+    DistGraph,
+    RowData,
+    RowParallel,
+    build_dist_graph,
+    row_correct,
+    row_cross_entropy,
+)
+from plexgt.plan.choose import choose_gps_layout, choose_strategy
+from plexgt.tasks.task import (
+    DTYPES,
+    Task,
+    graph_sizes,
+    machine_profile,
+    model_shape,
+    plexus_coefficients_for,
+    system_model_for,
+)
+
+
+def read_dist_graph(pg: PreparedGraph, comm: Comm, strategy: AttentionStrategy, heads: int,
+                    gcn: bool = False, dtype: torch.dtype = torch.float32,
+                    setup_ledger: CommLedger | None = None, grid: Grid3D | None = None,
+                    axis_comms: dict[str, Comm] | None = None,
+                    block_rows: int | None = None) -> DistGraph:
+    """Read what ``comm.rank``'s operators need and build them
+    (:func:`~plexgt.parallel.rows1d.build_dist_graph` has the arguments)."""
+    rows = block_bounds(pg.N, comm.size, comm.rank)
+    mine = read_adjacency_q(pg, rows)
+    full = read_adjacency_q(pg) if strategy.full_graph else None
+    g3 = None
+    if gcn and grid is not None:
+        g3 = read_adjacency_q(pg, gcn3d_rows(grid, comm.rank, pg.N))
+    return build_dist_graph(pg.N, mine, comm, strategy, heads, full=full, gcn=gcn, dtype=dtype,
+                            setup_ledger=setup_ledger, grid=grid, axis_comms=axis_comms,
+                            gcn3d_rows=g3, block_rows=block_rows)
+
+
+def read_row_data(pg: PreparedGraph, p: int, i: int, dtype: torch.dtype = torch.float32
+                  ) -> RowData:
+    """Features, labels and split masks of block i of p (Q order), padded to ceil(N/p)."""
+    rows = block_bounds(pg.N, p, i)
+    n_loc = -(-pg.N // p)
+    x = read_feature_block(pg, rows, (0, pg.F), (n_loc, pg.F))
+    t = read_targets(pg, rows, "Q", n_loc)
+    return RowData.from_arrays(rows, x, t.labels, t.masks, dtype)
+
+
+def attention_layout(cfg: TrainConfig, pg: PreparedGraph, world_size: int
+                     ) -> tuple[str, Grid3D | None]:
+    """(strategy, grid of gps's 3D GCN path or None) of a gt / gps run on ``world_size``
+    ranks: the same on every rank, since it reads only sizes, the config and the profile."""
+    sizes, shape = graph_sizes(pg), model_shape(cfg)
+    prof = machine_profile(cfg)
+    sysm = system_model_for(prof)
+    if cfg.model.name == "gps":
+        return choose_gps_layout(sizes, shape, world_size, sysm, plexus_coefficients_for(prof),
+                                 cfg.parallel.strategy, cfg.parallel.grid)
+    return choose_strategy(sizes, shape, world_size, sysm, cfg.parallel.strategy), None
+
+
+def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
+                         ledger: CommLedger) -> Task:
+    """A :class:`Task` for ``model.name`` 'gt' or 'gps'."""
+    if pg.C < 1:
+        raise ConfigError(f"{pg.path}: the prepared graph has no labels to train on")
+    if ctx.world_size > pg.N:
+        raise ConfigError(f"{pg.path}: {ctx.world_size} ranks for N={pg.N} nodes")
+    dt = DTYPES[cfg.dtype]
+    comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
+    gps = cfg.model.name == "gps"
+    sname, grid = attention_layout(cfg, pg, ctx.world_size)
+    axis = None
+    if grid is not None:
+        groups = build_groups(grid, ctx.rank, ctx.world_size, ctx.timeout)
+        axis = {a: Comm.from_group(g, a, ledger) for a, g in groups.axis.items()}
+    before = pg.bytes_read
+    graph = read_dist_graph(pg, comm, default_registry().get(sname), cfg.model.heads, gcn=gps,
+                            dtype=dt, grid=grid, axis_comms=axis,
+                            block_rows=cfg.parallel.block_rows or None).to(ctx.device)
+    data = read_row_data(pg, ctx.world_size, ctx.rank, dt).to(ctx.device)
+    torch.manual_seed(cfg.seed)  # identical replicated parameters on every rank
+    cls = DistGPS if gps else DistGraphTransformer
+    model = cls(pg.F, cfg.model.hidden, pg.C, num_layers=cfg.model.layers,
+                heads=cfg.model.heads, dropout=cfg.model.dropout,
+                input_dropout=cfg.model.input_dropout, ffn_mult=cfg.model.ffn_mult).to(dt)
+    torch.manual_seed(cfg.seed * 7919 + ctx.rank + 1)  # independent dropout masks per rank
+    return Task(
+        model=RowParallel(model, graph, comm).to(ctx.device),
+        inputs=data.x,
+        loss=lambda out: row_cross_entropy(out, data.labels, data.masks["train"], comm),
+        correct=lambda out: row_correct(out, data.labels, data.masks, comm),
+        ledger=ledger,
+        grid=str(grid) if grid is not None else f"rows{ctx.world_size}",
+        strategy=sname + ("+plexus3d" if grid is not None else ""),
+        bytes_read=pg.bytes_read - before,
+    )

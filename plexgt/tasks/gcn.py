@@ -1,0 +1,94 @@
+"""gcn for ``plexgt train``: 3D tensor parallelism (Plexus) on a Gx x Gy x Gz grid.
+
+The grid is the configured one, or the 3D planner's fastest factorisation of the job
+(:func:`plexgt.plan.choose.choose_grid`) when ``parallel.grid = "auto"``. Each rank reads
+exactly its blocks (:func:`plexgt.data.loader.read_plexus_arrays`, driven by its layer
+layouts); parameters are sharded as the layouts say, initialised from the single-process
+:class:`~plexgt.models.gcn.GCN` of the same seed so every grid starts from the same model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from plexgt.config import TrainConfig
+from plexgt.data.loader import PreparedGraph, check_grid, read_plexus_arrays
+from plexgt.distributed.bootstrap import DistContext
+from plexgt.distributed.collectives import CommLedger
+from plexgt.distributed.grid import Grid3D, build_groups
+from plexgt.distributed.layout3d import LayerLayout, layer_layouts
+from plexgt.errors import ConfigError
+from plexgt.models.gcn import GCN
+from plexgt.parallel.plexus3d import (
+    Plexus3DGCN,
+    PlexusInputs,
+    parallel_correct,
+    parallel_cross_entropy,
+    plexus_comms,
+)
+from plexgt.plan.choose import choose_grid, gcn_block_rows, gcn_dims, resolve_grid
+from plexgt.plan.plexus_cost import Coefficients
+from plexgt.tasks.task import (
+    DTYPES,
+    Task,
+    graph_sizes,
+    machine_profile,
+    model_shape,
+    plexus_coefficients_for,
+)
+
+
+def read_plexus_inputs(pg: PreparedGraph, layouts: Sequence[LayerLayout], dtype: torch.dtype
+                       ) -> PlexusInputs:
+    """This rank's blocks for ``layouts`` (one per layer), as tensors of ``dtype``."""
+    return PlexusInputs.from_arrays(read_plexus_arrays(pg, layouts), dtype)
+
+
+def gcn_grid(cfg: TrainConfig, pg: PreparedGraph, world_size: int,
+             coef: Coefficients | None = None) -> Grid3D:
+    """The configured grid, or the planner's choice (``coef``: the machine coefficients, read
+    from parallel.profile when not given)."""
+    grid = resolve_grid(cfg.parallel.grid, world_size)
+    if grid is not None:
+        return grid
+    if coef is None:
+        coef = plexus_coefficients_for(machine_profile(cfg))
+    return choose_grid(graph_sizes(pg), model_shape(cfg), world_size, coef)
+
+
+def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: CommLedger
+                   ) -> Task:
+    """A :class:`Task` for ``model.name = "gcn"``."""
+    if pg.C < 1:
+        raise ConfigError(f"{pg.path}: the prepared graph has no labels to train on")
+    coef = plexus_coefficients_for(machine_profile(cfg))
+    grid = gcn_grid(cfg, pg, ctx.world_size, coef)
+    check_grid(pg, grid, cfg.model.layers)
+    dt = DTYPES[cfg.dtype]
+    sizes, shape = graph_sizes(pg), model_shape(cfg)
+    lays = layer_layouts(grid, ctx.rank, pg.N, gcn_dims(sizes, shape), cfg.parallel.gcn_order)
+    groups = build_groups(grid, ctx.rank, ctx.world_size, ctx.timeout)
+    comms = plexus_comms(groups, ledger, lays[-1])
+    data = read_plexus_inputs(pg, lays, dt)
+    model = Plexus3DGCN(lays, comms, data.adj, dropout=cfg.model.dropout,
+                        input_dropout=cfg.model.input_dropout,
+                        block_rows=gcn_block_rows(lays, sizes, shape, coef), dtype=dt,
+                        seed=cfg.seed)
+    torch.manual_seed(cfg.seed)
+    ref = GCN(pg.F, cfg.model.hidden, pg.C, num_layers=cfg.model.layers)
+    model.load_full([(lin.weight, lin.bias) for lin in ref.layers])
+    last = lays[-1]
+    labels, masks = data.labels.to(ctx.device), {k: m.to(ctx.device) for k, m in
+                                                  data.masks.items()}
+    return Task(
+        model=model.to(ctx.device),
+        inputs=data.x.to(ctx.device),
+        loss=lambda out: parallel_cross_entropy(out, labels, masks["train"], last, comms),
+        correct=lambda out: parallel_correct(out, labels, masks, last, comms),
+        ledger=ledger,
+        grid=str(grid),
+        strategy="plexus3d",
+        bytes_read=data.bytes_read,
+    )

@@ -1,0 +1,82 @@
+"""What the training loop runs, and how a run's configuration becomes the planners' inputs.
+
+A :class:`Task` is a distributed model bound to this rank's data: the loop only calls
+``model(inputs)``, ``loss(out)`` and ``correct(out)``, whatever the model family or layout.
+The helpers here turn the configuration and a prepared graph into the sizes, model shape and
+machine coefficients that :mod:`plexgt.plan.choose` takes, read once per task build.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from plexgt.config import TrainConfig
+from plexgt.data.loader import PreparedGraph
+from plexgt.distributed.collectives import CommLedger
+from plexgt.plan.agp import SystemModel
+from plexgt.plan.choose import GraphSizes, ModelShape
+from plexgt.plan.plexus_cost import Coefficients
+from plexgt.plan.profile import read_profile
+
+Tensor = torch.Tensor
+DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+LossFn = Callable[[Tensor], Tensor]
+"""loss(out) -> replicated scalar (mean cross-entropy over the training nodes)."""
+CorrectFn = Callable[[Tensor], dict[str, tuple[int, int]]]
+"""correct(out) -> {split: (correct, total)} summed over all ranks."""
+
+
+@dataclass
+class Task:
+    """A distributed model bound to this rank's data, as the loop sees it."""
+
+    model: nn.Module
+    inputs: Tensor
+    """This rank's input shard."""
+    loss: LossFn
+    correct: CorrectFn
+    ledger: CommLedger
+    grid: str
+    """The layout as the metrics name it ('2x2x1', 'rows4')."""
+    strategy: str
+    """'plexus3d', 'gp_ag', 'gp_a2a', or a strategy '+plexus3d' (gps on a 3D GCN path)."""
+    bytes_read: int = 0
+    """Payload bytes this rank read from the prepared directory."""
+
+
+def graph_sizes(pg: PreparedGraph) -> GraphSizes:
+    """The planners' view of a prepared graph: its manifest's numbers."""
+    return GraphSizes(pg.N, pg.E, pg.F, max(1, pg.C), pg.self_loops)
+
+
+def esize_of(cfg: TrainConfig) -> int:
+    """Bytes per element of the configured dtype."""
+    return torch.tensor([], dtype=DTYPES[cfg.dtype]).element_size()
+
+
+def model_shape(cfg: TrainConfig) -> ModelShape:
+    """The planners' view of the configured model."""
+    m = cfg.model
+    return ModelShape(m.name, m.hidden, m.layers, m.heads, m.ffn_mult, esize_of(cfg),
+                      cfg.parallel.gcn_order, cfg.parallel.block_rows or None)
+
+
+def machine_profile(cfg: TrainConfig) -> dict[str, Any] | None:
+    """parallel.profile read and validated, or None when none is configured."""
+    return read_profile(cfg.parallel.profile) if cfg.parallel.profile else None
+
+
+def plexus_coefficients_for(prof: dict[str, Any] | None) -> Coefficients:
+    """The 3D cost model's machine coefficients: the profile's, or the defaults without one."""
+    return Coefficients.from_profile(prof)
+
+
+def system_model_for(prof: dict[str, Any] | None) -> SystemModel:
+    """AGP's machine coefficients: the profile's, or the defaults without one."""
+    return SystemModel.from_profile(prof) if prof else SystemModel()

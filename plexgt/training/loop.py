@@ -1,0 +1,307 @@
+"""The training loop of ``plexgt train``: full-graph epochs, metrics, checkpoints, signals.
+
+Each epoch is one exact full-graph step (forward over every node, loss over the training
+nodes, backward, AdamW). Its wall time is split per rank into communication (time inside
+collectives, from the ledger), waiting (a barrier at the end of the step: load imbalance) and
+compute (the rest); rank 0 writes their max and mean over ranks to the metrics JSONL.
+
+SIGTERM and SIGUSR1 (Slurm's pre-timeout signal) only set a flag; at the end of the epoch the
+ranks agree on it, write a checkpoint, leave ``STOPPED`` in the checkpoint directory (the job
+script requeues on it) and exit cleanly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import resource
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from plexgt.config import TrainConfig, to_toml
+from plexgt.data.runtime import Progress
+from plexgt.distributed.agree import agreed
+from plexgt.distributed.bootstrap import DistContext
+from plexgt.errors import CheckpointError, ConfigError, TrainingError
+from plexgt.tasks.task import Task
+from plexgt.training import checkpoint as ckpt
+
+
+def lr_at(cfg: TrainConfig, epoch: int) -> float:
+    """Linear warm-up from lr/10 over warmup_epochs, then cosine decay to min_lr."""
+    o = cfg.optim
+    if epoch < o.warmup_epochs:
+        return o.lr * (0.1 + 0.9 * epoch / max(1, o.warmup_epochs))
+    span = max(1, cfg.epochs - o.warmup_epochs - 1)
+    t = min(1.0, (epoch - o.warmup_epochs) / span)
+    return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1 + math.cos(math.pi * t))
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+class StopFlag:
+    """Set by SIGTERM / SIGUSR1; acted on at the end of an epoch, never inside one."""
+
+    def __init__(self) -> None:
+        self.signal: int = 0
+        for s in (signal.SIGTERM, signal.SIGUSR1):
+            signal.signal(s, self._set)
+
+    def _set(self, signum: int, frame: Any) -> None:  # noqa: ARG002
+        self.signal = signum
+
+
+def _stats(values: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+    t = torch.tensor(values, dtype=torch.float64)
+    mx, sm = t.clone(), t.clone()
+    dist.all_reduce(mx, op=dist.ReduceOp.MAX)
+    dist.all_reduce(sm)
+    return mx, sm / dist.get_world_size()
+
+
+@dataclass
+class RunState:
+    """Where a run stands: the epoch to start from and the best validation epoch so far."""
+
+    start: int = 0
+    best: dict[str, Any] = field(
+        default_factory=lambda: {"epoch": -1, "valid_acc": -1.0, "test_acc": 0.0})
+
+
+def run_meta(ctx: DistContext, task: Task, cfg: TrainConfig) -> dict[str, Any]:
+    """What a checkpoint must match to be resumed by this run."""
+    return {"world_size": ctx.world_size, "grid": task.grid, "strategy": task.strategy,
+            "config_hash": cfg.hash(), "config": cfg.computation()}
+
+
+def resume(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimizer,
+           log: Any) -> RunState:
+    """Load the newest complete checkpoint into the model, optimiser and RNG."""
+    root = Path(cfg.checkpoint_dir)
+
+    def load() -> tuple[int, dict[str, Any]]:
+        found = ckpt.latest_complete(root)
+        if found is None:
+            raise CheckpointError(f"{root}: no complete checkpoint to resume from")
+        epoch, cmeta = found
+        return epoch, ckpt.load_shard(root, epoch, ctx.rank, cmeta, run_meta(ctx, task, cfg))
+
+    epoch, state = agreed(load, ctx.device)  # one rank's bad shard stops every rank
+    task.model.load_state_dict(state["model"])
+    opt.load_state_dict(state["optim"])
+    torch.set_rng_state(state["rng"])
+    if hasattr(task.model, "step"):
+        task.model.step = int(state["step"])
+    if ctx.rank == 0:
+        log(f"plexgt train: resumed from {ckpt.epoch_dir(root, epoch)} (epoch {epoch})")
+    return RunState(epoch, dict(state["best"]))
+
+
+def save(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimizer,
+         epoch: int, best: dict[str, Any]) -> None:
+    """Every rank writes its shard; rank 0 marks the checkpoint complete once all have."""
+    if not cfg.checkpoint_dir:
+        return
+    root = Path(cfg.checkpoint_dir)
+    state = {
+        "model": task.model.state_dict(), "optim": opt.state_dict(),
+        "rng": torch.get_rng_state(), "step": int(getattr(task.model, "step", 0)),
+        "best": best, "epoch": epoch,
+    }
+    sha = agreed(lambda: ckpt.write_shard(root, epoch, ctx.rank, state), ctx.device)
+    sums: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(sums, sha)
+    meta = {**run_meta(ctx, task, cfg), "sha256": sums}
+    agreed(lambda: ckpt.mark_complete(root, epoch, meta) if ctx.rank == 0 else None,
+           ctx.device)
+
+
+def step(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int
+         ) -> tuple[torch.Tensor, float, float]:
+    """One exact full-graph step: (loss, seconds of the step, seconds waiting for the others)."""
+    for g in opt.param_groups:
+        g["lr"] = lr_at(cfg, epoch)
+    task.ledger.reset()
+    task.model.train()
+    t0 = time.perf_counter()
+    opt.zero_grad(set_to_none=True)
+    loss = task.loss(task.model(task.inputs))
+    loss.backward()
+    opt.step()
+    t1 = time.perf_counter()
+    dist.barrier()
+    return loss, t1 - t0, time.perf_counter() - t1
+
+
+def epoch_row(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimizer,
+              epoch: int, loss: torch.Tensor, step_s: float, wait_s: float,
+              best: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The metrics row of an epoch (accuracy when due; times and bytes as max and mean over
+    ranks) and the updated best-so-far."""
+    comm_s = task.ledger.seconds
+    sent = task.ledger.total(kind="sent")
+    row: dict[str, Any] = {"epoch": epoch + 1, "loss": loss.item(),
+                           "lr": opt.param_groups[0]["lr"]}
+    if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
+        task.model.eval()
+        with torch.no_grad():
+            acc = task.correct(task.model(task.inputs))
+        for split, (c, n) in acc.items():
+            row[f"{split}_acc"] = c / max(1, n)
+        if row.get("valid_acc", -1.0) > best["valid_acc"]:
+            best = {"epoch": epoch + 1, "valid_acc": row["valid_acc"],
+                    "test_acc": row.get("test_acc", 0.0)}
+    mx, mean = _stats([step_s - comm_s, comm_s, wait_s, float(sent),
+                       float(peak_memory_bytes(ctx.device))])
+    row.update({
+        "time_compute": mx[0].item(), "time_comm": mx[1].item(), "time_wait": mx[2].item(),
+        "time_compute_mean": mean[0].item(), "time_comm_mean": mean[1].item(),
+        "time_wait_mean": mean[2].item(), "time_epoch": step_s + wait_s,
+        "bytes_comm": int(mean[3].item() * ctx.world_size),
+        "bytes_comm_max_rank": int(mx[3].item()),
+        "peak_mem_bytes": int(mx[4].item()), "grid": task.grid,
+        "strategy": task.strategy, "ranks": ctx.world_size,
+    })
+    return row, best
+
+
+class EpochLog:
+    """Rank 0's outputs of every epoch: the metrics JSONL and the progress line."""
+
+    def __init__(self, cfg: TrainConfig, rank0: bool, start: int) -> None:
+        self.cfg = cfg
+        self.start = start
+        self.metrics = open_metrics(cfg, start) if rank0 and cfg.metrics else None
+        self.every = max(1, cfg.epochs // 20)
+        self.bar = (Progress("train", cfg.epochs, start=start, every_s=0.0)
+                    if rank0 and cfg.progress else None)
+
+    def write(self, row: dict[str, Any]) -> None:
+        if self.metrics is not None:
+            self.metrics.write(json.dumps(row) + "\n")
+            self.metrics.flush()
+        if self.bar is None:
+            return
+        epoch = row["epoch"]
+        acc_txt = " ".join(f"{k}={row[k]:.4f}" for k in
+                           ("train_acc", "valid_acc", "test_acc") if k in row)
+        line = (f"loss={row['loss']:.4f} {acc_txt} t={row['time_epoch']:.3f}s "
+                f"(compute {row['time_compute']:.3f} comm {row['time_comm']:.3f} "
+                f"wait {row['time_wait']:.3f})")
+        if self.bar.tty:  # a redrawn bar on a terminal; plain lines in batch logs
+            self.bar.update(1, f"epoch {epoch}/{self.cfg.epochs} {line}")
+        elif epoch % self.every == 0 or epoch - 1 == self.start:
+            print(f"[epoch {epoch:>4}/{self.cfg.epochs}] {line}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.metrics is not None:
+            self.metrics.close()
+
+
+def open_metrics(cfg: TrainConfig, start: int) -> Any:
+    """The metrics JSONL, opened for this run: anew for a fresh run; for a resumed one, cut
+    back to the epochs up to the checkpoint (a killed run may have logged epochs past it,
+    which the resumed run repeats), then appended to."""
+    path = Path(cfg.metrics)
+    try:
+        if not cfg.resume:
+            return open(path, "w")  # noqa: SIM115 - closed by EpochLog.close
+        kept = []
+        if path.exists():
+            for line in path.read_text().splitlines():
+                try:
+                    if int(json.loads(line)["epoch"]) <= start:
+                        kept.append(line + "\n")
+                except (ValueError, KeyError, TypeError):
+                    continue  # a line cut short by the kill
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+        return open(path, "a")  # noqa: SIM115 - closed by EpochLog.close
+    except OSError as e:
+        raise ConfigError(f"config key 'metrics': {path}: {e.strerror or e}") from None
+
+
+def stop_requested(stop: StopFlag, cfg: TrainConfig, epoch: int) -> tuple[int, bool]:
+    """(signal number or 0, whether to stop now), agreed by all ranks: a signal seen by any
+    rank stops all."""
+    flags = torch.tensor([stop.signal, int(epoch + 1 == cfg.stop_after)])
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    return int(flags[0]), bool(flags.max())
+
+
+def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> dict[str, Any]:
+    """Run the loop; returns the summary (best validation epoch and its test accuracy)."""
+    rank0 = ctx.rank == 0
+    opt = torch.optim.AdamW(task.model.parameters(), lr=cfg.optim.lr,
+                            weight_decay=cfg.optim.weight_decay)
+    root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+    held = agreed(lambda: ckpt.lock(root) if rank0 and root is not None else None, ctx.device)
+    state = resume(cfg, ctx, task, opt, log) if cfg.resume else RunState()
+    if root is not None:
+        agreed(lambda: _prepare_dir(root, cfg) if rank0 else None, ctx.device)
+    best = state.best
+    stop = StopFlag()
+    out = agreed(lambda: EpochLog(cfg, rank0, state.start), ctx.device)
+    last = state.start
+    try:
+        for epoch in range(state.start, cfg.epochs):
+            loss, step_s, wait_s = step(cfg, task, opt, epoch)
+            row, best = epoch_row(cfg, ctx, task, opt, epoch, loss, step_s, wait_s, best)
+            if not math.isfinite(row["loss"]):  # replicated: every rank stops here at once
+                err = TrainingError(f"epoch {epoch + 1}: the loss is {row['loss']}; lower "
+                                    "optim.lr or check the data (plexgt verify)")
+                err.agreed, err.origin = True, 0  # type: ignore[attr-defined]
+                raise err
+            out.write(row)
+            last = epoch + 1
+            signum, stop_now = stop_requested(stop, cfg, epoch)
+            due = cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0
+            if stop_now or due or epoch + 1 == cfg.epochs:
+                save(cfg, ctx, task, opt, epoch + 1, best)
+            if stop_now:
+                if rank0:
+                    if root is not None:
+                        (root / ckpt.STOPPED).write_text(f"{epoch + 1}\n")
+                    log(f"plexgt train: stopped by {_why(signum)} after epoch {epoch + 1}; "
+                        f"checkpoint written; continue with --resume")
+                return _summary(_why(signum), last, best)
+    finally:
+        out.close()
+        if held is not None:
+            held.close()
+    return _summary("", last, best)
+
+
+def _why(signum: int) -> str:
+    return f"signal {signum}" if signum else "stop_after"
+
+
+def _prepare_dir(root: Path, cfg: TrainConfig) -> None:
+    """Rank 0: clear an old STOPPED mark and record the configuration beside the checkpoints."""
+    try:
+        (root / ckpt.STOPPED).unlink(missing_ok=True)
+        (root / "config.toml").write_text(to_toml(cfg))
+    except OSError as e:
+        raise CheckpointError(f"{e.filename or root}: cannot write to the checkpoint "
+                              f"directory ({e.strerror or e})") from None
+
+
+def _summary(stopped: str, last: int, best: dict[str, Any]) -> dict[str, Any]:
+    """``stopped``: why the run stopped early ('signal 10', 'stop_after'), '' if it ran out."""
+    return {"stopped": stopped, "last_epoch": last, "best_epoch": best["epoch"],
+            "best_valid_acc": best["valid_acc"], "test_acc_at_best": best["test_acc"]}

@@ -1,0 +1,112 @@
+"""Faults end the whole job, once: a rank that stops answering, an error on one rank only,
+the same error on every rank; and runs that are extended or already finished resume right."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from plexgt.data.shard import PrepOptions, prepare
+from plexgt.data.source import MemorySource
+from plexgt.data.synthetic import sbm
+
+from .conftest import mpiexec, run_job
+from .test_train import _descendants, _job, _losses
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("faults") / "sbm"
+    g = sbm(num_nodes=600, num_edges=6000, num_classes=4, num_features=16, seed=2)
+    prepare(MemorySource(g), PrepOptions(out=out, tiles=2, progress=False))
+    return out
+
+
+def _cmd(data: Path, n: int, *extra: str) -> list[str]:
+    return [mpiexec(), "-n", str(n), sys.executable, "-m", "plexgt", "train", "--data",
+            str(data), "--model", "gcn", "--model.hidden=16", "--optim.warmup_epochs=2",
+            *extra]
+
+
+def _errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if "error:" in line]
+
+
+def test_a_missing_shard_on_one_rank_ends_every_rank_with_one_message(data, tmp_path):
+    ck = tmp_path / "ck"
+    assert run_job(_cmd(data, 3, "--epochs", "2", "--checkpoint-dir", str(ck))).returncode == 0
+    (ck / "epoch_000002" / "rank_00001.pt").unlink()
+    t0 = time.time()
+    r = run_job(_cmd(data, 3, "--epochs", "4", "--checkpoint-dir", str(ck), "--resume"),
+                timeout=120)
+    assert r.returncode == 2 and time.time() - t0 < 60
+    assert _errors(r.stderr) == [
+        f"plexgt train: error: rank 1: {ck}/epoch_000002/rank_00001.pt: checkpoint shard "
+        "missing"], r.stderr
+    assert "finished" not in r.stdout and "resumed" not in r.stderr
+
+
+def test_the_same_error_on_every_rank_is_printed_once(data, tmp_path):
+    r = run_job(_cmd(data, 3, "--optim.lr=abc"))
+    assert r.returncode == 2
+    assert len(_errors(r.stderr)) == 1 and "config key 'optim.lr'" in r.stderr, r.stderr
+
+
+def test_a_stopped_rank_ends_the_job_after_the_timeout(data, tmp_path):
+    """kill -STOP of one rank: its peers time out in their next collective, sub-groups
+    included, and the job ends (no rank left running)."""
+    m = tmp_path / "m.jsonl"
+    cmd = _cmd(data, 4, "--grid", "2x2x1", "--epochs", "100000", "--metrics", str(m),
+               "--parallel.timeout_s=10")
+    with _job(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (m.exists() and len(m.read_text().splitlines()) > 2):
+            time.sleep(0.5)
+        pids = _descendants(proc.pid, "python")
+        assert len(pids) == 4, f"expected 4 ranks under mpiexec, found {pids}"
+        os.kill(pids[-1], signal.SIGSTOP)
+        t0 = time.time()
+        proc.communicate(timeout=120)
+        took = time.time() - t0
+    assert proc.returncode != 0
+    assert took < 60, f"the job took {took:.0f} s to end after a rank stopped"
+    deadline = time.time() + 15  # orphans reparented to init are reaped within moments
+    while time.time() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.2)
+    assert not [p for p in pids if _alive(p)], [_state(p) for p in pids]
+
+
+def _state(pid: int) -> str:
+    try:
+        return next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                    if line.startswith("State:"))
+    except (OSError, StopIteration):
+        return "gone"
+
+
+def _alive(pid: int) -> bool:
+    s = _state(pid)
+    return s != "gone" and "zombie" not in s
+
+
+def test_a_run_is_extended_and_a_finished_run_stays_finished(data, tmp_path):
+    ck, m = tmp_path / "ck", tmp_path / "m.jsonl"
+    common = ["--checkpoint-dir", str(ck), "--metrics", str(m)]
+    r = run_job(_cmd(data, 2, "--epochs", "4", "--stop-after", "2", *common))
+    assert r.returncode == 0 and "stopped by stop_after after epoch 2" in r.stdout, r.stdout
+    r = run_job(_cmd(data, 2, "--epochs", "4", "--resume", *common))
+    assert r.returncode == 0 and "finished after epoch 4" in r.stdout
+    r = run_job(_cmd(data, 2, "--epochs", "4", "--resume", *common))
+    assert r.returncode == 0 and "finished after epoch 4" in r.stdout, r.stdout
+    r = run_job(_cmd(data, 2, "--epochs", "6", "--resume", *common))  # extended: not refused
+    assert r.returncode == 0 and "finished after epoch 6" in r.stdout, r.stderr
+    assert sorted(_losses(m)) == [1, 2, 3, 4, 5, 6]
+    assert len(m.read_text().splitlines()) == 6  # no epoch twice

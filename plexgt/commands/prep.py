@@ -36,8 +36,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="stored feature dtype (default: float16 sources stay float16, "
                    "others float32)")
     p.add_argument("--seed", type=int, default=0, help="permutation / generator seed")
-    p.add_argument("--permutation", choices=("random", "degree", "balanced"), default="random",
-                   help="random: uniform P, Q (Plexus); degree: P, Q stratified by degree, "
+    p.add_argument("--permutation", choices=("auto", "random", "degree", "balanced"),
+                   default="auto",
+                   help="auto (default): balanced up to 2e7 stored nonzeros, else random; "
+                   "random: uniform P, Q (Plexus); degree: P, Q stratified by degree, "
                    "for tighter block balance on small power-law graphs (one extra edge pass); "
                    "balanced: degree, then refined until every block of the --balance-blocks "
                    "split holds the same nnz (rank 0 holds all edges in memory: for graphs up "

@@ -57,9 +57,24 @@ class BucketWriter:
 
     def close(self) -> None:
         self.flush()
+        self.discard()
+
+    def discard(self) -> None:
+        """Close the files without writing what is queued (after a failure: a full disk must
+        not be asked for more, and open files would keep their space)."""
         for f in self._files.values():
             f.close()
         self._idx.close()
+        self._buf, self._n = [], 0
+
+    def __enter__(self) -> BucketWriter:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
 
 
 class BucketReader:

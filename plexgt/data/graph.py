@@ -71,6 +71,31 @@ class GraphData:
                 raise DataError(f"{self.name}: split '{key}' holds a node id outside [0, {n})")
 
 
+def class_ids(raw: np.ndarray, where: str) -> np.ndarray:
+    """[N] int64 class ids from an array a reader found: integers, or floats that hold whole
+    numbers (some files store labels as float); anything else is refused, never truncated
+    (a float 2.7 would silently become class 2)."""
+    raw = np.asarray(raw)
+    if raw.dtype.kind == "f":
+        bad = ~np.isfinite(raw) | (raw != np.round(raw))
+        if bad.any():
+            i = int(np.flatnonzero(bad.reshape(-1))[0])
+            raise DataError(f"{where}: label of node {i} is {float(raw.reshape(-1)[i])}, not a "
+                            "whole number (class ids are integers)")
+    elif raw.dtype.kind not in "iub":
+        raise DataError(f"{where}: labels of dtype {raw.dtype} are not class ids")
+    return raw.astype(np.int64)
+
+
+def integer_ids(a: np.ndarray, what: str, where: str) -> np.ndarray:
+    """An index array as found in a file, refused unless its dtype is an integer one: float
+    indices would be truncated into other nodes' ids without a word."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "iu":
+        raise DataError(f"{where}: {what} has dtype {a.dtype}; indices must be integers")
+    return a
+
+
 def first_id_error(src: np.ndarray, dst: np.ndarray, lo: int, hi: int | None
                    ) -> tuple[int, str, int] | None:
     """(row, 'source' | 'destination', id) of the first row holding an id outside [lo, hi).

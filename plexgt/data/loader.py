@@ -85,6 +85,20 @@ class PreparedGraph:
         self.bytes_read = 0
         """Payload bytes of every hyperslab read so far."""
         self._files: dict[str, h5py.File] = {}
+        self._check_sizes(mpath)
+
+    def _check_sizes(self, mpath: Path) -> None:
+        """The manifest's N, F and C against what nodes.h5 records (prep writes both): an
+        edited or mismatched manifest would otherwise train on a subset of the graph."""
+        try:
+            attrs = self._file(NODES).attrs
+        except DataError:
+            return  # missing or unreadable: reported by the read that needs it
+        for key, mine in (("N", self.N), ("F", self.F), ("C", self.C)):
+            if key in attrs and int(attrs[key]) != mine:
+                raise DataError(f"{mpath}: {key}={mine} but {self.path / NODES} was written "
+                                f"with {key}={int(attrs[key])}; the manifest does not belong "
+                                "to these files")
 
     # -- files ------------------------------------------------------------------------
     def _file(self, rel: str) -> h5py.File:

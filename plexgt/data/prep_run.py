@@ -38,8 +38,11 @@ class PrepOptions:
     """'float16' | 'float32' | None (float16 sources stay float16, others become float32)."""
     seed: int = 0
     permutation: str = "random"
-    """'random' (uniform, as in Plexus) | 'degree' (stratified by degree: permute.py) |
-    'balanced' (degree, then refined on the edges: equal nnz per block; O(E) memory on rank 0)."""
+    """'auto' (``plexgt prep``'s default: balanced when the graph has at most
+    :data:`AUTO_BALANCE_MAX_NNZ` stored nonzeros, else random) | 'random' (uniform, as in
+    Plexus; this API's default, so a caller's permutations stay reproducible from the seed
+    alone) | 'degree' (stratified by degree: permute.py) | 'balanced' (degree, then refined
+    on the edges: equal nnz per block; O(E) memory on rank 0)."""
     balance_blocks: int | None = None
     """'balanced' only: balance the split of N into this many blocks (default
     :func:`default_balance_blocks`: lcm(T, 8), so the T x T tiles and an 8 x 8 grid both)."""
@@ -81,6 +84,24 @@ def physical_memory() -> int | None:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+PERMUTATIONS = ("auto", "random", "degree", "balanced")
+AUTO_BALANCE_MAX_NNZ = 20_000_000
+"""'auto' refines to 'balanced' up to this many stored nonzeros (edges, symmetrised, plus
+self loops): rank 0 then holds about 40 bytes a nonzero (~0.8 GB) and refines in about
+1.3 s per million nonzeros (ego-twitter, 1.4M: 1.8 s on the 2-core test VM); beyond it the
+uniform random permutation, streamed, which large graphs balance by themselves (Plexus:
+papers100M's 8x8 blocks at 1.001 max/mean)."""
+
+
+def resolve_permutation(asked: str, e_hint: int, n: int, symmetrize: bool, self_loops: bool
+                        ) -> str:
+    """The permutation a run computes: ``asked``, with 'auto' decided by the graph's size."""
+    if asked != "auto":
+        return asked
+    nnz = e_hint * (2 if symmetrize else 1) + (n if self_loops else 0)
+    return "balanced" if nnz <= AUTO_BALANCE_MAX_NNZ else "random"
 
 
 def check_node_memory(n: int, name: str) -> None:
@@ -134,6 +155,8 @@ class PrepRun:
     """[N] inverse of perm_p (original id -> P position), idx_dtype; empty until set."""
     qinv: np.ndarray
     """[N] inverse of perm_q, likewise."""
+    permutation: str = "random"
+    """The permutation this run computes: the option, with 'auto' resolved."""
     balance_info: dict[str, Any] = field(default_factory=dict)
     """``balanced`` only, rank 0: what the refinement reports (recorded in the manifest)."""
 
@@ -159,10 +182,13 @@ class PrepRun:
         row_bytes = max(1, f * fdtype.itemsize)
         fb = max(1, min(size, opts.feature_block_bytes // row_bytes))
         nfb = math.ceil(n / fb) if f else 0
-        if opts.permutation not in ("random", "degree", "balanced"):
-            raise DataError(f"--permutation {opts.permutation}: expected random|degree|balanced")
+        if opts.permutation not in PERMUTATIONS:
+            raise DataError(f"--permutation {opts.permutation}: expected "
+                            f"{'|'.join(PERMUTATIONS)}")
+        perm = resolve_permutation(opts.permutation, source.num_edges_hint(), n,
+                                   opts.symmetrize, opts.self_loops)
         balance_blocks = 0
-        if opts.permutation == "balanced":
+        if perm == "balanced":
             b = opts.balance_blocks if opts.balance_blocks is not None else \
                 default_balance_blocks(t)
             balance_blocks = min(b, n)
@@ -170,7 +196,7 @@ class PrepRun:
             "format_version": FORMAT_VERSION, "source": opts.source_desc, "N": n, "T": t,
             "symmetrized": opts.symmetrize, "self_loops": opts.self_loops,
             "features_dtype": fd, "seed": opts.seed, "F": f, "feature_block_rows": fb,
-            "permutation": opts.permutation,
+            "permutation": perm,
         }
         if balance_blocks:
             params["balance_blocks"] = balance_blocks
@@ -178,8 +204,8 @@ class PrepRun:
                  + [(FEATURE_UNIT, i) for i in range(nfb)])
         empty = np.empty(0, dtype=idx_dtype)
         run = cls(source, opts, comm, n, t, size, idx_dtype, f, fdtype, fb, nfb, balance_blocks,
-                  params, units, empty, empty)
-        if opts.permutation == "random":
+                  params, units, empty, empty, perm)
+        if perm == "random":
             run.set_perms(*permutations(n, opts.seed))
         return run
 

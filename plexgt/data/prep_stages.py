@@ -22,7 +22,7 @@ import numpy as np
 
 from plexgt import __version__
 from plexgt.data.buckets import BucketReader, BucketWriter
-from plexgt.data.graph import random_split
+from plexgt.data.graph import class_ids, random_split
 from plexgt.data.permute import (
     balanced_permutations,
     degree_permutations,
@@ -86,6 +86,11 @@ def _h5_write_atomic(path: Path, fill: Callable[[h5py.File], None]) -> dict[str,
 
 
 def _ds(f: h5py.Group, name: str, data: np.ndarray, **kw: Any) -> None:
+    """One dataset, with a Fletcher-32 checksum per chunk: HDF5 verifies it on every read, so
+    a damaged tile is an error where it is read, never silently wrong training data (an empty
+    dataset has no chunk to sum)."""
+    if data.size:
+        kw.setdefault("fletcher32", True)
     f.create_dataset(name, data=data, track_times=False, **kw)
 
 
@@ -97,10 +102,10 @@ def permute_stage(run: PrepRun) -> None:
     summed; ``balanced`` needs every edge, so rank 0 alone computes it and broadcasts.
     """
     comm, o = run.comm, run.opts
-    if o.permutation == "degree":
+    if run.permutation == "degree":
         deg = comm.run(lambda: count_degrees(run))
         run.set_perms(*degree_permutations(comm.sum(deg), o.seed))
-    elif o.permutation == "balanced":
+    elif run.permutation == "balanced":
         perms = comm.run(lambda: balance(run) if comm.rank == 0 else None)
         run.set_perms(*comm.bcast(perms))
 
@@ -192,11 +197,17 @@ def bucket(run: PrepRun) -> None:
 def _bucket_edges(run: PrepRun) -> None:
     """Edge (src, dst) is A[dst, src]: (pinv[dst], qinv[src]) in A1, (qinv[dst], pinv[src]) in
     A2, each keyed by its tile (row block * T + column block)."""
-    rank, w, o = run.comm.rank, run.comm.size, run.opts
+    rank, o = run.comm.rank, run.opts
     nk = run.t * run.t
     fl = o.flush_items or 4 * o.chunk_edges
-    w1 = BucketWriter(run.path(bucket_base(A1, rank)), nk, edge_streams(run), fl)
-    w2 = BucketWriter(run.path(bucket_base(A2, rank)), nk, edge_streams(run), fl)
+    with (BucketWriter(run.path(bucket_base(A1, rank)), nk, edge_streams(run), fl) as w1,
+          BucketWriter(run.path(bucket_base(A2, rank)), nk, edge_streams(run), fl) as w2):
+        _route_edges(run, w1, w2)
+
+
+def _route_edges(run: PrepRun, w1: BucketWriter, w2: BucketWriter) -> None:
+    """This rank's share of the edges (and self loops) into the A1 and A2 buckets."""
+    rank, w, o = run.comm.rank, run.comm.size, run.opts
     ehint = run.src.num_edges_hint() * (2 if o.symmetrize else 1)
     prog = Progress("prep: routing edges", ehint / w, o.progress and rank == 0)
     s, t, pinv, qinv = run.size, run.t, run.pinv, run.qinv
@@ -216,8 +227,6 @@ def _bucket_edges(run: PrepRun) -> None:
         for lo, hi in parts_of(run.n, o.chunk_edges, rank, w):
             ids = np.arange(lo, hi, dtype=np.int64)
             route(ids, ids)
-    w1.close()
-    w2.close()
     prog.close()
 
 
@@ -226,16 +235,15 @@ def _bucket_features(run: PrepRun) -> None:
     of their Q position."""
     rank, w, f, fdtype = run.comm.rank, run.comm.size, run.f, run.fdtype
     row_bytes = f * fdtype.itemsize + 8
-    wf = BucketWriter(run.path(bucket_base(FEATURE_UNIT, rank)), run.nfb, feature_streams(run),
-                      max(1, (128 << 20) // row_bytes))
     rows = max(1, (64 << 20) // max(1, f * 4))
-    for row0, x in run.src.feature_chunks(rank, w, rows):
-        xs = np.asarray(x).astype(fdtype, copy=False)
-        if xs.dtype != x.dtype:
-            check_finite(xs, row0, f"{run.src.name}: features cast to {fdtype}")
-        pos = run.qinv[row0 : row0 + x.shape[0]].astype(np.int64)
-        wf.add(pos // run.fb, pos=pos, x=xs)
-    wf.close()
+    with BucketWriter(run.path(bucket_base(FEATURE_UNIT, rank)), run.nfb, feature_streams(run),
+                      max(1, (128 << 20) // row_bytes)) as wf:
+        for row0, x in run.src.feature_chunks(rank, w, rows):
+            xs = np.asarray(x).astype(fdtype, copy=False)
+            if xs.dtype != x.dtype:
+                check_finite(xs, row0, f"{run.src.name}: features cast to {fdtype}")
+            pos = run.qinv[row0 : row0 + x.shape[0]].astype(np.int64)
+            wf.add(pos // run.fb, pos=pos, x=xs)
 
 
 # -- stage 3: build the units from the buckets -----------------------------------------------
@@ -412,12 +420,35 @@ def _labels(run: PrepRun) -> np.ndarray:
     labels = run.src.labels()
     if labels is None:
         labels = np.full(n, -1, dtype=np.int64)
-    labels = np.asarray(labels, dtype=np.int64)
+    labels = class_ids(labels, run.src.name)
     if labels.shape != (n,):
         raise DataError(f"{run.src.name}: {labels.shape[0]} labels disagree with N={n}")
     if labels.size and labels.min() < -1:
         raise DataError(f"{run.src.name}: label {int(labels.min())} is below -1")
+    if labels.size and labels.max() >= max(n, MAX_CLASSES_FLOOR):
+        raise DataError(f"{run.src.name}: label {int(labels.max())} would make "
+                        f"{int(labels.max()) + 1} classes for {n} nodes; class ids must run "
+                        "0..C-1")
     return labels
+
+
+def _check_disjoint(name: str, n: int, splits: dict[str, Any]) -> None:
+    """Refuse splits that share a node: a test node also trained on inflates test accuracy."""
+    seen = np.full(n, -1, dtype=np.int8)
+    for j, k in enumerate(SPLITS):
+        idx = np.asarray(splits.get(k, []), dtype=np.int64)
+        idx = idx[(idx >= 0) & (idx < n)]  # out-of-range ids are reported where masks are built
+        hit = seen[idx] >= 0
+        if hit.any():
+            node = int(idx[np.flatnonzero(hit)[0]])
+            raise DataError(f"{name}: node {node} is in both the '{SPLITS[seen[node]]}' and "
+                            f"the '{k}' split; splits must not overlap")
+        seen[idx] = j
+
+
+MAX_CLASSES_FLOOR = 1 << 16
+"""Class ids beyond max(N, this) are refused: a stray id (1e9) would otherwise make a
+billion-class model whose first allocation fails hours later in training."""
 
 
 def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int]:
@@ -428,6 +459,7 @@ def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int]:
     c = int(labels.max()) + 1 if labels.size else 0
     splits = run.src.splits() or random_split(n, run.opts.seed)
     sizes = {k: int(np.asarray(splits.get(k, [])).size) for k in SPLITS}
+    _check_disjoint(run.src.name, n, splits)
     degs = {}
     for kind in MATRICES:
         parts = []
@@ -439,6 +471,8 @@ def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int]:
     p, q = inverse(run.pinv).astype(np.int64), inverse(run.qinv).astype(np.int64)
 
     def fill(f: h5py.File) -> None:
+        # the sizes the manifest must agree with: a reader checks them on open
+        f.attrs["N"], f.attrs["F"], f.attrs["C"] = n, run.f, c
         _ds(f, perm_ds("P"), p)
         _ds(f, perm_ds("Q"), q)
         for order, perm in (("P", p), ("Q", q)):
@@ -475,7 +509,7 @@ def manifest_of(run: PrepRun, nodes_rec: dict[str, Any], split_sizes: dict[str, 
         raise RuntimeError(f"internal error: A1 holds {e1} nonzeros, A2 {e2}")
     nnz = np.asarray(tile_nnz[A1], dtype=np.float64)
     imbalance = float(nnz.max() / nnz.mean()) if nnz.mean() > 0 else 1.0
-    rnd = o.permutation == "random"
+    rnd = run.permutation == "random"
     sources = [{"path": str(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
                for p in run.src.files]
     return {
@@ -489,7 +523,7 @@ def manifest_of(run: PrepRun, nodes_rec: dict[str, Any], split_sizes: dict[str, 
         "tile_format": TILE_FORMAT, "anchor_stride": ANCHOR,
         "num_feature_blocks": run.nfb,
         "self_loops": o.self_loops, "symmetrized": o.symmetrize,
-        "permutation": {"method": o.permutation, "seed": o.seed,
+        "permutation": {"method": run.permutation, "asked": o.permutation, "seed": o.seed,
                         "perm_p_rng": [o.seed, 1 if rnd else 3],
                         "perm_q_rng": [o.seed, 2 if rnd else 4],
                         **({"balance": run.balance_info} if run.balance_blocks else {})},

@@ -18,6 +18,8 @@ renamed when complete; a completion record per unit lets ``--resume`` skip finis
 
 from __future__ import annotations
 
+import errno
+import os
 import shutil
 import time
 from pathlib import Path
@@ -80,6 +82,43 @@ def _setup_dir(o: PrepOptions, params: dict[str, Any]) -> bool:
     return True
 
 
+def prep_bytes(run: PrepRun) -> int:
+    """About what a prep writes at its peak: both matrices' tiles (an int32 index a nonzero,
+    each of A1 and A2), the staged edge buckets (two int64 ids an edge), the features and
+    the node arrays (permutations, labels, degrees, masks in two orders)."""
+    e = run.src.num_edges_hint() * (2 if run.opts.symmetrize else 1) + (
+        run.n if run.opts.self_loops else 0)
+    return (2 * e * run.idx_dtype.itemsize + 16 * e + run.n * run.f * run.fdtype.itemsize
+            + 70 * run.n)
+
+
+def check_disk(out: Path, run: PrepRun) -> None:
+    """Refuse before writing anything when the output's filesystem lacks the room."""
+    where = out
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    need, free = prep_bytes(run), shutil.disk_usage(where).free
+    if need > free:
+        raise DataError(f"{out}: prep needs about {_gib(need)} GiB ({run.src.name}: N={run.n}, "
+                        f"about {run.src.num_edges_hint()} edges, F={run.f}) but {where} has "
+                        f"{_gib(free)} GiB free")
+
+
+def _disk_full(e: OSError, out: Path) -> bool:
+    """Whether a write failed for want of space (numpy's short writes carry no errno)."""
+    if e.errno == errno.ENOSPC:
+        return True
+    try:
+        st = os.statvfs(out)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (1 << 20)
+
+
+def _gib(b: int) -> str:
+    return f"{b / 2**30:.3g}"
+
+
 def prepare(source: GraphSource, opts: PrepOptions, comm: Comm | None = None,
             fail_after: int | None = None) -> dict[str, Any]:
     """Run prep on every rank of ``comm``; returns the manifest (identical on every rank).
@@ -107,16 +146,26 @@ def prepare(source: GraphSource, opts: PrepOptions, comm: Comm | None = None,
         return m
     if comm.rank == 0:
         try:
+            check_disk(out, run)
             created = _setup_dir(opts, run.params)
         except DataError as e:
             err = e
+        except OSError as e:  # a read-only or missing parent: every rank must hear of it
+            err = DataError(f"{e.filename or out}: cannot create the output "
+                            f"({e.strerror or e})")
     comm.agree(err)
     created = comm.bcast(created)
     try:
-        permute_stage(run)
-        bucket_stage(run)
-        build_stage(run, fail_after)
-        manifest = finish_stage(run, t_start)
+        try:
+            permute_stage(run)
+            bucket_stage(run)
+            build_stage(run, fail_after)
+            manifest = finish_stage(run, t_start)
+        except OSError as e:
+            if not _disk_full(e, out):
+                raise
+            raise DataError(f"{e.filename or out}: the disk is full; prep needs about "
+                            f"{_gib(prep_bytes(run))} GiB there") from None
     except DataError:
         if comm.rank == 0 and created:
             shutil.rmtree(out, ignore_errors=True)

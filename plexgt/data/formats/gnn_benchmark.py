@@ -18,13 +18,15 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from plexgt.data.graph import GraphData
+from plexgt.data.graph import GraphData, class_ids, integer_ids
 from plexgt.errors import DataError
 
 
 def _csr(z: np.lib.npyio.NpzFile, prefix: str, path: Path) -> sp.csr_matrix:
     try:
         data, indices, indptr = (z[f"{prefix}_{k}"] for k in ("data", "indices", "indptr"))
+        indices = integer_ids(indices, f"{prefix}_indices", str(path))
+        indptr = integer_ids(indptr, f"{prefix}_indptr", str(path))
         shape = tuple(int(s) for s in z[f"{prefix}_shape"])
     except KeyError as e:
         raise DataError(f"{path}: missing key {e.args[0]!r}") from None
@@ -54,7 +56,9 @@ def read_gnn_benchmark(path: str | Path) -> GraphData:
                 feats = np.asarray(z["attr_matrix"], dtype=np.float32)
             else:
                 feats = None
-            labels = np.asarray(z["labels"], dtype=np.int64) if "labels" in z.files else None
+            labels = class_ids(z["labels"], str(path)) if "labels" in z.files else None
+    except DataError:
+        raise
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:

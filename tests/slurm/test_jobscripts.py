@@ -27,11 +27,12 @@ def data(tmp_path_factory) -> Path:
     return out
 
 
-def _sbatch(slurm, tmp: Path, data: Path, epochs: int, wait: bool) -> tuple[int, Path]:
+def _sbatch(slurm, tmp: Path, data: Path, epochs: int, wait: bool, model: str = "gcn"
+            ) -> tuple[int, Path]:
     run = tmp / "run"
     env = dict(slurm, DATA=str(data), EPOCHS=str(epochs), RUN_DIR=str(run),
-               VENV=str(ROOT / ".venv"), EXTRA="--model.hidden=16 --eval_every=1",
-               OMP_NUM_THREADS="1")
+               VENV=str(ROOT / ".venv"), MODEL=model,
+               EXTRA="--model.hidden=16 --model.heads=2 --eval_every=1", OMP_NUM_THREADS="1")
     cmd = ["sbatch", "--parsable", "-n", "4", "-o", str(tmp / "job-%j.out"), "--open-mode=append",
            *(["--wait"] if wait else []), str(SCRIPT)]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=400)
@@ -66,8 +67,10 @@ def test_sbatch_srun_pmi2_trains_on_4_ranks(slurm, data, tmp_path):
 
 
 def test_usr1_checkpoints_then_the_job_requeues_and_resumes(slurm, data, tmp_path):
+    """A graph transformer (whose checkpoints once failed at the first save) through the
+    job script's signal, checkpoint, requeue and resume."""
     epochs = 40  # enough that the signal lands mid-run; short enough for CI
-    job, run = _sbatch(slurm, tmp_path, data, epochs, wait=False)
+    job, run = _sbatch(slurm, tmp_path, data, epochs, wait=False, model="gt")
     deadline = time.time() + 240
     while time.time() < deadline and len(_epochs(run)) < 3:
         time.sleep(0.3)

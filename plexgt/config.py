@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -248,6 +249,15 @@ def validate(cfg: TrainConfig) -> None:
     for k in ("dropout", "input_dropout"):
         if not 0.0 <= getattr(m, k) < 1.0:
             raise ConfigError(f"config key 'model.{k}' must be in [0, 1)")
+    o = cfg.optim
+    for k in ("lr", "min_lr", "weight_decay"):
+        v = getattr(o, k)
+        if not (math.isfinite(v) and (v > 0 if k == "lr" else v >= 0)):
+            raise ConfigError(f"config key 'optim.{k}': {v!r} must be a finite number "
+                              f"{'> 0' if k == 'lr' else '>= 0'}")
+    if not (math.isfinite(cfg.parallel.timeout_s) and cfg.parallel.timeout_s > 0):
+        raise ConfigError(f"config key 'parallel.timeout_s': {cfg.parallel.timeout_s!r} must "
+                          "be a finite number of seconds > 0")
     if cfg.epochs < 1 or cfg.eval_every < 1 or cfg.checkpoint_every < 0 or cfg.stop_after < 0:
         raise ConfigError("config keys epochs, eval_every must be >= 1; checkpoint_every, "
                           "stop_after >= 0")

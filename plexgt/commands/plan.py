@@ -92,7 +92,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         table = _plan_attention(args, sizes, shape, prof, limit)
     if args.json is not None:
-        args.json.write_text(json.dumps(table, indent=1) + "\n")
+        try:
+            args.json.write_text(json.dumps(table, indent=1) + "\n")
+        except OSError as e:
+            raise UsageError(f"--json {args.json}: {e.strerror or e}") from None
     return 0 if table.get("choice") else 1
 
 

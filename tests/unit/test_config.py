@@ -24,6 +24,11 @@ def test_precedence_and_types(tmp_path):
     (["--resume=true"], "config key 'resume' needs 'checkpoint_dir'"),
     (["--model.name=gt", "--model.hidden=10", "--model.heads=4"], "not divisible"),
     (["epochs"], "is not of the form --key=value"),
+    (["--optim.lr=-1"], "config key 'optim.lr': -1.0 must be a finite number > 0"),
+    (["--optim.lr=nan"], "config key 'optim.lr': nan must be a finite number > 0"),
+    (["--optim.weight_decay=inf"], "config key 'optim.weight_decay': inf must be a finite"),
+    (["--parallel.timeout_s=0"], "config key 'parallel.timeout_s': 0.0 must be a finite"),
+    (["--model.ffn_mult=0"], "model.ffn_mult must be >= 1"),
 ])
 def test_bad_values_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -192,3 +192,11 @@ def test_gps_grid_auto_takes_the_faster_gcn_path(prepared, strategy):
                                    "--model.hidden=16", "--parallel.grid=1x2x2",
                                    f"--parallel.strategy={strategy}"])
     assert attention_layout(cfg, pg, 4)[1] == Grid3D(1, 2, 2)
+
+
+def test_plan_json_that_cannot_be_written_is_one_line_exit_2(prepared, tmp_path, capsys):
+    (tmp_path / "file").write_text("not a directory")
+    rc = main(["plan", "--data", str(prepared), "--model", "gt", "--world-size", "2",
+               "--hidden", "16", "--json", str(tmp_path / "file" / "plan.json")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and err[0].startswith("plexgt plan: error: --json ")

@@ -49,8 +49,8 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 test: install lint
-	$(PY) -m pytest -q -p no:cacheprovider --durations=8 tests/unit tests/integration tests/data \
-		tests/slurm
+	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -n 2 tests/unit tests/data
+	$(PY) -m pytest -q -p no:cacheprovider --durations=8 tests/integration tests/slurm
 	@for n in $(MPI_SIZES); do \
 		echo "== multi-rank suite on $$n ranks"; \
 		timeout 900 $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest -q -p no:cacheprovider \

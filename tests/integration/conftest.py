@@ -11,6 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from plexgt.data.shard import PrepOptions, prepare
+from plexgt.data.source import MemorySource
+from plexgt.data.synthetic import sbm
+
 BIN = Path(sys.executable).parent
 
 
@@ -39,3 +43,12 @@ def run_job(args: list[str], timeout: float = 180, **extra: str) -> subprocess.C
         proc.communicate()
         raise
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def prepared_sbm(root: Path, seed: int) -> Path:
+    """A small prepared SBM graph (600 nodes, 6000 edges, 4 classes) under ``root``: the
+    training jobs' input."""
+    out = root / "sbm"
+    g = sbm(num_nodes=600, num_edges=6000, num_classes=4, num_features=16, seed=seed)
+    prepare(MemorySource(g), PrepOptions(out=out, tiles=2, progress=False))
+    return out

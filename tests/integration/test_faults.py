@@ -12,11 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from plexgt.data.shard import PrepOptions, prepare
-from plexgt.data.source import MemorySource
-from plexgt.data.synthetic import sbm
-
-from .conftest import mpiexec, run_job
+from .conftest import mpiexec, prepared_sbm, run_job
 from .test_train import _descendants, _job, _losses
 
 pytestmark = pytest.mark.timeout(300)
@@ -24,10 +20,7 @@ pytestmark = pytest.mark.timeout(300)
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("faults") / "sbm"
-    g = sbm(num_nodes=600, num_edges=6000, num_classes=4, num_features=16, seed=2)
-    prepare(MemorySource(g), PrepOptions(out=out, tiles=2, progress=False))
-    return out
+    return prepared_sbm(tmp_path_factory.mktemp("faults"), seed=2)
 
 
 def _cmd(data: Path, n: int, *extra: str) -> list[str]:

@@ -14,21 +14,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from plexgt.data.shard import PrepOptions, prepare
-from plexgt.data.source import MemorySource
-from plexgt.data.synthetic import sbm
-
-from .conftest import job_env, mpiexec, run_job
+from .conftest import job_env, mpiexec, prepared_sbm, run_job
 
 pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("train") / "sbm"
-    g = sbm(num_nodes=600, num_edges=6000, num_classes=4, num_features=16, seed=1)
-    prepare(MemorySource(g), PrepOptions(out=out, tiles=2, progress=False))
-    return out
+    return prepared_sbm(tmp_path_factory.mktemp("train"), seed=1)
 
 
 def _train(data: Path, n: int, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess:

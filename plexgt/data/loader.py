@@ -444,19 +444,31 @@ class PlexusArrays:
     order: str
     """Their order: 'P' (odd layer count) or 'Q' (even)."""
     bytes_read: int
+    node_ids: list[np.ndarray] = field(default_factory=list)
+    """Per layer, the original node id of each input row (padded, :func:`read_node_ids`):
+    the key of that layer's dropout masks."""
+
+
+def read_node_ids(pg: PreparedGraph, order: str, rows: Range, length: int) -> np.ndarray:
+    """[length] int64 original node id of positions ``rows`` of the P or Q order, padded with
+    distinct ids >= N (padding rows draw dropout masks too; none reaches a real node)."""
+    ids = pg.read_perm(order, rows)
+    pad = np.arange(pg.N + rows[0] + len(ids), pg.N + rows[0] + length, dtype=np.int64)
+    return np.concatenate([ids.astype(np.int64, copy=False), pad])
 
 
 def read_plexus_arrays(pg: PreparedGraph, layouts: Sequence[LayerLayout]) -> PlexusArrays:
     """Read :class:`PlexusArrays` for this rank's ``layouts`` (one per layer)."""
     before = pg.bytes_read
-    blocks = []
+    blocks, ids = [], []
     for lay in layouts:
         out_o, in_o = ("P", "Q") if lay.matrix == A1 else ("Q", "P")
         blocks.append((pg.read_adjacency(lay.matrix, lay.rows, lay.cols),
                        pg.read_degrees(lay.rows, out_o), pg.read_degrees(lay.cols, in_o)))
+        ids.append(read_node_ids(pg, in_o, lay.cols, lay.cols_pad))
     first, last = layouts[0], layouts[-1]
     width = first.in_cols[1] - first.in_cols[0]
     feats = read_feature_block(pg, first.cols, first.in_cols, (first.cols_pad, width))
     targets = read_targets(pg, last.rows, last.out_order, last.rows_pad)
     return PlexusArrays(blocks, feats, targets, last.rows, last.out_order,
-                        pg.bytes_read - before)
+                        pg.bytes_read - before, ids)

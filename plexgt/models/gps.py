@@ -11,8 +11,10 @@ import torch
 from torch import nn
 
 from plexgt.models.layers import (
+    NO_DROP,
     AttentionParams,
     BlockStack,
+    Drop,
     Features,
     ModelGraph,
     ffn,
@@ -33,14 +35,18 @@ class GPSBlock(nn.Module):
         self.norm_out = nn.LayerNorm(dim)
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor, graph: ModelGraph,
-                block_rows: int | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, graph: ModelGraph, block_rows: int | None = None,
+                drop: Drop = NO_DROP) -> torch.Tensor:
+        """Dropout sites: 0 local residual, 1 attention residual, 2 inside the FFN, 3 FFN
+        residual."""
         assert graph.gcn is not None and graph.adj is not None
-        p, t = self.dropout, self.training
-        local = residual_norm(x, gcn_conv(graph.gcn, x, self.local), self.norm_local, p, t)
-        glob = residual_norm(x, self.attn(graph.adj, x, x, block_rows), self.norm_attn, p, t)
+        local = residual_norm(x, gcn_conv(graph.gcn, x, self.local), self.norm_local,
+                              drop.sub(0))
+        glob = residual_norm(x, self.attn(graph.adj, x, x, block_rows), self.norm_attn,
+                             drop.sub(1))
         h = local + glob
-        return residual_norm(h, ffn(h, self.ffn1, self.ffn2, p, t), self.norm_out, p, t)
+        return residual_norm(h, ffn(h, self.ffn1, self.ffn2, drop.sub(2)), self.norm_out,
+                             drop.sub(3))
 
 
 class GPS(BlockStack):
@@ -51,4 +57,4 @@ class GPS(BlockStack):
     def forward(self, x: Features, graph: ModelGraph) -> torch.Tensor:
         if graph.adj is None or graph.gcn is None:
             raise ValueError("GPS needs graph.adj and graph.gcn")
-        return self.run(x, graph, lambda blk, h, g, br: blk(h, g, br))
+        return self.run(x, graph, lambda blk, h, g, br, dr: blk(h, g, br, dr))

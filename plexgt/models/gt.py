@@ -12,8 +12,10 @@ import torch
 from torch import nn
 
 from plexgt.models.layers import (
+    NO_DROP,
     AttentionParams,
     BlockStack,
+    Drop,
     Features,
     ModelGraph,
     ffn,
@@ -33,13 +35,14 @@ class GTBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim)
         self.dropout = dropout
 
-    def forward(self, x: torch.Tensor, graph: ModelGraph,
-                block_rows: int | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, graph: ModelGraph, block_rows: int | None = None,
+                drop: Drop = NO_DROP) -> torch.Tensor:
+        """Dropout sites: 0 attention residual, 1 inside the FFN, 2 FFN residual."""
         assert graph.adj is not None
         a = self.attn(graph.adj, x, x, block_rows)
-        x = residual_norm(x, a, self.norm1, self.dropout, self.training)
-        f = ffn(x, self.ffn1, self.ffn2, self.dropout, self.training)
-        return residual_norm(x, f, self.norm2, self.dropout, self.training)
+        x = residual_norm(x, a, self.norm1, drop.sub(0))
+        f = ffn(x, self.ffn1, self.ffn2, drop.sub(1))
+        return residual_norm(x, f, self.norm2, drop.sub(2))
 
 
 class GraphTransformer(BlockStack):
@@ -50,4 +53,4 @@ class GraphTransformer(BlockStack):
     def forward(self, x: Features, graph: ModelGraph) -> torch.Tensor:
         if graph.adj is None:
             raise ValueError("GraphTransformer needs graph.adj")
-        return self.run(x, graph, lambda blk, h, g, br: blk(h, g, br))
+        return self.run(x, graph, lambda blk, h, g, br, dr: blk(h, g, br, dr))

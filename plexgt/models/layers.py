@@ -23,6 +23,7 @@ from plexgt.ops.attention import sparse_attention
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_norm, gcn_spmm
 from plexgt.ops.heads import head_major_linear
+from plexgt.ops.rng import CounterRNG
 
 Tensor = torch.Tensor
 Features = Tensor | CSRGraph
@@ -41,6 +42,8 @@ class ModelGraph:
 
     adj: CSRGraph | None = None
     gcn: CSRGraph | None = None
+    node_ids: Tensor | None = None
+    """[Nr] original node id of each row, the key of its dropout masks; None: 0..Nr-1."""
 
     @classmethod
     def from_edges(
@@ -61,6 +64,7 @@ class ModelGraph:
         return ModelGraph(
             None if self.adj is None else self.adj.to(device),
             None if self.gcn is None else self.gcn.to(device),
+            None if self.node_ids is None else self.node_ids.to(device),
         )
 
     @property
@@ -86,30 +90,61 @@ def num_features(x: Features) -> int:
     return x.num_cols if isinstance(x, CSRGraph) else int(x.shape[1])
 
 
-def dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """Inverted dropout, zeroing each entry with probability p.
+@dataclass(frozen=True)
+class Drop:
+    """The dropout of one sublayer in one forward: rate ``p``, the step's counter-based RNG
+    (None in evaluation), and the sublayer's site number.
 
-    On CPU, F.dropout draws its mask with ``bernoulli_``, about 5x slower than ``rand``
-    (it was the largest single cost of a GT training step on 2 cores), so the mask is
-    ``rand >= p`` there: the same distribution, reproducible from the torch seed.
+    Masks are a function of (seed, step, site, node id, column) alone (:mod:`plexgt.ops.rng`),
+    so a distributed copy that numbers its sites the same way drops exactly the entries the
+    single-process model drops, whatever rows or columns each rank holds.
     """
-    if not training or p == 0.0:
-        return x
-    if x.device.type != "cpu" or p >= 1.0:
-        return F.dropout(x, p, True)
-    keep = (torch.rand_like(x) >= p).to(x.dtype).mul_(1.0 / (1.0 - p))
-    return x * keep
+
+    rng: CounterRNG | None
+    p: float
+    site: int = 0
+
+    def at(self, site: int, p: float | None = None) -> Drop:
+        """The same draw at another site (and rate)."""
+        return Drop(self.rng, self.p if p is None else p, site)
+
+    def sub(self, k: int) -> Drop:
+        """Sublayer k of this block (site + k)."""
+        return Drop(self.rng, self.p, self.site + k)
+
+    def __call__(self, x: Tensor, col0: int = 0) -> Tensor:
+        """Inverted dropout of x [n, m] (columns col0.. of the global activation)."""
+        if self.rng is None or self.p <= 0.0:
+            return x
+        return self.rng.dropout(x, self.p, self.site, col0)
+
+    def features(self, x: Features) -> Features:
+        """Dropout on node features; for sparse features only the stored entries are drawn
+        (zeros stay zeros either way, so this equals dense dropout on the same matrix)."""
+        if self.rng is None or self.p <= 0.0:
+            return x
+        if isinstance(x, CSRGraph):
+            assert x.values is not None
+            return x.with_values(self.rng.dropout_values(x.values, x.row, x.indices, self.p,
+                                                         self.site))
+        return self(x)
 
 
-def feature_dropout(x: Features, p: float, training: bool) -> Features:
-    """Dropout on node features; for sparse features only the stored entries are dropped
-    (zeros stay zeros either way, so this equals dense dropout on the same matrix)."""
-    if not training or p == 0.0:
-        return x
-    if isinstance(x, CSRGraph):
-        assert x.values is not None
-        return x.with_values(dropout(x.values, p, True))
-    return dropout(x, p, True)
+NO_DROP = Drop(None, 0.0)
+"""Dropout switched off (evaluation, or a model without any)."""
+
+BLOCK_SITES = 8
+"""Site numbers per block: block i's sublayers draw at sites 8(i+1) + k, k < 8."""
+
+
+def step_rng(seed: int, step: int, node_ids: Tensor | None, n: int, training: bool
+             ) -> CounterRNG | None:
+    """The counter RNG of a training step over rows ``node_ids`` (None: rows 0..n-1, the
+    single-process order); None when not training."""
+    if not training:
+        return None
+    ids = torch.arange(n, dtype=torch.int64) if node_ids is None else node_ids
+    return CounterRNG(seed, step, ids)
 
 
 def linear_in(x: Features, lin: nn.Linear) -> Tensor:
@@ -152,15 +187,15 @@ def attention_conv(
     return sparse_attention(graph, q, k, v, block_rows=block_rows, residual=wo(x_dst))
 
 
-def ffn(x: Tensor, lin1: nn.Linear, lin2: nn.Linear, p: float, training: bool) -> Tensor:
+def ffn(x: Tensor, lin1: nn.Linear, lin2: nn.Linear, drop: Drop = NO_DROP) -> Tensor:
     """Position-wise feed-forward: [N, d] -> [N, d] (ReLU, dropout inside)."""
-    return lin2(dropout(F.relu(lin1(x)), p, training))
+    return lin2(drop(F.relu(lin1(x))))
 
 
-def residual_norm(x: Tensor, update: Tensor, norm: nn.LayerNorm, p: float,
-                  training: bool) -> Tensor:
+def residual_norm(x: Tensor, update: Tensor, norm: nn.LayerNorm, drop: Drop = NO_DROP
+                  ) -> Tensor:
     """Post-norm residual LN(x + dropout(update)), as in Dwivedi & Bresson's graph transformer."""
-    return norm(x + dropout(update, p, training))
+    return norm(x + drop(update))
 
 
 
@@ -194,7 +229,7 @@ class BlockStack(nn.Module):
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2,
                  heads: int = 8, dropout: float = 0.5, input_dropout: float | None = None,
-                 ffn_mult: int = 2, block_rows: int | None = None) -> None:
+                 ffn_mult: int = 2, block_rows: int | None = None, seed: int = 0) -> None:
         super().__init__()
         self.input = nn.Linear(in_dim, hidden)
         self.blocks = nn.ModuleList(
@@ -204,13 +239,20 @@ class BlockStack(nn.Module):
         self.dropout = dropout
         self.input_dropout = dropout if input_dropout is None else input_dropout
         self.block_rows = block_rows
+        self.seed = seed
+        self.step = 0
+        """Training forwards so far: the step key of the dropout masks (checkpointed)."""
 
     def run(self, x: Features, graph: Any,
-            block: Callable[[Any, Tensor, Any, int | None], Tensor]) -> Tensor:
-        """Dropout, projection, ``block(blk, h, graph, block_rows)`` per block, classifier."""
-        x = feature_dropout(x, self.input_dropout, self.training)
-        h = linear_in(x, self.input)
-        for blk in self.blocks:
-            h = block(blk, h, graph, self.block_rows)
-        h = dropout(h, self.dropout, self.training)
+            block: Callable[[Any, Tensor, Any, int | None, Drop], Tensor]) -> Tensor:
+        """Dropout, projection, ``block(blk, h, graph, block_rows, drop)`` per block,
+        classifier. Sites: 0 input, 1 before the classifier, 8(i+1)+k inside block i."""
+        n = x.num_rows if isinstance(x, CSRGraph) else int(x.shape[0])
+        drop = Drop(step_rng(self.seed, self.step, graph.node_ids, n, self.training), 0.0)
+        h = linear_in(drop.at(0, self.input_dropout).features(x), self.input)
+        for i, blk in enumerate(self.blocks):
+            h = block(blk, h, graph, self.block_rows, drop.at(BLOCK_SITES * (i + 1), blk.dropout))
+        h = drop.at(1, self.dropout)(h)
+        if self.training:
+            self.step += 1
         return self.classifier(h)

@@ -28,6 +28,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
+
 SOURCE = Path(__file__).with_name("csrc") / "attention_cpu.cpp"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++20"]
 WIDTHS = (8, 16, 32, 64)
@@ -49,8 +51,19 @@ def cpu_flags_line() -> str:
 
 
 def _isa_tag() -> str:
-    """Hash of what -march=native compiles for: the CPU's flag list and the machine type."""
-    return hashlib.sha1((platform.machine() + cpu_flags_line()).encode()).hexdigest()[:10]
+    """Hash of what -march=native compiles for and of where the build's inputs live: the CPU's
+    flag list, the machine type, the source file and the torch it compiles against. torch
+    rebuilds an extension whenever its build file changes, and that file names the source's
+    and torch's paths: two checkouts or venvs sharing one cache under a single name would
+    rebuild (a minute on 2 cores) each time the other had run."""
+    where = f"{SOURCE.resolve()}|{Path(torch_include_root()).resolve()}"
+    return hashlib.sha1((platform.machine() + cpu_flags_line() + where).encode()
+                        ).hexdigest()[:10]
+
+
+def torch_include_root() -> str:
+    """The directory of the torch whose headers the extension compiles against."""
+    return str(Path(torch.__file__).parent)
 
 
 STALE_LOCK_S = 600.0
@@ -82,11 +95,18 @@ def _clear_stale_lock(lock: Path) -> None:
 
 
 def _ninja_on_path() -> None:
-    """torch builds with ``ninja`` from PATH; pip's ninja (an install requirement) sits beside
-    the interpreter, which a batch job's PATH need not include."""
-    if shutil.which("ninja") is None:
-        os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + \
-            os.environ.get("PATH", "")
+    """torch builds with ``ninja`` from PATH. pip's ninja (an install requirement) sits beside
+    the interpreter, which a batch job's PATH need not include, and a system ninja of another
+    version reads the build log's command hashes as changed: processes alternating between the
+    two rebuilt the kernels every time (a minute on 2 cores). The one beside the interpreter
+    goes first whenever it exists."""
+    here = Path(sys.executable).parent
+    path = os.environ.get("PATH", "")
+    if (here / "ninja").exists():
+        if shutil.which("ninja") != str(here / "ninja"):
+            os.environ["PATH"] = str(here) + os.pathsep + path
+    elif shutil.which("ninja") is None:
+        os.environ["PATH"] = str(here) + os.pathsep + path
 
 
 OPENMP_RUNTIMES = re.compile(r"lib(gomp|iomp5|omp)[-.][^/\s]*so[^/\s]*$")

@@ -19,7 +19,9 @@ import torch
 
 from plexgt.models.gt import GraphTransformer, GTBlock
 from plexgt.models.layers import (
+    NO_DROP,
     AttentionParams,
+    Drop,
     Features,
     ffn,
     residual_norm,
@@ -50,20 +52,21 @@ def dist_attention(params: AttentionParams, x: Tensor, shard: AttentionShard,
     return params.o(x) + y.reshape(n, d)
 
 
-def dist_gt_block(blk: GTBlock, x: Tensor, graph: DistGraph,
-                  block_rows: int | None = None) -> Tensor:
-    """One GT block on rows [n, d]: attention (distributed) then FFN (row-local)."""
+def dist_gt_block(blk: GTBlock, x: Tensor, graph: DistGraph, block_rows: int | None = None,
+                  drop: Drop = NO_DROP) -> Tensor:
+    """One GT block on rows [n, d]: attention (distributed) then FFN (row-local); dropout at
+    the reference block's sites, keyed on the rows' node ids."""
     a = dist_attention(blk.attn, x, graph.attention, block_rows)
-    x = residual_norm(x, a, blk.norm1, blk.dropout, blk.training)
-    f = ffn(x, blk.ffn1, blk.ffn2, blk.dropout, blk.training)
-    return residual_norm(x, f, blk.norm2, blk.dropout, blk.training)
+    x = residual_norm(x, a, blk.norm1, drop.sub(0))
+    f = ffn(x, blk.ffn1, blk.ffn2, drop.sub(1))
+    return residual_norm(x, f, blk.norm2, drop.sub(2))
 
 
 class DistGraphTransformer(GraphTransformer):
     """GraphTransformer over a 1D node partition (constructor as the reference).
 
-    Dropout masks come from each rank's own RNG stream (seed ranks differently): with dropout
-    the run is a valid but different sample than the single-process model's.
+    Dropout masks are keyed on the graph's ``node_ids`` (counter-based, :mod:`plexgt.ops.rng`),
+    so with dropout on every layout trains the single-process model's curve.
     """
 
     def forward(self, x: Features, graph: DistGraph) -> Tensor:  # type: ignore[override]

@@ -25,6 +25,7 @@ moves half the bytes for the same result. Every parameter element lives on exact
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from plexgt.distributed.collectives import (
 )
 from plexgt.distributed.layout3d import LayerLayout, output_plane, row_blocks
 from plexgt.ops.gcn import inv_sqrt_degrees
+from plexgt.ops.rng import CounterRNG
 
 
 def gcn_block_values(adj: sp.csr_matrix, deg_rows: np.ndarray, deg_cols: np.ndarray
@@ -236,6 +238,7 @@ class Plexus3DGCN(nn.Module):
         tune_gemm: bool = True,
         seed: int = 0,
         input_dropout: float | None = None,
+        node_ids: Sequence[torch.Tensor] | None = None,
     ) -> None:
         super().__init__()
         self.layouts = list(layouts)
@@ -244,6 +247,13 @@ class Plexus3DGCN(nn.Module):
         self.input_dropout = dropout if input_dropout is None else input_dropout
         self.seed = seed
         self.step = 0
+        """Training forwards so far: the step key of the dropout masks (checkpointed)."""
+        # per layer, the original node id of each input row (the dropout masks' row key);
+        # buffers, so .to(device) moves them, not persistent: the data gives them
+        self.num_id_layers = len(node_ids or [])
+        for l, ids in enumerate(node_ids or []):
+            self.register_buffer(f"node_ids_{l}", torch.as_tensor(ids, dtype=torch.int64),
+                                 persistent=False)
         self.mm = TunedMatmul(tune_gemm)
         self.adj = [
             BlockedAdjacency(a, (lay.rows_pad, lay.cols_pad), block_rows, dtype)
@@ -275,15 +285,15 @@ class Plexus3DGCN(nn.Module):
             b.copy_(bp[slice(*lay.out_cols)])
 
     def _dropout(self, h: torch.Tensor, lay: LayerLayout) -> torch.Tensor:
-        """Dropout with a mask drawn per (step, layer, block): identical wherever the same
-        block is held twice, independent across blocks."""
+        """Dropout at the reference GCN's site (the layer index), keyed on the block's node ids
+        and global columns: the entries the single-process model drops, on any grid."""
         p = self.input_dropout if lay.layer == 0 else self.dropout
         if not self.training or p <= 0:
             return h
-        key = (self.seed, self.step, lay.layer, lay.cols[0], lay.in_cols[0])
-        gen = torch.Generator().manual_seed(hash(key) & 0x7FFFFFFFFFFF)
-        keep = torch.rand(h.shape, generator=gen) >= p
-        return h * keep.to(h.dtype) / (1 - p)
+        if self.num_id_layers != len(self.layouts):
+            raise ValueError("dropout needs each layer's node ids (Plexus3DGCN(node_ids=...))")
+        rng = CounterRNG(self.seed, self.step, getattr(self, f"node_ids_{lay.layer}"))
+        return rng.dropout(h, p, lay.layer, col0=lay.in_cols[0])
 
     def layer(self, h: torch.Tensor, l: int) -> torch.Tensor:
         """[N/Ga, d_in/(Gb·Gc)] -> [N/Gc, d_out/(Ga·Gb)] in the layer's order (layout3d)."""
@@ -407,6 +417,8 @@ class PlexusInputs:
     order: str
     """Their order: 'P' or 'Q'."""
     bytes_read: int = 0
+    node_ids: list[torch.Tensor] = dataclasses.field(default_factory=list)
+    """Per layer [ceil(N/Ga)]: original node id of each input row (the dropout key)."""
 
     @classmethod
     def from_arrays(cls, arrays: PlexusArrays, dtype: torch.dtype) -> PlexusInputs:
@@ -414,7 +426,8 @@ class PlexusInputs:
         t = arrays.targets
         return cls(adj, torch.from_numpy(arrays.features).to(dtype),
                    torch.from_numpy(t.labels), {k: torch.from_numpy(m) for k, m in t.masks.items()},
-                   arrays.rows, arrays.order, arrays.bytes_read)
+                   arrays.rows, arrays.order, arrays.bytes_read,
+                   [torch.from_numpy(i) for i in arrays.node_ids])
 
 
 def plexus_comms(groups: Any, ledger: Any, last: LayerLayout) -> dict[str, Comm]:

@@ -54,6 +54,9 @@ class DistGraph:
     """[n, p·n] rows of Â = D^-1/2 (A + I) D^-1/2 (gps, 1D GCN path), columns in Q order."""
     gcn3d: Any = None
     """:class:`~plexgt.parallel.redistribute.Plexus3DPath` (gps, 3D GCN path) or None."""
+    node_ids: Tensor | None = None
+    """[n] original node id of each local row (padded ids >= N): the dropout masks' row key,
+    so every partition drops what the single process drops."""
 
     @property
     def comm(self) -> Comm:
@@ -70,7 +73,8 @@ class DistGraph:
             adj = path.adj
             adj.fwd = [m.to(device) for m in adj.fwd]
             adj.bwd = [m.to(device) for m in adj.bwd]
-        return DistGraph(att, gcn, path)
+        ids = None if self.node_ids is None else self.node_ids.to(device)
+        return DistGraph(att, gcn, path, ids)
 
 
 @dataclass
@@ -239,6 +243,15 @@ class RowParallel(nn.Module):
         self.model = model
         self.graph = graph
         self.comm = comm
+
+    @property
+    def step(self) -> int:
+        """The wrapped model's training-step counter (the dropout key; checkpointed)."""
+        return int(self.model.step)
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.model.step = int(value)
 
     def forward(self, x: Any) -> Tensor:
         out = self.model(x, self.graph)

@@ -207,8 +207,8 @@ def dense_block(rows: int, d: int, device: torch.device) -> Callable[[], Any]:
     def run() -> None:
         a = blk.attn
         y = a.q(x) + a.k(x) + a.v(x) + a.o(x)
-        h = residual_norm(x, y, blk.norm1, 0.0, True)
-        out = residual_norm(h, ffn(h, blk.ffn1, blk.ffn2, 0.0, True), blk.norm2, 0.0, True)
+        h = residual_norm(x, y, blk.norm1)
+        out = residual_norm(h, ffn(h, blk.ffn1, blk.ffn2), blk.norm2)
         out.sum().backward()
 
     return run

@@ -15,11 +15,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 
 from plexgt.config import TrainConfig
-from plexgt.data.loader import PreparedGraph, read_adjacency_q, read_feature_block, read_targets
+from plexgt.data.loader import (
+    PreparedGraph,
+    read_adjacency_q,
+    read_feature_block,
+    read_node_ids,
+    read_targets,
+)
 from plexgt.distributed.bootstrap import DistContext
 from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.distributed.grid import Grid3D, block_bounds, build_groups
@@ -62,9 +70,11 @@ def read_dist_graph(pg: PreparedGraph, comm: Comm, strategy: AttentionStrategy, 
     g3 = None
     if gcn and grid is not None:
         g3 = read_adjacency_q(pg, gcn3d_rows(grid, comm.rank, pg.N))
-    return build_dist_graph(pg.N, mine, comm, strategy, heads, full=full, gcn=gcn, dtype=dtype,
-                            setup_ledger=setup_ledger, grid=grid, axis_comms=axis_comms,
-                            gcn3d_rows=g3, block_rows=block_rows)
+    graph = build_dist_graph(pg.N, mine, comm, strategy, heads, full=full, gcn=gcn,
+                             dtype=dtype, setup_ledger=setup_ledger, grid=grid,
+                             axis_comms=axis_comms, gcn3d_rows=g3, block_rows=block_rows)
+    ids = read_node_ids(pg, "Q", rows, -(-pg.N // comm.size))
+    return dataclasses.replace(graph, node_ids=torch.from_numpy(ids))
 
 
 def read_row_data(pg: PreparedGraph, p: int, i: int, dtype: torch.dtype = torch.float32
@@ -114,8 +124,8 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
     cls = DistGPS if gps else DistGraphTransformer
     model = cls(pg.F, cfg.model.hidden, pg.C, num_layers=cfg.model.layers,
                 heads=cfg.model.heads, dropout=cfg.model.dropout,
-                input_dropout=cfg.model.input_dropout, ffn_mult=cfg.model.ffn_mult).to(dt)
-    torch.manual_seed(cfg.seed * 7919 + ctx.rank + 1)  # independent dropout masks per rank
+                input_dropout=cfg.model.input_dropout, ffn_mult=cfg.model.ffn_mult,
+                seed=cfg.seed).to(dt)
     return Task(
         model=RowParallel(model, graph, comm).to(ctx.device),
         inputs=data.x,

@@ -75,7 +75,7 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
     model = Plexus3DGCN(lays, comms, data.adj, dropout=cfg.model.dropout,
                         input_dropout=cfg.model.input_dropout,
                         block_rows=gcn_block_rows(lays, sizes, shape, coef), dtype=dt,
-                        seed=cfg.seed)
+                        seed=cfg.seed, node_ids=data.node_ids)
     torch.manual_seed(cfg.seed)
     ref = GCN(pg.F, cfg.model.hidden, pg.C, num_layers=cfg.model.layers)
     model.load_full([(lin.weight, lin.bias) for lin in ref.layers])

@@ -46,6 +46,29 @@ def _losses(path: Path) -> dict[int, float]:
     return {r["epoch"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
 
 
+@pytest.mark.parametrize("model,n,layout", [
+    ("gcn", 4, ["--grid", "2x2x1"]),
+    ("gt", 3, ["--strategy", "gp_a2a", "--model.heads=2"]),
+])
+def test_dropout_on_the_curve_of_any_layout_is_the_single_process_curve(data, tmp_path, model,
+                                                                         n, layout):
+    """Dropout 0.5 (the default) with counter-based masks: 1 rank and n ranks on another grid
+    or strategy train the same float64 loss curve (they differed at the first epoch when each
+    rank drew its own masks)."""
+    heads = [a for a in layout if a.startswith("--model.heads")]
+    common = ["--model", model, "--epochs", "20", "--dtype=float64", *heads]
+    one, many = tmp_path / "one.jsonl", tmp_path / "many.jsonl"
+    r = _train(data, 1, *common, "--metrics", str(one))
+    assert r.returncode == 0, r.stderr
+    r = _train(data, n, *common, *layout, "--metrics", str(many))
+    assert r.returncode == 0, r.stderr
+    a, b = _losses(one), _losses(many)
+    assert list(a) == list(range(1, 21)) and list(b) == list(a)
+    for e in a:
+        assert b[e] == pytest.approx(a[e], rel=1e-6, abs=1e-9), e
+    assert a[20] < a[1]
+
+
 def test_metrics_and_final_line(data, tmp_path):
     m = tmp_path / "m.jsonl"
     r = _train(data, 4, "--epochs", "6", "--metrics", str(m), "--grid", "1x2x2")

@@ -41,15 +41,21 @@ def pytest_configure(config):
 # the issues name; PLEXGT_ALL_GRIDS=1 runs every factorisation
 REPRESENTATIVE = {6: ("3x2x1", "1x2x3", "2x1x3", "6x1x1"),
                   8: ("2x2x2", "4x2x1", "1x2x4", "8x1x1")}
+# and the 20-step training curves (the slowest model tests) on two of them: a 3D grid or the
+# widest split of each axis role
+CURVES = {6: ("3x2x1", "1x2x3"), 8: ("2x2x2", "1x2x4")}
+ALL_GRIDS = os.environ.get("PLEXGT_ALL_GRIDS") == "1"
 
 
-def grids_for_world(every: bool = True) -> list:
+def grids_for_world(every: bool = True, curves: bool = False) -> list:
     """Gx x Gy x Gz of the current world size (parametrises grid tests): all of them, or with
-    ``every=False`` (whole-model tests) the representative ones at 6 and 8 ranks."""
+    ``every=False`` (whole-model tests) the representative ones at 6 and 8 ranks, or with
+    ``curves=True`` (training curves) two of those."""
     grids = factorizations(WORLD)
-    if every or os.environ.get("PLEXGT_ALL_GRIDS") == "1" or WORLD not in REPRESENTATIVE:
+    if every or ALL_GRIDS or WORLD not in REPRESENTATIVE:
         return grids
-    return [g for g in grids if str(g) in REPRESENTATIVE[WORLD]]
+    keep = CURVES[WORLD] if curves else REPRESENTATIVE[WORLD]
+    return [g for g in grids if str(g) in keep]
 
 
 @pytest.fixture(scope="session")

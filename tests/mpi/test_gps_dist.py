@@ -1,6 +1,6 @@
 """Distributed GPS (GP-AG / GP-A2A attention + a 1D or a 3D GCN path) against the reference.
 
-Same harness as test_gt_dist: groups of p = 1, 2, 3, 4, 8 and the world, float64, 1e-6
+Same harness as test_gt_dist: groups of the world (and of world - 1), float64, 1e-6
 relative, forward, gradients, ledger bytes to the formula, and a 20-step loss curve. The 3D
 path runs on grids of each group's ranks, with its redistribution all-to-alls in the ledger,
 which equals AGP's priced step (group by group, call by call) on every rank.

@@ -2,6 +2,7 @@
 reference; head-major projections; the in-place residual; the build's lock handling."""
 
 import os
+import shutil
 import time
 
 import pytest
@@ -210,9 +211,29 @@ def test_stale_build_lock_removed(tmp_path):
     native._clear_stale_lock(tmp_path / "absent")  # nothing to do
 
 
-def test_isa_tag_is_stable():
+def test_isa_tag_is_stable_and_names_the_checkout(monkeypatch, tmp_path):
     assert native._isa_tag() == native._isa_tag()
     assert len(native._isa_tag()) == 10
+    # another checkout's source (or another torch) builds under another name, so two checkouts
+    # sharing ~/.cache/torch_extensions never rebuild each other's kernels
+    tag = native._isa_tag()
+    monkeypatch.setattr(native, "SOURCE", tmp_path / "attention_cpu.cpp")
+    assert native._isa_tag() != tag
+
+
+def test_the_ninja_beside_the_interpreter_comes_first(monkeypatch, tmp_path):
+    """A system ninja of another version first on PATH made every other process rebuild."""
+    venv_bin, sys_bin = tmp_path / "venv" / "bin", tmp_path / "usr" / "bin"
+    for d in (venv_bin, sys_bin):
+        d.mkdir(parents=True)
+        (d / "ninja").write_text("#!/bin/sh\n")
+        (d / "ninja").chmod(0o755)
+    monkeypatch.setattr(native.sys, "executable", str(venv_bin / "python"))
+    monkeypatch.setenv("PATH", str(sys_bin))
+    native._ninja_on_path()
+    assert shutil.which("ninja") == str(venv_bin / "ninja")
+    native._ninja_on_path()  # idempotent: not prepended twice
+    assert os.environ["PATH"].count(str(venv_bin)) == 1
 
 
 @needs_native

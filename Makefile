@@ -48,9 +48,13 @@ lint: install
 	$(PY) tools/check_ruff_files.py $(VENV)/bin/ruff
 	$(VENV)/bin/lint-imports
 
+# The job-launching tests (integration, Slurm) spend much of their time waiting (timeouts,
+# Slurm's scheduler, process start-up), so they run two test files at a time; a file stays on
+# one worker (the Slurm cluster starts once, in the worker that runs its file).
 test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -n 2 tests/unit tests/data
-	$(PY) -m pytest -q -p no:cacheprovider --durations=8 tests/integration tests/slurm
+	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -n 2 --dist loadfile \
+		tests/integration tests/slurm
 	@for n in $(MPI_SIZES); do \
 		echo "== multi-rank suite on $$n ranks"; \
 		timeout 900 $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest -q -p no:cacheprovider \

@@ -121,13 +121,13 @@ class TrainConfig:
 
     def computation(self) -> dict[str, Any]:
         """The keys that determine the computation: not paths, the epoch count (a run may be
-        extended on resume) or bookkeeping. A resume must match them (:meth:`hash`)."""
+        extended on resume), bookkeeping, or the layout (``parallel``: every grid, world size
+        and strategy computes the same model, and checkpoints are layout-independent). A
+        resume must match them (:meth:`hash`)."""
         d = self.to_dict()
         for k in ("data", "metrics", "checkpoint_dir", "checkpoint_every", "resume",
-                  "progress", "eval_every", "stop_after", "epochs"):
+                  "progress", "eval_every", "stop_after", "epochs", "parallel"):
             d.pop(k)
-        d["parallel"] = {k: v for k, v in d["parallel"].items()
-                         if k not in ("timeout_s", "profile")}
         return d
 
     def hash(self) -> str:

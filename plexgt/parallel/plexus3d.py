@@ -284,6 +284,49 @@ class Plexus3DGCN(nn.Module):
             w.copy_(wt[slice(*lay.in_cols), slice(*lay.w_cols)])
             b.copy_(bp[slice(*lay.out_cols)])
 
+    @torch.no_grad()
+    def to_canonical(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """This rank's parameter-shaped tensors (the parameters, or an optimizer's moments of
+        them), keyed by parameter name -> the single-process GCN's full tensors
+        (``layers.{l}.weight`` [d_out, d_in], ``layers.{l}.bias`` [d_out]), identical on every
+        rank: what a checkpoint holds, so that any grid can resume it.
+
+        Every rank holds a distinct W block and each bias block has Gc copies (the ic = 0 copy
+        counts), so placing the blocks in zeros and summing over the x, y and z axes (all ranks)
+        rebuilds the whole tensor exactly (each entry is one rank's value plus zeros).
+        """
+        out: dict[str, torch.Tensor] = {}
+        for l, lay in enumerate(self.layouts):
+            w, b = local[f"weights.{l}"], local[f"biases.{l}"]
+            wt = w.new_zeros(lay.d_in, lay.d_out)
+            wt[slice(*lay.in_cols), slice(*lay.w_cols)] = w
+            bp = b.new_zeros(lay.d_out)
+            if lay.i[2] == 0:
+                bp[slice(*lay.out_cols)] = b
+            for axis in ("x", "y", "z"):
+                for t in (wt, bp):
+                    all_reduce_(t, self.comms[axis])
+            natural = torch.empty_like(wt)
+            natural[:, lay.w_column_order] = wt
+            out[f"layers.{l}.weight"] = natural[: lay.d_in_true, : lay.d_out_true].t().cpu()
+            out[f"layers.{l}.bias"] = bp[: lay.d_out_true].cpu()
+        return out
+
+    @torch.no_grad()
+    def from_canonical(self, full: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The inverse of :meth:`to_canonical` on any grid: this rank's blocks of full tensors,
+        keyed by parameter name, on the parameters' device and dtype."""
+        out: dict[str, torch.Tensor] = {}
+        for l, (lay, w, b) in enumerate(zip(self.layouts, self.weights, self.biases)):
+            wt = torch.zeros(lay.d_in, lay.d_out, dtype=w.dtype)
+            wt[: lay.d_in_true, : lay.d_out_true] = full[f"layers.{l}.weight"].t().to(w.dtype)
+            wt = wt[:, lay.w_column_order]
+            bp = torch.zeros(lay.d_out, dtype=b.dtype)
+            bp[: lay.d_out_true] = full[f"layers.{l}.bias"].to(b.dtype)
+            out[f"weights.{l}"] = wt[slice(*lay.in_cols), slice(*lay.w_cols)].to(w.device)
+            out[f"biases.{l}"] = bp[slice(*lay.out_cols)].to(b.device)
+        return out
+
     def _dropout(self, h: torch.Tensor, lay: LayerLayout) -> torch.Tensor:
         """Dropout at the reference GCN's site (the layer index), keyed on the block's node ids
         and global columns: the entries the single-process model drops, on any grid."""

@@ -244,6 +244,17 @@ class RowParallel(nn.Module):
         self.graph = graph
         self.comm = comm
 
+    def to_canonical(self, local: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Parameter-shaped tensors keyed by parameter name -> the single-process model's
+        names (parameters are replicated: the same tensors, without the wrapper's prefix)."""
+        return {k.removeprefix("model."): v.detach().cpu() for k, v in local.items()}
+
+    def from_canonical(self, full: dict[str, Tensor]) -> dict[str, Tensor]:
+        """The inverse of :meth:`to_canonical`, on the parameters' device and dtype."""
+        params = dict(self.named_parameters())
+        return {k: full[k.removeprefix("model.")].to(p.device, p.dtype)
+                for k, p in params.items()}
+
     @property
     def step(self) -> int:
         """The wrapped model's training-step counter (the dropout key; checkpointed)."""

@@ -1,17 +1,24 @@
-"""Checkpoints: one shard per rank, written atomically; a checkpoint counts once complete.
+"""Checkpoints: the run's state in the single-process model's form, written with
+torch.distributed.checkpoint (DCP); a checkpoint counts once complete.
 
-Layout: ``DIR/epoch_000042/rank_00003.pt`` for each rank, then ``DIR/epoch_000042/COMPLETE``
-(JSON: epoch, world size, grid, config hash), written by rank 0 after every rank has renamed
-its shard into place. A crash mid-write leaves a directory without COMPLETE, which
-:func:`latest_complete` skips, so ``--resume`` always starts from a checkpoint that loads.
-Shards hold only tensors, numbers and strings and are read with ``weights_only=True``.
+Layout: ``DIR/epoch_000042/`` holds DCP's files (``.metadata``, ``__<rank>_0.distcp``), then
+``COMPLETE`` (JSON: epoch, the layout that wrote it, config hash, step, best-so-far and the
+sha256 of every file), written by rank 0 after every rank has hashed the files it was given.
+A crash mid-write leaves a directory without COMPLETE, which :func:`latest_complete` skips, so
+``--resume`` always starts from a checkpoint that loads; the newest two complete ones are kept.
+
+The state is *canonical*: parameters and AdamW moments under the single-process model's names
+and shapes (a 3D GCN's blocks reassembled, a row-parallel model's replicated copy), so any
+world size, grid or strategy resumes it, each rank slicing what it holds. DCP writes each
+replicated tensor once (its planner deals the keys out over the ranks) and reads them into
+the resuming run's tensors; the whole state of a gcn, gt or gps is parameters and moments of
+at most a few million entries, so reassembling it costs a small all-reduce per checkpoint.
 """
 
 from __future__ import annotations
 
 import fcntl
 import hashlib
-import io
 import json
 import os
 import shutil
@@ -19,45 +26,140 @@ import socket
 from pathlib import Path
 from typing import Any
 
-import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from plexgt.errors import CheckpointError
 
 COMPLETE = "COMPLETE"
 STOPPED = "STOPPED"
 LOCK = "LOCK"
-
+FORMAT = 2
+"""COMPLETE's ``format``: 2 = canonical DCP state (1 was one torch.save shard per rank)."""
 
 
 def epoch_dir(root: Path, epoch: int) -> Path:
     return root / f"epoch_{epoch:06d}"
 
 
-def shard_path(root: Path, epoch: int, rank: int) -> Path:
-    return epoch_dir(root, epoch) / f"rank_{rank:05d}.pt"
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
-def write_shard(root: Path, epoch: int, rank: int, state: dict[str, Any]) -> str:
-    """Write this rank's shard under a temporary name, fsync, then rename into place; returns
-    its sha256, which rank 0 records in COMPLETE so that a damaged shard is refused on load
-    rather than trained on."""
-    path = shard_path(root, epoch, rank)
-    tmp = path.with_suffix(".pt.tmp")
+def _why(e: BaseException) -> str:
+    """The innermost reason of a (possibly DCP-wrapped) failure, on one line."""
+    if isinstance(e, CheckpointException) and e.failures:
+        e = e.failures[min(e.failures)][0]  # DCP's per-rank failures: the lowest rank's
+    while e.__cause__ is not None:
+        e = e.__cause__
+    if isinstance(e, OSError):
+        return f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}"
+    lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+    return lines[-1].strip() if lines else type(e).__name__
+
+
+def write_state(root: Path, epoch: int, state: dict[str, Any]) -> dict[str, str]:
+    """Write ``state`` (every rank the same keys and shapes; collective) under
+    ``epoch_dir(root, epoch)``; returns {file name: sha256} of the files this rank hashed
+    (file i of the sorted listing goes to rank i mod P)."""
+    d = epoch_dir(root, epoch)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        data = buf.getvalue()
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        d.mkdir(parents=True, exist_ok=True)
+        dcp.save(state, checkpoint_id=str(d))
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP wraps every rank's
+        raise CheckpointError(f"{d}: cannot write the checkpoint ({_why(e)})") from None
+    _barrier()
+    return _hash_mine(d)
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def clear_epoch(root: Path, epoch: int) -> None:
+    """Rank 0, before a write: remove what a killed run (or an earlier run into this directory)
+    left under this epoch, so that no COMPLETE ever covers a mix of two writes."""
+    d = epoch_dir(root, epoch)
+    try:
+        if d.exists():
+            shutil.rmtree(d)
     except OSError as e:
-        _discard(tmp)
-        raise CheckpointError(f"{e.filename or path}: cannot write the checkpoint "
+        raise CheckpointError(f"{e.filename or d}: cannot replace the old checkpoint "
                               f"({e.strerror or e})") from None
-    return hashlib.sha256(data).hexdigest()
+
+
+def _hash_mine(d: Path) -> dict[str, str]:
+    rank, world = _world()
+    names = sorted(p.name for p in d.iterdir() if p.is_file() and p.name != COMPLETE)
+    return {n: _sha256(d / n) for i, n in enumerate(names) if i % world == rank}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verify_files(root: Path, epoch: int, meta: dict[str, Any]) -> None:
+    """Check this rank's share of the checkpoint's files (file i of COMPLETE's list goes to
+    rank i mod P) against the sha256 recorded in COMPLETE: a damaged or missing file is
+    refused rather than trained on."""
+    d = epoch_dir(root, epoch)
+    sums = meta.get("sha256")
+    if not isinstance(sums, dict) or not sums:
+        raise CheckpointError(f"{d / COMPLETE}: no file checksums (format {meta.get('format')}; "
+                              f"this plexgt reads format {FORMAT})")
+    rank, world = _world()
+    for i, name in enumerate(sorted(sums)):
+        if i % world != rank:
+            continue
+        path = d / name
+        try:
+            got = _sha256(path)
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}: checkpoint file missing") from None
+        except OSError as e:
+            raise CheckpointError(f"{path}: unreadable checkpoint file ({e.strerror})") from None
+        if got != sums[name]:
+            raise CheckpointError(f"{path}: checkpoint file is damaged (sha256 differs from "
+                                  f"the one recorded in {d / COMPLETE})")
+
+
+def read_state(root: Path, epoch: int, template: dict[str, Any]) -> dict[str, Any]:
+    """Read a checkpoint into ``template`` (this run's tensors of the canonical shapes;
+    collective) and return it."""
+    d = epoch_dir(root, epoch)
+    try:
+        dcp.load(template, checkpoint_id=str(d))
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - does not fit, unreadable
+        raise CheckpointError(f"{d}: cannot read the checkpoint into this run ({_why(e)})"
+                              ) from None
+    return template
+
+
+def check_meta(root: Path, epoch: int, meta: dict[str, Any], expect: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose computation differs from this run's, naming the first key
+    that differs. The layout (world size, grid, strategy) may differ: the state is canonical."""
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"{epoch_dir(root, epoch) / COMPLETE}: checkpoint format "
+                              f"{meta.get('format', 1)}, this plexgt reads format {FORMAT}")
+    if meta.get("config_hash") == expect.get("config_hash"):
+        return
+    if "config" in meta and "config" in expect:
+        diff = _first_difference(meta["config"], expect["config"])
+        if diff is not None:
+            key, old, new = diff
+            raise CheckpointError(f"{epoch_dir(root, epoch)}: written with {key}={old!r}, this "
+                                  f"run has {key}={new!r}; resume with the same {key}")
+    raise CheckpointError(f"{epoch_dir(root, epoch)}: written by another configuration "
+                          f"(hash {meta.get('config_hash')!r}, this run "
+                          f"{expect.get('config_hash')!r})")
 
 
 def _discard(path: Path) -> None:
@@ -93,14 +195,15 @@ def lock(root: Path) -> Any:
 
 
 def mark_complete(root: Path, epoch: int, meta: dict[str, Any], keep: int = 2) -> None:
-    """Rank 0, after a barrier: declare ``epoch`` complete and drop all but ``keep`` newest."""
+    """Rank 0, once every rank's files are written and hashed: declare ``epoch`` complete
+    (``meta`` holds the checksums) and drop all but the ``keep`` newest complete ones."""
     d = epoch_dir(root, epoch)
-    missing = [r for r in range(meta["world_size"]) if not shard_path(root, epoch, r).exists()]
+    missing = [n for n in meta.get("sha256", {}) if not (d / n).exists()]
     if missing:
-        raise CheckpointError(f"{d}: shards of ranks {missing} are missing")
+        raise CheckpointError(f"{d}: checkpoint files {missing} are missing")
     tmp = d / (COMPLETE + ".tmp")
     try:
-        tmp.write_text(json.dumps({"epoch": epoch, **meta}, indent=1))
+        tmp.write_text(json.dumps({"epoch": epoch, "format": FORMAT, **meta}, indent=1))
         os.replace(tmp, d / COMPLETE)
     except OSError as e:
         _discard(tmp)
@@ -124,44 +227,6 @@ def latest_complete(root: Path) -> tuple[int, dict[str, Any]] | None:
                 raise CheckpointError(f"{f}: corrupt checkpoint marker ({e}); remove {d} to "
                                       "resume from the one before") from None
     return best
-
-
-def load_shard(root: Path, epoch: int, rank: int, meta: dict[str, Any],
-               expect: dict[str, Any]) -> dict[str, Any]:
-    """Load this rank's shard after checking the run matches what wrote it.
-
-    ``expect`` holds world_size, grid, strategy and config_hash of this run; a mismatch is
-    refused with an error naming both sides (re-sharding to another grid is not supported).
-    """
-    for k in ("world_size", "grid", "strategy", "config_hash"):
-        if meta.get(k) != expect.get(k):
-            if k == "config_hash" and "config" in meta and "config" in expect:
-                diff = _first_difference(meta["config"], expect["config"])
-                if diff is not None:
-                    key, old, new = diff
-                    raise CheckpointError(
-                        f"{epoch_dir(root, epoch)}: written with {key}={old!r}, this run has "
-                        f"{key}={new!r}; resume with the same {key}")
-            raise CheckpointError(
-                f"{epoch_dir(root, epoch)}: written with {k}={meta.get(k)!r}, this run has "
-                f"{k}={expect.get(k)!r}; resume with the same {k} (re-sharding a checkpoint "
-                "to another grid or configuration is not supported)"
-            )
-    path = shard_path(root, epoch, rank)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: checkpoint shard missing") from None
-    except OSError as e:
-        raise CheckpointError(f"{path}: unreadable checkpoint shard ({e.strerror})") from None
-    sums = meta.get("sha256")
-    if sums is not None and hashlib.sha256(data).hexdigest() != sums[rank]:
-        raise CheckpointError(f"{path}: checkpoint shard is damaged (sha256 differs from the "
-                              f"one recorded in {epoch_dir(root, epoch) / COMPLETE})")
-    try:
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unpickling failure is a corrupt shard
-        raise CheckpointError(f"{path}: unreadable checkpoint shard ({e})") from None
 
 
 def _first_difference(old: dict[str, Any], new: dict[str, Any], prefix: str = ""

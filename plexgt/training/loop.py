@@ -33,6 +33,7 @@ from plexgt.distributed.bootstrap import DistContext
 from plexgt.errors import CheckpointError, ConfigError, TrainingError
 from plexgt.tasks.task import Task
 from plexgt.training import checkpoint as ckpt
+from plexgt.training.state import canonical_state, load_canonical_state
 
 
 def lr_at(cfg: TrainConfig, epoch: int) -> float:
@@ -81,49 +82,56 @@ class RunState:
 
 
 def run_meta(ctx: DistContext, task: Task, cfg: TrainConfig) -> dict[str, Any]:
-    """What a checkpoint must match to be resumed by this run."""
+    """What a checkpoint records of the run that wrote it. Only the configuration hash must
+    match on resume; the layout is informational (the state is canonical)."""
     return {"world_size": ctx.world_size, "grid": task.grid, "strategy": task.strategy,
             "config_hash": cfg.hash(), "config": cfg.computation()}
 
 
 def resume(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimizer,
            log: Any) -> RunState:
-    """Load the newest complete checkpoint into the model, optimiser and RNG."""
+    """Load the newest complete checkpoint into the model, optimiser and RNG, on whatever
+    world size, grid or strategy this run has."""
     root = Path(cfg.checkpoint_dir)
 
-    def load() -> tuple[int, dict[str, Any]]:
+    def find() -> tuple[int, dict[str, Any]]:
         found = ckpt.latest_complete(root)
         if found is None:
             raise CheckpointError(f"{root}: no complete checkpoint to resume from")
         epoch, cmeta = found
-        return epoch, ckpt.load_shard(root, epoch, ctx.rank, cmeta, run_meta(ctx, task, cfg))
+        ckpt.check_meta(root, epoch, cmeta, run_meta(ctx, task, cfg))
+        ckpt.verify_files(root, epoch, cmeta)  # this rank's share of the files
+        return epoch, cmeta
 
-    epoch, state = agreed(load, ctx.device)  # one rank's bad shard stops every rank
-    task.model.load_state_dict(state["model"])
-    opt.load_state_dict(state["optim"])
-    torch.set_rng_state(state["rng"])
+    epoch, meta = agreed(find, ctx.device)  # one rank's bad file stops every rank
+    template = canonical_state(task.model, opt)
+    state = agreed(lambda: ckpt.read_state(root, epoch, template), ctx.device)
+    load_canonical_state(task.model, opt, state)
     if hasattr(task.model, "step"):
-        task.model.step = int(state["step"])
+        task.model.step = int(meta["step"])
     if ctx.rank == 0:
-        log(f"plexgt train: resumed from {ckpt.epoch_dir(root, epoch)} (epoch {epoch})")
-    return RunState(epoch, dict(state["best"]))
+        how = "" if (meta.get("world_size"), meta.get("grid"), meta.get("strategy")) == (
+            ctx.world_size, task.grid, task.strategy) else (
+            f", written by {meta.get('world_size')} ranks on {meta.get('grid')} "
+            f"{meta.get('strategy')}")
+        log(f"plexgt train: resumed from {ckpt.epoch_dir(root, epoch)} (epoch {epoch}{how})")
+    return RunState(epoch, dict(meta["best"]))
 
 
 def save(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimizer,
          epoch: int, best: dict[str, Any]) -> None:
-    """Every rank writes its shard; rank 0 marks the checkpoint complete once all have."""
+    """Every rank writes its part of the canonical state (collective); rank 0 marks the
+    checkpoint complete once all have written and hashed their files."""
     if not cfg.checkpoint_dir:
         return
     root = Path(cfg.checkpoint_dir)
-    state = {
-        "model": task.model.state_dict(), "optim": opt.state_dict(),
-        "rng": torch.get_rng_state(), "step": int(getattr(task.model, "step", 0)),
-        "best": best, "epoch": epoch,
-    }
-    sha = agreed(lambda: ckpt.write_shard(root, epoch, ctx.rank, state), ctx.device)
-    sums: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(sums, sha)
-    meta = {**run_meta(ctx, task, cfg), "sha256": sums}
+    state = canonical_state(task.model, opt)
+    agreed(lambda: ckpt.clear_epoch(root, epoch) if ctx.rank == 0 else None, ctx.device)
+    sums = agreed(lambda: ckpt.write_state(root, epoch, state), ctx.device)
+    parts: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(parts, sums)
+    meta = {**run_meta(ctx, task, cfg), "step": int(getattr(task.model, "step", 0)),
+            "best": best, "sha256": {k: v for part in parts for k, v in part.items()}}
     agreed(lambda: ckpt.mark_complete(root, epoch, meta) if ctx.rank == 0 else None,
            ctx.device)
 

@@ -3,6 +3,7 @@ the same error on every rank; and runs that are extended or already finished res
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -33,18 +34,36 @@ def _errors(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if "error:" in line]
 
 
-def test_a_missing_shard_on_one_rank_ends_every_rank_with_one_message(data, tmp_path):
+def test_a_missing_file_on_one_rank_ends_every_rank_with_one_message(data, tmp_path):
+    """Rank i checks file i mod 3 of the checkpoint: the missing one is found by rank 1 only,
+    and every rank stops with rank 1's message."""
     ck = tmp_path / "ck"
     assert run_job(_cmd(data, 3, "--epochs", "2", "--checkpoint-dir", str(ck))).returncode == 0
-    (ck / "epoch_000002" / "rank_00001.pt").unlink()
+    files = sorted(json.loads((ck / "epoch_000002" / "COMPLETE").read_text())["sha256"])
+    (ck / "epoch_000002" / files[1]).unlink()
     t0 = time.time()
     r = run_job(_cmd(data, 3, "--epochs", "4", "--checkpoint-dir", str(ck), "--resume"),
                 timeout=120)
     assert r.returncode == 2 and time.time() - t0 < 60
     assert _errors(r.stderr) == [
-        f"plexgt train: error: rank 1: {ck}/epoch_000002/rank_00001.pt: checkpoint shard "
+        f"plexgt train: error: rank 1: {ck}/epoch_000002/{files[1]}: checkpoint file "
         "missing"], r.stderr
     assert "finished" not in r.stdout and "resumed" not in r.stderr
+
+
+def test_a_non_finite_loss_stops_the_run_naming_the_epoch(data, tmp_path):
+    """lr = 1e30 overflows the weights after the first step: the run stops at the first
+    non-finite loss with one message naming the epoch, and writes no checkpoint of it."""
+    ck = tmp_path / "ck"
+    r = run_job(_cmd(data, 2, "--optim.lr=1e30", "--optim.warmup_epochs=0", "--epochs", "6",
+                     "--checkpoint-dir", str(ck), "--checkpoint-every", "1"))
+    assert r.returncode != 0
+    errs = _errors(r.stderr)
+    assert len(errs) == 1 and ("the loss is nan" in errs[0] or "the loss is inf" in errs[0]), \
+        r.stderr
+    bad = int(errs[0].split("epoch ")[1].split(":")[0])
+    assert bad >= 2 and "finished" not in r.stdout
+    assert not (ck / f"epoch_{bad:06d}").exists()
 
 
 def test_the_same_error_on_every_rank_is_printed_once(data, tmp_path):

@@ -126,6 +126,29 @@ def test_forward_loss_and_gradients_equal_reference(prepared, dist_ctx, grid_gro
     assert ledger.by_name("recv") == expect
 
 
+@pytest.mark.parametrize("grid", grids_for_world(every=False), ids=str)
+@pytest.mark.parametrize("order", ["aggregate_first", "gemm_first"])
+def test_canonical_state_is_the_reference_models_and_round_trips(prepared, dist_ctx,
+                                                                 grid_groups, grid, order):
+    """What a checkpoint holds: the blocks reassembled into the single-process GCN's tensors
+    on every rank (any grid resumes them), and sliced back into exactly this rank's blocks."""
+    ref = _reference_model(7)
+    lays, ledger, comms, data, model = _distributed(prepared, dist_ctx, grid_groups, grid,
+                                                    order=order)
+    model.load_full([(lin.weight, lin.bias) for lin in ref.layers])
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    full = model.to_canonical(params)
+    want = {k: v.detach() for k, v in ref.state_dict().items()}
+    assert sorted(full) == sorted(want)
+    for k in want:
+        assert torch.equal(full[k], want[k]), k
+    # full tensors -> this rank's blocks -> full again, for other values (AdamW's moments)
+    g = torch.Generator().manual_seed(3)
+    other = {k: torch.randn(v.shape, generator=g, dtype=DT) for k, v in want.items()}
+    back = model.to_canonical(model.from_canonical(other))
+    assert all(torch.equal(back[k], other[k]) for k in other)
+
+
 @pytest.mark.parametrize("grid", grids_for_world(every=False, curves=True), ids=str)
 def test_twenty_adamw_steps_follow_reference_curve(prepared, dist_ctx, grid_groups, grid):
     """Layer orders 'auto': gemm_first on the narrowing layers 0 and 2, aggregate_first on 1.

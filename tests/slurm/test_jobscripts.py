@@ -67,10 +67,10 @@ def test_sbatch_srun_pmi2_trains_on_4_ranks(slurm, data, tmp_path):
 
 
 def test_usr1_checkpoints_then_the_job_requeues_and_resumes(slurm, data, tmp_path):
-    """The job script's signal, checkpoint, requeue and resume (gcn: a graph transformer's
-    checkpoint and resume are tested in tests/integration, at a fraction of the time)."""
+    """The job script's signal, checkpoint, requeue and resume, with a graph transformer (whose
+    first checkpoint once killed every such job)."""
     epochs = 40  # enough that the signal lands mid-run; short enough for CI
-    job, run = _sbatch(slurm, tmp_path, data, epochs, wait=False)
+    job, run = _sbatch(slurm, tmp_path, data, epochs, wait=False, model="gt")
     deadline = time.time() + 240
     while time.time() < deadline and len(_epochs(run)) < 3:
         time.sleep(0.3)

@@ -1,5 +1,6 @@
-"""Checkpoint files on their own: checksums, a corrupt marker, the directory lock, the key a
-configuration mismatch names, and the metrics a resumed run cuts back."""
+"""Checkpoint files on their own: DCP round trip, checksums, a corrupt marker, the directory
+lock, the key a configuration mismatch names, the canonical state, and the metrics a resumed
+run cuts back."""
 
 from __future__ import annotations
 
@@ -11,28 +12,63 @@ import torch
 
 from plexgt.config import load_config
 from plexgt.errors import CheckpointError, ConfigError
+from plexgt.models.gt import GraphTransformer
+from plexgt.parallel.rows1d import RowParallel
 from plexgt.training import checkpoint as ckpt
 from plexgt.training.loop import open_metrics
+from plexgt.training.state import canonical_state, load_canonical_state
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 
 
 def _write(root: Path, epoch: int = 3, meta: dict | None = None) -> dict:
-    sha = ckpt.write_shard(root, epoch, 0, {"w": torch.arange(10.0)})
+    sums = ckpt.write_state(root, epoch, {"w": torch.arange(10.0), "n": torch.tensor(7)})
     meta = {"world_size": 1, "grid": "1x1x1", "strategy": "plexus3d", "config_hash": "h",
-            **(meta or {}), "sha256": [sha]}
+            **(meta or {}), "sha256": sums}
     ckpt.mark_complete(root, epoch, meta)
-    return meta
+    return ckpt.latest_complete(root)[1]
 
 
-def test_a_damaged_shard_is_refused_not_trained_on(tmp_path):
+def _template() -> dict:
+    return {"w": torch.zeros(10), "n": torch.tensor(0)}
+
+
+def test_a_checkpoint_round_trips_through_dcp_with_checksums(tmp_path):
     meta = _write(tmp_path)
-    expect = {k: meta[k] for k in ("world_size", "grid", "strategy", "config_hash")}
-    assert torch.equal(ckpt.load_shard(tmp_path, 3, 0, meta, expect)["w"], torch.arange(10.0))
-    path = ckpt.shard_path(tmp_path, 3, 0)
+    assert meta["format"] == ckpt.FORMAT and meta["epoch"] == 3
+    assert ".metadata" in meta["sha256"] and any(n.endswith(".distcp") for n in meta["sha256"])
+    ckpt.verify_files(tmp_path, 3, meta)
+    got = ckpt.read_state(tmp_path, 3, _template())
+    assert torch.equal(got["w"], torch.arange(10.0)) and int(got["n"]) == 7
+
+
+def test_a_damaged_or_missing_file_is_refused_not_trained_on(tmp_path):
+    meta = _write(tmp_path)
+    data_file = next(n for n in meta["sha256"] if n.endswith(".distcp"))
+    path = ckpt.epoch_dir(tmp_path, 3) / data_file
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match="rank_00000.pt: checkpoint shard is damaged"):
-        ckpt.load_shard(tmp_path, 3, 0, meta, expect)
+    with pytest.raises(CheckpointError, match=f"{data_file}: checkpoint file is damaged"):
+        ckpt.verify_files(tmp_path, 3, meta)
+    path.unlink()
+    with pytest.raises(CheckpointError, match=f"{data_file}: checkpoint file missing"):
+        ckpt.verify_files(tmp_path, 3, meta)
+
+
+def test_a_checkpoint_that_does_not_fit_this_run_is_a_one_line_error(tmp_path):
+    _write(tmp_path)
+    with pytest.raises(CheckpointError, match="cannot read the checkpoint into this run"):
+        ckpt.read_state(tmp_path, 3, {"w": torch.zeros(10), "other": torch.zeros(2)})
+
+
+def test_a_rewritten_epoch_starts_from_an_empty_directory(tmp_path):
+    d = ckpt.epoch_dir(tmp_path, 3)
+    d.mkdir(parents=True)
+    (d / "__7_0.distcp").write_text("left by a killed 8-rank run")
+    ckpt.clear_epoch(tmp_path, 3)
+    meta = _write(tmp_path)
+    assert "__7_0.distcp" not in meta["sha256"]
 
 
 def test_a_corrupt_complete_marker_is_a_one_line_error(tmp_path):
@@ -42,16 +78,49 @@ def test_a_corrupt_complete_marker_is_a_one_line_error(tmp_path):
         ckpt.latest_complete(tmp_path)
 
 
-def test_a_configuration_mismatch_names_the_key(tmp_path):
+def test_a_configuration_mismatch_names_the_key_and_another_layout_is_accepted(tmp_path):
     a = load_config(None, None, ["--model.hidden=16"])
     b = load_config(None, None, ["--model.hidden=32", "--epochs=500"])
     assert a.hash() != b.hash()
     assert a.hash() == load_config(None, None, ["--model.hidden=16", "--epochs=9"]).hash()
+    # the layout is not part of the computation: a checkpoint resumes on any grid
+    assert a.hash() == load_config(None, None, ["--model.hidden=16", "--parallel.grid=2x2x1",
+                                                "--parallel.strategy=gp_a2a"]).hash()
     meta = _write(tmp_path, meta={"config_hash": a.hash(), "config": a.computation()})
+    ckpt.check_meta(tmp_path, 3, meta, {"config_hash": a.hash(), "grid": "4x1x1",
+                                        "world_size": 4})
     expect = {**meta, "config_hash": b.hash(), "config": b.computation()}
     with pytest.raises(CheckpointError, match="written with model.hidden=16, this run has "
                                               "model.hidden=32"):
-        ckpt.load_shard(tmp_path, 3, 0, meta, expect)
+        ckpt.check_meta(tmp_path, 3, meta, expect)
+
+
+def test_a_checkpoint_of_the_old_per_rank_format_is_named(tmp_path):
+    meta = {"epoch": 3, "world_size": 1, "config_hash": "h", "sha256": ["ab"]}
+    with pytest.raises(CheckpointError, match="checkpoint format 1, this plexgt reads format 2"):
+        ckpt.check_meta(tmp_path, 3, meta, {"config_hash": "h"})
+
+
+def test_the_canonical_state_round_trips_model_optimizer_and_rng(tmp_path):
+    torch.manual_seed(0)
+    model = RowParallel(GraphTransformer(5, 8, 3, num_layers=1, heads=2), None, None)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+    fresh = canonical_state(model, opt)
+    assert float(fresh["optim/step"]) == 0
+    assert all(torch.count_nonzero(v) == 0 for k, v in fresh.items() if k.startswith("optim/e"))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    state = canonical_state(model, opt)
+    assert "model/blocks.0.attn.q.weight" in state and float(state["optim/step"]) == 1
+    torch.manual_seed(5)
+    other = RowParallel(GraphTransformer(5, 8, 3, num_layers=1, heads=2), None, None)
+    opt2 = torch.optim.AdamW(other.parameters(), lr=0.01)
+    load_canonical_state(other, opt2, state)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), other.parameters()))
+    s1, s2 = opt.state_dict()["state"], opt2.state_dict()["state"]
+    assert all(torch.equal(s1[i][k], s2[i][k]) for i in s1 for k in s1[i])
+    assert torch.equal(torch.get_rng_state(), state["rng/cpu"])
 
 
 def test_two_jobs_cannot_share_a_checkpoint_directory(tmp_path):
@@ -69,7 +138,7 @@ def test_an_unwritable_checkpoint_directory_is_a_one_line_error(tmp_path):
     well as for a user; a read-only directory behaves alike) is a CheckpointError naming it."""
     (tmp_path / "taken").write_text("a file, not a directory")
     with pytest.raises(CheckpointError, match="taken.*cannot write the checkpoint"):
-        ckpt.write_shard(tmp_path / "taken", 1, 0, {"w": torch.zeros(1)})
+        ckpt.write_state(tmp_path / "taken", 1, {"w": torch.zeros(1)})
     with pytest.raises(CheckpointError, match="taken.*cannot use the checkpoint directory"):
         ckpt.lock(tmp_path / "taken")
 

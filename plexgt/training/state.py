@@ -1,0 +1,69 @@
+"""A run's resumable state in the single-process model's form, whatever the layout.
+
+Keys: ``model/<name>`` (the single-process model's parameter names and shapes),
+``optim/exp_avg/<name>``, ``optim/exp_avg_sq/<name>`` (AdamW's moments, shaped like their
+parameters), ``optim/step`` (AdamW's step count) and ``rng/cpu`` (and ``rng/cuda`` on a GPU).
+A distributed model maps its local tensors to and from this form with ``to_canonical`` and
+``from_canonical`` (:class:`~plexgt.parallel.plexus3d.Plexus3DGCN` reassembles its blocks,
+:class:`~plexgt.parallel.rows1d.RowParallel` is replicated), so a checkpoint written on one
+grid, world size or strategy loads on any other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+Tensor = torch.Tensor
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _names(model: nn.Module) -> list[str]:
+    return [n for n, _ in model.named_parameters()]
+
+
+def canonical_state(model: Any, opt: torch.optim.Optimizer) -> dict[str, Tensor]:
+    """The state of ``model`` (a distributed model with ``to_canonical``) and its AdamW
+    ``opt`` (one parameter group over ``model.parameters()``), identical on every rank;
+    collective where the model's parameters are sharded. Before the first step the moments
+    are zeros: the same keys and shapes, so this is also the template a resume loads into."""
+    names = _names(model)
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    out = {f"model/{k}": v for k, v in model.to_canonical(params).items()}
+    st = opt.state_dict()["state"]
+    for key in MOMENTS:
+        local = {n: st[i][key].detach() if i in st else torch.zeros_like(params[n])
+                 for i, n in enumerate(names)}
+        out.update({f"optim/{key}/{k}": v for k, v in model.to_canonical(local).items()})
+    steps = [float(s["step"]) for s in st.values()]
+    out["optim/step"] = torch.tensor(max(steps, default=0.0))
+    out["rng/cpu"] = torch.get_rng_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["rng/cuda"] = torch.cuda.get_rng_state()
+    return out
+
+
+def load_canonical_state(model: Any, opt: torch.optim.Optimizer, state: dict[str, Tensor]
+                         ) -> None:
+    """Put a canonical ``state`` into this rank's parameters, AdamW moments and RNG."""
+    def part(prefix: str) -> dict[str, Tensor]:
+        return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+
+    local = model.from_canonical(part("model/"))
+    names = _names(model)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            p.copy_(local[n])
+    step = float(state["optim/step"])
+    if step > 0:
+        moments = {key: model.from_canonical(part(f"optim/{key}/")) for key in MOMENTS}
+        sd = opt.state_dict()
+        sd["state"] = {i: {"step": torch.tensor(step),
+                           **{key: moments[key][n].clone() for key in MOMENTS}}
+                       for i, n in enumerate(names)}
+        opt.load_state_dict(sd)
+    torch.set_rng_state(state["rng/cpu"])
+    if "rng/cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["rng/cuda"])

@@ -49,11 +49,11 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 # The job-launching tests (integration, Slurm) spend much of their time waiting (timeouts,
-# Slurm's scheduler, process start-up), so they run two test files at a time; a file stays on
-# one worker (the Slurm cluster starts once, in the worker that runs its file).
+# Slurm's scheduler, process start-up), so they run two at a time; the Slurm tests stay on one
+# worker (their xdist_group), where the local cluster starts once.
 test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -n 2 tests/unit tests/data
-	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -n 2 --dist loadfile \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -n 2 --dist loadgroup \
 		tests/integration tests/slurm
 	@for n in $(MPI_SIZES); do \
 		echo "== multi-rank suite on $$n ranks"; \

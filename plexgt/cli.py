@@ -65,12 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(_module(args._module).run(args) or 0)
     except PlexgtError as e:
-        origin = getattr(e, "origin", rank)
+        origin = rank if e.origin is None else e.origin
         if isinstance(e, PeerFailed) or origin != rank:
             return 2  # the ranks agreed on the failure; the failing rank prints it
         who = f"rank {rank}: " if size > 1 else ""
         print(f"plexgt {args.command}: error: {who}{e}", file=sys.stderr, flush=True)
-        if size > 1 and not getattr(e, "agreed", False):
+        if size > 1 and not e.agreed:
             end_job(2)  # this rank alone: the others would wait for it in a collective
         return 2
 

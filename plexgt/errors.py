@@ -11,6 +11,19 @@ from __future__ import annotations
 class PlexgtError(ValueError):
     """Base of the one-line errors: caught by :func:`plexgt.cli.main`."""
 
+    agreed: bool = False
+    """Every rank raises this error at a point all ranks reached together, so no rank is left
+    waiting and the job needs no abort (set by :func:`mark_agreed`)."""
+    origin: int | None = None
+    """The rank whose copy of the message is printed (None: the rank that raised it)."""
+
+
+def mark_agreed(err: BaseException, origin: int) -> None:
+    """Record on a one-line error that every rank knows of it and which rank prints it (other
+    exceptions are bugs: they end the job with a traceback whatever the ranks agreed)."""
+    if isinstance(err, PlexgtError):
+        err.agreed, err.origin = True, origin
+
 
 class UsageError(PlexgtError):
     """Bad command-line input."""

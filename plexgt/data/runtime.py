@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from plexgt.distributed.mpiwait import arrive
-from plexgt.errors import DataError
+from plexgt.errors import DataError, mark_agreed
 
 T = TypeVar("T")
 
@@ -81,7 +81,7 @@ class Comm:
                 # every rank raises; the command line prints only rank r's (one copy)
                 out = err if err is not None else (
                     DataError(i[1]) if i[0] else RuntimeError(f"rank {r} failed: {i[1]}"))
-                out.agreed, out.origin = True, r  # type: ignore[union-attr]
+                mark_agreed(out, r)
                 raise out
 
 

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from plexgt.distributed.launch import mpi_world
-from plexgt.errors import PeerFailed
+from plexgt.errors import PeerFailed, mark_agreed
 
 T = TypeVar("T")
 
@@ -51,6 +51,7 @@ def agreed(fn: Callable[[], T], device: torch.device | str = "cpu") -> T:
     if first == world:
         return out  # type: ignore[return-value]
     if first == rank:
-        err.agreed, err.origin = True, rank  # type: ignore[union-attr]
-        raise err  # type: ignore[misc]
+        assert err is not None
+        mark_agreed(err, rank)
+        raise err
     raise PeerFailed(f"rank {first} failed")

@@ -30,7 +30,7 @@ from plexgt.config import TrainConfig, to_toml
 from plexgt.data.runtime import Progress
 from plexgt.distributed.agree import agreed
 from plexgt.distributed.bootstrap import DistContext
-from plexgt.errors import CheckpointError, ConfigError, TrainingError
+from plexgt.errors import CheckpointError, ConfigError, TrainingError, mark_agreed
 from plexgt.tasks.task import Task
 from plexgt.training import checkpoint as ckpt
 from plexgt.training.state import canonical_state, load_canonical_state
@@ -273,7 +273,7 @@ def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> d
             if not math.isfinite(row["loss"]):  # replicated: every rank stops here at once
                 err = TrainingError(f"epoch {epoch + 1}: the loss is {row['loss']}; lower "
                                     "optim.lr or check the data (plexgt verify)")
-                err.agreed, err.origin = True, 0  # type: ignore[attr-defined]
+                mark_agreed(err, 0)
                 raise err
             out.write(row)
             last = epoch + 1

@@ -421,22 +421,21 @@ def parallel_cross_entropy(z: torch.Tensor, target: torch.Tensor, mask: torch.Te
 def parallel_correct(z: torch.Tensor, target: torch.Tensor, masks: dict[str, torch.Tensor],
                      lay: LayerLayout, comms: dict[str, Comm]) -> dict[str, tuple[int, int]]:
     """(correct, total) per split, argmax over the class shards (ties: lowest class id)."""
-    cols = torch.arange(lay.out_cols[0], lay.out_cols[1])
+    cols = torch.arange(lay.out_cols[0], lay.out_cols[1], device=z.device)
     zm = z.masked_fill(cols[None, :] >= lay.d_out_true, float("-inf"))
     if z.shape[1]:
         best, arg = zm.max(dim=1)
     else:
-        best = torch.full((z.shape[0],), float("-inf"), dtype=z.dtype)
-        arg = torch.zeros(z.shape[0], dtype=torch.long)
+        best = torch.full((z.shape[0],), float("-inf"), dtype=z.dtype, device=z.device)
+        arg = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
     gbest = best.clone()
     all_reduce_(gbest, comms["plane"], "max")
     big = torch.iinfo(torch.int64).max
     cand = torch.where(best == gbest, arg + lay.out_cols[0], torch.full_like(arg, big))
     all_reduce_(cand, comms["plane"], "min")
-    counts = torch.tensor(
-        [[int(((cand == target) & m).sum()), int(m.sum())] for m in masks.values()],
-        dtype=torch.int64,
-    )
+    # collectives take tensors on the group's device (an NCCL group has no CPU backend)
+    counts = torch.stack([torch.stack([((cand == target) & m).sum(), m.sum()])
+                          for m in masks.values()]).to(torch.int64)
     all_reduce_(counts, comms[lay.roles[2]])
     return {k: (int(c[0]), int(c[1])) for k, c in zip(masks, counts)}
 

@@ -64,8 +64,10 @@ class StopFlag:
         self.signal = signum
 
 
-def _stats(values: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
-    t = torch.tensor(values, dtype=torch.float64)
+def _stats(values: list[float], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max, mean) over ranks of per-rank numbers; on ``device``, the world group's (an NCCL
+    group has no CPU backend)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     mx, sm = t.clone(), t.clone()
     dist.all_reduce(mx, op=dist.ReduceOp.MAX)
     dist.all_reduce(sm)
@@ -172,7 +174,7 @@ def epoch_row(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.O
             best = {"epoch": epoch + 1, "valid_acc": row["valid_acc"],
                     "test_acc": row.get("test_acc", 0.0)}
     mx, mean = _stats([step_s - comm_s, comm_s, wait_s, float(sent),
-                       float(peak_memory_bytes(ctx.device))])
+                       float(peak_memory_bytes(ctx.device))], ctx.device)
     row.update({
         "time_compute": mx[0].item(), "time_comm": mx[1].item(), "time_wait": mx[2].item(),
         "time_compute_mean": mean[0].item(), "time_comm_mean": mean[1].item(),
@@ -244,10 +246,11 @@ def open_metrics(cfg: TrainConfig, start: int) -> Any:
         raise ConfigError(f"config key 'metrics': {path}: {e.strerror or e}") from None
 
 
-def stop_requested(stop: StopFlag, cfg: TrainConfig, epoch: int) -> tuple[int, bool]:
+def stop_requested(stop: StopFlag, cfg: TrainConfig, epoch: int, device: torch.device
+                   ) -> tuple[int, bool]:
     """(signal number or 0, whether to stop now), agreed by all ranks: a signal seen by any
     rank stops all."""
-    flags = torch.tensor([stop.signal, int(epoch + 1 == cfg.stop_after)])
+    flags = torch.tensor([stop.signal, int(epoch + 1 == cfg.stop_after)], device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
     return int(flags[0]), bool(flags.max())
 
@@ -277,7 +280,7 @@ def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> d
                 raise err
             out.write(row)
             last = epoch + 1
-            signum, stop_now = stop_requested(stop, cfg, epoch)
+            signum, stop_now = stop_requested(stop, cfg, epoch, ctx.device)
             due = cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0
             if stop_now or due or epoch + 1 == cfg.epochs:
                 save(cfg, ctx, task, opt, epoch + 1, best)

@@ -36,14 +36,14 @@ def pytest_configure(config):
             reporter._tw = TerminalWriter(open(_log, "w"))  # noqa: SIM115 - lives for the run
 
 
-# at 6 and 8 ranks (9 and 10 factorisations, oversubscribed 3-4x on the CI's 2 cores) the
-# model-level tests run on these: every axis split > 1 in some grid, a 3D grid, and the shapes
-# the issues name; PLEXGT_ALL_GRIDS=1 runs every factorisation
-REPRESENTATIVE = {6: ("3x2x1", "1x2x3", "2x1x3", "6x1x1"),
+# at 4, 6 and 8 ranks (6, 9 and 10 factorisations, oversubscribed 2-4x on the CI's 2 cores)
+# the model-level tests run on these: every axis split > 1 in some grid, a 2D or 3D grid, and
+# the shapes the issues name; PLEXGT_ALL_GRIDS=1 runs every factorisation
+REPRESENTATIVE = {4: ("2x2x1", "1x2x2", "4x1x1", "1x1x4"),
+                  6: ("3x2x1", "1x2x3", "2x1x3", "6x1x1"),
                   8: ("2x2x2", "4x2x1", "1x2x4", "8x1x1")}
-# and the 20-step training curves (the slowest model tests) on two of them: a 3D grid or the
-# widest split of each axis role
-CURVES = {6: ("3x2x1", "1x2x3"), 8: ("2x2x2", "1x2x4")}
+# and the 20-step training curves (the slowest model tests) on two of them
+CURVES = {4: ("2x2x1", "1x1x4"), 6: ("3x2x1", "1x2x3"), 8: ("2x2x2", "1x2x4")}
 ALL_GRIDS = os.environ.get("PLEXGT_ALL_GRIDS") == "1"
 
 

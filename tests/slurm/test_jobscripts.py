@@ -14,9 +14,7 @@ from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import sbm
 
-# one xdist worker runs every Slurm test (make test's --dist loadgroup): the local cluster
-# starts once, and its 2-core node is not shared by two test jobs at once
-pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("slurm")]
+pytestmark = pytest.mark.timeout(600)
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "jobscripts" / "generic" / "train.sbatch"
 

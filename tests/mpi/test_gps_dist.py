@@ -23,7 +23,7 @@ from plexgt.plan.step_cost import step_bytes_named
 from tests.parallel_helpers import build_axis_groups
 
 from . import test_gt_dist as _gt
-from .conftest import RANK, WORLD
+from .conftest import ALL_GRIDS, RANK, WORLD
 from .test_gt_dist import (
     F_IN,
     HEADS,
@@ -65,8 +65,9 @@ def test_gps_step_equals_reference(prepared, groups, p, strategy):
 
 
 # the gps curves are the slowest model tests at 6 and 8 ranks: there each runs one strategy
-# (gp_a2a at 6, gp_ag at 8); both run at every smaller world and in the one-step tests
-CURVE_STRATEGIES = STRATEGIES if WORLD < 6 else [STRATEGIES[(WORLD // 2) % 2]]
+# (gp_a2a at 6, gp_ag at 8; PLEXGT_ALL_GRIDS=1 both); both run at every smaller world and in
+# the one-step tests
+CURVE_STRATEGIES = STRATEGIES if WORLD < 6 or ALL_GRIDS else [STRATEGIES[(WORLD // 2) % 2]]
 
 
 @pytest.mark.parametrize("strategy", CURVE_STRATEGIES)

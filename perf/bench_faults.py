@@ -25,7 +25,7 @@ import h5py
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import hardware, result_line, today, write_json  # noqa: E402
+from common import hardware, prep_sbm, result_line, today, write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -102,10 +102,7 @@ def main() -> None:
     reads = read_cost(args.nnz, args.repeats)
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        data = tmp / "sbm"
-        subprocess.run([sys.executable, "-m", "plexgt", "prep", "--format", "sbm", "--nodes",
-                        "2000", "--edges", "40000", "--classes", "4", "--features", "16",
-                        "--out", str(data), "--quiet"], check=True, cwd=ROOT)
+        data = prep_sbm(tmp / "sbm", 2000, 40000, 4, 16)
         kill = fault_to_exit(data, 3, signal.SIGKILL, [], tmp)
         hang = fault_to_exit(data, 4, signal.SIGSTOP,
                              ["--grid", "2x2x1", f"--parallel.timeout_s={args.timeout_s}"], tmp)

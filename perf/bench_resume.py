@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import hardware, result_line, today, write_json  # noqa: E402
+from common import hardware, prep_sbm, result_line, today, write_json  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -56,11 +56,7 @@ def main() -> None:
     out: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
-        data = tmp / "sbm"
-        subprocess.run([sys.executable, "-m", "plexgt", "prep", "--format", "sbm", "--nodes",
-                        str(args.nodes), "--edges", str(args.edges), "--classes", "6",
-                        "--features", "32", "--out", str(data), "--quiet"], check=True,
-                       cwd=ROOT)
+        data = prep_sbm(tmp / "sbm", args.nodes, args.edges, 6, 32)
         for name, (model, n1, lay1, n2, lay2) in CASES.items():
             common = ["--model", model, "--model.heads=2", "--epochs", str(args.epochs),
                       "--dtype=float64"]

@@ -6,6 +6,8 @@ import datetime as _dt
 import json
 import os
 import platform
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -60,3 +62,12 @@ def write_text(name: str, text: str) -> Path:
     path = RESULTS_DIR / name
     path.write_text(text)
     return path
+
+
+def prep_sbm(out: Path, nodes: int, edges: int, classes: int, features: int) -> Path:
+    """``plexgt prep`` of an SBM graph into ``out`` (a benchmark's input), quietly."""
+    subprocess.run([sys.executable, "-m", "plexgt", "prep", "--format", "sbm", "--nodes",
+                    str(nodes), "--edges", str(edges), "--classes", str(classes),
+                    "--features", str(features), "--out", str(out), "--quiet"], check=True,
+                   cwd=Path(__file__).resolve().parents[1])
+    return out

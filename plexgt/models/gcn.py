@@ -42,8 +42,7 @@ class GCN(nn.Module):
         if num_features(x) != self.layers[0].in_features:
             raise ValueError(f"x has {num_features(x)} features, model expects "
                              f"{self.layers[0].in_features}")
-        n = x.num_rows if not isinstance(x, torch.Tensor) else int(x.shape[0])
-        drop = Drop(step_rng(self.seed, self.step, graph.node_ids, n, self.training), 0.0)
+        drop = Drop(step_rng(self.seed, self.step, graph.node_ids, x, self.training), 0.0)
         h: Features = x
         for i, lin in enumerate(self.layers):  # dropout site i: before layer i
             h = drop.at(i, self.input_dropout if i == 0 else self.dropout).features(h)

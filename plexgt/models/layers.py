@@ -90,6 +90,10 @@ def num_features(x: Features) -> int:
     return x.num_cols if isinstance(x, CSRGraph) else int(x.shape[1])
 
 
+def num_nodes(x: Features) -> int:
+    return x.num_rows if isinstance(x, CSRGraph) else int(x.shape[0])
+
+
 @dataclass(frozen=True)
 class Drop:
     """The dropout of one sublayer in one forward: rate ``p``, the step's counter-based RNG
@@ -137,13 +141,15 @@ BLOCK_SITES = 8
 """Site numbers per block: block i's sublayers draw at sites 8(i+1) + k, k < 8."""
 
 
-def step_rng(seed: int, step: int, node_ids: Tensor | None, n: int, training: bool
+def step_rng(seed: int, step: int, node_ids: Tensor | None, x: Features, training: bool
              ) -> CounterRNG | None:
-    """The counter RNG of a training step over rows ``node_ids`` (None: rows 0..n-1, the
-    single-process order); None when not training."""
+    """The counter RNG of a training step over the rows of ``x`` with ids ``node_ids``
+    (None: 0..N-1, the single-process order, made on x's device); None when not training."""
     if not training:
         return None
-    ids = torch.arange(n, dtype=torch.int64) if node_ids is None else node_ids
+    dev = x.indptr.device if isinstance(x, CSRGraph) else x.device
+    ids = torch.arange(num_nodes(x), dtype=torch.int64, device=dev) if node_ids is None \
+        else node_ids
     return CounterRNG(seed, step, ids)
 
 
@@ -247,8 +253,7 @@ class BlockStack(nn.Module):
             block: Callable[[Any, Tensor, Any, int | None, Drop], Tensor]) -> Tensor:
         """Dropout, projection, ``block(blk, h, graph, block_rows, drop)`` per block,
         classifier. Sites: 0 input, 1 before the classifier, 8(i+1)+k inside block i."""
-        n = x.num_rows if isinstance(x, CSRGraph) else int(x.shape[0])
-        drop = Drop(step_rng(self.seed, self.step, graph.node_ids, n, self.training), 0.0)
+        drop = Drop(step_rng(self.seed, self.step, graph.node_ids, x, self.training), 0.0)
         h = linear_in(drop.at(0, self.input_dropout).features(x), self.input)
         for i, blk in enumerate(self.blocks):
             h = block(blk, h, graph, self.block_rows, drop.at(BLOCK_SITES * (i + 1), blk.dropout))

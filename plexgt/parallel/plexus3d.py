@@ -275,14 +275,11 @@ class Plexus3DGCN(nn.Module):
         The pairs are nn.Linear's, so a distributed model starts from exactly the reference
         model's initialisation.
         """
-        for lay, w, b, (wf, bf) in zip(self.layouts, self.weights, self.biases, params):
-            wt = torch.zeros(lay.d_in, lay.d_out, dtype=w.dtype)
-            wt[: lay.d_in_true, : lay.d_out_true] = wf.detach().t().to(w.dtype)
-            wt = wt[:, lay.w_column_order]
-            bp = torch.zeros(lay.d_out, dtype=b.dtype)
-            bp[: lay.d_out_true] = bf.detach().to(b.dtype)
-            w.copy_(wt[slice(*lay.in_cols), slice(*lay.w_cols)])
-            b.copy_(bp[slice(*lay.out_cols)])
+        full = {}
+        for l, (wf, bf) in enumerate(params):
+            full[f"layers.{l}.weight"], full[f"layers.{l}.bias"] = wf.detach(), bf.detach()
+        for name, shard in self.from_canonical(full).items():
+            self.get_parameter(name).copy_(shard)
 
     @torch.no_grad()
     def to_canonical(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

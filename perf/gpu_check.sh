@@ -9,7 +9,8 @@
 #
 # Steps (limits add up to 8.25 minutes; the run is meant to take under 5):
 #   env        the GPU and the torch build
-#   cuda_tests pytest -m cuda (the CUDA-only tests; none is written yet: exit 5, "no tests")
+#   cuda_tests pytest -m cuda (the CUDA-only tests: the Triton kernel compiled for the GPU, CSR
+#              moves, attention and GCN kernels against the CPU)
 #   train_*    1-rank nccl training of gcn, gt and gps: 3 epochs, stopped after 2, resumed
 #   dropout    perf/bench_dropout.py on the GPU (counter-based vs stream masks)
 #   attention  perf/bench_attention.py on the GPU, synthetic graph

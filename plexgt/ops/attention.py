@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from plexgt.ops import native
+from plexgt.ops import attention_triton, native
 from plexgt.ops.csr import CSRGraph
 
 Tensor = torch.Tensor
@@ -281,9 +281,15 @@ class SparseAttentionFunction(torch.autograd.Function):
         return None, dq, dk, dv, None, None
 
 
+KERNELS = ("auto", "fused", "torch")
+"""``sparse_attention``'s kernels: 'fused' the Triton kernel (:mod:`plexgt.ops.attention_triton`),
+'torch' torch's sparse kernels (the compiled CPU kernels where they serve), 'auto' fused on GPUs
+when Triton is present, torch otherwise."""
+
+
 def sparse_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                      scale: float | None = None, block_rows: int | None = None,
-                     residual: Tensor | None = None) -> Tensor:
+                     residual: Tensor | None = None, kernel: str = "auto") -> Tensor:
     """Multi-head attention restricted to the edges of ``graph``.
 
     q [Nr, h, d'], k and v [Nc, h, d'] on graph [Nr, Nc] -> y [Nr, h, d'] (contiguous).
@@ -292,6 +298,8 @@ def sparse_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
     [h, Nr] between forward and backward (one more SDDMM per block in backward).
     ``residual`` [Nr, h*d'] (contiguous, needed by nothing else) is returned with y added to it
     in place, so a layer's X W_o + attention costs no pass of its own.
+    ``kernel``: one of :data:`KERNELS`. The fused kernel is always blocked (it keeps [h, Nr]
+    only), so ``block_rows`` does not apply to it.
     """
     if q.dim() != 3 or k.shape != v.shape or q.shape[1:] != k.shape[1:]:
         raise ValueError(f"expected q [Nr,h,d], k/v [Nc,h,d]; got {tuple(q.shape)}, "
@@ -306,6 +314,11 @@ def sparse_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                                  or residual.dtype != v.dtype):
         raise ValueError(f"residual must be a contiguous {want} tensor of v's dtype; got "
                          f"{tuple(residual.shape)}")
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown attention kernel {kernel!r}; known: {', '.join(KERNELS)}")
+    if kernel == "fused" or (kernel == "auto" and q.device.type == "cuda"
+                             and attention_triton.supports(q)):
+        return attention_triton.fused_attention(graph, q, k, v, float(scale), residual)
     return SparseAttentionFunction.apply(residual, graph, q, k, v, float(scale), block_rows)
 
 

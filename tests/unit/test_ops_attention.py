@@ -117,6 +117,7 @@ def test_shape_errors():
         sparse_attention(graph, q, k, v)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("block_rows", [None, 5])
 def test_cuda_matches_cpu(block_rows):

@@ -91,6 +91,7 @@ def test_empty_graph_and_to_device():
     assert torch.equal(g.degrees(), torch.zeros(4, dtype=torch.long))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_to_cuda_round_trip():
     dst, src = _random_coo(8, 5, 30, 4)

@@ -63,6 +63,7 @@ def test_float32_and_float64_share_graph():
     torch.testing.assert_close(gcn_spmm(graph, x.double()).float(), gcn_spmm(graph, x))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_matches_cpu():
     graph = gcn_norm(_sym_graph(20, 60, 4), dtype=torch.float64)

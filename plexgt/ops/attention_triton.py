@@ -1,0 +1,339 @@
+"""Fused sparse attention in Triton: SDDMM -> online softmax -> SpMM in one pass per row block.
+
+Shapes: q [Nr, h, d'], k and v [Nc, h, d'] on a CSR pattern [Nr, Nc] -> y [Nr, h, d'] and the
+per-row log-sum-exp [h, Nr] (float32, or float64 for float64 inputs). Same function as
+:func:`plexgt.ops.attention.sparse_attention`, which stays the reference and the fallback.
+
+Why a kernel of its own: the torch path materialises scores and probabilities as [h, E] arrays
+(cuSPARSE SDDMM, a segment softmax, a CSR SpMM: four passes over E·h values, and the [h, E]
+probabilities held until backward), and ROCm builds of torch have no GPU ``sampled_addmm`` at
+all. Here a program owns ``BLOCK_R`` rows of one head, walks their edges ``BLOCK_E`` at a time,
+gathers the K and V rows those edges name, and keeps FlashAttention's running (max, sum, acc)
+per row in registers, so nothing of size E leaves the chip in forward and only [h, Nr]
+log-sum-exps are kept for backward. Triton compiles the same source for CUDA and ROCm.
+
+Backward recomputes scores from the saved log-sum-exp, in two kernels so no gradient needs
+atomics (deterministic, as FlashAttention-2 does):
+
+* rows (the CSR pattern): delta_r = sum_e P·dP (one pass), then dQ_r = sum_e dS K_c;
+* columns (the cached transpose, CSC): dV_c = sum_e P dY_r and dK_c = sum_e dS Q_r.
+
+Arithmetic is float32 for float32, bfloat16 and float16 inputs (float64 for float64): scores,
+softmax statistics and every reduction; only loads and the final stores use the input dtype.
+Index arrays are int32 when E fits (:meth:`CSRGraph.compact_index`); addresses are computed in
+int64 so N·h·d' beyond 2^31 is safe.
+
+On a machine without a GPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``
+set before this module is imported), which is how the test suite checks them against the
+reference.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from plexgt.ops.csr import CSRGraph
+
+try:  # Triton ships with the CUDA and ROCm wheels of torch; a CPU-only install may lack it
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised on installs without triton
+    triton = None
+    tl = None
+
+Tensor = torch.Tensor
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+"""Input dtypes the kernels take."""
+MAX_HEAD_DIM = 256
+"""Widest d' a program holds in registers."""
+TILE_ELEMS = 4096
+"""Elements of one gathered [BLOCK_R, BLOCK_E, d'] tile: sized for registers, not tuned on a
+GPU yet (the blocks are chosen by :func:`blocks`)."""
+
+
+def interpreted() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return triton is not None and bool(triton.knobs.runtime.interpret)
+
+
+def supports(q: Tensor) -> bool:
+    """Whether the fused kernel can serve ``q`` [N, h, d']: Triton present, a GPU tensor (CUDA
+    or ROCm; CPU only under the interpreter), a supported dtype and width."""
+    if triton is None or q.dtype not in DTYPES or q.shape[-1] > MAX_HEAD_DIM:
+        return False
+    return q.device.type == "cuda" or (q.device.type == "cpu" and interpreted())
+
+
+def blocks(num_rows: int, num_edges: int, head_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_R, BLOCK_E, BLOCK_D): d' rounded up to a power of two, edges per step about the
+    mean degree (16..64), and as many rows as fill :data:`TILE_ELEMS`."""
+    block_d = triton.next_power_of_2(max(head_dim, 1))
+    mean = num_edges / max(num_rows, 1)
+    block_e = min(64, max(16, triton.next_power_of_2(max(1, math.ceil(mean)))))
+    block_r = max(1, min(64, TILE_ELEMS // (block_e * block_d)))
+    return block_r, block_e, block_d
+
+
+if triton is not None:
+
+    @triton.jit
+    def _fwd_kernel(indptr, indices, q, k, v, y, lse, scale_ptr, n_rows,
+                    sq0, sq1, sk0, sk1, sv0, sv1, sy0, sy1,
+                    D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
+                    BLOCK_D: tl.constexpr, ACCUMULATE: tl.constexpr):
+        # one program: BLOCK_R rows of head `hd`; running max m, sum l, accumulator acc per row
+        hd = tl.program_id(1)
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rmask = rows < n_rows
+        start = tl.load(indptr + rows, mask=rmask, other=0)
+        end = tl.load(indptr + rows + 1, mask=rmask, other=0)
+        dd = tl.arange(0, BLOCK_D)
+        dmask = dd < D
+        scale = tl.load(scale_ptr)
+        r64 = rows.to(tl.int64)
+        qmask = rmask[:, None] & dmask[None, :]
+        qt = tl.load(q + r64[:, None] * sq0 + hd * sq1 + dd[None, :], mask=qmask, other=0.0)
+        qt = qt.to(scale.dtype)
+        m = tl.full([BLOCK_R], float("-inf"), scale.dtype)
+        el = tl.zeros([BLOCK_R], scale.dtype)
+        acc = tl.zeros([BLOCK_R, BLOCK_D], scale.dtype)
+        longest = tl.max(end - start, axis=0)
+        for j in range(0, longest, BLOCK_E):
+            eo = start[:, None] + j + tl.arange(0, BLOCK_E)[None, :]
+            emask = eo < end[:, None]
+            col = tl.load(indices + eo, mask=emask, other=0).to(tl.int64)
+            tmask = emask[:, :, None] & dmask[None, None, :]
+            kt = tl.load(k + col[:, :, None] * sk0 + hd * sk1 + dd[None, None, :], mask=tmask,
+                         other=0.0).to(scale.dtype)
+            s = tl.sum(qt[:, None, :] * kt, axis=2) * scale
+            s = tl.where(emask, s, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no edge yet
+            alpha = tl.exp(m - m_safe)
+            p = tl.exp(s - m_safe[:, None])
+            el = el * alpha + tl.sum(p, axis=1)
+            vt = tl.load(v + col[:, :, None] * sv0 + hd * sv1 + dd[None, None, :], mask=tmask,
+                         other=0.0).to(scale.dtype)
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vt, axis=1)
+            m = m_new
+        out = acc / tl.where(el == 0.0, 1.0, el)[:, None]  # rows without edges give zeros
+        yp = y + r64[:, None] * sy0 + hd * sy1 + dd[None, :]
+        if ACCUMULATE:
+            out += tl.load(yp, mask=qmask, other=0.0).to(scale.dtype)
+        tl.store(yp, out.to(y.dtype.element_ty), mask=qmask)
+        tl.store(lse + hd * n_rows + r64, m + tl.log(tl.where(el == 0.0, 1.0, el)), mask=rmask)
+
+    @triton.jit
+    def _bwd_rows_kernel(indptr, indices, q, k, v, dy, lse, delta, dq, scale_ptr, n_rows,
+                         sq0, sq1, sk0, sk1, sv0, sv1, sg0, sg1, sdq0, sdq1,
+                         D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
+                         BLOCK_D: tl.constexpr, NEED_DQ: tl.constexpr):
+        # delta_r = sum_e P dP (pass 1); dQ_r = sum_e dS K_c with dS = scale P (dP - delta_r)
+        hd = tl.program_id(1)
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        rmask = rows < n_rows
+        start = tl.load(indptr + rows, mask=rmask, other=0)
+        end = tl.load(indptr + rows + 1, mask=rmask, other=0)
+        dd = tl.arange(0, BLOCK_D)
+        dmask = dd < D
+        scale = tl.load(scale_ptr)
+        r64 = rows.to(tl.int64)
+        rdmask = rmask[:, None] & dmask[None, :]
+        qt = tl.load(q + r64[:, None] * sq0 + hd * sq1 + dd[None, :], mask=rdmask,
+                     other=0.0).to(scale.dtype)
+        gt = tl.load(dy + r64[:, None] * sg0 + hd * sg1 + dd[None, :], mask=rdmask,
+                     other=0.0).to(scale.dtype)
+        ls = tl.load(lse + hd * n_rows + r64, mask=rmask, other=0.0)
+        longest = tl.max(end - start, axis=0)
+        dl = tl.zeros([BLOCK_R], scale.dtype)
+        for j in range(0, longest, BLOCK_E):
+            eo = start[:, None] + j + tl.arange(0, BLOCK_E)[None, :]
+            emask = eo < end[:, None]
+            col = tl.load(indices + eo, mask=emask, other=0).to(tl.int64)
+            tmask = emask[:, :, None] & dmask[None, None, :]
+            kt = tl.load(k + col[:, :, None] * sk0 + hd * sk1 + dd[None, None, :], mask=tmask,
+                         other=0.0).to(scale.dtype)
+            vt = tl.load(v + col[:, :, None] * sv0 + hd * sv1 + dd[None, None, :], mask=tmask,
+                         other=0.0).to(scale.dtype)
+            p = tl.exp(tl.sum(qt[:, None, :] * kt, axis=2) * scale - ls[:, None])
+            p = tl.where(emask, p, 0.0)
+            dl += tl.sum(p * tl.sum(gt[:, None, :] * vt, axis=2), axis=1)
+        tl.store(delta + hd * n_rows + r64, dl, mask=rmask)
+        if NEED_DQ:
+            acc = tl.zeros([BLOCK_R, BLOCK_D], scale.dtype)
+            for j in range(0, longest, BLOCK_E):
+                eo = start[:, None] + j + tl.arange(0, BLOCK_E)[None, :]
+                emask = eo < end[:, None]
+                col = tl.load(indices + eo, mask=emask, other=0).to(tl.int64)
+                tmask = emask[:, :, None] & dmask[None, None, :]
+                kt = tl.load(k + col[:, :, None] * sk0 + hd * sk1 + dd[None, None, :],
+                             mask=tmask, other=0.0).to(scale.dtype)
+                vt = tl.load(v + col[:, :, None] * sv0 + hd * sv1 + dd[None, None, :],
+                             mask=tmask, other=0.0).to(scale.dtype)
+                p = tl.exp(tl.sum(qt[:, None, :] * kt, axis=2) * scale - ls[:, None])
+                p = tl.where(emask, p, 0.0)
+                ds = p * (tl.sum(gt[:, None, :] * vt, axis=2) - dl[:, None]) * scale
+                acc += tl.sum(ds[:, :, None] * kt, axis=1)
+            tl.store(dq + r64[:, None] * sdq0 + hd * sdq1 + dd[None, :],
+                     acc.to(dq.dtype.element_ty), mask=rdmask)
+
+    @triton.jit
+    def _bwd_cols_kernel(tindptr, tindices, q, k, v, dy, lse, delta, dk, dv, scale_ptr,
+                         n_rows, n_cols, sq0, sq1, sk0, sk1, sv0, sv1, sg0, sg1,
+                         sdk0, sdk1, sdv0, sdv1,
+                         D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
+                         BLOCK_D: tl.constexpr, NEED_DK: tl.constexpr, NEED_DV: tl.constexpr):
+        # over the transpose: a program owns BLOCK_R columns c and walks the rows r naming them;
+        # dV_c = sum P dY_r, dK_c = sum dS Q_r, with P and dS recomputed from lse_r, delta_r
+        hd = tl.program_id(1)
+        cols = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        cmask = cols < n_cols
+        start = tl.load(tindptr + cols, mask=cmask, other=0)
+        end = tl.load(tindptr + cols + 1, mask=cmask, other=0)
+        dd = tl.arange(0, BLOCK_D)
+        dmask = dd < D
+        scale = tl.load(scale_ptr)
+        c64 = cols.to(tl.int64)
+        cdmask = cmask[:, None] & dmask[None, :]
+        kc = tl.load(k + c64[:, None] * sk0 + hd * sk1 + dd[None, :], mask=cdmask,
+                     other=0.0).to(scale.dtype)
+        vc = tl.load(v + c64[:, None] * sv0 + hd * sv1 + dd[None, :], mask=cdmask,
+                     other=0.0).to(scale.dtype)
+        dk_acc = tl.zeros([BLOCK_R, BLOCK_D], scale.dtype)
+        dv_acc = tl.zeros([BLOCK_R, BLOCK_D], scale.dtype)
+        longest = tl.max(end - start, axis=0)
+        for j in range(0, longest, BLOCK_E):
+            eo = start[:, None] + j + tl.arange(0, BLOCK_E)[None, :]
+            emask = eo < end[:, None]
+            row = tl.load(tindices + eo, mask=emask, other=0).to(tl.int64)
+            tmask = emask[:, :, None] & dmask[None, None, :]
+            qt = tl.load(q + row[:, :, None] * sq0 + hd * sq1 + dd[None, None, :], mask=tmask,
+                         other=0.0).to(scale.dtype)
+            gt = tl.load(dy + row[:, :, None] * sg0 + hd * sg1 + dd[None, None, :], mask=tmask,
+                         other=0.0).to(scale.dtype)
+            ls = tl.load(lse + hd * n_rows + row, mask=emask, other=0.0)
+            p = tl.exp(tl.sum(kc[:, None, :] * qt, axis=2) * scale - ls)
+            p = tl.where(emask, p, 0.0)
+            if NEED_DV:
+                dv_acc += tl.sum(p[:, :, None] * gt, axis=1)
+            if NEED_DK:
+                dl = tl.load(delta + hd * n_rows + row, mask=emask, other=0.0)
+                ds = p * (tl.sum(vc[:, None, :] * gt, axis=2) - dl) * scale
+                dk_acc += tl.sum(ds[:, :, None] * qt, axis=1)
+        if NEED_DK:
+            tl.store(dk + c64[:, None] * sdk0 + hd * sdk1 + dd[None, :],
+                     dk_acc.to(dk.dtype.element_ty), mask=cdmask)
+        if NEED_DV:
+            tl.store(dv + c64[:, None] * sdv0 + hd * sdv1 + dd[None, :],
+                     dv_acc.to(dv.dtype.element_ty), mask=cdmask)
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _unit_last(x: Tensor) -> Tensor:
+    return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def fused_forward(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, scale: float,
+                  out: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """q [Nr, h, d'], k, v [Nc, h, d'] -> (y [Nr, h, d'], lse [h, Nr] in the accumulation
+    dtype). With ``out`` [Nr, h, d'] (any strides, unit last), y is added into it in place."""
+    nr, h, d = q.shape
+    acc_dt = _acc_dtype(q.dtype)
+    y = torch.empty(nr, h, d, dtype=q.dtype, device=q.device) if out is None else out
+    lse = torch.empty(h, nr, dtype=acc_dt, device=q.device)
+    if nr == 0 or h == 0:
+        return y, lse
+    ip, ix = graph.compact_index()
+    br, be, bd = blocks(nr, graph.num_edges, d)
+    sc = torch.full((1,), scale, dtype=acc_dt, device=q.device)
+    _fwd_kernel[(triton.cdiv(nr, br), h)](
+        ip, ix, q, k, v, y, lse, sc, nr,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        y.stride(0), y.stride(1),
+        D=d, BLOCK_R=br, BLOCK_E=be, BLOCK_D=bd, ACCUMULATE=out is not None)
+    return y, lse
+
+
+def fused_backward(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, lse: Tensor, dy: Tensor,
+                   scale: float, need: tuple[bool, bool, bool]
+                   ) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """(dq, dk, dv) for dy [Nr, h, d'] (each None unless asked for in ``need``)."""
+    nr, h, d = q.shape
+    nc = k.shape[0]
+    need_q, need_k, need_v = need
+    acc_dt = _acc_dtype(q.dtype)
+    dq = torch.empty_like(q, memory_format=torch.contiguous_format) if need_q else None
+    dk = torch.empty_like(k, memory_format=torch.contiguous_format) if need_k else None
+    dv = torch.empty_like(v, memory_format=torch.contiguous_format) if need_v else None
+    if h == 0 or not (need_q or need_k or need_v):
+        return dq, dk, dv
+    sc = torch.full((1,), scale, dtype=acc_dt, device=q.device)
+    delta = torch.empty(h, nr, dtype=acc_dt, device=q.device)
+    ip, ix = graph.compact_index()
+    br, be, bd = blocks(nr, graph.num_edges, d)
+    dq_arg = dq if dq is not None else q  # never written when NEED_DQ is off
+    if nr:
+        _bwd_rows_kernel[(triton.cdiv(nr, br), h)](
+            ip, ix, q, k, v, dy, lse, delta, dq_arg, sc, nr,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            dy.stride(0), dy.stride(1), dq_arg.stride(0), dq_arg.stride(1),
+            D=d, BLOCK_R=br, BLOCK_E=be, BLOCK_D=bd, NEED_DQ=need_q)
+    if (need_k or need_v) and nc:
+        t = graph.transpose()
+        tip, tix = t.compact_index()
+        cr, ce, _ = blocks(nc, graph.num_edges, d)
+        dk_arg = dk if dk is not None else k
+        dv_arg = dv if dv is not None else v
+        _bwd_cols_kernel[(triton.cdiv(nc, cr), h)](
+            tip, tix, q, k, v, dy, lse, delta, dk_arg, dv_arg, sc, nr, nc,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            dy.stride(0), dy.stride(1), dk_arg.stride(0), dk_arg.stride(1),
+            dv_arg.stride(0), dv_arg.stride(1),
+            D=d, BLOCK_R=cr, BLOCK_E=ce, BLOCK_D=bd, NEED_DK=need_k, NEED_DV=need_v)
+    return dq, dk, dv
+
+
+class FusedSparseAttention(torch.autograd.Function):
+    """y = softmax_rows((Q Kᵀ ⊙ A) * scale) V, forward and backward by the fused kernels;
+    saves q, k, v and the [h, Nr] log-sum-exp only."""
+
+    @staticmethod
+    def forward(ctx, residual: Tensor | None, graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
+                scale: float) -> Tensor:
+        q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
+        out = None if residual is None else residual.view(q.shape[0], *v.shape[1:])
+        y, lse = fused_forward(graph, q, k, v, scale, out)
+        ctx.graph, ctx.scale, ctx.has_residual = graph, scale, residual is not None
+        ctx.save_for_backward(q, k, v, lse)
+        if residual is not None:
+            ctx.mark_dirty(residual)
+            return residual
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor):
+        q, k, v, lse = ctx.saved_tensors
+        d_res = grad if ctx.has_residual and ctx.needs_input_grad[0] else None
+        dy = grad.view(q.shape[0], *v.shape[1:]) if ctx.has_residual else grad
+        dq, dk, dv = fused_backward(ctx.graph, q, k, v, lse, _unit_last(dy), ctx.scale,
+                                    tuple(ctx.needs_input_grad[2:5]))
+        return d_res, None, dq, dk, dv, None
+
+
+def fused_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, scale: float,
+                    residual: Tensor | None = None) -> Tensor:
+    """The fused kernel behind :func:`plexgt.ops.attention.sparse_attention` (which checks
+    shapes and picks it); callable directly by benchmarks and tests."""
+    if not supports(q):
+        raise RuntimeError(f"the fused Triton attention cannot serve a {q.dtype} tensor on "
+                           f"{q.device} (triton {'missing' if triton is None else 'present'}, "
+                           f"interpreter {'on' if interpreted() else 'off'})")
+    return FusedSparseAttention.apply(residual, graph, q, k, v, float(scale))

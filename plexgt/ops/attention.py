@@ -316,7 +316,7 @@ def sparse_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                          f"{tuple(residual.shape)}")
     if kernel not in KERNELS:
         raise ValueError(f"unknown attention kernel {kernel!r}; known: {', '.join(KERNELS)}")
-    if kernel == "fused" or (kernel == "auto" and q.device.type == "cuda"
+    if kernel == "fused" or (kernel == "auto" and q.device.type in attention_triton.GPU_TYPES
                              and attention_triton.supports(q)):
         return attention_triton.fused_attention(graph, q, k, v, float(scale), residual)
     return SparseAttentionFunction.apply(residual, graph, q, k, v, float(scale), block_rows)

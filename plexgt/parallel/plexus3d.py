@@ -353,6 +353,16 @@ class Plexus3DGCN(nn.Module):
         y = reduce_scatter(p, self.comms[b], dim=1)
         return y + replicated(self.biases[l], self.comms[c])
 
+    def _apply(self, fn: Any, recurse: bool = True) -> Plexus3DGCN:
+        """``.to(device)``, ``.double()`` and the like reach the adjacency blocks too: they are
+        plain lists of sparse tensors, which nn.Module would skip (and a GPU run would then
+        multiply CPU blocks with device features)."""
+        super()._apply(fn, recurse)
+        for a in self.adj:
+            a.fwd = [fn(m) for m in a.fwd]
+            a.bwd = [fn(m) for m in a.bwd]
+        return self
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = x
         for l, lay in enumerate(self.layouts):
@@ -434,7 +444,7 @@ def parallel_correct(z: torch.Tensor, target: torch.Tensor, masks: dict[str, tor
     counts = torch.stack([torch.stack([((cand == target) & m).sum(), m.sum()])
                           for m in masks.values()]).to(torch.int64)
     all_reduce_(counts, comms[lay.roles[2]])
-    return {k: (int(c[0]), int(c[1])) for k, c in zip(masks, counts)}
+    return {k: (c[0], c[1]) for k, c in zip(masks, counts.cpu().tolist())}
 
 
 @dataclass

@@ -191,10 +191,11 @@ def row_correct(logits: Tensor, labels: Tensor, masks: dict[str, Tensor], comm: 
                 ) -> dict[str, tuple[int, int]]:
     """(correct, total) per split over all ranks (argmax; ties take the lowest class id)."""
     pred = logits.argmax(dim=1)
-    counts = torch.tensor([[int(((pred == labels) & m).sum()), int(m.sum())]
-                           for m in masks.values()], dtype=torch.int64, device=logits.device)
+    # counted on the device, one copy to the host at the end (one sync per evaluation)
+    counts = torch.stack([torch.stack([((pred == labels) & m).sum(), m.sum()])
+                          for m in masks.values()]).to(torch.int64)
     all_reduce_(counts, comm)
-    return {k: (int(c[0]), int(c[1])) for k, c in zip(masks, counts)}
+    return {k: (c[0], c[1]) for k, c in zip(masks, counts.cpu().tolist())}
 
 
 @torch.no_grad()

@@ -64,14 +64,15 @@ class StopFlag:
         self.signal = signum
 
 
-def _stats(values: list[float], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(max, mean) over ranks of per-rank numbers; on ``device``, the world group's (an NCCL
-    group has no CPU backend)."""
+def _stats(values: list[float], device: torch.device) -> tuple[list[float], list[float]]:
+    """(max, mean) over ranks of per-rank numbers; reduced on ``device``, the world group's (an
+    NCCL group has no CPU backend), and copied back to the host once."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
     mx, sm = t.clone(), t.clone()
     dist.all_reduce(mx, op=dist.ReduceOp.MAX)
     dist.all_reduce(sm)
-    return mx, sm / dist.get_world_size()
+    both = torch.stack([mx, sm / dist.get_world_size()]).cpu().tolist()
+    return both[0], both[1]
 
 
 @dataclass
@@ -176,12 +177,12 @@ def epoch_row(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.O
     mx, mean = _stats([step_s - comm_s, comm_s, wait_s, float(sent),
                        float(peak_memory_bytes(ctx.device))], ctx.device)
     row.update({
-        "time_compute": mx[0].item(), "time_comm": mx[1].item(), "time_wait": mx[2].item(),
-        "time_compute_mean": mean[0].item(), "time_comm_mean": mean[1].item(),
-        "time_wait_mean": mean[2].item(), "time_epoch": step_s + wait_s,
-        "bytes_comm": int(mean[3].item() * ctx.world_size),
-        "bytes_comm_max_rank": int(mx[3].item()),
-        "peak_mem_bytes": int(mx[4].item()), "grid": task.grid,
+        "time_compute": mx[0], "time_comm": mx[1], "time_wait": mx[2],
+        "time_compute_mean": mean[0], "time_comm_mean": mean[1],
+        "time_wait_mean": mean[2], "time_epoch": step_s + wait_s,
+        "bytes_comm": int(mean[3] * ctx.world_size),
+        "bytes_comm_max_rank": int(mx[3]),
+        "peak_mem_bytes": int(mx[4]), "grid": task.grid,
         "strategy": task.strategy, "ranks": ctx.world_size,
     })
     return row, best
@@ -252,7 +253,8 @@ def stop_requested(stop: StopFlag, cfg: TrainConfig, epoch: int, device: torch.d
     rank stops all."""
     flags = torch.tensor([stop.signal, int(epoch + 1 == cfg.stop_after)], device=device)
     dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-    return int(flags[0]), bool(flags.max())
+    signum, at_stop = flags.cpu().tolist()
+    return int(signum), bool(signum or at_stop)
 
 
 def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> dict[str, Any]:

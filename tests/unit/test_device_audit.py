@@ -1,0 +1,128 @@
+"""Every tensor of a training step on the rank's device, checked here without a GPU.
+
+The device audit (tests/device_audit.py) runs the real task builder and training loop of gcn,
+gt and gps with the rank's device declared to be another than the CPU: tensors put on the
+device report it, everything else is host memory, and an op mixing the two (what a GPU run
+dies of), a collective on host tensors (an NCCL group refuses them), a host<->device copy or
+a ``.item()`` inside a step each fail the test with the line that did it.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from plexgt.config import load_config
+from plexgt.data.shard import PrepOptions, prepare
+from plexgt.data.source import MemorySource
+from plexgt.data.synthetic import sbm
+from plexgt.distributed.bootstrap import DistContext
+from plexgt.distributed.collectives import CommLedger
+from plexgt.ops import attention_triton
+from plexgt.parallel.plexus3d import Plexus3DGCN
+from plexgt.tasks import build_task
+from plexgt.training import loop
+from tests.device_audit import DECLARED, DeviceAudit, DeviceMismatch, OnDevice
+
+pytestmark = [pytest.mark.timeout(240),
+              pytest.mark.filterwarnings("ignore::UserWarning")]
+
+
+def test_audit_catches_a_host_tensor():
+    """The audit itself: a host index into a device tensor, a host collective operand, a sync."""
+    with DeviceAudit() as audit:
+        x = torch.randn(5).to(DECLARED)
+        assert isinstance(x, OnDevice) and x.device == DECLARED
+        y = x * torch.tensor(2.0) + torch.zeros(5, device=x.device)  # scalars and device=x.device
+        assert y.device == DECLARED
+        with pytest.raises(DeviceMismatch, match="mixes device and host"):
+            _ = x[torch.arange(3)]
+        with pytest.raises(DeviceMismatch, match="mixes device and host"):
+            x.add_(torch.ones(5))
+        _ = y.sum().item()
+        _ = y.cpu()
+    assert [s[0] for s in audit.syncs] == ["aten._local_scalar_dense.default",
+                                          "device->host aten._to_copy.default"]
+    assert any("device->host" in t[0] for t in audit.transfers)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    path = tmp_path_factory.mktemp("audit") / "prep"
+    g = sbm(90, 600, num_features=6, num_classes=3, seed=3)
+    prepare(MemorySource(g), PrepOptions(out=path, symmetrize=True, progress=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def world():
+    """A one-rank gloo group (the collectives' code paths, without peers)."""
+    if not dist.is_initialized():
+        store = dist.HashStore()
+        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _audited_train(model, prepared, monkeypatch, tmp_path):
+    """``plexgt train`` for two epochs under the audit: (audit, in-step events, task, summary,
+    fused-kernel calls)."""
+    cfg = load_config(None, {"data": str(prepared), "model.name": model, "epochs": 2,
+                             "progress": False, "model.hidden": 16, "model.heads": 2,
+                             "model.dropout": 0.2, "model.input_dropout": 0.2,
+                             "metrics": str(tmp_path / "m.jsonl")})
+    ctx = DistContext(0, 1, 0, 1, "gloo", DECLARED, "single")
+    # what the loop asks of the CUDA runtime, answered as a GPU would (no CUDA here)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    # the declared device takes the GPU's kernels: attention by the fused Triton operators
+    # (run under the interpreter on the audit's CPU data)
+    monkeypatch.setattr(attention_triton, "GPU_TYPES", ("cuda", DECLARED.type))
+    fused_calls = []
+    real_fused = attention_triton.fused_attention
+    monkeypatch.setattr(attention_triton, "fused_attention",
+                        lambda *a, **k: fused_calls.append(1) or real_fused(*a, **k))
+    audit = DeviceAudit()
+    in_step = {"syncs": [], "transfers": []}
+    real_step = loop.step
+
+    def audited_step(*a, **kw):
+        s0, t0 = len(audit.syncs), len(audit.transfers)
+        out = real_step(*a, **kw)
+        in_step["syncs"] += audit.syncs[s0:]
+        in_step["transfers"] += audit.transfers[t0:]
+        return out
+
+    monkeypatch.setattr(loop, "step", audited_step)
+    with audit:
+        task = build_task(cfg, ctx, CommLedger())
+        assert isinstance(task.inputs, OnDevice) or task.inputs.device == DECLARED
+        summary = loop.train(cfg, ctx, task, log=lambda m: None)
+    return audit, in_step, task, summary, fused_calls, cfg
+
+
+@pytest.mark.parametrize("model", ["gcn", "gt", "gps"])
+def test_training_step_stays_on_device(model, prepared, world, monkeypatch, tmp_path):
+    """Two epochs of ``plexgt train`` (task build, step, loss, metrics, stop flags) with the
+    device declared (tests/device_audit.DECLARED): no op mixes host and device tensors, and the
+    steps themselves make no host<->device copy and no sync (the metrics' once-per-epoch ones
+    are outside them)."""
+    audit, in_step, task, summary, fused_calls, cfg = _audited_train(model, prepared,
+                                                                     monkeypatch, tmp_path)
+    assert summary["last_epoch"] == 2
+    assert bool(fused_calls) == (model != "gcn")
+    assert all(p.device == DECLARED for p in task.model.parameters())
+    assert in_step["syncs"] == [], in_step["syncs"]
+    assert in_step["transfers"] == [], in_step["transfers"]
+    # per epoch, outside the step: the loss, the accuracy counts, the stats, the stop flags
+    assert len(audit.syncs) <= 4 * cfg.epochs, audit.syncs
+
+
+def test_audit_catches_adjacency_left_on_the_host(prepared, world, monkeypatch, tmp_path):
+    """The bug this audit was written for: without Plexus3DGCN._apply, ``model.to(device)``
+    skips the 3D GCN's adjacency blocks (plain lists of sparse tensors), and the first SpMM
+    of a GPU run multiplies host blocks with device features."""
+    monkeypatch.setattr(Plexus3DGCN, "_apply", nn.Module._apply)
+    with pytest.raises(DeviceMismatch, match=r"_sparse_addmm.*plexus3d.py"):
+        _audited_train("gcn", prepared, monkeypatch, tmp_path)

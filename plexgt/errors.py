@@ -45,6 +45,10 @@ class CheckpointError(DataError):
     """A checkpoint that is missing, incomplete, or written by an incompatible run."""
 
 
+class DeviceError(PlexgtError):
+    """Ranks and GPUs that do not match (more ranks than GPUs on a node, two ranks on one)."""
+
+
 class PeerFailed(PlexgtError):
     """Another rank failed at a point all ranks agree on; that rank prints the message, this
     one exits with the same status and says nothing (one copy of the error, not P)."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
@@ -15,6 +14,7 @@ from plexgt.distributed.collectives import CommLedger
 from plexgt.errors import UsageError
 from plexgt.tasks import build_task
 from plexgt.training.loop import train
+from plexgt.training.numerics import apply_numerics
 
 HELP = "Train gcn, gt or gps full-graph on a prepared directory (MPI job)."
 
@@ -50,15 +50,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = agreed(lambda: load_config(args.config, flags, args.overrides))
     if not cfg.data:
         raise UsageError("--data (or data in the config file) is required")
-    if cfg.deterministic:
-        torch.use_deterministic_algorithms(True, warn_only=True)
-        # MKL's CPU GEMMs pick kernels by the operands' memory alignment, which differs between
-        # a run and its resume (and at random between runs): 1-ulp drifts that a resumed run
-        # never loses (the kill-and-resume test failed ~1 run in 3). COMPATIBLE,STRICT removes
-        # the dependence (AUTO,STRICT measured not enough), at the cost of MKL's slower generic
-        # kernels in deterministic runs; read at MKL's first call, so set before any GEMM. A
-        # user's own MKL_CBWR wins.
-        os.environ.setdefault("MKL_CBWR", "COMPATIBLE,STRICT")
+    apply_numerics(cfg)
     torch.manual_seed(cfg.seed)
     ctx = init_distributed(cfg.parallel.backend, cfg.parallel.timeout_s)
     ledger = CommLedger()

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from plexgt.distributed.launch import install_abort_on_error, mpi_world
 from plexgt.distributed.mpiwait import arrive
+from plexgt.errors import DeviceError
 
 BACKENDS = ("auto", "nccl", "gloo")
 
@@ -76,6 +77,50 @@ def choose_backend(requested: str, cuda_available: bool) -> str:
     return requested
 
 
+def pick_gpu(local_rank: int, local_size: int, visible: int, host: str = "") -> int:
+    """The index (among the visible GPUs) of the GPU of node-local rank ``local_rank``.
+
+    One visible GPU: the launcher bound one to each rank (``srun --gpus-per-task=1``, per-rank
+    ``CUDA_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES``); whether two ranks were bound to the
+    same one is :func:`check_distinct_gpus`'s question. Several: rank i takes GPU i, and more
+    ranks than GPUs is an error here rather than NCCL's "Duplicate GPU detected" mid-run.
+    """
+    where = f"node {host}: " if host else ""
+    if visible < 1:
+        raise DeviceError(f"{where}backend nccl but this rank sees no GPU")
+    if visible == 1:
+        return 0
+    if local_size > visible:
+        raise DeviceError(f"{where}{local_size} ranks but {visible} visible GPUs: launch one "
+                          "rank per GPU (srun --ntasks-per-node=<GPUs per node> "
+                          "--gpus-per-task=1)")
+    return local_rank
+
+
+def check_distinct_gpus(gpus: list[str], host: str = "") -> None:
+    """``gpus[i]``: the physical GPU (UUID) of node-local rank i; two ranks on one GPU is an
+    error naming both (NCCL would stop with "Duplicate GPU detected" at the first collective,
+    and sharing silently halves each rank's memory)."""
+    seen: dict[str, int] = {}
+    for i, g in enumerate(gpus):
+        if g in seen:
+            where = f"node {host}: " if host else ""
+            raise DeviceError(f"{where}local ranks {seen[g]} and {i} were given the same GPU "
+                              f"{g}: bind one GPU per rank (srun --gpus-per-task=1, or "
+                              "--gpu-bind=closest / map_gpu)")
+        seen[g] = i
+
+
+def gpu_identity(index: int) -> str:
+    """A physical GPU's identity: its UUID (CUDA and ROCm), else its PCI address."""
+    props = torch.cuda.get_device_properties(index)
+    uuid = getattr(props, "uuid", None)
+    if uuid is not None:
+        return str(uuid)
+    return (f"pci {getattr(props, 'pci_domain_id', 0)}:{getattr(props, 'pci_bus_id', 0)}:"
+            f"{getattr(props, 'pci_device_id', index)}")
+
+
 def init_distributed(
     backend: str = "auto", timeout_s: float = 300.0, abort_on_error: bool = True
 ) -> DistContext:
@@ -95,7 +140,6 @@ def init_distributed(
         rank, world = comm.Get_rank(), comm.Get_size()
         node = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
         local_rank, local_size = node.Get_rank(), node.Get_size()
-        node.Free()
         launcher = "mpi"
     elif env_launch:
         comm = None
@@ -103,25 +147,37 @@ def init_distributed(
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         local_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         launcher = "env"
+        node = None
     else:
         rank, world, local_rank, local_size, launcher = 0, 1, 0, 1, "single"
+        node = None
 
     if abort_on_error:
         install_abort_on_error(rank, comm)
 
     cuda = torch.cuda.is_available() and torch.cuda.device_count() > 0
     name = choose_backend(backend, cuda)
+    host = socket.gethostname()
     if name == "nccl":
-        device = torch.device("cuda", local_rank % torch.cuda.device_count())
+        device = torch.device("cuda", pick_gpu(local_rank, local_size,
+                                               torch.cuda.device_count(), host))
+        if node is not None:  # MPI: the node's ranks compare the GPUs they were given
+            check_distinct_gpus(node.allgather(gpu_identity(device.index)), host)
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+    if node is not None:
+        node.Free()
 
+    # device_id binds the world group to this GPU: NCCL creates its communicator now (not at
+    # the first collective), and sub-groups are split from it instead of bootstrapped anew
+    bind = {"device_id": device} if name == "nccl" else {}
     if launcher == "env":
-        dist.init_process_group(name, rank=rank, world_size=world, timeout=timeout)
+        dist.init_process_group(name, rank=rank, world_size=world, timeout=timeout, **bind)
     else:
         store = _mpi_store(comm, rank, world, timeout)
-        dist.init_process_group(name, store=store, rank=rank, world_size=world, timeout=timeout)
+        dist.init_process_group(name, store=store, rank=rank, world_size=world, timeout=timeout,
+                                **bind)
     if abort_on_error:
         # init_process_group wraps sys.excepthook in its own printer, which runs ours only after
         # buffering the traceback; put ours back on top so the abort always says who failed.

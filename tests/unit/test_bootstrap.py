@@ -1,0 +1,77 @@
+"""Bootstrap for real nodes: GPU choice and binding checks, per-rank group creation, numerics."""
+
+import os
+
+import pytest
+import torch
+
+from plexgt.config import load_config
+from plexgt.distributed import grid as grid_mod
+from plexgt.distributed.bootstrap import check_distinct_gpus, pick_gpu
+from plexgt.distributed.grid import build_groups, parse_grid
+from plexgt.errors import DeviceError
+from plexgt.training.numerics import CUBLAS_WORKSPACE, apply_numerics
+
+
+def test_pick_gpu():
+    assert [pick_gpu(i, 4, 4) for i in range(4)] == [0, 1, 2, 3]  # Perlmutter: 4 per node
+    assert [pick_gpu(i, 8, 1) for i in range(8)] == [0] * 8  # srun --gpus-per-task=1
+    assert pick_gpu(2, 3, 8) == 2  # fewer ranks than GPUs: the first ones are used
+    with pytest.raises(DeviceError, match=r"node nid001: 8 ranks but 4 visible GPUs"):
+        pick_gpu(5, 8, 4, "nid001")
+    with pytest.raises(DeviceError, match="sees no GPU"):
+        pick_gpu(0, 1, 0)
+
+
+def test_two_ranks_on_one_gpu_is_an_error():
+    check_distinct_gpus(["GPU-a", "GPU-b", "GPU-c", "GPU-d"])
+    with pytest.raises(DeviceError, match=r"node n1: local ranks 0 and 2 were given the same "
+                                          r"GPU GPU-a"):
+        check_distinct_gpus(["GPU-a", "GPU-b", "GPU-a"], "n1")
+
+
+def test_groups_cost_six_creations_per_rank_at_any_size(monkeypatch):
+    """At P = 2048 a rank creates its own 3 axis and 3 plane groups, each synchronised among
+    its members only, instead of all P/Gx + P/Gy + P/Gz + Gx + Gy + Gz groups of the grid
+    with a world-wide barrier each."""
+    calls = []
+
+    def fake_new_group(ranks, **kw):
+        calls.append((tuple(ranks), kw))
+        return ("group", tuple(ranks))
+
+    monkeypatch.setattr(grid_mod.dist, "new_group", fake_new_group)
+    monkeypatch.setattr(grid_mod.dist, "group", type("G", (), {"WORLD": "world"}))
+    g = parse_grid("16x16x8")
+    gg = build_groups(g, 1234, 2048)
+    assert len(calls) == 6
+    assert all(kw["use_local_synchronization"] for _, kw in calls)
+    assert all(1234 in ranks for ranks, _ in calls)
+    assert {a: len(gg.axis[a][1]) for a in "xyz"} == {"x": 16, "y": 16, "z": 8}
+    assert sorted(len(gg.plane[p][1]) for p in ("xy", "yz", "zx")) == [128, 128, 256]
+
+
+@pytest.fixture
+def restore_numerics(monkeypatch):
+    for k in ("CUBLAS_WORKSPACE_CONFIG", "MKL_CBWR"):
+        monkeypatch.delenv(k, raising=False)
+    yield
+    torch.use_deterministic_algorithms(False)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = True
+
+
+def test_deterministic_numerics(restore_numerics):
+    got = apply_numerics(load_config(None, {"deterministic": True, "tf32": True}))
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_WORKSPACE
+    assert torch.are_deterministic_algorithms_enabled()
+    assert got["tf32"] is False and torch.backends.cuda.matmul.allow_tf32 is False
+
+
+def test_tf32_is_an_option(restore_numerics, monkeypatch):
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # a user's own setting wins
+    assert apply_numerics(load_config(None, {"tf32": True}))["tf32"] is True
+    assert torch.backends.cuda.matmul.allow_tf32 is True
+    assert apply_numerics(load_config(None, {"deterministic": True}))[
+        "CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    assert apply_numerics(load_config(None, {}))["tf32"] is False

@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     apply_numerics(cfg)
     torch.manual_seed(cfg.seed)
     ctx = init_distributed(cfg.parallel.backend, cfg.parallel.timeout_s)
-    ledger = CommLedger()
+    ledger = CommLedger(device=ctx.device)
     task = agreed(lambda: build_task(cfg, ctx, ledger), ctx.device)
     if ctx.rank == 0:
         print(f"plexgt train: {ctx.world_size} ranks ({ctx.backend}), grid {task.grid}, "

@@ -76,7 +76,13 @@ class CommLedger:
     recv: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     calls: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     seconds: float = 0.0
-    """Wall time this rank spent inside collectives (blocking calls and waits on async ones)."""
+    """Time this rank spent inside collectives (blocking calls and waits on async ones). On the
+    CPU, host wall time. On a GPU, where an NCCL call returns before its transfer is done, the
+    time the compute stream was held by collectives, from CUDA events around each call and
+    wait: added by :meth:`settle` once the step's work is complete."""
+    device: torch.device | None = None
+    """Where the collectives' tensors live; CUDA selects event timing."""
+    _events: list[tuple[Any, Any]] = field(default_factory=list, repr=False)
 
     def record(self, name: str, op: str, sent: int, recv: int) -> None:
         key = (name, op)
@@ -86,11 +92,30 @@ class CommLedger:
 
     @contextmanager
     def timed(self) -> Iterator[None]:
+        if self.device is not None and self.device.type == "cuda":
+            # events on the current stream: the span is what the stream spent waiting for the
+            # collective (NCCL's own stream runs it; wait() makes this one wait for it)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                yield
+            finally:
+                end.record()
+                self._events.append((start, end))
+            return
         t0 = time.perf_counter()
         try:
             yield
         finally:
             self.seconds += time.perf_counter() - t0
+
+    def settle(self) -> float:
+        """Add the timed spans of completed GPU work to :attr:`seconds` (call after the
+        device is synchronised); returns :attr:`seconds`."""
+        self.seconds += sum(a.elapsed_time(b) for a, b in self._events) / 1e3
+        self._events.clear()
+        return self.seconds
 
     def total(self, name: str | None = None, op: str | None = None, kind: str = "sent") -> int:
         """Sum of bytes ``kind`` ('sent' or 'recv'), optionally for one group name and/or op."""
@@ -114,6 +139,7 @@ class CommLedger:
         self.recv.clear()
         self.calls.clear()
         self.seconds = 0.0
+        self._events.clear()
 
 
 @dataclass

@@ -159,8 +159,6 @@ def _collective(op: str, comm: Any, shard_elems: int, device: torch.device
 
 def profile_collectives(ctx: Any, sizes_bytes: list[int], repeats: int) -> dict[str, Any]:
     """{op: {s: [[bytes_sent, seconds], ...]}} for every group size of the world."""
-
-
     out: dict[str, dict[str, list[list[float]]]] = {op: {} for op in OPS}
     for s in group_sizes(ctx.world_size):
         members = list(range(s))
@@ -174,7 +172,8 @@ def profile_collectives(ctx: Any, sizes_bytes: list[int], repeats: int) -> dict[
                     fn, sent = _collective(op, comm, elems, ctx.device)
                     dist.barrier(group=group)
                     t = timeit(fn, ctx.device, repeats)
-                    tt = torch.tensor([t], dtype=torch.float64)
+                    # on the group's device: an NCCL group has no CPU backend
+                    tt = torch.tensor([t], dtype=torch.float64, device=ctx.device)
                     dist.all_reduce(tt, op=dist.ReduceOp.MAX, group=group)
                     rows.append([float(sent), float(tt.item())])
                 out[op][str(s)] = rows
@@ -381,7 +380,7 @@ def sustained(fn: Callable[[], Any], device: torch.device, iters: int,
     for _ in range(iters):
         fn()
     _sync(device)
-    t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
+    t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64, device=device)
     if group is not None:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     return float(t.item())

@@ -46,10 +46,36 @@ def lr_at(cfg: TrainConfig, epoch: int) -> float:
     return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1 + math.cos(math.pi * t))
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak-memory window (each epoch has its own): the caching allocator's peak
+    on a GPU; on Linux the process's resident high-water mark (``/proc/self/clear_refs``)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass  # not Linux, or not permitted: the peak is then the process's lifetime peak
+
+
 def peak_memory_bytes(device: torch.device) -> int:
+    """Peak bytes since :func:`reset_peak_memory`: tensors held by the caching allocator on a
+    GPU (what the job's memory limit is about), resident memory on the CPU."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work (a timing boundary; nothing to do on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class StopFlag:
@@ -139,21 +165,32 @@ def save(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimi
            ctx.device)
 
 
-def step(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int
-         ) -> tuple[torch.Tensor, float, float]:
-    """One exact full-graph step: (loss, seconds of the step, seconds waiting for the others)."""
+def step(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int,
+         device: torch.device | None = None) -> tuple[torch.Tensor, float, float]:
+    """One exact full-graph step: (loss, seconds of the step, seconds waiting for the others).
+
+    On a GPU the step's boundaries are device synchronisations, so its time is the work's, not
+    the launches'; the wait is the barrier after it, also synchronised. Nothing inside the step
+    waits for the device."""
+    device = torch.device("cpu") if device is None else device
     for g in opt.param_groups:
         g["lr"] = lr_at(cfg, epoch)
     task.ledger.reset()
     task.model.train()
+    reset_peak_memory(device)
+    synchronize(device)
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
     loss = task.loss(task.model(task.inputs))
     loss.backward()
     opt.step()
+    synchronize(device)
     t1 = time.perf_counter()
     dist.barrier()
-    return loss, t1 - t0, time.perf_counter() - t1
+    synchronize(device)
+    t2 = time.perf_counter()
+    task.ledger.settle()
+    return loss, t1 - t0, t2 - t1
 
 
 def epoch_row(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimizer,
@@ -182,7 +219,7 @@ def epoch_row(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.O
         "time_wait_mean": mean[2], "time_epoch": step_s + wait_s,
         "bytes_comm": int(mean[3] * ctx.world_size),
         "bytes_comm_max_rank": int(mx[3]),
-        "peak_mem_bytes": int(mx[4]), "grid": task.grid,
+        "peak_mem_bytes": int(mx[4]), "peak_mem_bytes_mean": int(mean[4]), "grid": task.grid,
         "strategy": task.strategy, "ranks": ctx.world_size,
     })
     return row, best
@@ -273,7 +310,7 @@ def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> d
     last = state.start
     try:
         for epoch in range(state.start, cfg.epochs):
-            loss, step_s, wait_s = step(cfg, task, opt, epoch)
+            loss, step_s, wait_s = step(cfg, task, opt, epoch, ctx.device)
             row, best = epoch_row(cfg, ctx, task, opt, epoch, loss, step_s, wait_s, best)
             if not math.isfinite(row["loss"]):  # replicated: every rank stops here at once
                 err = TrainingError(f"epoch {epoch + 1}: the loss is {row['loss']}; lower "

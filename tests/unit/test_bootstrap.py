@@ -75,3 +75,17 @@ def test_tf32_is_an_option(restore_numerics, monkeypatch):
     assert apply_numerics(load_config(None, {"deterministic": True}))[
         "CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
     assert apply_numerics(load_config(None, {}))["tf32"] is False
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_ledger_times_the_stream_not_the_launch():
+    """On a GPU the ledger's seconds come from CUDA events: a 50 ms device-side sleep inside a
+    timed region counts once the work is done, though its launch returns at once."""
+    from plexgt.distributed.collectives import CommLedger
+
+    ledger = CommLedger(device=torch.device("cuda"))
+    with ledger.timed():
+        torch.cuda._sleep(50_000_000)  # cycles: tens of ms on any current GPU
+    torch.cuda.synchronize()
+    assert ledger.settle() > 0.005

@@ -95,7 +95,9 @@ class TrainConfig:
     deterministic: bool = False
     """Deterministic kernels: a resumed run reproduces the uninterrupted losses exactly."""
     dtype: str = "float32"
-    """'float32' or 'float64'."""
+    """'float32', 'float64', or 'bfloat16': mixed precision, float32 master weights,
+    optimizer state, softmax statistics and reductions, bfloat16 GEMMs and activations (gt
+    and gps; gps then keeps its GCN path 1D)."""
     tf32: bool = False
     """TF32 tensor cores for float32 GEMMs on GPUs that have them (A100, H100): faster, 10-bit
     mantissa products. Off under ``deterministic``."""
@@ -144,7 +146,7 @@ CHOICES = {
     "parallel.strategy": STRATEGIES,
     "parallel.gcn_order": ("auto", "aggregate_first", "gemm_first"),
     "parallel.backend": ("auto", "nccl", "gloo"),
-    "dtype": ("float32", "float64"),
+    "dtype": ("float32", "float64", "bfloat16"),
 }
 
 
@@ -246,6 +248,12 @@ def validate(cfg: TrainConfig) -> None:
     if m.hidden < 1 or m.layers < 1 or m.heads < 1 or m.ffn_mult < 1:
         raise ConfigError("config keys model.hidden, model.layers, model.heads, model.ffn_mult "
                           "must be >= 1")
+    if cfg.dtype == "bfloat16" and m.name == "gcn":
+        raise ConfigError("config key 'dtype': bfloat16 is implemented for gt and gps; the 3D "
+                          "GCN (model gcn) has no mixed-precision path yet: use float32")
+    if cfg.dtype == "bfloat16" and m.name == "gps" and cfg.parallel.grid != "auto":
+        raise ConfigError("config key 'parallel.grid': gps in bfloat16 keeps its GCN path 1D "
+                          "(no 3D grid); leave it 'auto'")
     if m.name in ("gt", "gps") and m.hidden % m.heads:
         raise ConfigError(f"config key 'model.hidden': {m.hidden} is not divisible by "
                           f"model.heads={m.heads}")

@@ -36,7 +36,7 @@ def mpi_world() -> Any | None:
         # imported here, not at the top: importing mpi4py.MPI initialises MPI, which a
         # torchrun-launched process (or one told PLEXGT_NO_MPI) must never do
         from mpi4py import MPI
-    except ImportError:
+    except (ImportError, RuntimeError):  # RuntimeError: mpi4py present, no MPI library
         return None
     return MPI.COMM_WORLD
 

@@ -179,18 +179,21 @@ def gcn_conv(graph: CSRGraph, x: Features, lin: nn.Linear) -> Tensor:
 def attention_conv(
     graph: CSRGraph, x_dst: Tensor, x_src: Tensor, wq: nn.Linear, wk: nn.Linear,
     wv: nn.Linear, wo: nn.Linear, heads: int, block_rows: int | None = None,
+    kernel: str = "auto",
 ) -> Tensor:
     """X' = X W_o + softmax(Q Kᵀ / sqrt(d') ⊙ A) V: x_dst [Nr, d], x_src [Nc, d] -> [Nr, d].
 
     Q comes from destination rows, K and V from source columns: on a single process both are
-    the same x; a distributed rank passes its local rows and the gathered sources.
+    the same x; a distributed rank passes its local rows and the gathered sources. ``kernel``:
+    :data:`plexgt.ops.attention.KERNELS` (benchmarks compare them; 'auto' everywhere else).
     """
     # four separate GEMMs on purpose: fusing them into one [d, 4d] GEMM measured no faster on
     # 2 cores, and its backward assembles a [N, 4d] gradient while dq, dk, dv are alive.
     # Q, K, V are written head-major, the layout the attention kernels read (no copies).
     q, k, v = (head_major_linear(x, w, heads) for x, w in ((x_dst, wq), (x_src, wk), (x_src, wv)))
     # X W_o is the residual the kernels add their output to, in place (no pass of its own)
-    return sparse_attention(graph, q, k, v, block_rows=block_rows, residual=wo(x_dst))
+    return sparse_attention(graph, q, k, v, block_rows=block_rows, residual=wo(x_dst),
+                            kernel=kernel)
 
 
 def ffn(x: Tensor, lin1: nn.Linear, lin2: nn.Linear, drop: Drop = NO_DROP) -> Tensor:

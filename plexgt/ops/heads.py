@@ -53,9 +53,10 @@ class _HeadMajorLinear(torch.autograd.Function):
 def head_major_linear(x: Tensor, lin: nn.Linear, heads: int) -> Tensor:
     """x [N, F] -> ``lin(x)`` as [N, h, d'] whose memory is head-major [h, N, d'].
 
-    Equal to ``lin(x).view(N, h, d')``; only the layout differs. Dense CPU inputs only (others
-    get exactly that).
+    Equal to ``lin(x).view(N, h, d')``; only the layout differs. Dense CPU inputs outside
+    autocast only (others get exactly that).
     """
-    if x.device.type != "cpu" or x.layout != torch.strided or x.dim() != 2:
+    if (x.device.type != "cpu" or x.layout != torch.strided or x.dim() != 2
+            or torch.is_autocast_enabled(x.device.type)):
         return lin(x).view(x.shape[0], heads, lin.out_features // heads)
     return _HeadMajorLinear.apply(x, lin.weight, lin.bias, heads)

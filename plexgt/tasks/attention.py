@@ -47,6 +47,7 @@ from plexgt.parallel.rows1d import (
 )
 from plexgt.plan.choose import choose_gps_layout, choose_strategy
 from plexgt.tasks.task import (
+    AMP,
     DTYPES,
     Task,
     graph_sizes,
@@ -94,9 +95,10 @@ def attention_layout(cfg: TrainConfig, pg: PreparedGraph, world_size: int
     sizes, shape = graph_sizes(pg), model_shape(cfg)
     prof = machine_profile(cfg)
     sysm = system_model_for(prof)
-    if cfg.model.name == "gps":
+    if cfg.model.name == "gps" and cfg.dtype not in AMP:
         return choose_gps_layout(sizes, shape, world_size, sysm, plexus_coefficients_for(prof),
                                  cfg.parallel.strategy, cfg.parallel.grid)
+    # (mixed precision: gps keeps its GCN path 1D; the 3D path has no bfloat16 version yet)
     return choose_strategy(sizes, shape, world_size, sysm, cfg.parallel.strategy), None
 
 
@@ -108,6 +110,7 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
     if ctx.world_size > pg.N:
         raise ConfigError(f"{pg.path}: {ctx.world_size} ranks for N={pg.N} nodes")
     dt = DTYPES[cfg.dtype]
+    amp_loss = cfg.dtype in AMP  # bfloat16 logits: the loss in float32
     comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
     gps = cfg.model.name == "gps"
     sname, grid = attention_layout(cfg, pg, ctx.world_size)
@@ -129,10 +132,12 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
     return Task(
         model=RowParallel(model, graph, comm).to(ctx.device),
         inputs=data.x,
-        loss=lambda out: row_cross_entropy(out, data.labels, data.masks["train"], comm),
+        loss=lambda out: row_cross_entropy(out.float() if amp_loss else out, data.labels,
+                                           data.masks["train"], comm),
         correct=lambda out: row_correct(out, data.labels, data.masks, comm),
         ledger=ledger,
         grid=str(grid) if grid is not None else f"rows{ctx.world_size}",
         strategy=sname + ("+plexus3d" if grid is not None else ""),
         bytes_read=pg.bytes_read - before,
+        amp=AMP.get(cfg.dtype),
     )

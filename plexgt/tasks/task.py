@@ -24,7 +24,12 @@ from plexgt.plan.plexus_cost import Coefficients
 from plexgt.plan.profile import read_profile
 
 Tensor = torch.Tensor
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.float32}
+"""Storage dtype of parameters, optimizer state and inputs per configured ``dtype``: a
+bfloat16 run keeps float32 masters and computes in bfloat16 under autocast (:data:`AMP`)."""
+AMP = {"bfloat16": torch.bfloat16}
+"""Compute dtype of the mixed-precision ``dtype`` settings."""
+ACTIVATION_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}
 
 LossFn = Callable[[Tensor], Tensor]
 """loss(out) -> replicated scalar (mean cross-entropy over the training nodes)."""
@@ -48,6 +53,8 @@ class Task:
     """'plexus3d', 'gp_ag', 'gp_a2a', or a strategy '+plexus3d' (gps on a 3D GCN path)."""
     bytes_read: int = 0
     """Payload bytes this rank read from the prepared directory."""
+    amp: torch.dtype | None = None
+    """Autocast dtype of forward and loss (bfloat16 runs), None for plain precision."""
 
 
 def graph_sizes(pg: PreparedGraph) -> GraphSizes:
@@ -56,8 +63,9 @@ def graph_sizes(pg: PreparedGraph) -> GraphSizes:
 
 
 def esize_of(cfg: TrainConfig) -> int:
-    """Bytes per element of the configured dtype."""
-    return torch.tensor([], dtype=DTYPES[cfg.dtype]).element_size()
+    """Bytes per activation element of the configured dtype (what the planners' memory and
+    traffic models count)."""
+    return ACTIVATION_BYTES[cfg.dtype]
 
 
 def model_shape(cfg: TrainConfig) -> ModelShape:

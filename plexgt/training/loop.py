@@ -12,6 +12,7 @@ script requeues on it) and exit cleanly.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -70,6 +71,14 @@ def peak_memory_bytes(device: torch.device) -> int:
     except OSError:
         pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def autocast(task: Task, device: torch.device) -> Any:
+    """The forward's precision context: autocast to ``task.amp`` (bfloat16 runs: GEMMs in
+    bfloat16, softmax, norms and the loss in float32, parameters float32), else nothing."""
+    if task.amp is None:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=task.amp)
 
 
 def synchronize(device: torch.device) -> None:
@@ -181,7 +190,8 @@ def step(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int,
     synchronize(device)
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
-    loss = task.loss(task.model(task.inputs))
+    with autocast(task, device):
+        loss = task.loss(task.model(task.inputs))
     loss.backward()
     opt.step()
     synchronize(device)
@@ -204,7 +214,7 @@ def epoch_row(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.O
                            "lr": opt.param_groups[0]["lr"]}
     if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
         task.model.eval()
-        with torch.no_grad():
+        with torch.no_grad(), autocast(task, ctx.device):
             acc = task.correct(task.model(task.inputs))
         for split, (c, n) in acc.items():
             row[f"{split}_acc"] = c / max(1, n)

@@ -151,3 +151,22 @@ def test_spmm_overwrites_garbage_output(dtype):
         a[graph.row, graph.indices] = vals[i]
         torch.testing.assert_close(out[:, i], a @ x[i])
     assert torch.all(out[4] == 0)
+
+
+def test_bfloat16_reference_computes_in_float32():
+    """Half-precision inputs on the torch path (CPU, or cuSPARSE) are computed in float32 and
+    rounded once, also under autocast (whose mm would cast them back): y and the gradients
+    agree with float32 arithmetic on the same rounded inputs to bfloat16's own rounding."""
+    graph = _graph(30, 30, 200, seed=4, empty_rows=(3,))
+    q, k, v = (t.detach().to(torch.bfloat16).requires_grad_() for t in _qkv(30, 30, 2, 8))
+    res = torch.randn(30, 16).to(torch.bfloat16).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = sparse_attention(graph, q, k, v, residual=res.clone())
+    assert y.dtype == torch.bfloat16
+    ref_in = [t.detach().double().requires_grad_() for t in (q, k, v, res)]
+    ref = sparse_attention(graph, *ref_in[:3]).reshape(30, 16) + ref_in[3]
+    w = torch.randn(30, 16)
+    g = torch.autograd.grad((y.double() * w).sum(), (q, k, v, res))
+    g_ref = torch.autograd.grad((ref * w).sum(), ref_in)
+    for a, b in zip((y, *g), (ref, *g_ref)):
+        assert (a.double() - b).abs().max() <= 2e-2 * b.abs().max()

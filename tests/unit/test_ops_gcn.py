@@ -75,3 +75,22 @@ def test_cuda_matches_cpu():
     (gxc,) = torch.autograd.grad(yc.square().sum(), xc)
     torch.testing.assert_close(yc.cpu(), y)
     torch.testing.assert_close(gxc.cpu(), gx)
+
+
+def test_bfloat16_spmm_sums_in_float32():
+    """bfloat16 features: the product runs in float32 (CPU sparse kernels have no bfloat16,
+    and autocast would cast its mm back), rounded once."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n = 40
+    src, dst = rng.integers(0, n, 400), rng.integers(0, n, 400)
+    graph = gcn_norm(CSRGraph.from_coo(torch.from_numpy(dst), torch.from_numpy(src), n, n))
+    x = torch.randn(n, 8).to(torch.bfloat16).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = gcn_spmm(graph, x)
+    assert y.dtype == torch.bfloat16
+    ref = gcn_spmm(graph.with_values(graph.values.double()), x.detach().double())
+    assert (y.double() - ref).abs().max() <= 1e-2 * ref.abs().max()
+    (dx,) = torch.autograd.grad(y.float().sum(), x)
+    assert dx.dtype == torch.bfloat16

@@ -1,10 +1,14 @@
 #!/bin/bash
 # Strong-scaling sweep: one job per scale, same data and model. Parameters as env vars:
-#   SCRIPT=jobscripts/perlmutter/train.sbatch RANKS_PER_NODE=4 SCALES="1 2 4 8" DATA=... \
-#     bash jobscripts/sweep.sh
+#   SCRIPT=jobscripts/perlmutter/train.sbatch SCALES="4 8 16 32" DATA=... bash jobscripts/sweep.sh
+# Ranks per node follow the machine: 4 on Perlmutter (A100s), 8 on Frontier (MI250X GCDs).
+set -euo pipefail
 SCRIPT=${SCRIPT:-jobscripts/generic/train.sbatch}
 SCALES=${SCALES:-"1 2 4 8"}
-RANKS_PER_NODE=${RANKS_PER_NODE:-4}
+case "$SCRIPT" in
+    *frontier*) RANKS_PER_NODE=${RANKS_PER_NODE:-8} ;;
+    *) RANKS_PER_NODE=${RANKS_PER_NODE:-4} ;;
+esac
 SWEEP_DIR=${SWEEP_DIR:-runs/sweep-$(date +%Y%m%d-%H%M%S)}
 
 mkdir -p "$SWEEP_DIR"

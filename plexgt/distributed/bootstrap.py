@@ -77,17 +77,30 @@ def choose_backend(requested: str, cuda_available: bool) -> str:
     return requested
 
 
-def pick_gpu(local_rank: int, local_size: int, visible: int, host: str = "") -> int:
+def pick_gpu(local_rank: int, local_size: int, visible: int, host: str = "",
+             gpu_map: str = "") -> int:
     """The index (among the visible GPUs) of the GPU of node-local rank ``local_rank``.
 
     One visible GPU: the launcher bound one to each rank (``srun --gpus-per-task=1``, per-rank
     ``CUDA_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES``); whether two ranks were bound to the
-    same one is :func:`check_distinct_gpus`'s question. Several: rank i takes GPU i, and more
-    ranks than GPUs is an error here rather than NCCL's "Duplicate GPU detected" mid-run.
+    same one is :func:`check_distinct_gpus`'s question. Several: rank i takes GPU i, or
+    ``gpu_map``'s i-th entry (``PLEXGT_GPU_MAP=3,2,1,0``: the GPU nearest each rank's cores
+    where the numbering runs against the NUMA domains, as on Perlmutter); more ranks than GPUs
+    is an error here rather than NCCL's "Duplicate GPU detected" mid-run.
     """
     where = f"node {host}: " if host else ""
     if visible < 1:
         raise DeviceError(f"{where}backend nccl but this rank sees no GPU")
+    if gpu_map and visible > 1:
+        try:
+            order = [int(v) for v in gpu_map.split(",")]
+        except ValueError:
+            raise DeviceError(f"PLEXGT_GPU_MAP={gpu_map!r} is not a comma-separated list of "
+                              "GPU indices") from None
+        if len(order) < local_size or not all(0 <= g < visible for g in order):
+            raise DeviceError(f"{where}PLEXGT_GPU_MAP={gpu_map!r} does not give each of "
+                              f"{local_size} ranks one of the {visible} visible GPUs")
+        return order[local_rank]
     if visible == 1:
         return 0
     if local_size > visible:
@@ -160,7 +173,8 @@ def init_distributed(
     host = socket.gethostname()
     if name == "nccl":
         device = torch.device("cuda", pick_gpu(local_rank, local_size,
-                                               torch.cuda.device_count(), host))
+                                               torch.cuda.device_count(), host,
+                                               os.environ.get("PLEXGT_GPU_MAP", "")))
         if node is not None:  # MPI: the node's ranks compare the GPUs they were given
             check_distinct_gpus(node.allgather(gpu_identity(device.index)), host)
         torch.cuda.set_device(device)

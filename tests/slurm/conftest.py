@@ -57,9 +57,15 @@ SlurmdParameters=config_overrides
 JobRequeue=1
 MinJobAge=600
 KillWait=5
-NodeName={host} NodeAddr=127.0.0.1 CPUs=8 State=UNKNOWN
+GresTypes=gpu
+NodeName={host} NodeAddr=127.0.0.1 CPUs=8 Gres=gpu:8 Feature=gpu State=UNKNOWN
 PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
 """)
+    # eight stand-in GPUs (empty files where device nodes would be): what the GPU job scripts
+    # ask of a node (-C gpu, --gpus-per-node, --gpus-per-task, --gpu-bind) can be granted
+    for i in range(8):
+        (d / f"gpu{i}").touch()
+    (d / "gres.conf").write_text(f"AutoDetect=off\nName=gpu File={d}/gpu[0-7]\n")
     (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nIgnoreSystemd=yes\n")
     return conf
 

@@ -87,3 +87,46 @@ def test_usr1_checkpoints_then_the_job_requeues_and_resumes(slurm, data, tmp_pat
     assert sorted({r["epoch"] for r in rows}) == list(range(1, epochs + 1))
     assert (run / "checkpoints" / f"epoch_{epochs:06d}" / "COMPLETE").exists()
     assert not (run / "checkpoints" / "STOPPED").exists()
+
+
+@pytest.mark.parametrize("machine", ["perlmutter", "frontier"])
+def test_gpu_job_scripts_run_under_slurm(slurm, data, tmp_path, machine):
+    """The Perlmutter and Frontier scripts as submitted there (their #SBATCH lines: -A, -C gpu,
+    -q, -c, --gpus-per-node; srun's --gpus-per-task / --gpu-bind; set -euo pipefail), on the
+    local Slurm's one node with stand-in GPUs: sized down on the command line (one node, two
+    ranks), Lmod's ``module`` a no-op, and ``--backend gloo`` last in EXTRA (there is no GPU
+    to run NCCL on). The run directory is each machine's default: $SCRATCH/plexgt/<job> on
+    Perlmutter, $MEMBERWORK/<project>/plexgt/<job> on Frontier (home is read-only there)."""
+    env = dict(slurm, DATA=str(data), EPOCHS="2", VENV=str(ROOT / ".venv"), MODEL="gcn",
+               EXTRA="--model.hidden=16 --eval_every=1 --backend gloo", OMP_NUM_THREADS="1",
+               SCRATCH=str(tmp_path), MEMBERWORK=str(tmp_path), RCCL_PLUGIN=str(tmp_path),
+               **{"BASH_FUNC_module%%": "() {  :\n}"})
+    script = ROOT / "jobscripts" / machine / "train.sbatch"
+    r = subprocess.run(["sbatch", "--parsable", "--wait", "-N", "1", "--ntasks-per-node=2",
+                        "-c", "1", "--gpus-per-node=2", "-o", str(tmp_path / "job-%j.out"),
+                        str(script)], capture_output=True, text=True, env=env, cwd=ROOT,
+                       timeout=300)
+    job = int(re.match(r"\d+", r.stdout.strip()).group(0))
+    out = (tmp_path / f"job-{job}.out").read_text()
+    assert r.returncode == 0, out[-3000:]
+    assert "plexgt train: finished after epoch 2" in out
+    run = tmp_path / ("plexgt" if machine == "perlmutter" else "prj000/plexgt") / str(job)
+    assert [row["ranks"] for row in _epochs(run)] == [2, 2]
+
+
+def test_sweep_knows_gpus_per_node(tmp_path):
+    """sweep.sh sizes jobs by the machine's GPUs per node: 4 on Perlmutter, 8 on Frontier."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    log = tmp_path / "sbatch.log"
+    (fake / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
+    (fake / "sbatch").chmod(0o755)
+    for machine in ("perlmutter", "frontier"):
+        env = {"PATH": f"{fake}:/usr/bin:/bin", "SCALES": "4 8 16",
+               "SCRIPT": f"jobscripts/{machine}/train.sbatch",
+               "SWEEP_DIR": str(tmp_path / machine)}
+        subprocess.run(["bash", str(ROOT / "jobscripts" / "sweep.sh")], check=True, env=env,
+                       cwd=ROOT, capture_output=True)
+    lines = log.read_text().splitlines()
+    got = [re.search(r"--nodes=(\d+) --ntasks-per-node=(\d+)", x).groups() for x in lines]
+    assert got == [("1", "4"), ("2", "4"), ("4", "4"), ("1", "4"), ("1", "8"), ("2", "8")]

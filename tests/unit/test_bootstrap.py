@@ -21,6 +21,12 @@ def test_pick_gpu():
         pick_gpu(5, 8, 4, "nid001")
     with pytest.raises(DeviceError, match="sees no GPU"):
         pick_gpu(0, 1, 0)
+    # Perlmutter: rank i's cores are in NUMA domain i, nearest to GPU 3 - i
+    assert [pick_gpu(i, 4, 4, gpu_map="3,2,1,0") for i in range(4)] == [3, 2, 1, 0]
+    with pytest.raises(DeviceError, match="does not give each of 4 ranks"):
+        pick_gpu(0, 4, 4, gpu_map="3,2,1")
+    with pytest.raises(DeviceError, match="not a comma-separated list"):
+        pick_gpu(0, 4, 4, gpu_map="a,b")
 
 
 def test_two_ranks_on_one_gpu_is_an_error():

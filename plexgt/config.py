@@ -96,8 +96,8 @@ class TrainConfig:
     """Deterministic kernels: a resumed run reproduces the uninterrupted losses exactly."""
     dtype: str = "float32"
     """'float32', 'float64', or 'bfloat16': mixed precision, float32 master weights,
-    optimizer state, softmax statistics and reductions, bfloat16 GEMMs and activations (gt
-    and gps; gps then keeps its GCN path 1D)."""
+    optimizer state, softmax statistics, loss and sparse sums, bfloat16 GEMMs, activations
+    and their collectives."""
     tf32: bool = False
     """TF32 tensor cores for float32 GEMMs on GPUs that have them (A100, H100): faster, 10-bit
     mantissa products. Off under ``deterministic``."""
@@ -248,12 +248,6 @@ def validate(cfg: TrainConfig) -> None:
     if m.hidden < 1 or m.layers < 1 or m.heads < 1 or m.ffn_mult < 1:
         raise ConfigError("config keys model.hidden, model.layers, model.heads, model.ffn_mult "
                           "must be >= 1")
-    if cfg.dtype == "bfloat16" and m.name == "gcn":
-        raise ConfigError("config key 'dtype': bfloat16 is implemented for gt and gps; the 3D "
-                          "GCN (model gcn) has no mixed-precision path yet: use float32")
-    if cfg.dtype == "bfloat16" and m.name == "gps" and cfg.parallel.grid != "auto":
-        raise ConfigError("config key 'parallel.grid': gps in bfloat16 keeps its GCN path 1D "
-                          "(no 3D grid); leave it 'auto'")
     if m.name in ("gt", "gps") and m.hidden % m.heads:
         raise ConfigError(f"config key 'model.hidden': {m.hidden} is not divisible by "
                           f"model.heads={m.heads}")

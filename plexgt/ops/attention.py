@@ -33,6 +33,7 @@ from torch.autograd.function import once_differentiable
 
 from plexgt.ops import attention_triton, native
 from plexgt.ops.csr import CSRGraph
+from plexgt.ops.precision import LOW_PRECISION, full_precision
 
 Tensor = torch.Tensor
 
@@ -281,7 +282,6 @@ class SparseAttentionFunction(torch.autograd.Function):
         return None, dq, dk, dv, None, None
 
 
-LOW_PRECISION = (torch.bfloat16, torch.float16)
 KERNELS = ("auto", "fused", "torch")
 """``sparse_attention``'s kernels: 'fused' the Triton kernel (:mod:`plexgt.ops.attention_triton`),
 'torch' torch's sparse kernels (the compiled CPU kernels where they serve), 'auto' fused on GPUs
@@ -323,7 +323,7 @@ def sparse_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
     if q.dtype in LOW_PRECISION:
         # torch's sparse kernels (and the compiled ones) have no half types on the CPU, and
         # cuSPARSE's would sum in half: the reference computes in float32, rounds once
-        with torch.autocast(q.device.type, enabled=False):  # mm would cast back to half
+        with full_precision(q.device):  # or autocast's mm would cast back to half
             y = SparseAttentionFunction.apply(None, graph, q.float(), k.float(), v.float(),
                                               float(scale), block_rows).to(q.dtype)
         return y if residual is None else residual + y.reshape(residual.shape)

@@ -12,6 +12,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from plexgt.ops.csr import CSRGraph
+from plexgt.ops.precision import LOW_PRECISION, full_precision
 
 Tensor = torch.Tensor
 
@@ -63,19 +64,16 @@ def gcn_norm(
     return CSRGraph(g.indptr, g.indices, nr, nc, values).to(dev)
 
 
-LOW_PRECISION = (torch.bfloat16, torch.float16)
-
-
 def spmm_forward(graph: CSRGraph, x: Tensor) -> Tensor:
     """[Nr, Nc] weighted x [Nc, F] -> [Nr, F] (no autograd). bfloat16 / float16 inputs are
     multiplied in float32 (the sums over a row's neighbours too) and rounded once at the end:
     CPU sparse kernels have no half types, and half-precision sums lose high-degree rows."""
     if graph.num_edges == 0:
         return x.new_zeros(graph.num_rows, x.shape[1])
-    if x.dtype in LOW_PRECISION:
-        with torch.autocast(x.device.type, enabled=False):  # or mm would cast back to half
+    with full_precision(x.device):  # or autocast's mm would cast the operands to half
+        if x.dtype in LOW_PRECISION:
             return torch.mm(graph.weighted_csr(torch.float32), x.float()).to(x.dtype)
-    return torch.mm(graph.weighted_csr(x.dtype), x)
+        return torch.mm(graph.weighted_csr(x.dtype), x)
 
 
 class GCNSpMMFunction(torch.autograd.Function):

@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from plexgt.ops.precision import autocast_dtype
+
 Tensor = torch.Tensor
 
 BLOCK_ROWS = 2048
@@ -57,6 +59,6 @@ def head_major_linear(x: Tensor, lin: nn.Linear, heads: int) -> Tensor:
     autocast only (others get exactly that).
     """
     if (x.device.type != "cpu" or x.layout != torch.strided or x.dim() != 2
-            or torch.is_autocast_enabled(x.device.type)):
+            or autocast_dtype(x.device) is not None):
         return lin(x).view(x.shape[0], heads, lin.out_features // heads)
     return _HeadMajorLinear.apply(x, lin.weight, lin.bias, heads)

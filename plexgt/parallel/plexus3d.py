@@ -50,6 +50,7 @@ from plexgt.distributed.collectives import (
 )
 from plexgt.distributed.layout3d import LayerLayout, output_plane, row_blocks
 from plexgt.ops.gcn import inv_sqrt_degrees
+from plexgt.ops.precision import autocast_dtype, full_precision
 from plexgt.ops.rng import CounterRNG
 
 
@@ -96,6 +97,16 @@ class BlockedAdjacency:
         self.nnz = int(full.nnz)
 
 
+def _spmm(blk: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """Â_block · H. Half-precision H (bfloat16 runs) is multiplied in the block's float32, sums
+    over each row's neighbours included, and rounded once: CPU sparse kernels have no half
+    types, and autocast is off so its mm does not cast the operands back."""
+    with full_precision(h.device):
+        if h.dtype == blk.dtype:
+            return torch.sparse.mm(blk, h)
+        return torch.sparse.mm(blk, h.to(blk.dtype)).to(h.dtype)
+
+
 class _AggregateAllReduce(torch.autograd.Function):
     """Z = all-reduce over a of (Â_block · H), blocked so communication overlaps the SpMM."""
 
@@ -105,7 +116,7 @@ class _AggregateAllReduce(torch.autograd.Function):
         out = torch.empty((adj.shape[0], h.shape[1]), dtype=h.dtype, device=h.device)
         handles = []
         for (r0, r1), blk in zip(adj.bounds, adj.fwd):
-            out[r0:r1] = torch.sparse.mm(blk, h) if r1 > r0 else out[r0:r1]
+            out[r0:r1] = _spmm(blk, h) if r1 > r0 else out[r0:r1]
             handles.append(all_reduce_async(out[r0:r1], comm))
         for hd in handles:
             wait(hd, comm)
@@ -120,7 +131,7 @@ class _AggregateAllReduce(torch.autograd.Function):
         for (r0, r1), blk_t, hd in zip(adj.bounds, adj.bwd, handles):
             wait(hd, comm)
             if r1 > r0:
-                dh += torch.sparse.mm(blk_t, g[r0:r1])
+                dh += _spmm(blk_t, g[r0:r1])
         return dh, None, None
 
 
@@ -141,7 +152,7 @@ class _AggregateReduceScatter(torch.autograd.Function):
         out = torch.empty((adj.shape[0], w), dtype=t.dtype, device=t.device)
         pending = []
         for (r0, r1), blk in zip(adj.bounds, adj.fwd):
-            z = torch.sparse.mm(blk, t) if r1 > r0 else t.new_zeros(0, g * w)
+            z = _spmm(blk, t) if r1 > r0 else t.new_zeros(0, g * w)
             # [rb, G·w] -> [G, rb, w]: rank i's chunk is its column block, contiguous
             zt = z.view(r1 - r0, g, w).transpose(0, 1).contiguous()
             pending.append((zt, reduce_scatter_async(zt.view(g * (r1 - r0), w), out[r0:r1],
@@ -165,7 +176,7 @@ class _AggregateReduceScatter(torch.autograd.Function):
             wait(hd, comm)
             if r1 > r0:
                 zb = full.view(g, r1 - r0, w).transpose(0, 1).reshape(r1 - r0, g * w)
-                dt += torch.sparse.mm(blk_t, zb)
+                dt += _spmm(blk_t, zb)
         return dt, None, None
 
 
@@ -214,6 +225,12 @@ class TunedMatmul:
 class _TunedMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor, mm: TunedMatmul) -> torch.Tensor:
+        cd = autocast_dtype(a.device)
+        if cd is not None:
+            # mixed precision: both operands in the autocast dtype, saved so, so the backward
+            # (which runs outside autocast) multiplies matching dtypes; the float32 master's
+            # gradient is cast back by autograd
+            a, b = a.to(cd), b.to(cd)
         ctx.save_for_backward(a, b)
         ctx.mm = mm
         return mm(a, b)
@@ -354,12 +371,12 @@ class Plexus3DGCN(nn.Module):
                            dim=1)
             t = reduce_scatter(_TunedMM.apply(hg, w, self.mm), self.comms[b], dim=1)
             y = _AggregateReduceScatter.apply(t, self.adj[l], self.comms[a])
-            return y + replicated(self.biases[l], self.comms[c])
+            return y + replicated(self.biases[l], self.comms[c]).to(y.dtype)
         z = _AggregateAllReduce.apply(hg, self.adj[l], self.comms[a])
         w = all_gather(self.weights[l], self.comms[c], dim=0)
         p = _TunedMM.apply(z, w, self.mm)
         y = reduce_scatter(p, self.comms[b], dim=1)
-        return y + replicated(self.biases[l], self.comms[c])
+        return y + replicated(self.biases[l], self.comms[c]).to(y.dtype)
 
     def _apply(self, fn: Any, recurse: bool = True) -> Plexus3DGCN:
         """``.to(device)``, ``.double()`` and the like reach the adjacency blocks too: they are
@@ -396,7 +413,7 @@ class _ParallelCrossEntropy(torch.autograd.Function):
         valid = cols < n_classes
         zm = z.masked_fill(~valid, float("-inf"))
         m = zm.max(dim=1).values if z.shape[1] else torch.full(
-            (z.shape[0],), float("-inf"), dtype=z.dtype)
+            (z.shape[0],), float("-inf"), dtype=z.dtype, device=z.device)
         all_reduce_(m, plane, "max")
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
         e = torch.exp(zm - m[:, None])

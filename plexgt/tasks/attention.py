@@ -95,10 +95,9 @@ def attention_layout(cfg: TrainConfig, pg: PreparedGraph, world_size: int
     sizes, shape = graph_sizes(pg), model_shape(cfg)
     prof = machine_profile(cfg)
     sysm = system_model_for(prof)
-    if cfg.model.name == "gps" and cfg.dtype not in AMP:
+    if cfg.model.name == "gps":
         return choose_gps_layout(sizes, shape, world_size, sysm, plexus_coefficients_for(prof),
                                  cfg.parallel.strategy, cfg.parallel.grid)
-    # (mixed precision: gps keeps its GCN path 1D; the 3D path has no bfloat16 version yet)
     return choose_strategy(sizes, shape, world_size, sysm, cfg.parallel.strategy), None
 
 
@@ -110,7 +109,6 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
     if ctx.world_size > pg.N:
         raise ConfigError(f"{pg.path}: {ctx.world_size} ranks for N={pg.N} nodes")
     dt = DTYPES[cfg.dtype]
-    amp_loss = cfg.dtype in AMP  # bfloat16 logits: the loss in float32
     comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
     gps = cfg.model.name == "gps"
     sname, grid = attention_layout(cfg, pg, ctx.world_size)
@@ -132,8 +130,7 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
     return Task(
         model=RowParallel(model, graph, comm).to(ctx.device),
         inputs=data.x,
-        loss=lambda out: row_cross_entropy(out.float() if amp_loss else out, data.labels,
-                                           data.masks["train"], comm),
+        loss=lambda out: row_cross_entropy(out, data.labels, data.masks["train"], comm),
         correct=lambda out: row_correct(out, data.labels, data.masks, comm),
         ledger=ledger,
         grid=str(grid) if grid is not None else f"rows{ctx.world_size}",

@@ -31,6 +31,7 @@ from plexgt.parallel.plexus3d import (
 from plexgt.plan.choose import choose_grid, gcn_block_rows, gcn_dims, resolve_grid
 from plexgt.plan.plexus_cost import Coefficients
 from plexgt.tasks.task import (
+    AMP,
     DTYPES,
     Task,
     graph_sizes,
@@ -91,4 +92,5 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
         grid=str(grid),
         strategy="plexus3d",
         bytes_read=data.bytes_read,
+        amp=AMP.get(cfg.dtype),
     )

@@ -191,7 +191,9 @@ def step(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int,
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
     with autocast(task, device):
-        loss = task.loss(task.model(task.inputs))
+        out = task.model(task.inputs)
+    # the loss in float32 outside autocast (its softmax statistics and the mean over nodes)
+    loss = task.loss(out if task.amp is None else out.float())
     loss.backward()
     opt.step()
     synchronize(device)

@@ -58,9 +58,7 @@ def test_toml_round_trip(tmp_path):
     assert load_config(f) == cfg
 
 
-def test_bfloat16_is_for_the_attention_models():
-    assert load_config(None, {"dtype": "bfloat16", "model.name": "gt"}).dtype == "bfloat16"
-    with pytest.raises(ConfigError, match="bfloat16 is implemented for gt and gps"):
-        load_config(None, {"dtype": "bfloat16", "model.name": "gcn"})
-    with pytest.raises(ConfigError, match="keeps its GCN path 1D"):
-        load_config(None, {"dtype": "bfloat16", "model.name": "gps", "parallel.grid": "2x1x1"})
+def test_bfloat16_is_a_dtype():
+    assert load_config(None, {"dtype": "bfloat16", "model.name": "gcn"}).dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="'dtype': 'float16' is not one of"):
+        load_config(None, {"dtype": "float16"})

@@ -13,7 +13,7 @@ from plexgt.data.synthetic import sbm
 pytestmark = pytest.mark.timeout(240)
 
 
-@pytest.mark.parametrize("model", ["gt", "gps"])
+@pytest.mark.parametrize("model", ["gcn", "gps"])  # gps: attention and the 1D GCN path
 def test_bfloat16_follows_the_float32_curve(model, tmp_path):
     data = tmp_path / "prep"
     prepare(MemorySource(sbm(600, 6000, num_features=16, num_classes=4, seed=2)),

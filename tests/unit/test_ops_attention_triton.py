@@ -170,3 +170,30 @@ def test_compiled_kernel_on_gpu(dtype):
     tol = 2e-5 if dtype == torch.float32 else 2e-2
     for a, b in zip((y, *grads), (y_ref, *g_ref)):
         assert (a.double() - b).abs().max() / b.abs().max() < tol
+
+
+def test_nothing_of_size_e_is_kept_for_backward():
+    """Between forward and backward the fused kernel keeps q, k, v and the [h, Nr] log-sum-exp;
+    the torch path keeps the [h, E] probabilities (what makes it run out of memory first)."""
+    nr, nc, h, d = 30, 30, 4, 8
+    graph = _graph(nr, nc, 400, 5)
+    q, k, v = (t.requires_grad_() for t in _qkv(nr, nc, h, d, torch.float64))
+    e = graph.num_edges
+    assert e > nr * d  # so an [h, E] array is the largest thing either path could save
+
+    def saved_sizes(kernel):
+        sizes = []
+
+        def pack(t):
+            sizes.append(t.numel())
+            return t
+
+        gd = graph.to(DEV)
+        ins = [t.detach().to(DEV).requires_grad_() for t in (q, k, v)]
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            sparse_attention(gd, *ins, kernel=kernel)
+        return sizes
+
+    fused = saved_sizes("fused")
+    assert sorted(fused) == sorted([nr * h * d, nc * h * d, nc * h * d, h * nr])
+    assert h * e in saved_sizes("torch")

@@ -51,7 +51,7 @@ def run(data: Path, model: str, dtype: str, args: argparse.Namespace, work: Path
     return {"loss": [x["loss"] for x in rows], "best_epoch": best["epoch"],
             "valid_acc": best["valid_acc"], "test_acc": best["test_acc"],
             "median_epoch_s": sorted(x["time_epoch"] for x in rows)[len(rows) // 2],
-            "strategy": best["strategy"]}
+            "strategy": best["strategy"], "grid": best["grid"]}
 
 
 def main() -> int:

@@ -83,51 +83,68 @@ def blocks(num_rows: int, num_edges: int, head_dim: int) -> tuple[int, int, int]
 if triton is not None:
 
     @triton.jit
+    def _segments(indptr, n, BLOCK_R: tl.constexpr):
+        """This program's BLOCK_R segments (CSR rows, or CSC columns): ids, mask, edge range."""
+        idx = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        mask = idx < n
+        start = tl.load(indptr + idx, mask=mask, other=0)
+        end = tl.load(indptr + idx + 1, mask=mask, other=0)
+        return idx.to(tl.int64), mask, start, end
+
+    @triton.jit
+    def _edges(indices, start, end, j, BLOCK_E: tl.constexpr):
+        """Step j of every segment: [BLOCK_R, BLOCK_E] neighbour ids (int64) and their mask."""
+        eo = start[:, None] + j + tl.arange(0, BLOCK_E)[None, :]
+        emask = eo < end[:, None]
+        return tl.load(indices + eo, mask=emask, other=0).to(tl.int64), emask
+
+    @triton.jit
+    def _rows(x, idx, hd, s0, s1, dd, mask, dtype: tl.constexpr):
+        """[BLOCK_R, BLOCK_D] rows ``idx`` of head ``hd`` of a [N, h, d'] tensor."""
+        return tl.load(x + idx[:, None] * s0 + hd * s1 + dd[None, :], mask=mask,
+                       other=0.0).to(dtype)
+
+    @triton.jit
+    def _gather(x, nbr, hd, s0, s1, dd, mask, dtype: tl.constexpr):
+        """[BLOCK_R, BLOCK_E, BLOCK_D]: the rows ``nbr`` of head ``hd`` (the edges' ends)."""
+        return tl.load(x + nbr[:, :, None] * s0 + hd * s1 + dd[None, None, :], mask=mask,
+                       other=0.0).to(dtype)
+
+    @triton.jit
     def _fwd_kernel(indptr, indices, q, k, v, y, lse, scale_ptr, n_rows,
                     sq0, sq1, sk0, sk1, sv0, sv1, sy0, sy1,
                     D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
                     BLOCK_D: tl.constexpr, ACCUMULATE: tl.constexpr):
         # one program: BLOCK_R rows of head `hd`; running max m, sum l, accumulator acc per row
-        hd = tl.program_id(1)
-        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        rmask = rows < n_rows
-        start = tl.load(indptr + rows, mask=rmask, other=0)
-        end = tl.load(indptr + rows + 1, mask=rmask, other=0)
+        hd = tl.program_id(1).to(tl.int64)  # head offsets in int64: h·Nr may pass 2^31
+        rows, rmask, start, end = _segments(indptr, n_rows, BLOCK_R)
         dd = tl.arange(0, BLOCK_D)
         dmask = dd < D
         scale = tl.load(scale_ptr)
-        r64 = rows.to(tl.int64)
-        qmask = rmask[:, None] & dmask[None, :]
-        qt = tl.load(q + r64[:, None] * sq0 + hd * sq1 + dd[None, :], mask=qmask, other=0.0)
-        qt = qt.to(scale.dtype)
+        rdmask = rmask[:, None] & dmask[None, :]
+        qt = _rows(q, rows, hd, sq0, sq1, dd, rdmask, scale.dtype)
         m = tl.full([BLOCK_R], float("-inf"), scale.dtype)
         el = tl.zeros([BLOCK_R], scale.dtype)
         acc = tl.zeros([BLOCK_R, BLOCK_D], scale.dtype)
-        longest = tl.max(end - start, axis=0)
-        for j in range(0, longest, BLOCK_E):
-            eo = start[:, None] + j + tl.arange(0, BLOCK_E)[None, :]
-            emask = eo < end[:, None]
-            col = tl.load(indices + eo, mask=emask, other=0).to(tl.int64)
+        for j in range(0, tl.max(end - start, axis=0), BLOCK_E):
+            col, emask = _edges(indices, start, end, j, BLOCK_E)
             tmask = emask[:, :, None] & dmask[None, None, :]
-            kt = tl.load(k + col[:, :, None] * sk0 + hd * sk1 + dd[None, None, :], mask=tmask,
-                         other=0.0).to(scale.dtype)
-            s = tl.sum(qt[:, None, :] * kt, axis=2) * scale
-            s = tl.where(emask, s, float("-inf"))
+            kt = _gather(k, col, hd, sk0, sk1, dd, tmask, scale.dtype)
+            s = tl.where(emask, tl.sum(qt[:, None, :] * kt, axis=2) * scale, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no edge yet
             alpha = tl.exp(m - m_safe)
             p = tl.exp(s - m_safe[:, None])
             el = el * alpha + tl.sum(p, axis=1)
-            vt = tl.load(v + col[:, :, None] * sv0 + hd * sv1 + dd[None, None, :], mask=tmask,
-                         other=0.0).to(scale.dtype)
+            vt = _gather(v, col, hd, sv0, sv1, dd, tmask, scale.dtype)
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vt, axis=1)
             m = m_new
         out = acc / tl.where(el == 0.0, 1.0, el)[:, None]  # rows without edges give zeros
-        yp = y + r64[:, None] * sy0 + hd * sy1 + dd[None, :]
+        yp = y + rows[:, None] * sy0 + hd * sy1 + dd[None, :]
         if ACCUMULATE:
-            out += tl.load(yp, mask=qmask, other=0.0).to(scale.dtype)
-        tl.store(yp, out.to(y.dtype.element_ty), mask=qmask)
-        tl.store(lse + hd * n_rows + r64, m + tl.log(tl.where(el == 0.0, 1.0, el)), mask=rmask)
+            out += tl.load(yp, mask=rdmask, other=0.0).to(scale.dtype)
+        tl.store(yp, out.to(y.dtype.element_ty), mask=rdmask)
+        tl.store(lse + hd * n_rows + rows, m + tl.log(tl.where(el == 0.0, 1.0, el)), mask=rmask)
 
     @triton.jit
     def _bwd_rows_kernel(indptr, indices, q, k, v, dy, lse, delta, dq, scale_ptr, n_rows,
@@ -135,52 +152,38 @@ if triton is not None:
                          D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
                          BLOCK_D: tl.constexpr, NEED_DQ: tl.constexpr):
         # delta_r = sum_e P dP (pass 1); dQ_r = sum_e dS K_c with dS = scale P (dP - delta_r)
-        hd = tl.program_id(1)
-        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        rmask = rows < n_rows
-        start = tl.load(indptr + rows, mask=rmask, other=0)
-        end = tl.load(indptr + rows + 1, mask=rmask, other=0)
+        hd = tl.program_id(1).to(tl.int64)
+        rows, rmask, start, end = _segments(indptr, n_rows, BLOCK_R)
         dd = tl.arange(0, BLOCK_D)
         dmask = dd < D
         scale = tl.load(scale_ptr)
-        r64 = rows.to(tl.int64)
         rdmask = rmask[:, None] & dmask[None, :]
-        qt = tl.load(q + r64[:, None] * sq0 + hd * sq1 + dd[None, :], mask=rdmask,
-                     other=0.0).to(scale.dtype)
-        gt = tl.load(dy + r64[:, None] * sg0 + hd * sg1 + dd[None, :], mask=rdmask,
-                     other=0.0).to(scale.dtype)
-        ls = tl.load(lse + hd * n_rows + r64, mask=rmask, other=0.0)
+        qt = _rows(q, rows, hd, sq0, sq1, dd, rdmask, scale.dtype)
+        gt = _rows(dy, rows, hd, sg0, sg1, dd, rdmask, scale.dtype)
+        ls = tl.load(lse + hd * n_rows + rows, mask=rmask, other=0.0)
         longest = tl.max(end - start, axis=0)
         dl = tl.zeros([BLOCK_R], scale.dtype)
         for j in range(0, longest, BLOCK_E):
-            eo = start[:, None] + j + tl.arange(0, BLOCK_E)[None, :]
-            emask = eo < end[:, None]
-            col = tl.load(indices + eo, mask=emask, other=0).to(tl.int64)
+            col, emask = _edges(indices, start, end, j, BLOCK_E)
             tmask = emask[:, :, None] & dmask[None, None, :]
-            kt = tl.load(k + col[:, :, None] * sk0 + hd * sk1 + dd[None, None, :], mask=tmask,
-                         other=0.0).to(scale.dtype)
-            vt = tl.load(v + col[:, :, None] * sv0 + hd * sv1 + dd[None, None, :], mask=tmask,
-                         other=0.0).to(scale.dtype)
+            kt = _gather(k, col, hd, sk0, sk1, dd, tmask, scale.dtype)
+            vt = _gather(v, col, hd, sv0, sv1, dd, tmask, scale.dtype)
             p = tl.exp(tl.sum(qt[:, None, :] * kt, axis=2) * scale - ls[:, None])
             p = tl.where(emask, p, 0.0)
             dl += tl.sum(p * tl.sum(gt[:, None, :] * vt, axis=2), axis=1)
-        tl.store(delta + hd * n_rows + r64, dl, mask=rmask)
+        tl.store(delta + hd * n_rows + rows, dl, mask=rmask)
         if NEED_DQ:
             acc = tl.zeros([BLOCK_R, BLOCK_D], scale.dtype)
             for j in range(0, longest, BLOCK_E):
-                eo = start[:, None] + j + tl.arange(0, BLOCK_E)[None, :]
-                emask = eo < end[:, None]
-                col = tl.load(indices + eo, mask=emask, other=0).to(tl.int64)
+                col, emask = _edges(indices, start, end, j, BLOCK_E)
                 tmask = emask[:, :, None] & dmask[None, None, :]
-                kt = tl.load(k + col[:, :, None] * sk0 + hd * sk1 + dd[None, None, :],
-                             mask=tmask, other=0.0).to(scale.dtype)
-                vt = tl.load(v + col[:, :, None] * sv0 + hd * sv1 + dd[None, None, :],
-                             mask=tmask, other=0.0).to(scale.dtype)
+                kt = _gather(k, col, hd, sk0, sk1, dd, tmask, scale.dtype)
+                vt = _gather(v, col, hd, sv0, sv1, dd, tmask, scale.dtype)
                 p = tl.exp(tl.sum(qt[:, None, :] * kt, axis=2) * scale - ls[:, None])
                 p = tl.where(emask, p, 0.0)
                 ds = p * (tl.sum(gt[:, None, :] * vt, axis=2) - dl[:, None]) * scale
                 acc += tl.sum(ds[:, :, None] * kt, axis=1)
-            tl.store(dq + r64[:, None] * sdq0 + hd * sdq1 + dd[None, :],
+            tl.store(dq + rows[:, None] * sdq0 + hd * sdq1 + dd[None, :],
                      acc.to(dq.dtype.element_ty), mask=rdmask)
 
     @triton.jit
@@ -191,32 +194,21 @@ if triton is not None:
                          BLOCK_D: tl.constexpr, NEED_DK: tl.constexpr, NEED_DV: tl.constexpr):
         # over the transpose: a program owns BLOCK_R columns c and walks the rows r naming them;
         # dV_c = sum P dY_r, dK_c = sum dS Q_r, with P and dS recomputed from lse_r, delta_r
-        hd = tl.program_id(1)
-        cols = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        cmask = cols < n_cols
-        start = tl.load(tindptr + cols, mask=cmask, other=0)
-        end = tl.load(tindptr + cols + 1, mask=cmask, other=0)
+        hd = tl.program_id(1).to(tl.int64)
+        cols, cmask, start, end = _segments(tindptr, n_cols, BLOCK_R)
         dd = tl.arange(0, BLOCK_D)
         dmask = dd < D
         scale = tl.load(scale_ptr)
-        c64 = cols.to(tl.int64)
         cdmask = cmask[:, None] & dmask[None, :]
-        kc = tl.load(k + c64[:, None] * sk0 + hd * sk1 + dd[None, :], mask=cdmask,
-                     other=0.0).to(scale.dtype)
-        vc = tl.load(v + c64[:, None] * sv0 + hd * sv1 + dd[None, :], mask=cdmask,
-                     other=0.0).to(scale.dtype)
+        kc = _rows(k, cols, hd, sk0, sk1, dd, cdmask, scale.dtype)
+        vc = _rows(v, cols, hd, sv0, sv1, dd, cdmask, scale.dtype)
         dk_acc = tl.zeros([BLOCK_R, BLOCK_D], scale.dtype)
         dv_acc = tl.zeros([BLOCK_R, BLOCK_D], scale.dtype)
-        longest = tl.max(end - start, axis=0)
-        for j in range(0, longest, BLOCK_E):
-            eo = start[:, None] + j + tl.arange(0, BLOCK_E)[None, :]
-            emask = eo < end[:, None]
-            row = tl.load(tindices + eo, mask=emask, other=0).to(tl.int64)
+        for j in range(0, tl.max(end - start, axis=0), BLOCK_E):
+            row, emask = _edges(tindices, start, end, j, BLOCK_E)
             tmask = emask[:, :, None] & dmask[None, None, :]
-            qt = tl.load(q + row[:, :, None] * sq0 + hd * sq1 + dd[None, None, :], mask=tmask,
-                         other=0.0).to(scale.dtype)
-            gt = tl.load(dy + row[:, :, None] * sg0 + hd * sg1 + dd[None, None, :], mask=tmask,
-                         other=0.0).to(scale.dtype)
+            qt = _gather(q, row, hd, sq0, sq1, dd, tmask, scale.dtype)
+            gt = _gather(dy, row, hd, sg0, sg1, dd, tmask, scale.dtype)
             ls = tl.load(lse + hd * n_rows + row, mask=emask, other=0.0)
             p = tl.exp(tl.sum(kc[:, None, :] * qt, axis=2) * scale - ls)
             p = tl.where(emask, p, 0.0)
@@ -227,10 +219,10 @@ if triton is not None:
                 ds = p * (tl.sum(vc[:, None, :] * gt, axis=2) - dl) * scale
                 dk_acc += tl.sum(ds[:, :, None] * qt, axis=1)
         if NEED_DK:
-            tl.store(dk + c64[:, None] * sdk0 + hd * sdk1 + dd[None, :],
+            tl.store(dk + cols[:, None] * sdk0 + hd * sdk1 + dd[None, :],
                      dk_acc.to(dk.dtype.element_ty), mask=cdmask)
         if NEED_DV:
-            tl.store(dv + c64[:, None] * sdv0 + hd * sdv1 + dd[None, :],
+            tl.store(dv + cols[:, None] * sdv0 + hd * sdv1 + dd[None, :],
                      dv_acc.to(dv.dtype.element_ty), mask=cdmask)
 
 

@@ -89,29 +89,42 @@ def test_usr1_checkpoints_then_the_job_requeues_and_resumes(slurm, data, tmp_pat
     assert not (run / "checkpoints" / "STOPPED").exists()
 
 
-@pytest.mark.parametrize("machine", ["perlmutter", "frontier"])
-def test_gpu_job_scripts_run_under_slurm(slurm, data, tmp_path, machine):
+def test_gpu_job_scripts_run_under_slurm(slurm, data, tmp_path):
     """The Perlmutter and Frontier scripts as submitted there (their #SBATCH lines: -A, -C gpu,
     -q, -c, --gpus-per-node; srun's --gpus-per-task / --gpu-bind; set -euo pipefail), on the
-    local Slurm's one node with stand-in GPUs: sized down on the command line (one node, two
-    ranks), Lmod's ``module`` a no-op, and ``--backend gloo`` last in EXTRA (there is no GPU
-    to run NCCL on). The run directory is each machine's default: $SCRATCH/plexgt/<job> on
-    Perlmutter, $MEMBERWORK/<project>/plexgt/<job> on Frontier (home is read-only there)."""
-    env = dict(slurm, DATA=str(data), EPOCHS="2", VENV=str(ROOT / ".venv"), MODEL="gcn",
-               EXTRA="--model.hidden=16 --eval_every=1 --backend gloo", OMP_NUM_THREADS="1",
-               SCRATCH=str(tmp_path), MEMBERWORK=str(tmp_path), RCCL_PLUGIN=str(tmp_path),
-               **{"BASH_FUNC_module%%": "() {  :\n}"})
-    script = ROOT / "jobscripts" / machine / "train.sbatch"
-    r = subprocess.run(["sbatch", "--parsable", "--wait", "-N", "1", "--ntasks-per-node=2",
-                        "-c", "1", "--gpus-per-node=2", "-o", str(tmp_path / "job-%j.out"),
-                        str(script)], capture_output=True, text=True, env=env, cwd=ROOT,
-                       timeout=300)
-    job = int(re.match(r"\d+", r.stdout.strip()).group(0))
-    out = (tmp_path / f"job-{job}.out").read_text()
-    assert r.returncode == 0, out[-3000:]
-    assert "plexgt train: finished after epoch 2" in out
-    run = tmp_path / ("plexgt" if machine == "perlmutter" else "prj000/plexgt") / str(job)
-    assert [row["ranks"] for row in _epochs(run)] == [2, 2]
+    local Slurm's one node with stand-in GPUs, both jobs at once: sized down on the command
+    line (one node, two ranks), Lmod's ``module`` a no-op, and ``--backend gloo`` last in EXTRA
+    (there is no GPU to run NCCL on). The run directory is each machine's default:
+    $SCRATCH/plexgt/<job> on Perlmutter, $MEMBERWORK/<project>/plexgt/<job> on Frontier (home
+    is read-only there)."""
+    jobs = {}
+    for machine in ("perlmutter", "frontier"):
+        d = tmp_path / machine
+        d.mkdir()
+        env = dict(slurm, DATA=str(data), EPOCHS="2", VENV=str(ROOT / ".venv"), MODEL="gcn",
+                   EXTRA="--model.hidden=16 --eval_every=1 --backend gloo",
+                   OMP_NUM_THREADS="1", SCRATCH=str(d), MEMBERWORK=str(d), RCCL_PLUGIN=str(d),
+                   **{"BASH_FUNC_module%%": "() {  :\n}"})
+        r = subprocess.run(["sbatch", "--parsable", "-N", "1", "--ntasks-per-node=2", "-c", "1",
+                            "--gpus-per-node=2", "-o", str(d / "job-%j.out"),
+                            str(ROOT / "jobscripts" / machine / "train.sbatch")],
+                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
+        assert r.returncode == 0, r.stderr
+        jobs[machine] = int(re.match(r"\d+", r.stdout.strip()).group(0))
+    deadline = time.time() + 240
+    states = {}
+    while time.time() < deadline:
+        states = {m: _job_field(slurm, j, "JobState") for m, j in jobs.items()}
+        if all(s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") for s in states.values()):
+            break
+        time.sleep(0.5)
+    for machine, job in jobs.items():
+        d = tmp_path / machine
+        out = (d / f"job-{job}.out").read_text()
+        assert states[machine] == "COMPLETED", (machine, states[machine], out[-3000:])
+        assert "plexgt train: finished after epoch 2" in out
+        run = d / ("plexgt" if machine == "perlmutter" else "prj000/plexgt") / str(job)
+        assert [row["ranks"] for row in _epochs(run)] == [2, 2], machine
 
 
 def test_sweep_knows_gpus_per_node(tmp_path):

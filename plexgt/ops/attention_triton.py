@@ -111,6 +111,18 @@ if triton is not None:
                        other=0.0).to(dtype)
 
     @triton.jit
+    def _row_step(indices, start, end, j, k, v, qt, gt, ls, hd, sk0, sk1, sv0, sv1, dd, dmask,
+                  scale, BLOCK_E: tl.constexpr):
+        """Step j of the backward's row passes: P (from the saved log-sum-exp), dP = dY·V
+        ([BLOCK_R, BLOCK_E], 0 off the pattern) and the gathered K tile."""
+        col, emask = _edges(indices, start, end, j, BLOCK_E)
+        tmask = emask[:, :, None] & dmask[None, None, :]
+        kt = _gather(k, col, hd, sk0, sk1, dd, tmask, scale.dtype)
+        vt = _gather(v, col, hd, sv0, sv1, dd, tmask, scale.dtype)
+        p = tl.exp(tl.sum(qt[:, None, :] * kt, axis=2) * scale - ls[:, None])
+        return tl.where(emask, p, 0.0), tl.sum(gt[:, None, :] * vt, axis=2), kt
+
+    @triton.jit
     def _fwd_kernel(indptr, indices, q, k, v, y, lse, scale_ptr, n_rows,
                     sq0, sq1, sk0, sk1, sv0, sv1, sy0, sy1,
                     D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
@@ -164,25 +176,16 @@ if triton is not None:
         longest = tl.max(end - start, axis=0)
         dl = tl.zeros([BLOCK_R], scale.dtype)
         for j in range(0, longest, BLOCK_E):
-            col, emask = _edges(indices, start, end, j, BLOCK_E)
-            tmask = emask[:, :, None] & dmask[None, None, :]
-            kt = _gather(k, col, hd, sk0, sk1, dd, tmask, scale.dtype)
-            vt = _gather(v, col, hd, sv0, sv1, dd, tmask, scale.dtype)
-            p = tl.exp(tl.sum(qt[:, None, :] * kt, axis=2) * scale - ls[:, None])
-            p = tl.where(emask, p, 0.0)
-            dl += tl.sum(p * tl.sum(gt[:, None, :] * vt, axis=2), axis=1)
+            p, dp, kt = _row_step(indices, start, end, j, k, v, qt, gt, ls, hd, sk0, sk1, sv0,
+                                  sv1, dd, dmask, scale, BLOCK_E)
+            dl += tl.sum(p * dp, axis=1)
         tl.store(delta + hd * n_rows + rows, dl, mask=rmask)
         if NEED_DQ:
             acc = tl.zeros([BLOCK_R, BLOCK_D], scale.dtype)
             for j in range(0, longest, BLOCK_E):
-                col, emask = _edges(indices, start, end, j, BLOCK_E)
-                tmask = emask[:, :, None] & dmask[None, None, :]
-                kt = _gather(k, col, hd, sk0, sk1, dd, tmask, scale.dtype)
-                vt = _gather(v, col, hd, sv0, sv1, dd, tmask, scale.dtype)
-                p = tl.exp(tl.sum(qt[:, None, :] * kt, axis=2) * scale - ls[:, None])
-                p = tl.where(emask, p, 0.0)
-                ds = p * (tl.sum(gt[:, None, :] * vt, axis=2) - dl[:, None]) * scale
-                acc += tl.sum(ds[:, :, None] * kt, axis=1)
+                p, dp, kt = _row_step(indices, start, end, j, k, v, qt, gt, ls, hd, sk0, sk1,
+                                      sv0, sv1, dd, dmask, scale, BLOCK_E)
+                acc += tl.sum((p * (dp - dl[:, None]) * scale)[:, :, None] * kt, axis=1)
             tl.store(dq + rows[:, None] * sdq0 + hd * sdq1 + dd[None, :],
                      acc.to(dq.dtype.element_ty), mask=rdmask)
 

@@ -71,6 +71,9 @@ SYNTHETIC = {"syn5": (8000, 5), "syn20": (6000, 20), "syn50": (4000, 50),
              "syn100": (3000, 100), "syn200": (2000, 200), "syn500": (2000, 500)}
 SCALES = (1, 2, 4)
 MODEL = {"hidden": 64, "heads": 4, "layers": 2, "ffn_mult": 2}
+VALIDATED = ("gp_ag", "gp_a2a")
+"""The strategies this validation measures and AGP chooses among (the stored runs hold these
+two; the ring strategies are measured side by side in ``bench_ring.py``)."""
 PROJECTED_FEATURES = 128
 
 
@@ -247,7 +250,6 @@ def worker(args: argparse.Namespace) -> None:
 
     from plexgt.data.loader import PreparedGraph
     from plexgt.distributed.bootstrap import init_distributed, shutdown
-    from plexgt.parallel.attention.registry import default_registry
 
     ctx = init_distributed("gloo", timeout_s=900)
     torch.manual_seed(ctx.rank)
@@ -256,7 +258,7 @@ def worker(args: argparse.Namespace) -> None:
     memory_pass = args.mode == "memory"
     for name, path in json.loads(args.worker).items():
         pg = PreparedGraph(path)
-        names = ["gp_ag"] if p == 1 else default_registry().names()
+        names = ["gp_ag"] if p == 1 else list(VALIDATED)
         groups = [[s] for s in names] if memory_pass else [names]
         for group in groups:
             results += _measure(pg, name, group, p, ctx.rank, args.steps, memory_pass)
@@ -352,7 +354,7 @@ def analyse(measured: list[dict], prof: dict, paired: bool = False) -> dict:
     for m in measured:
         w = Workload("gt", m["n"], m["e"], m["f"], m["c"], MODEL["hidden"], MODEL["heads"],
                      MODEL["layers"], MODEL["ffn_mult"], 4)
-        names = reg.names() if m["p"] == 1 else [m["strategy"]]
+        names = list(VALIDATED) if m["p"] == 1 else [m["strategy"]]
         med = m.get("t_iter_median", float(np.median(m["step_s"])))
         for sname in names:  # p = 1: one measurement stands for both strategies
             est = estimate(reg.get(sname), w, m["p"], sysm)
@@ -377,7 +379,7 @@ def analyse(measured: list[dict], prof: dict, paired: bool = False) -> dict:
         meas = {k: r["t_iter"] for k, r in d.items()}
         one = next(k for k in meas if k[1] == 1) if any(k[1] == 1 for k in meas) else None
         for label, scales in (("scale_and_strategy", list(SCALES)), ("at_p4", [4])):
-            pl = plan(w, [reg.get(s) for s in reg.names()], scales, sysm)
+            pl = plan(w, [reg.get(s) for s in VALIDATED], scales, sysm)
             # without the one-rank option nothing may pass Algorithm 3's test: then, as a job
             # of that size does (plan.choose.choose_strategy), the fastest predicted
             c = pl.choice.est if pl.choice else min((r.est for r in pl.rows),

@@ -65,7 +65,15 @@ class ParallelConfig:
     """'auto' (the planner's choice) or 'GxxGyxGz' for 3D aggregation."""
     strategy: str = "auto"
     """Attention strategy (gt, gps): 'auto' (AGP's choice), 'gp_ag' (node partition, K and V
-    all-gathered) or 'gp_a2a' (head partition by all-to-all): the names of plan and metrics."""
+    all-gathered), 'gp_a2a' (head partition by all-to-all), 'gp_ring' (node partition, K and
+    V rotated around a ring) or 'gp_2d' (heads inside groups, a ring across them): the names
+    of plan and metrics."""
+    head_parallel: int = 0
+    """gp_2d: ranks a of the head axis (a divisor of the world size; consecutive ranks, so a
+    node's GPUs when a divides the GPUs per node); 0 = AGP's choice."""
+    ring_chunks: int = 1
+    """gp_ring / gp_2d: pieces each rank's K/V block travels in; c pieces hold 1/c of the
+    block in flight for c times the messages."""
     block_rows: int = 0
     """Rows per aggregation block (overlap of SpMM and all-reduce); 0 = from the cost model."""
     gcn_order: str = "auto"
@@ -268,6 +276,9 @@ def validate(cfg: TrainConfig) -> None:
                           "stop_after >= 0")
     if cfg.resume and not cfg.checkpoint_dir:
         raise ConfigError("config key 'resume' needs 'checkpoint_dir'")
+    if cfg.parallel.head_parallel < 0 or cfg.parallel.ring_chunks < 1:
+        raise ConfigError("config keys parallel.head_parallel must be >= 0 (0: the planner's "
+                          "choice), parallel.ring_chunks >= 1")
     if cfg.parallel.grid != "auto":
         try:
             parse_grid(cfg.parallel.grid)

@@ -1,12 +1,14 @@
 """``plexgt plan``: predicted time and memory per rank of every strategy and scale, and a choice.
 
-gt / gps: the attention strategies (GP-AG, GP-A2A) x scales 1, 2, 4, ..., P, chosen by AGP
-(:mod:`plexgt.plan.agp`); for gps each scale s > 1 is priced with the GCN path in the 1D
-layout and 3D on the 3D planner's best grid of s ranks (as ``plexgt train`` with
-``parallel.grid = "auto"`` decides), one row each, the path shown. gcn: every Gx x Gy x Gz
-of P ranked by the 3D tensor-parallel cost model (:func:`plexgt.plan.plexus_cost.
-rank_grids`). Sizes come from the prepared directory's manifest; machine coefficients from
-``--profile`` (``plexgt profile``) or defaults. One process, no MPI.
+gt / gps: the attention strategies (GP-AG, GP-A2A, GP-Ring, GP-2D at every head axis) x
+scales 1, 2, 4, ..., P, chosen by AGP (:mod:`plexgt.plan.agp`); for gps each scale s > 1 is
+priced with the GCN path in the 1D layout and 3D on the 3D planner's best grid of s ranks (as
+``plexgt train`` with ``parallel.grid = "auto"`` decides), one row each, the path shown. gcn:
+every Gx x Gy x Gz of P ranked by the 3D tensor-parallel cost model
+(:func:`plexgt.plan.plexus_cost.rank_grids`). Sizes come from the prepared directory's
+manifest (``--data``) or from ``--nodes --edges --features --classes`` (plan papers100M
+before preparing it); machine coefficients from ``--profile`` (``plexgt profile``) or
+defaults. One process, no MPI.
 """
 
 from __future__ import annotations
@@ -31,7 +33,12 @@ ESIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--data", required=True, type=Path, help="prepared directory (plexgt prep)")
+    p.add_argument("--data", type=Path,
+                   help="prepared directory (plexgt prep): the sizes from its manifest")
+    p.add_argument("--nodes", type=int, help="plan from sizes alone: nodes N (no --data)")
+    p.add_argument("--edges", type=int, help="stored edges E, self loops included")
+    p.add_argument("--features", type=int, help="input features F")
+    p.add_argument("--classes", type=int, help="classes C")
     p.add_argument("--model", required=True, choices=["gcn", "gt", "gps"])
     p.add_argument("--world-size", required=True, type=int, help="ranks available (P)")
     p.add_argument("--profile", type=Path, help="system profile JSON from plexgt profile")
@@ -42,6 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heads", type=int, default=4, help="attention heads (gt, gps)")
     p.add_argument("--ffn-mult", type=int, default=2)
     p.add_argument("--dtype", default="float32", choices=sorted(ESIZE))
+    p.add_argument("--head-parallel", type=int, default=0,
+                   help="gp_2d: the head axis a (default: every divisor of each scale)")
+    p.add_argument("--ring-chunks", type=int, default=1,
+                   help="gp_ring / gp_2d: pieces each K/V block travels in")
     p.add_argument("--strategies", default=None,
                    help="comma-separated attention strategies (default: all registered)")
     p.add_argument("--json", type=Path, help="also write the table as JSON here")
@@ -67,7 +78,31 @@ def load_profile(path: Path | None) -> dict[str, Any] | None:
         raise UsageError(f"--profile {e}") from None
 
 
+SIZE_FLAGS = ("nodes", "edges", "features", "classes")
+
+
+def _sizes(args: argparse.Namespace) -> tuple[GraphSizes, str]:
+    """The graph's sizes: a prepared manifest (--data) or the four size flags, not both."""
+    given = [f for f in SIZE_FLAGS if getattr(args, f) is not None]
+    if args.data is not None:
+        if given:
+            raise UsageError(f"--data and --{given[0]} both give sizes; use one")
+        return _manifest(args.data)
+    if len(given) != len(SIZE_FLAGS):
+        missing = [f"--{f}" for f in SIZE_FLAGS if f not in given]
+        raise UsageError(f"give --data, or all of --nodes --edges --features --classes "
+                         f"(missing {' '.join(missing)})")
+    if args.nodes < 1 or args.edges < 0 or args.features < 1 or args.classes < 1:
+        raise UsageError(f"sizes must be positive: --nodes {args.nodes} --edges {args.edges} "
+                         f"--features {args.features} --classes {args.classes}")
+    return (GraphSizes(args.nodes, args.edges, args.features, args.classes),
+            f"N={args.nodes} E={args.edges}")
+
+
 def _check(args: argparse.Namespace) -> None:
+    if args.head_parallel < 0 or args.ring_chunks < 1:
+        raise UsageError(f"--head-parallel must be >= 0 and --ring-chunks >= 1 (got "
+                         f"{args.head_parallel}, {args.ring_chunks})")
     for name in ("world_size", "hidden", "layers", "heads", "ffn_mult"):
         v = getattr(args, name)
         if v < 1:
@@ -80,11 +115,11 @@ def _check(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     _check(args)
-    sizes, name = _manifest(args.data)
+    sizes, name = _sizes(args)
     prof = load_profile(args.profile)
     limit = None if args.memory_per_rank is None else int(args.memory_per_rank * 2**30)
     shape = ModelShape(args.model, args.hidden, args.layers, args.heads, args.ffn_mult,
-                       ESIZE[args.dtype])
+                       ESIZE[args.dtype], ring_chunks=args.ring_chunks)
     src = f"profile {args.profile}" if prof else "default coefficients (no --profile)"
     print(f"{name}: {args.model} on up to {args.world_size} ranks, {src}")
     if args.model == "gcn":
@@ -142,17 +177,20 @@ def _plan_attention(args: argparse.Namespace, sizes: GraphSizes, shape: ModelSha
         print(f"GCN path: 1D (rows), or 3D on the 3D planner's grid for a {args.hidden} -> "
               f"{args.hidden} layer: "
               + (", ".join(f"{s} ranks {g}" for s, g in grids.items()) or "none (1 rank)"))
-    pl = plan(w, [reg.get(s) for s in names], scales, sysm, limit, grids)
+    pl = plan(w, [reg.get(s) for s in names], scales, sysm, limit, grids, args.head_parallel)
     print("\n".join(format_plan(pl)))
     c = pl.choice
     out: dict[str, Any] = {
         "model": args.model, "k": pl.k,
-        "rows": [{"strategy": r.est.strategy, "scale": r.est.scale, "time_s": r.est.time_s,
+        "rows": [{"strategy": r.est.strategy, "label": r.est.label,
+                  "head_parallel": r.est.head_parallel, "scale": r.est.scale,
+                  "time_s": r.est.time_s,
                   "alpha": r.est.alpha, "beta": r.est.beta, "comm_s": r.est.comm_s,
                   "comm_bytes": r.est.comm_bytes, "memory": r.est.memory, "fits": r.fits,
                   "passes": r.passes, "chosen": r.chosen, "why": r.why,
                   **(_gcn_fields(r.est) if w.gcn else {})} for r in pl.rows],
-        "choice": None if c is None else {"strategy": c.est.strategy, "scale": c.est.scale},
+        "choice": None if c is None else {"strategy": c.est.strategy, "scale": c.est.scale,
+                                          "head_parallel": c.est.head_parallel},
     }
     if w.gcn:
         out["gcn"] = {"grids": {str(s): str(g) for s, g in (grids or {}).items()},

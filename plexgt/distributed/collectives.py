@@ -63,6 +63,10 @@ class CommOp:
     recv: int
     phase: str = "forward"
     """'forward' or 'backward'."""
+    group: str = ""
+    """The group it runs over when not the caller's whole group (gp_2d's 'heads', 'ring')."""
+    group_size: int = 0
+    """That group's size (0: the caller's whole group)."""
 
 
 @dataclass
@@ -422,6 +426,37 @@ def all_gather_async(x: torch.Tensor, out: torch.Tensor, comm: Comm) -> Any:
         out.copy_(x)
         return None
     return _issue("all_gather", out, x, comm, async_op=True)
+
+
+class _Requests:
+    """The requests of one batched point-to-point exchange, waited on together."""
+
+    def __init__(self, reqs: list[Any]) -> None:
+        self.reqs = reqs
+
+    def wait(self) -> None:
+        for r in self.reqs:
+            r.wait()
+
+
+def shift_async(x: torch.Tensor, out: torch.Tensor, comm: Comm, offset: int = 1) -> Any:
+    """Ring step issued without waiting, no autograd: send contiguous ``x`` to group rank
+    (r+offset), receive the same shape from (r-offset) into ``out``; a handle for
+    :func:`wait` (None when the group has one rank: ``out`` is then ``x``'s copy).
+
+    For pipelines (ring attention) that move the next block while computing on this one;
+    recorded as 'send_recv', the bytes of ``x`` each way."""
+    if comm.size == 1 or offset % comm.size == 0:
+        out.copy_(x)
+        return None
+    to = dist.get_global_rank(comm.group, (comm.rank + offset) % comm.size)
+    frm = dist.get_global_rank(comm.group, (comm.rank - offset) % comm.size)
+    ops = [dist.P2POp(dist.isend, x, to, group=comm.group),
+           dist.P2POp(dist.irecv, out, frm, group=comm.group)]
+    b = _nbytes(x)
+    comm.ledger.record(comm.name, "send_recv", b, b)
+    with comm.ledger.timed():
+        return _Requests(dist.batch_isend_irecv(ops))
 
 
 def wait(handle: Any, comm: Comm) -> None:

@@ -8,7 +8,8 @@ tensor                 shape on the rank             split
 =====================  ============================  ==========================================
 features x             [n, F]                        rows over the group (zero padding rows)
 labels, split masks    [n]                           rows over the group (-1 / False padding)
-attention pattern      [n, p·n] or [p·n, p·n]        node- or head-partitioned strategy
+attention pattern      [n, p·n], [a·n, p·n]          node partition, gp_2d's head group,
+                       or [p·n, p·n]                 or head partition (GP-A2A)
 GCN Â rows (gps)       [n, p·n] weighted             rows over the group, all columns
 parameters             as the reference model        replicated; gradients all-reduced
 =====================  ============================  ==========================================
@@ -18,7 +19,6 @@ Double permutation makes every block's edge count about E/p, so no rank waits fo
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +66,7 @@ class DistGraph:
         """The same operators on ``device`` (the attention pattern with its cached transpose,
         the 1D Â rows, and the 3D path's Â blocks)."""
 
-        att = dataclasses.replace(self.attention, graph=self.attention.graph.to(device))
+        att = self.attention.to(device)
         gcn = None if self.gcn is None else self.gcn.to(device)
         path = self.gcn3d
         if path is not None:
@@ -138,24 +138,31 @@ def gcn_rows(block: CSRGraph, lo: int, comm: Comm, dtype: torch.dtype) -> CSRGra
 
 
 def build_dist_graph(n: int, mine: sp.csr_matrix, comm: Comm, strategy: AttentionStrategy,
-                     heads: int, full: sp.csr_matrix | None = None, gcn: bool = False,
+                     heads: int, held: sp.csr_matrix | None = None, gcn: bool = False,
                      dtype: torch.dtype = torch.float32, setup_ledger: CommLedger | None = None,
                      grid: Grid3D | None = None, axis_comms: dict[str, Comm] | None = None,
                      gcn3d_rows: sp.csr_matrix | None = None,
-                     block_rows: int | None = None) -> DistGraph:
+                     block_rows: int | None = None, groups: dict[str, Comm] | None = None,
+                     head_parallel: int = 1, ring_chunks: int = 1) -> DistGraph:
     """This rank's sparse operators from its pattern rows ``mine`` [hi-lo, N] of Q A Qᵀ (block
-    ``comm.rank`` of ``comm.size``; ``full`` [N, N]: every row, for a full-graph strategy) and,
-    for gps, its GCN operator: Â rows (1D path) or, given a ``grid`` of the group's ranks, its
-    ``axis_comms`` ('x', 'y', 'z') and the pattern rows of its 3D block ``gcn3d_rows``
+    ``comm.rank`` of ``comm.size``; ``held``: the rows the strategy stores when they are not
+    those, :meth:`~plexgt.parallel.attention.strategy.AttentionStrategy.rows_held`: every row
+    for GP-A2A, the head group's for gp_2d, which also needs its ``groups``,
+    ``head_parallel`` and the ring's ``ring_chunks``) and, for gps, its GCN operator: Â rows
+    (1D path) or, given a ``grid`` of the group's ranks, its ``axis_comms`` ('x', 'y', 'z')
+    and the pattern rows of its 3D block ``gcn3d_rows``
     (:func:`~plexgt.parallel.redistribute.gcn3d_rows`), its Â block of the 3D path
     (``block_rows``: Plexus' blocked aggregation). Setup collectives (the global degrees) go
     to ``setup_ledger`` (fresh if None)."""
-    lo, _ = block_bounds(n, comm.size, comm.rank)
+    lo, hi = block_bounds(n, comm.size, comm.rank)
     own = CSRGraph.from_scipy(mine, keep_values=False)
-    if strategy.full_graph and full is None:
-        raise ValueError(f"{strategy.name} needs the whole pattern on every rank")
-    adj = CSRGraph.from_scipy(full, keep_values=False) if strategy.full_graph else own
-    shard = make_shard(strategy, comm, n, heads, adj)
+    if strategy.rows_held(n, comm.size, comm.rank, head_parallel) == (lo, hi):
+        adj = own
+    elif held is None:
+        raise ValueError(f"{strategy.name} needs pattern rows beyond the rank's own block")
+    else:
+        adj = CSRGraph.from_scipy(held, keep_values=False)
+    shard = make_shard(strategy, comm, n, heads, adj, groups, head_parallel, ring_chunks)
     norm = path = None
     if gcn:
         setup = Comm(comm.group, comm.size, comm.rank, comm.name, setup_ledger or CommLedger())

@@ -72,7 +72,7 @@ from plexgt.distributed.collectives import CommOp
 from plexgt.distributed.grid import Grid3D
 from plexgt.distributed.layout3d import layer_layouts
 from plexgt.parallel.attention.registry import default_registry
-from plexgt.parallel.attention.strategy import AttentionProblem, AttentionStrategy, head_splits
+from plexgt.parallel.attention.strategy import AttentionProblem, AttentionStrategy
 from plexgt.plan.plexus_cost import Coefficients, rank_grids
 from plexgt.plan.profile import (
     GT_STEP_SHAPE,
@@ -96,6 +96,9 @@ NEAR_TIE = 0.10
 fresh profiles put GP-AG's prediction against GP-A2A's at p = 2 anywhere in a band 10-23%
 wide per graph (the loaded per-call cost moves most), and measured options that close were
 mostly within each other's step-time noise: which is faster is not settled by the model."""
+RING_MERGE_PASSES = 6
+"""Elementwise passes of one online-softmax merge of a ring block's output into the running
+one (log-add-exp of the lse, two weights, scale, add; a count, not a measurement)."""
 OPTIMIZER_PASSES = 16
 """AdamW reads and writes ~16 parameter-sized arrays a step, on every rank (replicated)."""
 DEFAULT_KERNELS = {
@@ -137,6 +140,8 @@ class Workload:
     the 1D path at every scale."""
     gcn_block_rows: int | None = None
     """gps, 3D path: rows per block of the blocked aggregation (``parallel.block_rows``)."""
+    ring_chunks: int = 1
+    """gp_ring / gp_2d: pieces each K/V block travels in (``parallel.ring_chunks``)."""
 
     def __post_init__(self) -> None:
         if self.model not in ("gt", "gps"):
@@ -148,7 +153,8 @@ class Workload:
 
     @property
     def problem(self) -> AttentionProblem:
-        return AttentionProblem(self.n, self.e, self.hidden, self.heads, self.esize)
+        return AttentionProblem(self.n, self.e, self.hidden, self.heads, self.esize,
+                                ring_chunks=self.ring_chunks)
 
     @property
     def num_params(self) -> int:
@@ -314,6 +320,10 @@ class SystemModel:
         if p <= 1:
             return 0.0
         sizes = set(self.collectives.get(op, {})) | set(self.collective_curves.get(op, {}))
+        if op == "send_recv" and not sizes:
+            # a ring step is one exchange with each neighbour, whatever the ring's size: what
+            # an all-gather over two ranks does with the same bytes
+            return self.collective_time("all_gather", 2, sent)
         if not sizes:
             c = Coefficients()
             return c.latency_s + c.s_per_byte * sent
@@ -423,6 +433,15 @@ class Estimate:
     comm_rank: int = 0
     """The rank whose collectives were priced (the slowest; 0 unless the 3D path's
     redistribution makes ranks differ)."""
+    head_parallel: int = 1
+    """gp_2d: the head axis a it was priced with."""
+
+    @property
+    def label(self) -> str:
+        """The strategy, with gp_2d's factorisation ('gp_2d 4x16': a x b)."""
+        if self.strategy == "gp_2d":
+            return f"gp_2d {self.head_parallel}x{self.scale // self.head_parallel}"
+        return self.strategy
 
     @property
     def gcn_label(self) -> str:
@@ -439,37 +458,34 @@ class Estimate:
         return self.compute_s + self.overhead_s
 
 
-def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel) -> Estimate:
-    """t_iter(s, c) = α(s)·E + β_c(s)·N and the per-rank memory of ``strategy`` on s ranks."""
+def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel,
+             head_parallel: int = 1) -> Estimate:
+    """t_iter(s, c) = α(s)·E + β_c(s)·N and the per-rank memory of ``strategy`` on s ranks
+    (``head_parallel``: gp_2d's head axis a, a divisor of s)."""
     k = sysm.kernels
-    prob = w.problem
-    h, dh, d, L = w.heads, prob.head_dim, w.hidden, w.layers
+    prob = replace(w.problem, head_parallel=head_parallel)
+    dh, d, L = prob.head_dim, w.hidden, w.layers
     kappa = sysm.slowdown(s)
     n_loc = prob.rows(s)  # N at s = 1
-    n_pad = s * n_loc
-    # the attention kernel the busiest rank runs: E/s edges of its n_loc rows against all
-    # N columns with every head (node partition), or all E edges and N rows and columns
-    # with ceil(h/s) heads (head partition); on one rank both are the whole kernel
-    if strategy.full_graph:
-        h_r, e_r, rows, cols = head_splits(h, s)[0], w.e, n_pad, n_pad
-    else:
-        h_r, e_r, rows, cols = h, w.e / s, n_loc, n_pad
+    # the attention kernel the busiest rank runs (the strategy's own account of it): its
+    # heads, edges, query rows and key columns; the columns that do not shrink with s (GP-AG's
+    # gathered ones, a ring's visiting blocks) are overhead (β)
+    wk = strategy.work(prob, s)
+    h_r, e_r, rows = wk.heads, wk.edges, wk.rows
 
     def side(coef: str, n: float) -> float:
         """The kernel's per-row or per-column passes over [h_r, n, d'] arrays, per layer."""
         x = n * h_r * dh
         return k[coef] * x * sysm.memory_factor(x, s)
 
-    edge = L * e_r * h_r * (k["attention_s_per_edge_head_dim"] * dh
+    # a recomputed SDDMM is about one of the kernel's six per-edge passes (2 forward, 4 back)
+    edge = L * e_r * h_r * (k["attention_s_per_edge_head_dim"] * dh * (1 + wk.recompute / 6)
                             + k["attention_s_per_edge_head"])
     node = L * (side("attention_s_per_row_head_dim", rows)
-                + side("attention_s_per_col_head_dim", cols if strategy.full_graph else n_loc))
-    # GP-AG's kernel also streams the N - n_loc gathered columns (none at s = 1): unsplit, so
-    # overhead (β)
-    gathered = 0.0
-    if not strategy.full_graph:
-        gathered = L * (side("attention_s_per_col_head_dim", cols)
-                        - side("attention_s_per_col_head_dim", n_loc))
+                + side("attention_s_per_col_head_dim", wk.own_cols))
+    gathered = L * (side("attention_s_per_col_head_dim", wk.cols)
+                    - side("attention_s_per_col_head_dim", wk.own_cols))
+    gathered += L * RING_MERGE_PASSES * wk.merge_elems * k["elementwise_s_per_elem"]
     grid = w.grid_at(s)
     gemm3 = 0.0  # the 3D path's GEMM FMAs per layer beyond the 1D layer's n_loc·d·d
     if grid is not None:  # the 3D GCN path: the rank's Â block on d/Gy columns, both ways
@@ -498,19 +514,19 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     dense = n_loc * per_row + gcn_gemm
     # fixed per-call costs every rank pays whatever its share: kernel calls per head, the
     # dense block's operator overheads, the optimizer over the replicated parameters
-    calls = L * (h_r * k["attention_s_per_head"] + k["dense_s_per_block"]) * kappa
+    calls = L * (h_r * wk.launches * k["attention_s_per_head"] + k["dense_s_per_block"]) * kappa
     calls += OPTIMIZER_PASSES * w.num_params * k["elementwise_s_per_elem"] * kappa
     # GP-AG makes no layout copies outside the kernel (the gathered K, V and the kernel's
     # node-major dK, dV go to and from the collectives as they are); what the kernel does with
     # the N gathered columns is its per-column cost (``gathered``)
     copy = 0.0
-    if s > 1 and strategy.full_graph:  # GP-A2A's permutes (one rank has nothing to permute)
-        copy = L * A2A_COPIES * sysm.copy_time(n_pad * h_r * dh, s) * kappa
+    if wk.copy_elems:  # the all-to-all strategies' permutes (none on one rank)
+        copy = L * A2A_COPIES * sysm.copy_time(wk.copy_elems, s) * kappa
     kernels = kappa * sysm.compute_scale  # what a kernel term costs on this rank, calibrated
     copy += gathered * kernels
     comm, comm_rank, ops = -1.0, 0, []
     for r in range(s) if grid is not None else (0,):
-        ops_r = step_ops(strategy, w, s, r)
+        ops_r = step_ops(strategy, w, s, r, head_parallel)
         t = comm_time(ops_r, s, grid, sysm)
         if t > comm:
             comm, comm_rank, ops = t, r, ops_r
@@ -519,7 +535,8 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
                        w.gcn, grid)
     return Estimate(strategy.name, s, compute / max(1, w.e), (copy + calls + comm) / w.n,
                     compute, copy, calls, comm, sum(o.sent for _, o in ops), mem,
-                    ("3d" if grid is not None else "1d") if w.gcn else "", grid, comm_rank)
+                    ("3d" if grid is not None else "1d") if w.gcn else "", grid, comm_rank,
+                    head_parallel)
 
 
 def step_calibration(sysm: SystemModel, steps: Iterable[list[float]]) -> float:
@@ -541,12 +558,12 @@ def step_calibration(sysm: SystemModel, steps: Iterable[list[float]]) -> float:
     return float(statistics.median(ratios)) if len(ratios) >= 2 else 1.0
 
 
-def step_ops(strategy: AttentionStrategy, w: Workload, s: int, rank: int = 0
-             ) -> list[tuple[str, CommOp]]:
+def step_ops(strategy: AttentionStrategy, w: Workload, s: int, rank: int = 0,
+             head_parallel: int = 1) -> list[tuple[str, CommOp]]:
     """(group name, op) of every collective ``rank`` issues in one step on s ranks: what
     :func:`estimate` prices (the ledger of a run equals them to the byte)."""
-    return step_comm_named(strategy, w.problem, rank, s, w.layers, w.num_params, w.gcn,
-                           w.grid_at(s), w.gcn_block_rows)
+    return step_comm_named(strategy, replace(w.problem, head_parallel=head_parallel), rank, s,
+                           w.layers, w.num_params, w.gcn, w.grid_at(s), w.gcn_block_rows)
 
 
 def comm_time(ops: list[tuple[str, CommOp]], s: int, grid: Grid3D | None,
@@ -554,7 +571,9 @@ def comm_time(ops: list[tuple[str, CommOp]], s: int, grid: Grid3D | None,
     """Seconds of a rank's collectives: each on its group's profiled curve ('rows': s ranks,
     an axis: its extent in ``grid``), its byte-proportional part times
     :meth:`SystemModel.oversubscription`, plus the loaded per-call cost of that group size."""
-    def size(name: str) -> int:
+    def size(name: str, o: CommOp) -> int:
+        if o.group_size:  # a strategy's own sub-group (gp_2d's heads and ring axes)
+            return o.group_size
         return s if name == "rows" or grid is None else grid.dim(name)
 
     share = sysm.oversubscription(s)
@@ -566,8 +585,8 @@ def comm_time(ops: list[tuple[str, CommOp]], s: int, grid: Grid3D | None,
         t0 = sysm.collective_time(op, g, 0)
         return t0 + share * (t - t0)
 
-    t = sum(one(o.op, size(n), max(o.sent, o.recv)) for n, o in ops)
-    calls = Counter(size(n) for n, _ in ops)
+    t = sum(one(o.op, size(n, o), max(o.sent, o.recv)) for n, o in ops)
+    calls = Counter(size(n, o) for n, o in ops)
     return t + sum(c * sysm.sync_time(g) for g, c in calls.items())
 
 
@@ -606,12 +625,13 @@ def scales_for(world_size: int) -> list[int]:
 
 def plan(w: Workload, strategies: list[AttentionStrategy], scales: list[int],
          sysm: SystemModel, memory_limit: int | None = None,
-         gcn_grids: dict[int, Grid3D] | None = None) -> Plan:
+         gcn_grids: dict[int, Grid3D] | None = None, head_parallel: int = 0) -> Plan:
     """Algorithm 3 over ``strategies`` x ``scales`` with the memory filter (module docstring).
 
-    gps: ``gcn_grids`` (scale -> grid of that many ranks) adds, at each of those scales
-    s > 1, a row per strategy with the GCN path 3D on that grid next to the row of ``w``'s
-    own path, so the choice covers the path too."""
+    gp_2d is priced at every head axis a of each scale (its divisors), or at
+    ``head_parallel`` alone when given. gps: ``gcn_grids`` (scale -> grid of that many ranks)
+    adds, at each of those scales s > 1, a row per strategy with the GCN path 3D on that grid
+    next to the row of ``w``'s own path, so the choice covers the path too."""
     if not strategies:
         raise ValueError("no attention strategy to plan with")
     one = estimate(strategies[0], w, 1, sysm)
@@ -619,16 +639,18 @@ def plan(w: Workload, strategies: list[AttentionStrategy], scales: list[int],
     rows = []
     for c in strategies:
         for s in sorted(set(scales)):
-            ests = [one if s == 1 and c is strategies[0] else estimate(c, w, s, sysm)]
-            g = (gcn_grids or {}).get(s)
-            if w.gcn and g is not None and s > 1 and g != w.grid_at(s):
-                if g.size != s:
-                    raise ValueError(f"GCN grid {g} has {g.size} ranks, not {s}")
-                ests.append(estimate(c, replace(w, gcn_grid=g), s, sysm))
-            for est in ests:
-                fits = memory_limit is None or est.memory["total"] <= memory_limit
-                score = math.inf if s == 1 else s * est.beta / (s - 1)
-                rows.append(PlanRow(est, fits, s == 1 or score <= k, score))
+            for a in c.layouts(s, head_parallel):
+                first = s == 1 and c is strategies[0]
+                ests = [one if first else estimate(c, w, s, sysm, a)]
+                g = (gcn_grids or {}).get(s)
+                if w.gcn and g is not None and s > 1 and g != w.grid_at(s):
+                    if g.size != s:
+                        raise ValueError(f"GCN grid {g} has {g.size} ranks, not {s}")
+                    ests.append(estimate(c, replace(w, gcn_grid=g), s, sysm, a))
+                for est in ests:
+                    fits = memory_limit is None or est.memory["total"] <= memory_limit
+                    score = math.inf if s == 1 else s * est.beta / (s - 1)
+                    rows.append(PlanRow(est, fits, s == 1 or score <= k, score))
     ok = [r for r in rows if r.fits and r.passes]
     best = min(ok, key=lambda r: (r.est.time_s, r.est.scale), default=None)
     for r in rows:
@@ -656,7 +678,7 @@ def format_plan(pl: Plan) -> list[str]:
     lines = [
         f"{w.model}: N={w.n} E={w.e} F={w.features} C={w.classes} hidden={w.hidden} "
         f"heads={w.heads} layers={w.layers}; k = t_iter(1)/N = {pl.k:.3e} s",
-        f"{'strategy':<8} {gcn}{'s':>3} {'t_iter s':>9} {'α·E s':>8} {'β·N s':>8} "
+        f"{'strategy':<12} {gcn}{'s':>4} {'t_iter s':>9} {'α·E s':>8} {'β·N s':>8} "
         f"{'comm s':>8} {'MB sent':>8} {'mem GiB':>8} {'fits':>4} {'sβ/(s-1)':>9} "
         f"{'chosen':>6}  why",
     ]
@@ -665,7 +687,7 @@ def format_plan(pl: Plan) -> list[str]:
         score = "-" if math.isinf(r.score) else f"{r.score:.2e}"
         path = f"{e.gcn_label:<9} " if w.gcn else ""
         lines.append(
-            f"{e.strategy:<8} {path}{e.scale:>3} {e.time_s:>9.4f} {e.compute_s:>8.4f} "
+            f"{e.label:<12} {path}{e.scale:>4} {e.time_s:>9.4f} {e.compute_s:>8.4f} "
             f"{e.overhead_s:>8.4f} {e.comm_s:>8.4f} {e.comm_bytes / 1e6:>8.2f} "
             f"{e.memory['total'] / 2**30:>8.3f} {'yes' if r.fits else 'no':>4} {score:>9} "
             f"{'*' if r.chosen else '':>6}  {r.why}")
@@ -674,7 +696,7 @@ def format_plan(pl: Plan) -> list[str]:
         lines.append("no strategy and scale fits the memory limit")
     else:
         via = f", GCN path {c.est.gcn_label}" if w.gcn else ""
-        lines.append(f"choice: {c.est.strategy}{via} on {c.est.scale} rank(s), predicted "
+        lines.append(f"choice: {c.est.label}{via} on {c.est.scale} rank(s), predicted "
                      f"{c.est.time_s:.4f} s per step, {c.est.memory['total'] / 2**30:.3f} GiB "
                      f"per rank")
     return lines

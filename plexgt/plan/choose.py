@@ -15,6 +15,7 @@ only contributes its manifest's numbers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from plexgt.distributed.grid import Grid3D, check_world_size, parse_grid
 from plexgt.distributed.layout3d import LayerLayout
@@ -24,7 +25,7 @@ from plexgt.parallel.attention.strategy import AttentionStrategy
 from plexgt.plan.agp import Plan, SystemModel, Workload, gcn_grid_for, plan
 from plexgt.plan.plexus_cost import Coefficients, default_block_rows, rank_grids
 
-STRATEGIES = ("auto", "gp_ag", "gp_a2a")
+STRATEGIES = ("auto", "gp_ag", "gp_a2a", "gp_ring", "gp_2d")
 """What ``parallel.strategy`` and ``--strategy`` accept: the registry's names, or AGP's pick."""
 
 
@@ -69,6 +70,8 @@ class ModelShape:
     """GCN layer order (gcn): 'auto', 'aggregate_first' or 'gemm_first'."""
     block_rows: int | None = None
     """Rows per aggregation block; None: from the cost model."""
+    ring_chunks: int = 1
+    """Pieces a ring strategy's K/V blocks travel in."""
 
 
 def gcn_dims(sizes: GraphSizes, shape: ModelShape) -> list[int]:
@@ -111,7 +114,8 @@ def workload(sizes: GraphSizes, shape: ModelShape, grid: Grid3D | None = None) -
     return Workload(shape.name, sizes.n, sizes.e, sizes.features, max(1, sizes.classes),
                     shape.hidden, shape.heads, shape.layers, shape.ffn_mult, shape.esize,
                     gcn_grid=grid if gps else None,
-                    gcn_block_rows=shape.block_rows if gps else None)
+                    gcn_block_rows=shape.block_rows if gps else None,
+                    ring_chunks=shape.ring_chunks)
 
 
 def candidates(strategy: str) -> list[AttentionStrategy]:
@@ -125,31 +129,60 @@ def candidates(strategy: str) -> list[AttentionStrategy]:
     return [reg.get(strategy)]
 
 
-def _fastest(pl: Plan) -> tuple[str, Grid3D | None]:
-    """The fastest predicted row of a plan that fits: (strategy, GCN grid or None)."""
+class Layout(NamedTuple):
+    """A gt / gps run's attention layout: the strategy, gps's 3D GCN grid (None: the 1D path
+    or gt), and gp_2d's head axis a (1 for every other strategy)."""
+
+    strategy: str
+    grid: Grid3D | None = None
+    head_parallel: int = 1
+
+
+def _fastest(pl: Plan) -> Layout:
+    """The fastest predicted row of a plan that fits."""
     fits = [r for r in pl.rows if r.fits]
     if not fits:
         raise ConfigError("no attention strategy fits the memory per rank at this job's size")
     best = min(fits, key=lambda r: r.est.time_s).est
-    return best.strategy, best.gcn_grid
+    return Layout(best.strategy, best.gcn_grid, best.head_parallel)
+
+
+def _head_axis(strategy: str, world_size: int, head_parallel: int) -> int:
+    """gp_2d's a as configured (checked against the ranks), else 1."""
+    if strategy != "gp_2d":
+        return 1
+    if head_parallel and world_size % head_parallel:
+        raise ConfigError(f"parallel.head_parallel: {head_parallel} does not divide the "
+                          f"{world_size} ranks")
+    return head_parallel
+
+
+def choose_attention(sizes: GraphSizes, shape: ModelShape, world_size: int,
+                     sysm: SystemModel, strategy: str = "auto", grid: Grid3D | None = None,
+                     memory_per_rank: int | None = None, head_parallel: int = 0) -> Layout:
+    """gt (and gps on a given ``grid``): the configured strategy, or AGP's fastest at the
+    job's size; gp_2d's head axis as configured (``head_parallel`` > 0) or AGP's."""
+    cands = candidates(strategy)
+    if len(cands) == 1 and (cands[0].head_axes is None or head_parallel):
+        return Layout(cands[0].name, grid, _head_axis(cands[0].name, world_size, head_parallel)
+                      or 1)
+    pl = plan(workload(sizes, shape, grid), cands, [world_size], sysm, memory_per_rank,
+              head_parallel=head_parallel)
+    return _fastest(pl)._replace(grid=grid)
 
 
 def choose_strategy(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemModel,
                     strategy: str = "auto", grid: Grid3D | None = None,
                     memory_per_rank: int | None = None) -> str:
-    """gt (and gps on a given ``grid``): the configured strategy, or AGP's fastest at the
-    job's size."""
-    if strategy != "auto":
-        return candidates(strategy)[0].name
-    pl = plan(workload(sizes, shape, grid), candidates(strategy), [world_size], sysm,
-              memory_per_rank)
-    return _fastest(pl)[0]
+    """The strategy name of :func:`choose_attention`."""
+    return choose_attention(sizes, shape, world_size, sysm, strategy, grid,
+                            memory_per_rank).strategy
 
 
 def choose_gps_layout(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemModel,
                       coef: Coefficients, strategy: str = "auto", grid: str = "auto",
-                      memory_per_rank: int | None = None) -> tuple[str, Grid3D | None]:
-    """gps: (strategy, grid of the 3D GCN path or None for the 1D path).
+                      memory_per_rank: int | None = None, head_parallel: int = 0) -> Layout:
+    """gps: the strategy, the grid of the 3D GCN path (None for the 1D path), gp_2d's a.
 
     An explicit ``grid`` is used as given (the strategy priced with it). With 'auto' on more
     than one rank the 3D planner picks its best grid of the job's ranks for the path's d -> d
@@ -157,14 +190,12 @@ def choose_gps_layout(sizes: GraphSizes, shape: ModelShape, world_size: int, sys
     and 3D on that grid, with the given strategy or every strategy for 'auto'; the fastest
     is taken."""
     fixed = resolve_grid(grid, world_size)
-    if fixed is not None:
-        return choose_strategy(sizes, shape, world_size, sysm, strategy, fixed,
-                               memory_per_rank), fixed
-    if world_size == 1:
-        return choose_strategy(sizes, shape, 1, sysm, strategy, None, memory_per_rank), None
+    if fixed is not None or world_size == 1:
+        return choose_attention(sizes, shape, world_size, sysm, strategy, fixed,
+                                memory_per_rank, head_parallel)
     g3 = gps_grid(sizes, shape, world_size, coef)
     pl = plan(workload(sizes, shape), candidates(strategy), [world_size], sysm, memory_per_rank,
-              gcn_grids={world_size: g3})
+              gcn_grids={world_size: g3}, head_parallel=head_parallel)
     return _fastest(pl)
 
 

@@ -42,7 +42,8 @@ def step_comm_named(strategy: AttentionStrategy, problem: AttentionProblem, rank
     """Every collective of one training step on ``rank``, with the name of the group it runs
     over (the ledger's view): 'rows' (all p ranks) or a grid axis 'x', 'y', 'z'.
 
-    Per layer the attention block's collectives and, for gps (gcn=True), the GCN path's: the
+    Per layer the attention block's collectives (over 'rows', or a strategy's own sub-groups:
+    gp_2d's 'heads' and 'ring') and, for gps (gcn=True), the GCN path's: the
     1D layout's (:func:`gcn1d_comm`) or, given ``gcn_grid`` (p ranks; ``block_rows``: the
     blocked aggregation's rows), the 3D path's with its redistribution all-to-alls
     (:func:`~plexgt.parallel.redistribute.gcn3d_comm`); then the loss statistics (sum, count:
@@ -56,7 +57,7 @@ def step_comm_named(strategy: AttentionStrategy, problem: AttentionProblem, rank
         gcn3 = gcn3d_comm(gcn_grid, rank, problem.n, problem.d, problem.esize, block_rows)
     ops: list[tuple[str, CommOp]] = []
     for _ in range(layers):
-        ops += [("rows", o) for o in strategy.comm(problem, rank, p)]
+        ops += [(o.group or "rows", o) for o in strategy.comm(problem, rank, p)]
         if gcn and gcn_grid is None:
             ops += [("rows", o) for o in gcn1d_comm(problem, p)]
         ops += gcn3
@@ -142,7 +143,8 @@ def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int,
         graphs += graph_bytes(n_loc, p * n_loc, -(-problem.e // p)) + (
             -(-problem.e // p)) * e
     out = {
-        "attention_activations": layers * att.activation_bytes + 3 * att.score_elems * e,
+        "attention_activations": (layers * att.activation_bytes + att.transient_bytes
+                                  + 3 * att.score_elems * e),
         "dense_activations": dense,
         "graph": graphs,
         "features": n_loc * features * e,

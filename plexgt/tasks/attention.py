@@ -1,7 +1,8 @@
 """gt / gps for ``plexgt train``: node rows over the ranks, attention by a registered strategy.
 
-* Strategy: ``parallel.strategy`` 'gp_ag' or 'gp_a2a'; 'auto' asks AGP for the fastest at the
-  job's size (:func:`plexgt.plan.choose.choose_strategy`).
+* Strategy: ``parallel.strategy`` 'gp_ag', 'gp_a2a', 'gp_ring' or 'gp_2d' (head axis
+  ``parallel.head_parallel``); 'auto' asks AGP for the fastest at the job's size
+  (:func:`plexgt.plan.choose.choose_attention`).
 * GPS GCN path: 3D (Plexus) on an explicit ``parallel.grid``; with 'auto' on more than one
   rank, 1D or 3D on the 3D planner's grid of the job, whichever AGP predicts faster
   (:func:`plexgt.plan.choose.choose_gps_layout`). The Task's grid and strategy name the
@@ -16,6 +17,7 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -32,6 +34,7 @@ from plexgt.distributed.bootstrap import DistContext
 from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.distributed.grid import Grid3D, block_bounds, build_groups
 from plexgt.errors import ConfigError
+from plexgt.parallel.attention.gp_2d import make_groups
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionStrategy
 from plexgt.parallel.gps_dist import DistGPS
@@ -45,7 +48,7 @@ from plexgt.parallel.rows1d import (
     row_correct,
     row_cross_entropy,
 )
-from plexgt.plan.choose import choose_gps_layout, choose_strategy
+from plexgt.plan.choose import Layout, choose_attention, choose_gps_layout
 from plexgt.tasks.task import (
     AMP,
     DTYPES,
@@ -62,18 +65,26 @@ def read_dist_graph(pg: PreparedGraph, comm: Comm, strategy: AttentionStrategy, 
                     gcn: bool = False, dtype: torch.dtype = torch.float32,
                     setup_ledger: CommLedger | None = None, grid: Grid3D | None = None,
                     axis_comms: dict[str, Comm] | None = None,
-                    block_rows: int | None = None) -> DistGraph:
+                    block_rows: int | None = None, head_parallel: int = 1,
+                    ring_chunks: int = 1, timeout: timedelta | None = None) -> DistGraph:
     """Read what ``comm.rank``'s operators need and build them
-    (:func:`~plexgt.parallel.rows1d.build_dist_graph` has the arguments)."""
+    (:func:`~plexgt.parallel.rows1d.build_dist_graph` has the arguments); gp_2d's head and
+    ring groups are created here, collectively over ``comm``."""
     rows = block_bounds(pg.N, comm.size, comm.rank)
     mine = read_adjacency_q(pg, rows)
-    full = read_adjacency_q(pg) if strategy.full_graph else None
+    want = strategy.rows_held(pg.N, comm.size, comm.rank, head_parallel)
+    held = read_adjacency_q(pg, want) if want != rows else None
+    groups = None
+    if strategy.name == "gp_2d":
+        groups = make_groups(comm, head_parallel, comm.ledger, timeout)
     g3 = None
     if gcn and grid is not None:
         g3 = read_adjacency_q(pg, gcn3d_rows(grid, comm.rank, pg.N))
-    graph = build_dist_graph(pg.N, mine, comm, strategy, heads, full=full, gcn=gcn,
+    graph = build_dist_graph(pg.N, mine, comm, strategy, heads, held=held, gcn=gcn,
                              dtype=dtype, setup_ledger=setup_ledger, grid=grid,
-                             axis_comms=axis_comms, gcn3d_rows=g3, block_rows=block_rows)
+                             axis_comms=axis_comms, gcn3d_rows=g3, block_rows=block_rows,
+                             groups=groups, head_parallel=head_parallel,
+                             ring_chunks=ring_chunks)
     ids = read_node_ids(pg, "Q", rows, -(-pg.N // comm.size))
     return dataclasses.replace(graph, node_ids=torch.from_numpy(ids))
 
@@ -88,17 +99,19 @@ def read_row_data(pg: PreparedGraph, p: int, i: int, dtype: torch.dtype = torch.
     return RowData.from_arrays(rows, x, t.labels, t.masks, dtype)
 
 
-def attention_layout(cfg: TrainConfig, pg: PreparedGraph, world_size: int
-                     ) -> tuple[str, Grid3D | None]:
-    """(strategy, grid of gps's 3D GCN path or None) of a gt / gps run on ``world_size``
-    ranks: the same on every rank, since it reads only sizes, the config and the profile."""
+def attention_layout(cfg: TrainConfig, pg: PreparedGraph, world_size: int) -> Layout:
+    """(strategy, grid of gps's 3D GCN path or None, gp_2d's head axis) of a gt / gps run on
+    ``world_size`` ranks: the same on every rank, since it reads only sizes, the config and
+    the profile."""
     sizes, shape = graph_sizes(pg), model_shape(cfg)
     prof = machine_profile(cfg)
     sysm = system_model_for(prof)
     if cfg.model.name == "gps":
         return choose_gps_layout(sizes, shape, world_size, sysm, plexus_coefficients_for(prof),
-                                 cfg.parallel.strategy, cfg.parallel.grid)
-    return choose_strategy(sizes, shape, world_size, sysm, cfg.parallel.strategy), None
+                                 cfg.parallel.strategy, cfg.parallel.grid,
+                                 head_parallel=cfg.parallel.head_parallel)
+    return choose_attention(sizes, shape, world_size, sysm, cfg.parallel.strategy,
+                            head_parallel=cfg.parallel.head_parallel)
 
 
 def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
@@ -111,7 +124,7 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
     dt = DTYPES[cfg.dtype]
     comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
     gps = cfg.model.name == "gps"
-    sname, grid = attention_layout(cfg, pg, ctx.world_size)
+    sname, grid, head_axis = attention_layout(cfg, pg, ctx.world_size)
     axis = None
     if grid is not None:
         groups = build_groups(grid, ctx.rank, ctx.world_size, ctx.timeout)
@@ -119,7 +132,9 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
     before = pg.bytes_read
     graph = read_dist_graph(pg, comm, default_registry().get(sname), cfg.model.heads, gcn=gps,
                             dtype=dt, grid=grid, axis_comms=axis,
-                            block_rows=cfg.parallel.block_rows or None).to(ctx.device)
+                            block_rows=cfg.parallel.block_rows or None,
+                            head_parallel=head_axis, ring_chunks=cfg.parallel.ring_chunks,
+                            timeout=ctx.timeout).to(ctx.device)
     data = read_row_data(pg, ctx.world_size, ctx.rank, dt).to(ctx.device)
     torch.manual_seed(cfg.seed)  # identical replicated parameters on every rank
     cls = DistGPS if gps else DistGraphTransformer
@@ -134,7 +149,8 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
         correct=lambda out: row_correct(out, data.labels, data.masks, comm),
         ledger=ledger,
         grid=str(grid) if grid is not None else f"rows{ctx.world_size}",
-        strategy=sname + ("+plexus3d" if grid is not None else ""),
+        strategy=(f"gp_2d {head_axis}x{ctx.world_size // head_axis}" if sname == "gp_2d"
+                  else sname) + ("+plexus3d" if grid is not None else ""),
         bytes_read=pg.bytes_read - before,
         amp=AMP.get(cfg.dtype),
     )

@@ -72,7 +72,8 @@ def model_shape(cfg: TrainConfig) -> ModelShape:
     """The planners' view of the configured model."""
     m = cfg.model
     return ModelShape(m.name, m.hidden, m.layers, m.heads, m.ffn_mult, esize_of(cfg),
-                      cfg.parallel.gcn_order, cfg.parallel.block_rows or None)
+                      cfg.parallel.gcn_order, cfg.parallel.block_rows or None,
+                      cfg.parallel.ring_chunks)
 
 
 def machine_profile(cfg: TrainConfig) -> dict[str, Any] | None:

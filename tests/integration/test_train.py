@@ -117,7 +117,7 @@ def test_gps_trains_on_the_gcn_path_agp_chooses(data, tmp_path):
     for grid_arg in ("auto", "1x1x2"):
         cfg = load_config(None, None, [f"--data={data}", "--model.name=gps",
                                        "--model.hidden=16", f"--parallel.grid={grid_arg}"])
-        sname, grid = attention_layout(cfg, PreparedGraph(data), 2)
+        sname, grid, _ = attention_layout(cfg, PreparedGraph(data), 2)
         want = (str(grid), f"{sname}+plexus3d") if grid else ("rows2", sname)
         m = tmp_path / f"{grid_arg}.jsonl"
         r = _train(data, 2, "--model", "gps", "--grid", grid_arg, "--epochs", "3",

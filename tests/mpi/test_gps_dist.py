@@ -65,9 +65,13 @@ def test_gps_step_equals_reference(prepared, groups, p, strategy):
 
 
 # the gps curves are the slowest model tests at 6 and 8 ranks: there each runs one strategy
-# (gp_a2a at 6, gp_ag at 8; PLEXGT_ALL_GRIDS=1 both); both run at every smaller world and in
-# the one-step tests
-CURVE_STRATEGIES = STRATEGIES if WORLD < 6 or ALL_GRIDS else [STRATEGIES[(WORLD // 2) % 2]]
+# (gp_a2a at 6, gp_ag at 8; PLEXGT_ALL_GRIDS=1 all); below, GP-AG, GP-A2A and GP-Ring (GP-2D
+# runs a ring: its curve is in test_ring_dist), and every strategy in the one-step tests
+CURVE_STRATEGIES = (STRATEGIES if ALL_GRIDS else ["gp_ag", "gp_a2a", "gp_ring"] if WORLD < 6
+                    else [STRATEGIES[(WORLD // 2) % 2]])
+PATH_STRATEGIES = STRATEGIES if ALL_GRIDS else ["gp_ag", "gp_a2a"]
+"""The 3D GCN path is independent of the attention strategy: its tests run the node- and
+the head-partitioned one (PLEXGT_ALL_GRIDS=1: every one)."""
 
 
 @pytest.mark.parametrize("strategy", CURVE_STRATEGIES)
@@ -76,7 +80,7 @@ def test_gps_training_follows_reference(prepared, groups, p, strategy):
     check_training(prepared, groups, p, strategy, GPS, DistGPS, True)
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", PATH_STRATEGIES)
 @pytest.mark.parametrize("p,grid", CASES)
 def test_gps_3d_path_step_equals_reference(prepared, groups, axis_groups, p, grid, strategy):
     check_one_step(prepared, groups, p, strategy, GPS, DistGPS, True, grid=_grid(grid),
@@ -90,7 +94,7 @@ def test_gps_3d_path_training_follows_reference(prepared, groups, axis_groups, p
                    axis_groups=axis_groups[grid])
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", PATH_STRATEGIES + ["gp_ring"])
 @pytest.mark.parametrize("p,grid", CASES)
 def test_gps_3d_step_ledger_equals_agp_step_ops(prepared, groups, axis_groups, p, grid,
                                                strategy):

@@ -110,14 +110,14 @@ def test_step_bytes_adds_loss_and_gradient_all_reduce():
 
 def test_registry_is_extensible_and_local():
     reg = default_registry()
-    assert reg.names() == ["gp_ag", "gp_a2a"]
-    mine = AttentionStrategy("mine", "test", reg.get("gp_ag").forward, reg.get("gp_ag").comm,
-                             reg.get("gp_ag").memory, False)
+    assert reg.names() == ["gp_ag", "gp_a2a", "gp_ring", "gp_2d"]
+    ag = reg.get("gp_ag")
+    mine = AttentionStrategy("mine", "test", ag.forward, ag.comm, ag.memory, ag.work, False)
     reg.register(mine)
     assert "mine" in reg and "mine" not in default_registry()
     with pytest.raises(ValueError):
         reg.register(mine)
-    with pytest.raises(KeyError, match="known: gp_ag, gp_a2a, mine"):
+    with pytest.raises(KeyError, match="known: gp_ag, gp_a2a, gp_ring, gp_2d, mine"):
         reg.get("nope")
     assert len(StrategyRegistry()) == 0
 
@@ -527,9 +527,11 @@ def test_plan_prices_both_gcn_paths_and_chooses_among_them():
     grids = {s: gcn_grid_for(s, 20_000, 420_000, 64, 4) for s in (2, 4, 8)}
     assert all(g.size == s for s, g in grids.items())
     pl = plan(_gps(), list(default_registry()), scales_for(8), _sysm(1e-6, 1e-11), None, grids)
-    got = {(r.est.strategy, r.est.scale, r.est.gcn_label) for r in pl.rows}
-    want = {(c, s, "1d") for c in ("gp_ag", "gp_a2a") for s in (1, 2, 4, 8)} | {
-        (c, s, f"3d {grids[s]}") for c in ("gp_ag", "gp_a2a") for s in (2, 4, 8)}
+    got = {(r.est.label, r.est.scale, r.est.gcn_label) for r in pl.rows}
+    labels = {s: ["gp_ag", "gp_a2a", "gp_ring"] + [f"gp_2d {a}x{s // a}" for a in (1, 2, 4, 8)
+                                                   if s % a == 0] for s in (1, 2, 4, 8)}
+    want = {(c, s, "1d") for s in (1, 2, 4, 8) for c in labels[s]} | {
+        (c, s, f"3d {grids[s]}") for s in (2, 4, 8) for c in labels[s]}
     assert got == want and len(pl.rows) == len(want)
     fine = [r for r in pl.rows if r.fits and r.passes]
     assert pl.choice.est.time_s == min(r.est.time_s for r in fine)
@@ -539,6 +541,6 @@ def test_plan_prices_both_gcn_paths_and_chooses_among_them():
     # a workload that already runs 3D at a scale gets no duplicate row there
     g = Grid3D(2, 2, 1)
     pl = plan(_gps(g), list(default_registry()), [4], _sysm(), None, {4: g})
-    assert [r.est.gcn_path for r in pl.rows] == ["3d", "3d"]
+    assert [r.est.gcn_path for r in pl.rows] == ["3d"] * 6  # gp_2d: 1x4, 2x2, 4x1
     with pytest.raises(ValueError, match="has 4 ranks, not 8"):
         plan(_gps(), list(default_registry()), [8], _sysm(), None, {8: g})

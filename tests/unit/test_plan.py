@@ -46,11 +46,13 @@ def test_plan_attention_table_and_choice(prepared, tmp_path, capsys, model):
     assert rc == 0
     assert "k = t_iter(1)/N" in out and "choice:" in out
     table = json.loads(js.read_text())
-    assert {(r["strategy"], r["scale"]) for r in table["rows"]} == {
-        (s, p) for s in ("gp_ag", "gp_a2a") for p in (1, 2, 4, 8)}
+    labels = {(r["label"], r["scale"]) for r in table["rows"]}
+    assert labels == {(s, p) for s in ("gp_ag", "gp_a2a", "gp_ring") for p in (1, 2, 4, 8)} | {
+        (f"gp_2d {a}x{p // a}", p) for p in (1, 2, 4, 8) for a in (1, 2, 4, 8) if p % a == 0}
     chosen = [r for r in table["rows"] if r["chosen"]]
     assert len(chosen) == 1 and chosen[0]["fits"] and chosen[0]["passes"]
-    assert table["choice"] == {"strategy": chosen[0]["strategy"], "scale": chosen[0]["scale"]}
+    assert table["choice"] == {"strategy": chosen[0]["strategy"], "scale": chosen[0]["scale"],
+                               "head_parallel": chosen[0]["head_parallel"]}
 
 
 def test_plan_memory_limit_excludes_and_can_leave_nothing(prepared, capsys):
@@ -151,9 +153,11 @@ def test_plan_gps_shows_the_gcn_path_of_every_row(prepared, tmp_path, capsys):
     table = json.loads(js.read_text())
     grids = table["gcn"]["grids"]
     assert set(grids) == {"2", "4"} and f"4 ranks {grids['4']}" in out
-    paths = {(r["strategy"], r["scale"], r["gcn_path"], r["gcn_grid"]) for r in table["rows"]}
-    assert paths == {(s, p, "1d", None) for s in ("gp_ag", "gp_a2a") for p in (1, 2, 4)} | {
-        (s, p, "3d", grids[str(p)]) for s in ("gp_ag", "gp_a2a") for p in (2, 4)}
+    paths = {(r["strategy"], r["scale"], r["gcn_path"], r["gcn_grid"]) for r in table["rows"]
+             if r["strategy"] != "gp_2d" or r["head_parallel"] == 1}
+    names = ("gp_ag", "gp_a2a", "gp_ring", "gp_2d")
+    assert paths == {(s, p, "1d", None) for s in names for p in (1, 2, 4)} | {
+        (s, p, "3d", grids[str(p)]) for s in names for p in (2, 4)}
     chosen = next(r for r in table["rows"] if r["chosen"])
     assert table["gcn"]["choice"] == {"gcn_path": chosen["gcn_path"],
                                       "gcn_grid": chosen["gcn_grid"]}
@@ -176,7 +180,7 @@ def test_gps_grid_auto_takes_the_faster_gcn_path(prepared, strategy):
     cfg = load_config(None, None, [f"--data={prepared}", "--model.name=gps",
                                    "--model.hidden=16", f"--parallel.strategy={strategy}"])
     assert attention_layout(cfg, pg, 1)[1] is None
-    sname, grid = attention_layout(cfg, pg, 4)
+    sname, grid, _ = attention_layout(cfg, pg, 4)
     if strategy != "auto":
         assert sname == strategy
     g = gcn_grid_for(4, pg.N, pg.E + (0 if pg.manifest.get("self_loops") else pg.N), 16, 4)

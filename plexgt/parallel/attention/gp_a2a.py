@@ -23,12 +23,14 @@ import functools
 
 import torch
 
-from plexgt.distributed.collectives import CommOp, all_to_all
+from plexgt.distributed.collectives import CommOp
 from plexgt.ops.attention import sparse_attention
+from plexgt.parallel.attention.heads import heads_to_nodes, nodes_to_heads
 from plexgt.parallel.attention.strategy import (
     AttentionProblem,
     AttentionShard,
     AttentionStrategy,
+    KernelWork,
     MemoryEstimate,
     graph_bytes,
     head_splits,
@@ -37,39 +39,13 @@ from plexgt.parallel.attention.strategy import (
 Tensor = torch.Tensor
 
 
-def nodes_to_heads(x: Tensor, shard: AttentionShard) -> Tensor:
-    """[N/p, h, d'] rows over the group -> [p·N/p, h_r, d'] (a view of head-major memory).
-
-    Head-major rows [h, N/p, d'] are cut by head blocks (h_j·N/p rows to rank j); rank r
-    receives [p, h_r, N/p, d'], which reordered is [h_r, N, d'] in Q order.
-    """
-    comm, n_loc = shard.comm, shard.n_loc
-    hs = shard.head_splits
-    h_me, p = hs[comm.rank], comm.size
-    d = x.shape[2]
-    flat = x.transpose(0, 1).reshape(-1, d)
-    got = all_to_all(flat, comm, [hj * n_loc for hj in hs], [h_me * n_loc] * p, dim=0)
-    heads = got.view(p, h_me, n_loc, d).transpose(0, 1).reshape(h_me, p * n_loc, d)
-    return heads.transpose(0, 1)
-
-
-def heads_to_nodes(y: Tensor, shard: AttentionShard) -> Tensor:
-    """[p·N/p, h_r, d'] (head partition) -> [N/p, h, d'] this rank's rows of every head."""
-    comm, n_loc = shard.comm, shard.n_loc
-    hs = shard.head_splits
-    h_me, p = hs[comm.rank], comm.size
-    d = y.shape[2]
-    blocks = y.transpose(0, 1).reshape(h_me, p, n_loc, d).transpose(0, 1).reshape(-1, d)
-    got = all_to_all(blocks, comm, [h_me * n_loc] * p, [hj * n_loc for hj in hs], dim=0)
-    return got.view(sum(hs), n_loc, d).transpose(0, 1)
-
-
 def gp_a2a_forward(shard: AttentionShard, q: Tensor, k: Tensor, v: Tensor,
                    block_rows: int | None = None) -> Tensor:
     """q, k, v [N/p, h, d'] (rows over the group) -> y [N/p, h, d'] (rows over the group)."""
-    qh, kh, vh = (nodes_to_heads(t, shard) for t in (q, k, v))
+    comm, n_loc, h = shard.comm, shard.n_loc, shard.heads
+    qh, kh, vh = (nodes_to_heads(t, comm, n_loc, h) for t in (q, k, v))
     y = sparse_attention(shard.graph, qh, kh, vh, block_rows=block_rows)
-    return heads_to_nodes(y, shard)
+    return heads_to_nodes(y, comm, n_loc, h)
 
 
 _head_splits = functools.lru_cache(maxsize=64)(head_splits)
@@ -104,11 +80,20 @@ def gp_a2a_memory(problem: AttentionProblem, p: int) -> MemoryEstimate:
                           problem.e * h_max)
 
 
+def gp_a2a_work(problem: AttentionProblem, p: int) -> KernelWork:
+    """ceil(h/p) heads on all E edges, N rows and columns, and the layout permutes."""
+    n_pad = p * problem.rows(p)
+    h_max = head_splits(problem.heads, p)[0]
+    copies = n_pad * h_max * problem.head_dim if p > 1 else 0
+    return KernelWork(h_max, problem.e, n_pad, n_pad, n_pad, copy_elems=copies)
+
+
 GP_A2A = AttentionStrategy(
     name="gp_a2a",
     description="head partition; all-to-all Q, K, V to heads and Y back",
     forward=gp_a2a_forward,
     comm=gp_a2a_comm,
     memory=gp_a2a_memory,
+    work=gp_a2a_work,
     full_graph=True,
 )

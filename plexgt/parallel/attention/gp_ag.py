@@ -30,6 +30,7 @@ from plexgt.parallel.attention.strategy import (
     AttentionProblem,
     AttentionShard,
     AttentionStrategy,
+    KernelWork,
     MemoryEstimate,
     graph_bytes,
 )
@@ -70,11 +71,18 @@ def gp_ag_memory(problem: AttentionProblem, p: int) -> MemoryEstimate:
                           e_loc * problem.heads)
 
 
+def gp_ag_work(problem: AttentionProblem, p: int) -> KernelWork:
+    """Every head on E/p edges; the kernel streams all N gathered columns (N/p of them its own)."""
+    n_loc = problem.rows(p)
+    return KernelWork(problem.heads, problem.e / p, n_loc, p * n_loc, n_loc)
+
+
 GP_AG = AttentionStrategy(
     name="gp_ag",
     description="node partition; all-gather K, V; reduce-scatter dK, dV",
     forward=gp_ag_forward,
     comm=gp_ag_comm,
     memory=gp_ag_memory,
+    work=gp_ag_work,
     full_graph=False,
 )

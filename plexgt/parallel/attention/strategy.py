@@ -21,7 +21,7 @@ mutable state. Adding a strategy is one new module and one line there.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -58,6 +58,10 @@ class AttentionProblem:
     """Heads h."""
     esize: int = 4
     """Bytes per element of activations."""
+    head_parallel: int = 1
+    """gp_2d: ranks a of the inner (head) axis; the ring runs over the p/a groups."""
+    ring_chunks: int = 1
+    """gp_ring / gp_2d: pieces c each rank's K/V block travels in (memory in flight 1/c)."""
 
     @property
     def head_dim(self) -> int:
@@ -80,10 +84,38 @@ class MemoryEstimate:
     score_elems: int = 0
     """Elements of one [h, E] score array on this rank (E·h/p): the kernel's backward holds
     about three more of them at once, for one layer at a time."""
+    transient_bytes: int = 0
+    """Bytes held during one layer's backward only (a ring's gradients and pieces in flight),
+    beyond ``activation_bytes`` which every layer keeps until its backward."""
 
     @property
     def total(self) -> int:
-        return self.activation_bytes + self.graph_bytes
+        return self.activation_bytes + self.transient_bytes + self.graph_bytes
+
+
+@dataclass(frozen=True)
+class KernelWork:
+    """What the busiest rank's attention kernels touch in one block: the sizes a cost model
+    prices (:mod:`plexgt.plan.agp`), written beside each strategy's forward."""
+
+    heads: int
+    """Heads the rank computes."""
+    edges: float
+    """Edges it computes them on."""
+    rows: int
+    """Query rows of its [heads, rows, d'] passes."""
+    cols: int
+    """Key columns its kernels stream, in all."""
+    own_cols: int
+    """Of those, the ones that shrink with the ranks (the rest is overhead that does not)."""
+    launches: int = 1
+    """Kernel launches per head (one per column block of a ring)."""
+    recompute: int = 0
+    """SDDMMs the backward redoes per edge (a ring rebuilds its scores from the lse)."""
+    copy_elems: int = 0
+    """Elements of one node <-> head layout permute (all-to-all strategies)."""
+    merge_elems: int = 0
+    """Elements of the online-softmax merges of partial outputs (a ring's blocks)."""
 
 
 @dataclass(frozen=True)
@@ -106,10 +138,27 @@ class AttentionShard:
     """Padded rows per rank, ceil(N/p): the first dimension of q, k, v and y."""
     graph: CSRGraph
     heads: int
+    groups: dict[str, Comm] = field(default_factory=dict)
+    """Sub-groups a strategy runs over beyond ``comm`` (gp_2d: 'heads' of a ranks, 'ring' of
+    p/a ranks)."""
+    blocks: tuple[tuple[CSRGraph, ...], ...] = ()
+    """Ring strategies: ``blocks[j][i]`` = the pattern's columns of ring member j's chunk i,
+    re-indexed from 0 ([rows, chunk rows]); built by the strategy's ``prepare``."""
+    chunk_bounds: tuple[Range, ...] = ()
+    """Ring strategies: row range of each chunk inside a member's K/V block."""
+    head_parallel: int = 1
+    """gp_2d: ranks a of the head axis (1 for every other strategy)."""
+    ring_chunks: int = 1
+    """Ring strategies: pieces each K/V block travels in."""
 
     @property
     def head_splits(self) -> tuple[int, ...]:
         return head_splits(self.heads, self.comm.size)
+
+    def to(self, device: torch.device | str) -> AttentionShard:
+        """The same shard with its patterns (and their cached transposes) on ``device``."""
+        return replace(self, graph=self.graph.to(device),
+                       blocks=tuple(tuple(b.to(device) for b in row) for row in self.blocks))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, block_rows: int | None = None) -> Tensor:
         """q, k, v [N/p, h, d'] (rows over the group) -> y [N/p, h, d'] (this rank's rows)."""
@@ -119,6 +168,8 @@ class AttentionShard:
 AttentionForward = Callable[[AttentionShard, Tensor, Tensor, Tensor, "int | None"], Tensor]
 CommFunction = Callable[[AttentionProblem, int, int], list[CommOp]]
 MemoryFunction = Callable[[AttentionProblem, int], MemoryEstimate]
+WorkFunction = Callable[[AttentionProblem, int], KernelWork]
+PatternRows = Callable[[int, int, int, int], Range]
 
 
 @dataclass(frozen=True)
@@ -132,8 +183,39 @@ class AttentionStrategy:
     """(problem, rank, p) -> the rank's collectives of one block, forward then backward."""
     memory: MemoryFunction
     """(problem, p) -> the most loaded rank's bytes of one block."""
+    work: WorkFunction
+    """(problem, p) -> the most loaded rank's kernel sizes of one block."""
     full_graph: bool
     """True: every rank stores all N rows of the pattern (head partition)."""
+    pattern_rows: PatternRows | None = None
+    """(n, p, rank, a) -> the padded Q-order rows [lo, hi) (whole ceil(N/p) blocks, so hi may
+    pass N) whose pattern the rank stores; None: its own block (node partition) or, with
+    ``full_graph``, all p blocks."""
+    prepare: Callable[[AttentionShard], AttentionShard] | None = None
+    """Builds what the forward needs beyond the padded pattern (a ring's column blocks)."""
+    head_axes: Callable[[int], list[int]] | None = None
+    """p -> the head-axis sizes a the strategy can run with on p ranks (gp_2d: the divisors
+    of p); None: only a = 1."""
+
+    def layouts(self, p: int, head_parallel: int = 0) -> list[int]:
+        """The head axes a plan prices on p ranks: ``head_parallel`` when given (and valid),
+        else every one :attr:`head_axes` allows."""
+        axes = self.head_axes(p) if self.head_axes is not None else [1]
+        if head_parallel and self.head_axes is not None:
+            return [head_parallel] if head_parallel in axes else []
+        return axes
+
+    def padded_rows(self, n: int, p: int, rank: int, head_parallel: int = 1) -> Range:
+        """Padded Q-order rows of the pattern ``rank`` of p stores (whole ceil(N/p) blocks)."""
+        if self.pattern_rows is not None:
+            return self.pattern_rows(n, p, rank, head_parallel)
+        n_loc = -(-n // p)
+        return (0, p * n_loc) if self.full_graph else (rank * n_loc, (rank + 1) * n_loc)
+
+    def rows_held(self, n: int, p: int, rank: int, head_parallel: int = 1) -> Range:
+        """The real rows among :meth:`padded_rows` (what a reader reads; maybe none)."""
+        lo, hi = self.padded_rows(n, p, rank, head_parallel)
+        return (min(lo, n), min(hi, n))
 
     def comm_bytes(self, problem: AttentionProblem, rank: int, p: int) -> dict[str, int]:
         """Bytes sent per operation name by ``rank`` in one block (forward + backward)."""
@@ -189,25 +271,32 @@ class StrategyRegistry:
 
 
 def make_shard(strategy: AttentionStrategy, comm: Comm, n: int, heads: int,
-               adjacency: CSRGraph) -> AttentionShard:
+               adjacency: CSRGraph, groups: dict[str, Comm] | None = None,
+               head_parallel: int = 1, ring_chunks: int = 1) -> AttentionShard:
     """Wrap a rank's pattern as an :class:`AttentionShard`, padding it to the strategy's shape.
 
-    ``adjacency``: [hi-lo, N] (this rank's rows) for a node-partitioned strategy, [N, N] for a
-    full-graph one; columns in Q order. Rows and columns are padded to multiples of ceil(N/p).
+    ``adjacency``: [hi-lo, N], the rows :meth:`AttentionStrategy.rows_held` names (its own
+    block, its head group's rows, or all N), columns in Q order. Rows are padded to a whole
+    number of ceil(N/p) blocks, columns to p·ceil(N/p). ``groups``, ``head_parallel`` and
+    ``ring_chunks`` are what gp_2d and the ring strategies run over.
     """
 
     p = comm.size
     n_loc = -(-n // p)
     rows = block_bounds(n, p, comm.rank)
-    want = (n if strategy.full_graph else rows[1] - rows[0], n)
-    if adjacency.shape != want:
-        raise ValueError(f"{strategy.name} on rank {comm.rank}/{p} needs a {want[0]}x{want[1]} "
+    lo, hi = strategy.rows_held(n, p, comm.rank, head_parallel)
+    if adjacency.shape != (hi - lo, n):
+        raise ValueError(f"{strategy.name} on rank {comm.rank}/{p} needs a {hi - lo}x{n} "
                          f"pattern, got {adjacency.shape[0]}x{adjacency.shape[1]}")
-    nrows = p * n_loc if strategy.full_graph else n_loc
-    g = pad_rows(adjacency, nrows, p * n_loc)
+    if ring_chunks < 1:
+        raise ValueError(f"ring_chunks must be at least 1, got {ring_chunks}")
+    plo, phi = strategy.padded_rows(n, p, comm.rank, head_parallel)
+    g = pad_rows(adjacency, phi - plo, p * n_loc)
     g.transpose()
     _ = g.row
-    return AttentionShard(strategy, comm, n, rows, n_loc, g, heads)
+    shard = AttentionShard(strategy, comm, n, rows, n_loc, g, heads, dict(groups or {}),
+                           head_parallel=head_parallel, ring_chunks=ring_chunks)
+    return strategy.prepare(shard) if strategy.prepare is not None else shard
 
 
 def pad_rows(g: CSRGraph, num_rows: int, num_cols: int) -> CSRGraph:

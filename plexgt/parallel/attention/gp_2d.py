@@ -1,0 +1,196 @@
+"""GP-2D: heads inside a group of a ranks (all-to-all), a ring across the b = p/a groups.
+
+p = a·b ranks; group g holds the rows of its a ranks, [a·N/p] (contiguous in Q order), and
+rank k of the group (a 'heads' axis, meant to sit inside a node) works on h_k of the h heads
+(h//a, one more on the first h%a ranks). Ranks with the same k form the 'ring' axis, stride a.
+
+forward
+    Q, K, V [N/p, h, d'] --all-to-all over heads--> [a·N/p, h_k, d']   (as GP-A2A, in a group)
+    ring attention across the b groups for those heads (:mod:`~plexgt.parallel.attention.ring`):
+    the group's pattern rows [a·N/p, N] cut into b column blocks, K/V blocks rotating
+    Y [a·N/p, h_k, d'] --all-to-all--> [N/p, h, d']
+backward: the ring's backward, the adjoint all-to-alls
+
+Why: GP-A2A stores the whole graph on every rank and has nothing for more ranks than heads;
+GP-Ring keeps all heads on every rank. Here a rank stores its group's rows (E/b edges), holds
+K/V of 2·N·d/p, and the ring's traffic shrinks with a. a = 1 is GP-Ring, b = 1 is GP-A2A.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from plexgt.distributed.collectives import Comm, CommLedger, CommOp
+from plexgt.ops.csr import CSRGraph
+from plexgt.parallel.attention.heads import heads_to_nodes, nodes_to_heads
+from plexgt.parallel.attention.ring import (
+    Ring,
+    chunk_bounds,
+    column_blocks,
+    ring_attention,
+    ring_comm,
+    ring_memory_elems,
+)
+from plexgt.parallel.attention.strategy import (
+    GRAPH_BYTES_PER_EDGE,
+    INDEX_BYTES,
+    AttentionProblem,
+    AttentionShard,
+    AttentionStrategy,
+    KernelWork,
+    MemoryEstimate,
+    head_splits,
+)
+
+Tensor = torch.Tensor
+
+
+def check_factor(p: int, a: int) -> None:
+    """a must divide p (the head axis tiles the ranks)."""
+    if a < 1 or p % a:
+        raise ValueError(f"gp_2d: head_parallel={a} does not divide {p} ranks")
+
+
+def factorisations(p: int) -> list[int]:
+    """Every head-axis size a of p ranks (the divisors of p), smallest first."""
+    return [a for a in range(1, p + 1) if p % a == 0]
+
+
+def group_rows(n: int, p: int, rank: int, a: int) -> tuple[int, int]:
+    """Padded Q-order rows of ``rank``'s head group: its a ranks' blocks of ceil(N/p)."""
+    check_factor(p, a)
+    n_loc = -(-n // p)
+    g = rank // a
+    return g * a * n_loc, (g + 1) * a * n_loc
+
+
+def make_groups(comm: Comm, a: int, ledger: CommLedger, timeout: timedelta | None = None
+                ) -> dict[str, Comm]:
+    """This rank's 'heads' (a consecutive ranks of ``comm``) and 'ring' (stride a) groups.
+
+    Only a group's members take part in creating it (local synchronisation), every rank its
+    head group first, so ranks of different groups never wait for each other. torch names such
+    groups by their ranks and the creating rank's count of groups, so every rank of the job
+    must have created as many groups before (true of plexgt's runs: the world, then these).
+    An axis of extent p is ``comm``'s own group."""
+    p = comm.size
+    check_factor(p, a)
+    b, g, k = p // a, comm.rank // a, comm.rank % a
+    if p == 1:
+        return {"heads": Comm.single("heads", ledger), "ring": Comm.single("ring", ledger)}
+    members = [dist.get_global_rank(comm.group, i) for i in range(p)]
+    kw = {} if timeout is None else {"timeout": timeout}
+    out = {}
+    for name, size, ranks in (("heads", a, [members[g * a + j] for j in range(a)]),
+                              ("ring", b, [members[j * a + k] for j in range(b)])):
+        if size == 1:
+            out[name] = Comm.single(name, ledger)
+        elif size == p:  # the whole group (a = 1 or b = 1): no new group to create
+            out[name] = Comm(comm.group, p, comm.rank, name, ledger)
+        else:
+            grp = dist.new_group(ranks, use_local_synchronization=True, **kw)
+            out[name] = Comm.from_group(grp, name, ledger)
+    return out
+
+
+def _prepare(shard: AttentionShard) -> AttentionShard:
+    a = shard.head_parallel
+    p = shard.comm.size
+    check_factor(p, a)
+    if set(shard.groups) != {"heads", "ring"}:
+        raise ValueError("gp_2d needs its 'heads' and 'ring' groups (gp_2d.make_groups)")
+    m = a * shard.n_loc
+    chunks = chunk_bounds(m, shard.ring_chunks)
+    blocks = column_blocks(shard.graph, p // a, m, chunks)
+    g = shard.graph
+    bare = CSRGraph(g.indptr, g.indices, g.num_rows, g.num_cols)
+    return dataclasses.replace(shard, graph=bare, blocks=blocks, chunk_bounds=chunks)
+
+
+def gp_2d_forward(shard: AttentionShard, q: Tensor, k: Tensor, v: Tensor,
+                  block_rows: int | None = None) -> Tensor:
+    """q, k, v [N/p, h, d'] (rows over the group) -> y [N/p, h, d'] (rows over the group)."""
+    heads = shard.groups["heads"]
+    n_loc, h = shard.n_loc, shard.heads
+    qh, kh, vh = (nodes_to_heads(t, heads, n_loc, h) for t in (q, k, v))
+    y = ring_attention(qh, kh, vh, Ring(shard.groups["ring"], shard.blocks, shard.chunk_bounds))
+    return heads_to_nodes(y, heads, n_loc, h)
+
+
+def gp_2d_comm(problem: AttentionProblem, rank: int, p: int) -> list[CommOp]:
+    """Over 'heads' (a ranks): Q, K, V to the head partition and Y back, and their adjoints,
+    each moving (a-1)/a of n·d when a divides h; over 'ring' (b ranks): the ring's steps for
+    this rank's h_k heads on a·N/p rows."""
+    a = problem.head_parallel
+    check_factor(p, a)
+    b, k = p // a, rank % a
+    n_loc = problem.rows(p)
+    hk = head_splits(problem.heads, a)[k]
+    ops: list[CommOp] = []
+    if a > 1:
+        row = n_loc * problem.head_dim * problem.esize
+        to_heads = ((problem.heads - hk) * row, (a - 1) * hk * row)
+        to_nodes = (to_heads[1], to_heads[0])
+        ops += [CommOp("all_to_all", s, r, "forward", "heads", a)
+                for s, r in [to_heads] * 3 + [to_nodes]]
+    ring = [CommOp(o.op, o.sent, o.recv, o.phase, "ring", b)
+            for o in ring_comm(a * n_loc, hk, problem.head_dim, b, problem.ring_chunks,
+                               problem.esize)]
+    ops += ring
+    if a > 1:
+        ops += [CommOp("all_to_all", s, r, "backward", "heads", a)
+                for s, r in [to_heads] + [to_nodes] * 3]
+    return ops
+
+
+def gp_2d_memory(problem: AttentionProblem, p: int) -> MemoryEstimate:
+    """Q, K, V, Y of h/a heads on the group's a·N/p rows (4·N·d/p, kept), the ring's terms
+    on them, and the group's pattern (E/b edges) cut into b column blocks."""
+    a = problem.head_parallel
+    check_factor(p, a)
+    b = p // a
+    n_loc = problem.rows(p)
+    m = a * n_loc
+    hk = head_splits(problem.heads, a)[0]
+    dh = problem.head_dim
+    e_grp = -(-problem.e // b)
+    pieces = len(chunk_bounds(m, problem.ring_chunks)) or 1
+    e_blk = -(-e_grp // (b * pieces))
+    kept, transient = ring_memory_elems(m, m, hk, dh, b, problem.ring_chunks)
+    kept += 4 * m * hk * dh
+    pointers = b * (pieces * (m + 1) + m + pieces)
+    graph = (m + 1 + e_grp + pointers) * INDEX_BYTES + e_grp * GRAPH_BYTES_PER_EDGE
+    return MemoryEstimate(kept, kept * problem.esize, graph, e_blk * hk,
+                          transient * problem.esize)
+
+
+def gp_2d_work(problem: AttentionProblem, p: int) -> KernelWork:
+    """h/a heads on the group's E/b edges and a·N/p rows, over b·c column blocks; the
+    layout permutes of the head axis and the ring's merges."""
+    a = problem.head_parallel
+    check_factor(p, a)
+    b = p // a
+    m = a * problem.rows(p)
+    hk = head_splits(problem.heads, a)[0]
+    blocks = b * (len(chunk_bounds(m, problem.ring_chunks)) or 1)
+    per = m * hk * problem.head_dim
+    return KernelWork(hk, problem.e / b, m, b * m, m, launches=blocks, recompute=1,
+                      copy_elems=per if a > 1 else 0, merge_elems=(blocks - 1) * per)
+
+
+GP_2D = AttentionStrategy(
+    name="gp_2d",
+    description="heads by all-to-all inside groups of a ranks, ring across the groups",
+    forward=gp_2d_forward,
+    comm=gp_2d_comm,
+    memory=gp_2d_memory,
+    work=gp_2d_work,
+    full_graph=False,
+    pattern_rows=group_rows,
+    prepare=_prepare,
+    head_axes=factorisations,
+)

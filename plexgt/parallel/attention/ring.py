@@ -1,0 +1,263 @@
+"""Ring attention over a sparse pattern: query rows stay, K/V blocks travel, softmax merged online.
+
+Shapes on member r of a ring of b (``comm``), each member holding m key rows:
+
+    q [n, h, d'] this rank's query rows          k, v [m, h, d'] this member's key rows
+    pattern [n, b·m] split into b·c column blocks ``blocks[j][i]``: member j's chunk i
+    y [n, h, d'] = softmax_rows(q Kᵀ/sqrt(d') ⊙ A) V over all b·m columns, exactly
+
+forward, per chunk i and step t = 0 … b-1 (block j = r - t mod b)
+    K/V chunk of member j: attended (SDDMM on its column block, softmax inside the block,
+    SpMM), merged into the running (y, lse) by the log-sum-exp rule; meanwhile the chunk moves
+    on to member r+1 (non-blocking send/receive), so the next one is here when it is needed
+backward, the same rotation of K/V again, scores recomputed from the saved lse
+    dS = P ⊙ (dP - delta) with delta = rowsum(dY ⊙ Y) (FlashAttention's identity: no row of P
+    needs to be whole); dQ accumulates here; each chunk's dK/dV accumulator travels one step
+    behind its K/V and arrives home after b-1 steps
+
+Why: per rank, K/V memory is its own block plus the chunks in flight (2·m·d + 4·m·d/c) instead
+of the 2·b·m·d an all-gather holds, and the traffic is an all-gather's bytes, forward, and
+twice that in backward (K/V again, and the accumulators). Blocks without edges on this rank
+cost no compute, but the rank still relays them.
+
+Communication is point-to-point (:func:`~plexgt.distributed.collectives.shift_async`), one
+'send_recv' per step, recorded in the ledger; :func:`ring_comm` gives the same bytes.
+Low-precision inputs travel in their dtype and are computed on, and accumulated, in float32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from plexgt.distributed.collectives import Comm, CommOp, shift_async, wait
+from plexgt.distributed.grid import block_bounds
+from plexgt.ops.attention import probs_from_lse, row_softmax_, sddmm, spmm
+from plexgt.ops.csr import CSRGraph
+from plexgt.ops.precision import LOW_PRECISION, full_precision
+
+Tensor = torch.Tensor
+Range = tuple[int, int]
+
+
+def chunk_bounds(m: int, chunks: int) -> tuple[Range, ...]:
+    """Row ranges of the non-empty chunks of an m-row K/V block cut into ``chunks`` pieces of
+    ceil(m/chunks) (the same on every member, so every step moves equal messages)."""
+    return tuple(r for r in (block_bounds(m, chunks, i) for i in range(chunks)) if r[1] > r[0])
+
+
+def column_blocks(graph: CSRGraph, members: int, m: int, chunks: tuple[Range, ...]
+                  ) -> tuple[tuple[CSRGraph, ...], ...]:
+    """[rows, members·m] pattern -> ``out[j][i]`` [rows, chunk i's rows]: the columns of member
+    j's chunk i, re-indexed from 0, each with its transpose built (one stable sort of the
+    edges by block: rows and columns stay sorted inside every block)."""
+    if graph.num_cols != members * m:
+        raise ValueError(f"pattern has {graph.num_cols} columns, not {members} x {m}")
+    col, row = graph.indices.cpu(), graph.row.cpu()
+    starts = torch.tensor([c0 for c0, _ in chunks], dtype=torch.int64)
+    j = torch.div(col, m, rounding_mode="floor")
+    off = col - j * m
+    i = torch.bucketize(off, starts, right=True) - 1
+    key = j * len(chunks) + i
+    order = torch.sort(key, stable=True).indices
+    counts = torch.bincount(key, minlength=members * len(chunks)).tolist()
+    rows_sorted, off_sorted = row[order], off[order]
+    out, e0 = [], 0
+    for jj in range(members):
+        per = []
+        for ii, (c0, c1) in enumerate(chunks):
+            e1 = e0 + counts[jj * len(chunks) + ii]
+            r = rows_sorted[e0:e1]
+            indptr = torch.zeros(graph.num_rows + 1, dtype=torch.int64)
+            torch.cumsum(torch.bincount(r, minlength=graph.num_rows), 0, out=indptr[1:])
+            g = CSRGraph(indptr, off_sorted[e0:e1] - c0, graph.num_rows, c1 - c0)
+            g.transpose()
+            _ = g.row
+            per.append(g.to(graph.device))
+            e0 = e1
+        out.append(tuple(per))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Ring:
+    """What one rank's ring attention runs on: the ring group, the column blocks, the chunks."""
+
+    comm: Comm
+    """The b ring members (rank r's K/V goes to r+1, arrives from r-1)."""
+    blocks: tuple[tuple[CSRGraph, ...], ...]
+    """[b][c] column blocks of this rank's pattern (:func:`column_blocks`)."""
+    chunks: tuple[Range, ...]
+    """Row ranges of the chunks inside a member's m-row K/V block."""
+
+
+# --------------------------------------------------------------------------- block kernels
+def _head_major(x: Tensor) -> Tensor:
+    return x.transpose(0, 1).contiguous()
+
+
+def _merge_(y: Tensor, lse: Tensor, yb: Tensor, lb: Tensor) -> None:
+    """In place: (y, lse) <- the softmax over both column sets, from each one's normalised
+    output [n, h, d'] and log-sum-exp [h, n] (rows with no entry yet keep y = 0, lse = -inf)."""
+    new = torch.logaddexp(lse, lb)
+    seen = torch.isfinite(new)
+    zero = torch.zeros((), dtype=y.dtype, device=y.device)
+    w_old = torch.where(seen, torch.exp(lse - new), zero).t().unsqueeze(-1)
+    w_new = torch.where(seen, torch.exp(lb - new), zero).t().unsqueeze(-1)
+    y.mul_(w_old).add_(yb.mul_(w_new))
+    lse.copy_(new)
+
+
+def _block_forward(g: CSRGraph, q: Tensor, kb: Tensor, vb: Tensor, scale: float
+                   ) -> tuple[Tensor, Tensor]:
+    """One column block: (softmax-within-block output [n, h, d'], its lse [h, n])."""
+    s = sddmm(g, q, kb, scale)
+    _, lb = row_softmax_(g, s)
+    yb = spmm(g, s, _head_major(vb))
+    return yb, lb
+
+
+def _block_backward(g: CSRGraph, q: Tensor, kb: Tensor, vb: Tensor, lse: Tensor, dy: Tensor,
+                    delta: Tensor, qh: Tensor, dyh: Tensor, scale: float, dq: Tensor,
+                    acc: Tensor) -> None:
+    """One column block's gradients: dQ += dS K_b (in ``dq``), dK_b += dSᵀ Q and
+    dV_b += Pᵀ dY (in ``acc`` [2, m_i, h, d'])."""
+    p = probs_from_lse(g, sddmm(g, q, kb, scale), lse)
+    ds = sddmm(g, dy, vb)
+    ds.sub_(delta.index_select(1, g.row)).mul_(p)
+    if scale != 1.0:
+        ds.mul_(scale)
+    spmm(g, ds, _head_major(kb), out=dq, accumulate=True)
+    gt, perm = g.transpose(), g.transpose_perm
+    spmm(gt, ds.index_select(1, perm), qh, out=acc[0], accumulate=True)
+    spmm(gt, p.index_select(1, perm), dyh, out=acc[1], accumulate=True)
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    return torch.float32 if x.dtype in LOW_PRECISION else x.dtype
+
+
+class RingAttentionFunction(torch.autograd.Function):
+    """y = softmax_rows(Q Kᵀ·scale ⊙ A) V with K, V rotating around ``ring`` (module doc)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, ring: Ring, scale: float) -> Tensor:
+        comm, me = ring.comm, ring.comm.rank
+        # no head here (gp_2d with fewer heads than its head axis): neither has any member
+        # of this ring, so nothing travels; the empty result still joins the autograd graph
+        b = ring.comm.size if q.shape[1] else 0
+        dt = _compute_dtype(q)
+        n, h, dh = q.shape
+        with full_precision(q.device):
+            qc = q.to(dt).contiguous()
+            y = torch.zeros(n, h, dh, dtype=dt, device=q.device)
+            lse = torch.full((h, n), -math.inf, dtype=dt, device=q.device)
+            for i, (c0, c1) in enumerate(ring.chunks if b else ()):
+                cur = torch.stack((k[c0:c1], v[c0:c1]))
+                for t in range(b):
+                    handle = nxt = None
+                    if t + 1 < b:  # the chunk moves on while this rank computes on it
+                        nxt = torch.empty_like(cur)
+                        handle = shift_async(cur, nxt, comm)
+                    g = ring.blocks[(me - t) % b][i]
+                    if g.num_edges:
+                        yb, lb = _block_forward(g, qc, cur[0].to(dt), cur[1].to(dt), scale)
+                        _merge_(y, lse, yb, lb)
+                        del yb, lb
+                    if nxt is not None:
+                        wait(handle, comm)
+                        cur = nxt
+        ctx.ring, ctx.scale, ctx.q_dtype = ring, scale, q.dtype
+        ctx.save_for_backward(qc, k, v, y, lse)
+        return y.to(q.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
+        qc, k, v, y, lse = ctx.saved_tensors
+        ring: Ring = ctx.ring
+        comm, me = ring.comm, ring.comm.rank
+        b = ring.comm.size if qc.shape[1] else 0
+        scale, dt = ctx.scale, qc.dtype
+        with full_precision(qc.device):
+            dy = grad.to(dt).contiguous()
+            delta = (dy * y).sum(-1).t().contiguous()  # [h, n]
+            qh, dyh = _head_major(qc), _head_major(dy)
+            dq = torch.zeros_like(qc)
+            dkv = torch.zeros((2, *k.shape), dtype=dt, device=k.device)
+            for i, (c0, c1) in enumerate(ring.chunks if b else ()):
+                cur = torch.stack((k[c0:c1], v[c0:c1]))
+                acc = acc_in = acc_handle = None
+                for t in range(b):
+                    handle = nxt = None
+                    if t + 1 < b:
+                        nxt = torch.empty_like(cur)
+                        handle = shift_async(cur, nxt, comm)
+                    g = ring.blocks[(me - t) % b][i]
+                    if t == 0:  # this rank's own chunk: into its own gradient directly
+                        target = dkv[:, c0:c1]
+                    else:  # the accumulator of block (me - t), one step behind its K/V
+                        if acc_handle is None:
+                            acc = torch.zeros((2, c1 - c0, *k.shape[1:]), dtype=dt,
+                                              device=k.device)
+                        else:
+                            wait(acc_handle, comm)
+                            acc = acc_in
+                        assert acc is not None
+                        target = acc
+                    if g.num_edges:
+                        _block_backward(g, qc, cur[0].to(dt), cur[1].to(dt), lse, dy, delta,
+                                        qh, dyh, scale, dq, target)
+                    if t > 0:
+                        acc_in = torch.empty_like(acc)
+                        acc_handle = shift_async(acc, acc_in, comm)
+                    if nxt is not None:
+                        wait(handle, comm)
+                        cur = nxt
+                if acc_handle is not None:  # the own chunk's accumulator, home after b-1 hops
+                    wait(acc_handle, comm)
+                    assert acc_in is not None
+                    dkv[:, c0:c1] += acc_in
+        return dq.to(ctx.q_dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None
+
+
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, ring: Ring) -> Tensor:
+    """q [n, h, d'] rows of this rank, k, v [m, h, d'] this member's key rows -> y [n, h, d']
+    (scale 1/sqrt(d'); rows with no neighbours give zeros)."""
+    return RingAttentionFunction.apply(q, k, v, ring, 1.0 / math.sqrt(q.shape[-1]))
+
+
+# --------------------------------------------------------------------------- cost and memory
+def ring_comm(m: int, heads: int, head_dim: int, members: int, chunks: int, esize: int
+              ) -> list[CommOp]:
+    """One ring attention's point-to-point steps on a member, forward then backward: per
+    non-empty chunk of r rows, b-1 K/V sends of 2·r·h·d' elements forward, and in backward
+    b-1 again plus b-1 of the dK/dV accumulators (float32 at least, like the sums)."""
+    if members == 1 or heads == 0:
+        return []
+    ops: list[CommOp] = []
+    acc_esize = max(esize, 4)
+    for c0, c1 in chunk_bounds(m, chunks):
+        kv = 2 * (c1 - c0) * heads * head_dim * esize
+        acc = 2 * (c1 - c0) * heads * head_dim * acc_esize
+        ops += [CommOp("send_recv", kv, kv)] * (members - 1)
+        ops += [CommOp("send_recv", kv, kv, "backward")] * (members - 1)
+        ops += [CommOp("send_recv", acc, acc, "backward")] * (members - 1)
+    return ops
+
+
+def ring_memory_elems(n: int, m: int, heads: int, head_dim: int, members: int,
+                      chunks: int) -> tuple[int, int]:
+    """(kept, transient) elements of one ring attention beyond the row-local layers'.
+
+    Kept until the layer's backward: its own K, V (2·m·h·d'), the output (n·h·d') and the lse
+    ([h, n]). Transient, one layer at a time: its K, V gradients (2·m·h·d'), two K/V pieces
+    and two accumulators in flight (8·ceil(m/c)·h·d', none on one member) and delta [h, n].
+    The all-gather it replaces keeps 2·b·m·h·d' a layer and adds as much in backward."""
+    dhw = heads * head_dim
+    piece = -(-m // chunks) if members > 1 else 0
+    return (2 * m + n) * dhw + heads * n, (2 * m + 8 * piece) * dhw + heads * n

@@ -45,10 +45,11 @@ from common import hardware, result_line, today, write_json  # noqa: E402
 
 SYNTHETIC = {"sbm200k": (200_000, 4_000_000)}
 SCALES = (1, 2, 4)
-CONFIGS = [("gp_ag", 1, True), ("gp_a2a", 1, True), ("gp_ring", 1, True),
-           ("gp_ring", 1, False), ("gp_2d", 2, True)]
-"""(strategy, head axis, overlapped); at p = 1 only GP-AG and GP-Ring run (one rank: the
-others are the same computation), at p = 2 GP-2D is 2 x 1."""
+CONFIGS = [("gp_ag", 1, True, 1), ("gp_a2a", 1, True, 1), ("gp_ring", 1, True, 1),
+           ("gp_ring", 1, False, 1), ("gp_ring", 1, True, 8), ("gp_2d", 2, True, 1)]
+"""(strategy, head axis, overlapped, ring chunks); at p = 1 only GP-AG and GP-Ring run (one
+rank: the others are the same computation), at p = 2 GP-2D is 2 x 1. GP-Ring with 8 chunks
+holds an eighth of a K/V block in flight, for 8 times the messages."""
 
 
 def prepare(names: list[str], work: Path, datasets: Path) -> dict[str, Path]:
@@ -72,8 +73,8 @@ def prepare(names: list[str], work: Path, datasets: Path) -> dict[str, Path]:
     return out
 
 
-def _run_config(pg, name: str, sname: str, a: int, overlap: bool, p: int, rank: int,
-                steps: int) -> dict | None:
+def _run_config(pg, name: str, sname: str, a: int, overlap: bool, chunks: int, p: int,
+                rank: int, steps: int) -> dict | None:
     import torch
     import torch.distributed as dist
 
@@ -96,7 +97,8 @@ def _run_config(pg, name: str, sname: str, a: int, overlap: bool, p: int, rank: 
         ledger = CommLedger()
         comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
         strat = default_registry().get(sname)
-        graph = read_dist_graph(pg, comm, strat, MODEL["heads"], head_parallel=a)
+        graph = read_dist_graph(pg, comm, strat, MODEL["heads"], head_parallel=a,
+                                ring_chunks=chunks)
         data = read_row_data(pg, p, rank)
         torch.manual_seed(0)
         model = DistGraphTransformer(pg.F, MODEL["hidden"], pg.C, MODEL["layers"],
@@ -136,13 +138,15 @@ def _run_config(pg, name: str, sname: str, a: int, overlap: bool, p: int, rank: 
         return None
     w = Workload("gt", pg.N, pg.E, pg.F, pg.C, MODEL["hidden"], MODEL["heads"],
                  MODEL["layers"], MODEL["ffn_mult"], 4)
-    prob = w.problem.__class__(w.n, w.e, w.hidden, w.heads, 4, head_parallel=a)
+    prob = w.problem.__class__(w.n, w.e, w.hidden, w.heads, 4, head_parallel=a,
+                               ring_chunks=chunks)
     mem_model = model_memory(strat, prob, p, w.layers, w.features, w.classes, w.num_params,
                              w.ffn_mult)
     t = stats[0].numpy()
     label = f"gp_2d {a}x{p // a}" if sname == "gp_2d" else sname
+    label += f" c{chunks}" if chunks > 1 else ""
     row = {"graph": name, "p": p, "strategy": sname, "label": label, "overlap": overlap,
-           "head_parallel": a, "n": pg.N, "e": pg.E, "step_s": t.tolist(),
+           "head_parallel": a, "ring_chunks": chunks, "n": pg.N, "e": pg.E, "step_s": t.tolist(),
            "median_s": float(np.median(t)), "fastest_s": float(t.min()),
            "comm_wait_s": float(np.median(stats[1].numpy())),
            "peak_step_bytes": [int(x) for x in peaks],
@@ -188,12 +192,12 @@ def worker(args: argparse.Namespace) -> None:
     rows = []
     for name, path in json.loads(args.worker).items():
         pg = PreparedGraph(path)
-        for sname, a, overlap in CONFIGS:
-            if p == 1 and sname not in ("gp_ag", "gp_ring"):
+        for sname, a, overlap, chunks in CONFIGS:
+            if p == 1 and (sname not in ("gp_ag", "gp_ring") or chunks > 1):
                 continue
             if p % a:
                 continue
-            row = _run_config(pg, name, sname, min(a, p), overlap, p, ctx.rank, args.steps)
+            row = _run_config(pg, name, sname, a, overlap, chunks, p, ctx.rank, args.steps)
             gc.collect()
             if row:
                 rows.append(row)
@@ -210,7 +214,7 @@ def summarise(rows: list[dict]) -> dict:
     for g in sorted({r["graph"] for r in rows}):
         at = {(r["label"], r["overlap"]): r for r in rows if r["graph"] == g and r["p"] == 4}
         ag, ring = at.get(("gp_ag", True)), at.get(("gp_ring", True))
-        block = at.get(("gp_ring", False))
+        block, chunked = at.get(("gp_ring", False)), at.get(("gp_ring c8", True))
         if not (ag and ring and block):
             continue
         out[g] = {
@@ -221,6 +225,13 @@ def summarise(rows: list[dict]) -> dict:
                                           if block["comm_wait_s"] > 0 else 0.0),
             "ring_blocking_over_overlap_step": block["median_s"] / ring["median_s"],
         }
+        if chunked:
+            out[g].update({
+                "ring_c8_over_ag_step": chunked["median_s"] / ag["median_s"],
+                "ring_c8_over_ag_kv_model": (chunked["predicted_kv_bytes"]
+                                             / ag["predicted_kv_bytes"]),
+                "ring_c8_over_ag_step_peak": (max(chunked["peak_step_bytes"])
+                                              / max(ag["peak_step_bytes"]))})
     return out
 
 
@@ -261,6 +272,9 @@ def main() -> None:
         fields[f"{g}_ring_over_ag_kv"] = round(s["ring_over_ag_kv_model"], 3)
         fields[f"{g}_ring_over_ag_peak"] = round(s["ring_over_ag_step_peak"], 3)
         fields[f"{g}_hidden"] = round(s["ring_hidden_comm_fraction"], 3)
+        if "ring_c8_over_ag_kv_model" in s:
+            fields[f"{g}_c8_over_ag_step"] = round(s["ring_c8_over_ag_step"], 3)
+            fields[f"{g}_c8_over_ag_kv"] = round(s["ring_c8_over_ag_kv_model"], 3)
     result_line(bench="bench_ring", **fields)
 
 

@@ -33,11 +33,10 @@ from plexgt.parallel.attention.ring import (
     column_blocks,
     ring_attention,
     ring_comm,
+    ring_graph_bytes,
     ring_memory_elems,
 )
 from plexgt.parallel.attention.strategy import (
-    GRAPH_BYTES_PER_EDGE,
-    INDEX_BYTES,
     AttentionProblem,
     AttentionShard,
     AttentionStrategy,
@@ -162,8 +161,7 @@ def gp_2d_memory(problem: AttentionProblem, p: int) -> MemoryEstimate:
     e_blk = -(-e_grp // (b * pieces))
     kept, transient = ring_memory_elems(m, m, hk, dh, b, problem.ring_chunks)
     kept += 4 * m * hk * dh
-    pointers = b * (pieces * (m + 1) + m + pieces)
-    graph = (m + 1 + e_grp + pointers) * INDEX_BYTES + e_grp * GRAPH_BYTES_PER_EDGE
+    graph = ring_graph_bytes(m, b, m, problem.ring_chunks, e_grp)
     return MemoryEstimate(kept, kept * problem.esize, graph, e_blk * hk,
                           transient * problem.esize)
 

@@ -33,11 +33,10 @@ from plexgt.parallel.attention.ring import (
     column_blocks,
     ring_attention,
     ring_comm,
+    ring_graph_bytes,
     ring_memory_elems,
 )
 from plexgt.parallel.attention.strategy import (
-    GRAPH_BYTES_PER_EDGE,
-    INDEX_BYTES,
     AttentionProblem,
     AttentionShard,
     AttentionStrategy,
@@ -56,14 +55,6 @@ def prepare_ring(shard: AttentionShard, members: int, m: int) -> AttentionShard:
     g = shard.graph
     bare = CSRGraph(g.indptr, g.indices, g.num_rows, g.num_cols)
     return dataclasses.replace(shard, graph=bare, blocks=blocks, chunk_bounds=chunks)
-
-
-def ring_graph_bytes(rows: int, members: int, m: int, chunks: int, edges: int) -> int:
-    """The kept pattern's index arrays, plus the column blocks: each one's row pointers and
-    its transpose's, and the per-edge arrays of them all (E edges in total)."""
-    pieces = len(chunk_bounds(m, chunks))
-    pointers = members * (pieces * (rows + 1) + m + pieces)
-    return (rows + 1 + edges + pointers) * INDEX_BYTES + edges * GRAPH_BYTES_PER_EDGE
 
 
 def _prepare(shard: AttentionShard) -> AttentionShard:

@@ -50,11 +50,30 @@ def chunk_bounds(m: int, chunks: int) -> tuple[Range, ...]:
     return tuple(r for r in (block_bounds(m, chunks, i) for i in range(chunks)) if r[1] > r[0])
 
 
+@dataclass(frozen=True)
+class ColumnBlock:
+    """One column block of a rank's pattern, compacted to the rows that have an entry in it.
+
+    ``graph`` [R, chunk rows] holds only those R rows (``rows`` [R], their positions among the
+    rank's rows): the block's row pointers and its work scale with its edges, not with the
+    rank's rows, which at p·c blocks a rank would otherwise pay p·c times."""
+
+    graph: CSRGraph
+    rows: Tensor
+
+    @property
+    def num_edges(self) -> int:
+        return self.graph.num_edges
+
+    def to(self, device: torch.device | str) -> ColumnBlock:
+        return ColumnBlock(self.graph.to(device), self.rows.to(device))
+
+
 def column_blocks(graph: CSRGraph, members: int, m: int, chunks: tuple[Range, ...]
-                  ) -> tuple[tuple[CSRGraph, ...], ...]:
-    """[rows, members·m] pattern -> ``out[j][i]`` [rows, chunk i's rows]: the columns of member
-    j's chunk i, re-indexed from 0, each with its transpose built (one stable sort of the
-    edges by block: rows and columns stay sorted inside every block)."""
+                  ) -> tuple[tuple[ColumnBlock, ...], ...]:
+    """[rows, members·m] pattern -> ``out[j][i]``: the columns of member j's chunk i,
+    re-indexed from 0, on the rows that have any (one stable sort of the edges by block: rows
+    and columns stay sorted inside every block), each with its transpose built."""
     if graph.num_cols != members * m:
         raise ValueError(f"pattern has {graph.num_cols} columns, not {members} x {m}")
     col, row = graph.indices.cpu(), graph.row.cpu()
@@ -71,13 +90,13 @@ def column_blocks(graph: CSRGraph, members: int, m: int, chunks: tuple[Range, ..
         per = []
         for ii, (c0, c1) in enumerate(chunks):
             e1 = e0 + counts[jj * len(chunks) + ii]
-            r = rows_sorted[e0:e1]
-            indptr = torch.zeros(graph.num_rows + 1, dtype=torch.int64)
-            torch.cumsum(torch.bincount(r, minlength=graph.num_rows), 0, out=indptr[1:])
-            g = CSRGraph(indptr, off_sorted[e0:e1] - c0, graph.num_rows, c1 - c0)
+            present, per_row = torch.unique_consecutive(rows_sorted[e0:e1], return_counts=True)
+            indptr = torch.zeros(present.numel() + 1, dtype=torch.int64)
+            torch.cumsum(per_row, 0, out=indptr[1:])
+            g = CSRGraph(indptr, off_sorted[e0:e1] - c0, present.numel(), c1 - c0)
             g.transpose()
             _ = g.row
-            per.append(g.to(graph.device))
+            per.append(ColumnBlock(g, present).to(graph.device))
             e0 = e1
         out.append(tuple(per))
     return tuple(out)
@@ -89,7 +108,7 @@ class Ring:
 
     comm: Comm
     """The b ring members (rank r's K/V goes to r+1, arrives from r-1)."""
-    blocks: tuple[tuple[CSRGraph, ...], ...]
+    blocks: tuple[tuple[ColumnBlock, ...], ...]
     """[b][c] column blocks of this rank's pattern (:func:`column_blocks`)."""
     chunks: tuple[Range, ...]
     """Row ranges of the chunks inside a member's m-row K/V block."""
@@ -100,41 +119,43 @@ def _head_major(x: Tensor) -> Tensor:
     return x.transpose(0, 1).contiguous()
 
 
-def _merge_(y: Tensor, lse: Tensor, yb: Tensor, lb: Tensor) -> None:
-    """In place: (y, lse) <- the softmax over both column sets, from each one's normalised
-    output [n, h, d'] and log-sum-exp [h, n] (rows with no entry yet keep y = 0, lse = -inf)."""
-    new = torch.logaddexp(lse, lb)
-    seen = torch.isfinite(new)
-    zero = torch.zeros((), dtype=y.dtype, device=y.device)
-    w_old = torch.where(seen, torch.exp(lse - new), zero).t().unsqueeze(-1)
-    w_new = torch.where(seen, torch.exp(lb - new), zero).t().unsqueeze(-1)
-    y.mul_(w_old).add_(yb.mul_(w_new))
-    lse.copy_(new)
+def _merge_(y: Tensor, lse: Tensor, rows: Tensor, yb: Tensor, lb: Tensor) -> None:
+    """In place on ``rows`` of (y [n, h, d'], lse [h, n]): the softmax over both column sets,
+    from the block's normalised output [R, h, d'] and log-sum-exp [h, R] (rows with no entry
+    yet hold y = 0, lse = -inf, and every row of a block has one)."""
+    old = lse.index_select(1, rows)
+    new = torch.logaddexp(old, lb)
+    w_old = torch.exp(old - new).nan_to_num_(0.0).t().unsqueeze(-1)
+    w_new = torch.exp(lb - new).t().unsqueeze(-1)
+    y.index_copy_(0, rows, y.index_select(0, rows).mul_(w_old).add_(yb.mul_(w_new)))
+    lse.index_copy_(1, rows, new)
 
 
-def _block_forward(g: CSRGraph, q: Tensor, kb: Tensor, vb: Tensor, scale: float
+def _block_forward(blk: ColumnBlock, q: Tensor, kb: Tensor, vb: Tensor, scale: float
                    ) -> tuple[Tensor, Tensor]:
-    """One column block: (softmax-within-block output [n, h, d'], its lse [h, n])."""
-    s = sddmm(g, q, kb, scale)
+    """One column block: (softmax-within-block output [R, h, d'], its lse [h, R]) of its rows."""
+    g = blk.graph
+    s = sddmm(g, q.index_select(0, blk.rows), kb, scale)
     _, lb = row_softmax_(g, s)
     yb = spmm(g, s, _head_major(vb))
     return yb, lb
 
 
-def _block_backward(g: CSRGraph, q: Tensor, kb: Tensor, vb: Tensor, lse: Tensor, dy: Tensor,
-                    delta: Tensor, qh: Tensor, dyh: Tensor, scale: float, dq: Tensor,
-                    acc: Tensor) -> None:
-    """One column block's gradients: dQ += dS K_b (in ``dq``), dK_b += dSᵀ Q and
+def _block_backward(blk: ColumnBlock, q: Tensor, kb: Tensor, vb: Tensor, lse: Tensor,
+                    dy: Tensor, delta: Tensor, scale: float, dq: Tensor, acc: Tensor) -> None:
+    """One column block's gradients: dQ += dS K_b (in ``dq``, on its rows), dK_b += dSᵀ Q and
     dV_b += Pᵀ dY (in ``acc`` [2, m_i, h, d'])."""
-    p = probs_from_lse(g, sddmm(g, q, kb, scale), lse)
-    ds = sddmm(g, dy, vb)
-    ds.sub_(delta.index_select(1, g.row)).mul_(p)
+    g, rows = blk.graph, blk.rows
+    qr, dyr = q.index_select(0, rows), dy.index_select(0, rows)
+    p = probs_from_lse(g, sddmm(g, qr, kb, scale), lse.index_select(1, rows))
+    ds = sddmm(g, dyr, vb)
+    ds.sub_(delta.index_select(1, rows).index_select(1, g.row)).mul_(p)
     if scale != 1.0:
         ds.mul_(scale)
-    spmm(g, ds, _head_major(kb), out=dq, accumulate=True)
+    dq.index_add_(0, rows, spmm(g, ds, _head_major(kb)))
     gt, perm = g.transpose(), g.transpose_perm
-    spmm(gt, ds.index_select(1, perm), qh, out=acc[0], accumulate=True)
-    spmm(gt, p.index_select(1, perm), dyh, out=acc[1], accumulate=True)
+    spmm(gt, ds.index_select(1, perm), _head_major(qr), out=acc[0], accumulate=True)
+    spmm(gt, p.index_select(1, perm), _head_major(dyr), out=acc[1], accumulate=True)
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
@@ -166,7 +187,7 @@ class RingAttentionFunction(torch.autograd.Function):
                     g = ring.blocks[(me - t) % b][i]
                     if g.num_edges:
                         yb, lb = _block_forward(g, qc, cur[0].to(dt), cur[1].to(dt), scale)
-                        _merge_(y, lse, yb, lb)
+                        _merge_(y, lse, g.rows, yb, lb)
                         del yb, lb
                     if nxt is not None:
                         wait(handle, comm)
@@ -186,7 +207,6 @@ class RingAttentionFunction(torch.autograd.Function):
         with full_precision(qc.device):
             dy = grad.to(dt).contiguous()
             delta = (dy * y).sum(-1).t().contiguous()  # [h, n]
-            qh, dyh = _head_major(qc), _head_major(dy)
             dq = torch.zeros_like(qc)
             dkv = torch.zeros((2, *k.shape), dtype=dt, device=k.device)
             for i, (c0, c1) in enumerate(ring.chunks if b else ()):
@@ -211,7 +231,7 @@ class RingAttentionFunction(torch.autograd.Function):
                         target = acc
                     if g.num_edges:
                         _block_backward(g, qc, cur[0].to(dt), cur[1].to(dt), lse, dy, delta,
-                                        qh, dyh, scale, dq, target)
+                                        scale, dq, target)
                     if t > 0:
                         acc_in = torch.empty_like(acc)
                         acc_handle = shift_async(acc, acc_in, comm)
@@ -248,6 +268,22 @@ def ring_comm(m: int, heads: int, head_dim: int, members: int, chunks: int, esiz
         ops += [CommOp("send_recv", kv, kv, "backward")] * (members - 1)
         ops += [CommOp("send_recv", acc, acc, "backward")] * (members - 1)
     return ops
+
+
+INDEX_BYTES = 8
+GRAPH_BYTES_PER_EDGE = 48
+"""As :mod:`plexgt.parallel.attention.strategy` counts them (int64 indices, the transpose's,
+the row ids, the permutations, the int32 copies of the CPU kernels)."""
+
+
+def ring_graph_bytes(rows: int, members: int, m: int, chunks: int, edges: int) -> int:
+    """A ring rank's pattern: the kept whole pattern's index arrays and its column blocks,
+    each with row pointers and row ids over its present rows (at most its edges) and its
+    transpose's pointers over the chunk's key rows, plus the per-edge arrays of them all."""
+    blocks = members * len(chunk_bounds(m, chunks))
+    present = min(edges, blocks * rows)
+    pointers = blocks + 2 * present + members * m + blocks
+    return (rows + 1 + edges + pointers) * INDEX_BYTES + edges * GRAPH_BYTES_PER_EDGE
 
 
 def ring_memory_elems(n: int, m: int, heads: int, head_dim: int, members: int,

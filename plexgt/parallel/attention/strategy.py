@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 
@@ -141,9 +142,10 @@ class AttentionShard:
     groups: dict[str, Comm] = field(default_factory=dict)
     """Sub-groups a strategy runs over beyond ``comm`` (gp_2d: 'heads' of a ranks, 'ring' of
     p/a ranks)."""
-    blocks: tuple[tuple[CSRGraph, ...], ...] = ()
-    """Ring strategies: ``blocks[j][i]`` = the pattern's columns of ring member j's chunk i,
-    re-indexed from 0 ([rows, chunk rows]); built by the strategy's ``prepare``."""
+    blocks: tuple[tuple[Any, ...], ...] = ()
+    """Ring strategies: ``blocks[j][i]`` = the pattern's columns of ring member j's chunk i
+    (a :class:`~plexgt.parallel.attention.ring.ColumnBlock`); built by the strategy's
+    ``prepare``."""
     chunk_bounds: tuple[Range, ...] = ()
     """Ring strategies: row range of each chunk inside a member's K/V block."""
     head_parallel: int = 1

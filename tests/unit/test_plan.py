@@ -204,3 +204,31 @@ def test_plan_json_that_cannot_be_written_is_one_line_exit_2(prepared, tmp_path,
                "--hidden", "16", "--json", str(tmp_path / "file" / "plan.json")])
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and err[0].startswith("plexgt plan: error: --json ")
+
+
+PAPERS = ["--model", "gt", "--nodes", "111059956", "--edges", "1726745828", "--features", "128",
+          "--classes", "172", "--hidden", "128", "--heads", "8", "--layers", "3"]
+
+
+def test_plan_from_sizes_alone_papers100m(tmp_path, capsys):
+    """Without a prepared directory: at papers100M's size GP-AG and GP-A2A fit no 80 GB rank
+    at 64 ranks (all-gathered K, V; the whole graph), the rings do, and one of them is chosen."""
+    js = tmp_path / "plan.json"
+    assert main(["plan", *PAPERS, "--world-size", "64", "--memory-per-rank", "80",
+                 "--json", str(js)]) == 0
+    rows = [r for r in json.loads(js.read_text())["rows"] if r["scale"] == 64]
+    fits = {r["strategy"] for r in rows if r["fits"]}
+    assert fits == {"gp_ring", "gp_2d"}
+    table = json.loads(js.read_text())
+    assert table["choice"]["strategy"] in fits and table["choice"]["scale"] == 64
+    assert "N=111059956" in capsys.readouterr().out
+
+
+def test_plan_sizes_and_data_are_exclusive_and_complete(prepared, capsys):
+    assert main(["plan", "--data", str(prepared), *PAPERS, "--world-size", "4"]) == 2
+    assert "--data and --nodes both give sizes" in capsys.readouterr().err
+    assert main(["plan", "--model", "gt", "--nodes", "100", "--edges", "500",
+                 "--world-size", "4"]) == 2
+    assert "missing --features --classes" in capsys.readouterr().err
+    assert main(["plan", *PAPERS, "--world-size", "4", "--head-parallel", "-1"]) == 2
+    assert "--head-parallel must be >= 0" in capsys.readouterr().err

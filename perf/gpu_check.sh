@@ -7,11 +7,12 @@
 #
 #   bash perf/gpu_check.sh [--out DIR] [--dry-run]
 #
-# Steps (limits add up to 11 minutes, for a step that hangs; the run is meant to take under 5):
+# Steps (limits add up to 12 minutes, for a step that hangs; the run is meant to take under 5):
 #   env        the GPU and the torch build
 #   cuda_tests pytest -m cuda (the CUDA-only tests: the Triton kernel compiled for the GPU, CSR
 #              moves, attention and GCN kernels against the CPU)
-#   train_*    1-rank nccl training of gcn, gt and gps: 3 epochs, stopped after 2, resumed
+#   train_*    1-rank nccl training of gcn, gt and gps: 3 epochs, stopped after 2, resumed;
+#              train_gt_ring: gt with GP-Ring's kernels (one rank, one block), 3 epochs
 #   dropout    perf/bench_dropout.py on the GPU (counter-based vs stream masks)
 #   attention  perf/bench_attention.py on the GPU: fused Triton vs torch sparse (cuSPARSE) vs
 #              gather/scatter vs PyG TransformerConv, 100K/1M and 1M/20M-edge graphs, fp32, bf16
@@ -64,6 +65,8 @@ for model in gcn gt gps; do
     common="--data $WORK/sbm --model $model --epochs 3 --checkpoint-dir $WORK/ck-$model --metrics $WORK/m-$model.jsonl --parallel.backend=nccl"
     step "train_$model" 60 "$LAUNCH $PY -m plexgt train $common --stop-after 2 && $LAUNCH $PY -m plexgt train $common --resume"
 done
+# the ring attention's block kernels on the GPU (one rank: one block; cuSPARSE SDDMM / SpMM)
+step train_gt_ring 45 "$LAUNCH $PY -m plexgt train --data $WORK/sbm --model gt --strategy gp_ring --epochs 3 --metrics $WORK/m-gt-ring.jsonl --parallel.backend=nccl"
 step dropout 45 "$PY perf/bench_dropout.py --device cuda --rows 2000000 --nodes 200000 --edges 4000000 --out bench_dropout_cuda.json"
 step attention 200 "$PY perf/bench_attention.py --devices cuda --graphs synthetic large --dtypes float32 bfloat16 --reps 5 --name bench_attention_cuda"
 step profile 60 "$LAUNCH $PY -m plexgt profile --quick --backend nccl --out $OUT/profile_gpu.json"

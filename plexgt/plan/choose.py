@@ -162,6 +162,7 @@ def choose_attention(sizes: GraphSizes, shape: ModelShape, world_size: int,
                      memory_per_rank: int | None = None, head_parallel: int = 0) -> Layout:
     """gt (and gps on a given ``grid``): the configured strategy, or AGP's fastest at the
     job's size; gp_2d's head axis as configured (``head_parallel`` > 0) or AGP's."""
+    _head_axis("gp_2d", world_size, head_parallel)  # a head axis that cannot tile: an error
     cands = candidates(strategy)
     if len(cands) == 1 and (cands[0].head_axes is None or head_parallel):
         return Layout(cands[0].name, grid, _head_axis(cands[0].name, world_size, head_parallel)
@@ -189,6 +190,7 @@ def choose_gps_layout(sizes: GraphSizes, shape: ModelShape, world_size: int, sys
     layer (:func:`~plexgt.plan.agp.gcn_grid_for`), and AGP prices the step with the path 1D
     and 3D on that grid, with the given strategy or every strategy for 'auto'; the fastest
     is taken."""
+    _head_axis("gp_2d", world_size, head_parallel)
     fixed = resolve_grid(grid, world_size)
     if fixed is not None or world_size == 1:
         return choose_attention(sizes, shape, world_size, sysm, strategy, fixed,

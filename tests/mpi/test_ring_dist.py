@@ -32,12 +32,13 @@ from .conftest import RANK, WORLD
 pytestmark = pytest.mark.timeout(600)
 prepared = _gt.prepared
 groups = _gt.groups
-H, DH = 4, 3
+H = 4
 TOL = dict(rtol=1e-6, atol=1e-10)
 LAYOUTS = [("gp_ring", 1)] + [("gp_2d", a) for a in factorisations(WORLD)]
-GRAPHS = {"random": 23, "tiny": WORLD // 2 + 1}
-"""N per graph: a random one with empty rows and isolated nodes, and one so small that the
-last ranks own no row (n = 1 a rank)."""
+GRAPHS = {"random": (23, 8), "tiny": (WORLD // 2 + 1, 3)}
+"""(N, head width) per graph: a random one with empty rows and isolated nodes (width 8: the
+compiled CPU kernels' blocks), and one so small that the last ranks own no row (n = 1 a
+rank; width 3: torch's kernels, the GPU path)."""
 
 
 def _graph(n: int) -> CSRGraph:
@@ -63,7 +64,7 @@ def world_groups(dist_ctx):
 @pytest.mark.parametrize("graph", sorted(GRAPHS))
 @pytest.mark.parametrize("strategy,a", LAYOUTS)
 def test_ring_attention_equals_single_process(world_groups, strategy, a, graph, chunks):
-    n = GRAPHS[graph]
+    n, DH = GRAPHS[graph]
     g = _graph(n)
     gen = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(n, H, DH, generator=gen, dtype=torch.float64).requires_grad_()

@@ -8,8 +8,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "perf" / "gpu_check.sh"
-STEPS = ["env", "cuda_tests", "prep", "train_gcn", "train_gt", "train_gps", "dropout",
-         "attention", "profile"]
+STEPS = ["env", "cuda_tests", "prep", "train_gcn", "train_gt", "train_gps", "train_gt_ring",
+         "dropout", "attention", "profile"]
 
 
 def test_the_dry_run_lists_every_step_and_writes_nothing(tmp_path):

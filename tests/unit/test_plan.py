@@ -232,3 +232,16 @@ def test_plan_sizes_and_data_are_exclusive_and_complete(prepared, capsys):
     assert "missing --features --classes" in capsys.readouterr().err
     assert main(["plan", *PAPERS, "--world-size", "4", "--head-parallel", "-1"]) == 2
     assert "--head-parallel must be >= 0" in capsys.readouterr().err
+
+
+def test_head_axis_must_tile_the_ranks_and_is_chosen_otherwise():
+    from plexgt.errors import ConfigError
+    from plexgt.plan.choose import GraphSizes, ModelShape, choose_attention
+
+    sizes, shape = GraphSizes(5000, 80_000, 16, 4), ModelShape("gt", 32, 2, 4)
+    with pytest.raises(ConfigError, match="head_parallel: 2 does not divide the 3 ranks"):
+        choose_attention(sizes, shape, 3, SystemModel(), "gp_2d", head_parallel=2)
+    fixed = choose_attention(sizes, shape, 4, SystemModel(), "gp_2d", head_parallel=2)
+    assert fixed == ("gp_2d", None, 2)
+    chosen = choose_attention(sizes, shape, 8, SystemModel(), "gp_2d")
+    assert chosen.strategy == "gp_2d" and 8 % chosen.head_parallel == 0

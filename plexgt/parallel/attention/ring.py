@@ -36,6 +36,7 @@ from torch.autograd.function import once_differentiable
 
 from plexgt.distributed.collectives import Comm, CommOp, shift_async, wait
 from plexgt.distributed.grid import block_bounds
+from plexgt.ops import native
 from plexgt.ops.attention import probs_from_lse, row_softmax_, sddmm, spmm
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.precision import LOW_PRECISION, full_precision
@@ -131,31 +132,66 @@ def _merge_(y: Tensor, lse: Tensor, rows: Tensor, yb: Tensor, lb: Tensor) -> Non
     lse.index_copy_(1, rows, new)
 
 
-def _block_forward(blk: ColumnBlock, q: Tensor, kb: Tensor, vb: Tensor, scale: float
+def _native(x: Tensor) -> Any | None:
+    """The compiled CPU kernels (:mod:`plexgt.ops.native`) when they serve x's head width and
+    device, else None (torch's sparse kernels: GPUs, other widths)."""
+    if x.device.type != "cpu" or x.shape[-1] not in native.WIDTHS:
+        return None
+    return native.load()
+
+
+def _block_forward(blk: ColumnBlock, q: Tensor, kh: Tensor, vh: Tensor, scale: float
                    ) -> tuple[Tensor, Tensor]:
-    """One column block: (softmax-within-block output [R, h, d'], its lse [h, R]) of its rows."""
-    g = blk.graph
-    s = sddmm(g, q.index_select(0, blk.rows), kb, scale)
+    """One column block, K/V head-major [h, m_i, d']: (softmax-within-block output [R, h, d'],
+    its lse [h, R]) of the block's rows."""
+    g, qr = blk.graph, q.index_select(0, blk.rows)
+    nat = _native(q)
+    if nat is not None:
+        ip, ix = g.compact_index()
+        p, lb = nat.scores(ip, ix, _head_major(qr), kh, scale)
+        return nat.spmm(ip, ix, None, p, vh, None), lb
+    s = sddmm(g, qr, kh.transpose(0, 1), scale)
     _, lb = row_softmax_(g, s)
-    yb = spmm(g, s, _head_major(vb))
-    return yb, lb
+    return spmm(g, s, vh), lb
 
 
-def _block_backward(blk: ColumnBlock, q: Tensor, kb: Tensor, vb: Tensor, lse: Tensor,
+def _block_backward(blk: ColumnBlock, q: Tensor, kh: Tensor, vh: Tensor, lse: Tensor,
                     dy: Tensor, delta: Tensor, scale: float, dq: Tensor, acc: Tensor) -> None:
-    """One column block's gradients: dQ += dS K_b (in ``dq``, on its rows), dK_b += dSᵀ Q and
-    dV_b += Pᵀ dY (in ``acc`` [2, m_i, h, d'])."""
+    """One column block's gradients, K/V head-major [h, m_i, d']: dQ += dS K_b (in ``dq``, on
+    its rows), dK_b += dSᵀ Q and dV_b += Pᵀ dY (in ``acc`` [2, m_i, h, d'])."""
     g, rows = blk.graph, blk.rows
     qr, dyr = q.index_select(0, rows), dy.index_select(0, rows)
-    p = probs_from_lse(g, sddmm(g, qr, kb, scale), lse.index_select(1, rows))
-    ds = sddmm(g, dyr, vb)
+    qrh, dyrh = _head_major(qr), _head_major(dyr)
+    nat = _native(q)
+    if nat is not None:  # P from the block's own softmax, rescaled to the whole row's
+        ip, ix = g.compact_index()
+        pb, lb = nat.scores(ip, ix, qrh, kh, scale)
+        p = pb.mul_(torch.exp(lb - lse.index_select(1, rows)).index_select(1, g.row))
+    else:
+        p = probs_from_lse(g, sddmm(g, qr, kh.transpose(0, 1), scale),
+                           lse.index_select(1, rows))
+    ds = sddmm(g, dyr, vh.transpose(0, 1))
     ds.sub_(delta.index_select(1, rows).index_select(1, g.row)).mul_(p)
     if scale != 1.0:
         ds.mul_(scale)
-    dq.index_add_(0, rows, spmm(g, ds, _head_major(kb)))
-    gt, perm = g.transpose(), g.transpose_perm
-    spmm(gt, ds.index_select(1, perm), _head_major(qr), out=acc[0], accumulate=True)
-    spmm(gt, p.index_select(1, perm), _head_major(dyr), out=acc[1], accumulate=True)
+    gt = g.transpose()
+    if nat is not None:
+        dq.index_add_(0, rows, nat.spmm(ip, ix, None, ds, kh, None))
+        tip, tix = gt.compact_index()
+        perm = g.compact_transpose_perm()
+        nat.spmm(tip, tix, perm, ds, qrh, acc[0])
+        nat.spmm(tip, tix, perm, p, dyrh, acc[1])
+        return
+    dq.index_add_(0, rows, spmm(g, ds, kh))
+    perm = g.transpose_perm
+    spmm(gt, ds.index_select(1, perm), qrh, out=acc[0], accumulate=True)
+    spmm(gt, p.index_select(1, perm), dyrh, out=acc[1], accumulate=True)
+
+
+def _kv_chunk(k: Tensor, v: Tensor, c0: int, c1: int) -> Tensor:
+    """Rows [c0, c1) of k and v [m, h, d'] as one head-major [2, h, c1-c0, d'] message: the
+    layout the kernels read K and V in, so no block copies them again."""
+    return torch.stack((k[c0:c1].transpose(0, 1), v[c0:c1].transpose(0, 1)))
 
 
 def _compute_dtype(x: Tensor) -> torch.dtype:
@@ -178,7 +214,7 @@ class RingAttentionFunction(torch.autograd.Function):
             y = torch.zeros(n, h, dh, dtype=dt, device=q.device)
             lse = torch.full((h, n), -math.inf, dtype=dt, device=q.device)
             for i, (c0, c1) in enumerate(ring.chunks if b else ()):
-                cur = torch.stack((k[c0:c1], v[c0:c1]))
+                cur = _kv_chunk(k, v, c0, c1)
                 for t in range(b):
                     handle = nxt = None
                     if t + 1 < b:  # the chunk moves on while this rank computes on it
@@ -210,7 +246,7 @@ class RingAttentionFunction(torch.autograd.Function):
             dq = torch.zeros_like(qc)
             dkv = torch.zeros((2, *k.shape), dtype=dt, device=k.device)
             for i, (c0, c1) in enumerate(ring.chunks if b else ()):
-                cur = torch.stack((k[c0:c1], v[c0:c1]))
+                cur = _kv_chunk(k, v, c0, c1)
                 acc = acc_in = acc_handle = None
                 for t in range(b):
                     handle = nxt = None

@@ -34,7 +34,9 @@ prepared = _gt.prepared
 groups = _gt.groups
 H = 4
 TOL = dict(rtol=1e-6, atol=1e-10)
-LAYOUTS = [("gp_ring", 1)] + [("gp_2d", a) for a in factorisations(WORLD)]
+LAYOUTS = [("gp_ring", 1)] + [("gp_2d", a) for a in factorisations(WORLD) if a > 1 or WORLD == 1]
+"""gp_2d at every head axis but a = 1 (the ring over all ranks, GP-Ring's own layout, which
+test_gt_dist also runs as gp_2d); on one rank its only axis."""
 GRAPHS = {"random": (23, 8), "tiny": (WORLD // 2 + 1, 3)}
 """(N, head width) per graph: a random one with empty rows and isolated nodes (width 8: the
 compiled CPU kernels' blocks), and one so small that the last ranks own no row (n = 1 a

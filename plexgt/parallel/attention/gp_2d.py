@@ -71,27 +71,35 @@ def make_groups(comm: Comm, a: int, ledger: CommLedger, timeout: timedelta | Non
                 ) -> dict[str, Comm]:
     """This rank's 'heads' (a consecutive ranks of ``comm``) and 'ring' (stride a) groups.
 
-    Only a group's members take part in creating it (local synchronisation), every rank its
-    head group first, so ranks of different groups never wait for each other. torch names such
-    groups by their ranks and the creating rank's count of groups, so every rank of the job
-    must have created as many groups before (true of plexgt's runs: the world, then these).
-    An axis of extent p is ``comm``'s own group."""
+    Collective over the job: when ``comm`` spans every rank (a training run), every rank
+    creates every head group and then every ring group, in the same order (p/a + a groups,
+    each a store barrier over the world at creation). torch names groups made with local
+    synchronisation after the creating rank's count of groups, which ranks of one job need not
+    share (a group made by some ranks only), and then the members never meet; so local
+    synchronisation is used only when ``comm`` is a sub-group of the job, whose other ranks
+    cannot take part. An axis of extent p is ``comm``'s own group, of extent 1 a trivial one.
+    """
     p = comm.size
     check_factor(p, a)
     b, g, k = p // a, comm.rank // a, comm.rank % a
     if p == 1:
         return {"heads": Comm.single("heads", ledger), "ring": Comm.single("ring", ledger)}
     members = [dist.get_global_rank(comm.group, i) for i in range(p)]
+    world = p == dist.get_world_size()
     kw = {} if timeout is None else {"timeout": timeout}
+    axes = (("heads", a, [[members[gg * a + j] for j in range(a)] for gg in range(b)], g),
+            ("ring", b, [[members[j * a + kk] for j in range(b)] for kk in range(a)], k))
     out = {}
-    for name, size, ranks in (("heads", a, [members[g * a + j] for j in range(a)]),
-                              ("ring", b, [members[j * a + k] for j in range(b)])):
+    for name, size, all_groups, mine in axes:
         if size == 1:
             out[name] = Comm.single(name, ledger)
         elif size == p:  # the whole group (a = 1 or b = 1): no new group to create
             out[name] = Comm(comm.group, p, comm.rank, name, ledger)
+        elif world:
+            made = [dist.new_group(ranks, **kw) for ranks in all_groups]
+            out[name] = Comm.from_group(made[mine], name, ledger)
         else:
-            grp = dist.new_group(ranks, use_local_synchronization=True, **kw)
+            grp = dist.new_group(all_groups[mine], use_local_synchronization=True, **kw)
             out[name] = Comm.from_group(grp, name, ledger)
     return out
 

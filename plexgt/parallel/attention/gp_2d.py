@@ -18,23 +18,21 @@ K/V of 2·N·d/p, and the ring's traffic shrinks with a. a = 1 is GP-Ring, b = 1
 
 from __future__ import annotations
 
-import dataclasses
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from plexgt.distributed.collectives import Comm, CommLedger, CommOp
-from plexgt.ops.csr import CSRGraph
 from plexgt.parallel.attention.heads import heads_to_nodes, nodes_to_heads
 from plexgt.parallel.attention.ring import (
     Ring,
     chunk_bounds,
-    column_blocks,
     ring_attention,
     ring_comm,
     ring_graph_bytes,
     ring_memory_elems,
+    ring_shard,
 )
 from plexgt.parallel.attention.strategy import (
     AttentionProblem,
@@ -110,12 +108,7 @@ def _prepare(shard: AttentionShard) -> AttentionShard:
     check_factor(p, a)
     if set(shard.groups) != {"heads", "ring"}:
         raise ValueError("gp_2d needs its 'heads' and 'ring' groups (gp_2d.make_groups)")
-    m = a * shard.n_loc
-    chunks = chunk_bounds(m, shard.ring_chunks)
-    blocks = column_blocks(shard.graph, p // a, m, chunks)
-    g = shard.graph
-    bare = CSRGraph(g.indptr, g.indices, g.num_rows, g.num_cols)
-    return dataclasses.replace(shard, graph=bare, blocks=blocks, chunk_bounds=chunks)
+    return ring_shard(shard, p // a, a * shard.n_loc)
 
 
 def gp_2d_forward(shard: AttentionShard, q: Tensor, k: Tensor, v: Tensor,

@@ -21,20 +21,17 @@ the kernel's temporaries to one block's edges.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from plexgt.distributed.collectives import CommOp
-from plexgt.ops.csr import CSRGraph
 from plexgt.parallel.attention.ring import (
     Ring,
     chunk_bounds,
-    column_blocks,
     ring_attention,
     ring_comm,
     ring_graph_bytes,
     ring_memory_elems,
+    ring_shard,
 )
 from plexgt.parallel.attention.strategy import (
     AttentionProblem,
@@ -47,18 +44,8 @@ from plexgt.parallel.attention.strategy import (
 Tensor = torch.Tensor
 
 
-def prepare_ring(shard: AttentionShard, members: int, m: int) -> AttentionShard:
-    """The shard with its pattern cut into ``members`` x chunks column blocks of m-row key
-    blocks; the whole pattern is kept without its transpose (only its sizes are read)."""
-    chunks = chunk_bounds(m, shard.ring_chunks)
-    blocks = column_blocks(shard.graph, members, m, chunks)
-    g = shard.graph
-    bare = CSRGraph(g.indptr, g.indices, g.num_rows, g.num_cols)
-    return dataclasses.replace(shard, graph=bare, blocks=blocks, chunk_bounds=chunks)
-
-
 def _prepare(shard: AttentionShard) -> AttentionShard:
-    return prepare_ring(shard, shard.comm.size, shard.n_loc)
+    return ring_shard(shard, shard.comm.size, shard.n_loc)
 
 
 def gp_ring_forward(shard: AttentionShard, q: Tensor, k: Tensor, v: Tensor,

@@ -27,6 +27,7 @@ Low-precision inputs travel in their dtype and are computed on, and accumulated,
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -40,6 +41,7 @@ from plexgt.ops import native
 from plexgt.ops.attention import probs_from_lse, row_softmax_, sddmm, spmm
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.precision import LOW_PRECISION, full_precision
+from plexgt.parallel.attention.strategy import AttentionShard
 
 Tensor = torch.Tensor
 Range = tuple[int, int]
@@ -101,6 +103,17 @@ def column_blocks(graph: CSRGraph, members: int, m: int, chunks: tuple[Range, ..
             e0 = e1
         out.append(tuple(per))
     return tuple(out)
+
+
+def ring_shard(shard: AttentionShard, members: int, m: int) -> AttentionShard:
+    """``shard`` with its pattern cut into column blocks of ``members`` key blocks of m rows
+    (in ``shard.ring_chunks`` pieces each); the whole pattern is kept without its transpose
+    and caches (only its sizes are read). The ``prepare`` of both ring strategies."""
+    chunks = chunk_bounds(m, shard.ring_chunks)
+    blocks = column_blocks(shard.graph, members, m, chunks)
+    g = shard.graph
+    bare = CSRGraph(g.indptr, g.indices, g.num_rows, g.num_cols)
+    return dataclasses.replace(shard, graph=bare, blocks=blocks, chunk_bounds=chunks)
 
 
 @dataclass(frozen=True)

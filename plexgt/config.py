@@ -41,6 +41,9 @@ class ModelConfig:
     """Dropout probability on hidden activations."""
     input_dropout: float = 0.5
     """Dropout probability on the input features."""
+    super_nodes: int = 0
+    """Global super nodes S (gt, gps): learned virtual nodes every node attends to and that
+    attend to every node, exactly; replicated on every rank, merged by all-reduce."""
 
 
 @dataclass(frozen=True)
@@ -259,6 +262,9 @@ def validate(cfg: TrainConfig) -> None:
     if m.name in ("gt", "gps") and m.hidden % m.heads:
         raise ConfigError(f"config key 'model.hidden': {m.hidden} is not divisible by "
                           f"model.heads={m.heads}")
+    if m.super_nodes < 0 or (m.super_nodes and m.name == "gcn"):
+        raise ConfigError(f"config key 'model.super_nodes': {m.super_nodes} must be >= 0, "
+                          "and 0 for gcn (super nodes join attention: gt, gps)")
     for k in ("dropout", "input_dropout"):
         if not 0.0 <= getattr(m, k) < 1.0:
             raise ConfigError(f"config key 'model.{k}' must be in [0, 1)")

@@ -53,6 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="gp_2d: the head axis a (default: every divisor of each scale)")
     p.add_argument("--ring-chunks", type=int, default=1,
                    help="gp_ring / gp_2d: pieces each K/V block travels in")
+    p.add_argument("--super-nodes", type=int, default=0,
+                   help="gt / gps: global super nodes (model.super_nodes)")
     p.add_argument("--strategies", default=None,
                    help="comma-separated attention strategies (default: all registered)")
     p.add_argument("--json", type=Path, help="also write the table as JSON here")
@@ -100,9 +102,10 @@ def _sizes(args: argparse.Namespace) -> tuple[GraphSizes, str]:
 
 
 def _check(args: argparse.Namespace) -> None:
-    if args.head_parallel < 0 or args.ring_chunks < 1:
-        raise UsageError(f"--head-parallel must be >= 0 and --ring-chunks >= 1 (got "
-                         f"{args.head_parallel}, {args.ring_chunks})")
+    if args.head_parallel < 0 or args.ring_chunks < 1 or args.super_nodes < 0:
+        raise UsageError(f"--head-parallel and --super-nodes must be >= 0 and --ring-chunks "
+                         f">= 1 (got {args.head_parallel}, {args.super_nodes}, "
+                         f"{args.ring_chunks})")
     for name in ("world_size", "hidden", "layers", "heads", "ffn_mult"):
         v = getattr(args, name)
         if v < 1:
@@ -119,7 +122,8 @@ def run(args: argparse.Namespace) -> int:
     prof = load_profile(args.profile)
     limit = None if args.memory_per_rank is None else int(args.memory_per_rank * 2**30)
     shape = ModelShape(args.model, args.hidden, args.layers, args.heads, args.ffn_mult,
-                       ESIZE[args.dtype], ring_chunks=args.ring_chunks)
+                       ESIZE[args.dtype], ring_chunks=args.ring_chunks,
+                       super_nodes=args.super_nodes)
     src = f"profile {args.profile}" if prof else "default coefficients (no --profile)"
     print(f"{name}: {args.model} on up to {args.world_size} ranks, {src}")
     if args.model == "gcn":

@@ -17,6 +17,7 @@ from plexgt.models.layers import (
     Drop,
     Features,
     ModelGraph,
+    block_attention,
     ffn,
     gcn_conv,
     residual_norm,
@@ -24,11 +25,12 @@ from plexgt.models.layers import (
 
 
 class GPSBlock(nn.Module):
-    def __init__(self, dim: int, heads: int, ffn_mult: int = 2, dropout: float = 0.0) -> None:
+    def __init__(self, dim: int, heads: int, ffn_mult: int = 2, dropout: float = 0.0,
+                 edge_dim: int = 0) -> None:
         super().__init__()
         self.local = nn.Linear(dim, dim)
         self.norm_local = nn.LayerNorm(dim)
-        self.attn = AttentionParams(dim, heads)
+        self.attn = AttentionParams(dim, heads, edge_dim)
         self.norm_attn = nn.LayerNorm(dim)
         self.ffn1 = nn.Linear(dim, ffn_mult * dim)
         self.ffn2 = nn.Linear(ffn_mult * dim, dim)
@@ -36,14 +38,28 @@ class GPSBlock(nn.Module):
         self.dropout = dropout
 
     def forward(self, x: torch.Tensor, graph: ModelGraph, block_rows: int | None = None,
-                drop: Drop = NO_DROP) -> torch.Tensor:
-        """Dropout sites: 0 local residual, 1 attention residual, 2 inside the FFN, 3 FFN
-        residual."""
+                drop: Drop = NO_DROP, z: torch.Tensor | None = None, update_super: bool = True
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [N, d] and super states z [S, d] (or None) -> both after the block (z: None
+        unless ``update_super``)."""
         assert graph.gcn is not None and graph.adj is not None
-        local = residual_norm(x, gcn_conv(graph.gcn, x, self.local), self.norm_local,
-                              drop.sub(0))
-        glob = residual_norm(x, self.attn(graph.adj, x, x, block_rows), self.norm_attn,
-                             drop.sub(1))
+        g = gcn_conv(graph.gcn, x, self.local)
+        a, az = block_attention(self.attn, graph, x, z, block_rows, update_super)
+        zo = None if az is None else self.tail(z, self.super_local(z), az)
+        return self.tail(x, g, a, drop), zo
+
+    def super_local(self, z: torch.Tensor) -> torch.Tensor:
+        """The GCN path of super rows [S, d]: they are in no edge of Â, so only its bias."""
+        b = self.local.bias
+        return torch.zeros_like(z) if b is None else b.expand_as(z)
+
+    def tail(self, x: torch.Tensor, g: torch.Tensor, a: torch.Tensor, drop: Drop = NO_DROP
+             ) -> torch.Tensor:
+        """x [n, d], its GCN path g and attention a [n, d] -> the block's output (row-local).
+        Dropout sites: 0 local residual, 1 attention residual, 2 inside the FFN, 3 FFN
+        residual."""
+        local = residual_norm(x, g, self.norm_local, drop.sub(0))
+        glob = residual_norm(x, a, self.norm_attn, drop.sub(1))
         h = local + glob
         return residual_norm(h, ffn(h, self.ffn1, self.ffn2, drop.sub(2)), self.norm_out,
                              drop.sub(3))
@@ -57,4 +73,4 @@ class GPS(BlockStack):
     def forward(self, x: Features, graph: ModelGraph) -> torch.Tensor:
         if graph.adj is None or graph.gcn is None:
             raise ValueError("GPS needs graph.adj and graph.gcn")
-        return self.run(x, graph, lambda blk, h, g, br, dr: blk(h, g, br, dr))
+        return self.run(x, graph, lambda blk, h, g, br, dr, z, up: blk(h, g, br, dr, z, up))

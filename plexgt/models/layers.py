@@ -9,8 +9,9 @@ Shapes: N nodes (rows of the graph), F input features, d hidden, h heads of d' =
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_norm, gcn_spmm
 from plexgt.ops.heads import head_major_linear
 from plexgt.ops.rng import CounterRNG
+from plexgt.ops.super_nodes import edge_bias_with_super, super_attention, super_columns
 
 Tensor = torch.Tensor
 Features = Tensor | CSRGraph
@@ -44,27 +46,49 @@ class ModelGraph:
     gcn: CSRGraph | None = None
     node_ids: Tensor | None = None
     """[Nr] original node id of each row, the key of its dropout masks; None: 0..Nr-1."""
+    edge_attr: Tensor | None = None
+    """[E, F_e] features of ``adj``'s edges in its CSR order (the attention's edge bias)."""
+    _super: CSRGraph | None = field(default=None, repr=False, compare=False)
+
+    def super_adj(self, s: int) -> CSRGraph:
+        """``adj`` [N, N] with S super-node columns on every row, [N, N + S] (built once)."""
+        assert self.adj is not None, "no attention pattern"
+        want = self.adj.num_cols + s
+        if self._super is None or self._super.num_cols != want:
+            g = super_columns(self.adj, s, self.adj.num_rows)
+            g.transpose()
+            self._super = g
+        return self._super
 
     @classmethod
     def from_edges(
         cls, dst: Tensor | np.ndarray, src: Tensor | np.ndarray, num_nodes: int,
         attention: bool = True, gcn: bool = True, device: torch.device | str = "cpu",
+        edge_attr: Tensor | np.ndarray | None = None,
     ) -> ModelGraph:
-        """Build both operators from edges src -> dst (duplicates merged); transposes are
-        built up front so that the first backward is not the one paying for them."""
-        adj = CSRGraph.from_coo(dst, src, num_nodes, num_nodes).to(device)
+        """Build both operators from edges src -> dst (duplicates merged, or refused when
+        ``edge_attr`` [E, F_e] gives each edge features); transposes are built up front so
+        that the first backward is not the one paying for them."""
+        attr = None
+        if edge_attr is not None:
+            d, s = torch.as_tensor(dst).long(), torch.as_tensor(src).long()
+            order = torch.argsort(d * num_nodes + s, stable=True)
+            attr = torch.as_tensor(edge_attr)[order].to(device)
+        adj = CSRGraph.from_coo(dst, src, num_nodes, num_nodes,
+                                duplicates="merge" if attr is None else "error").to(device)
         norm = gcn_norm(adj) if gcn else None
         for g in (adj if attention else None, norm):
             if g is not None:
                 g.transpose()
                 _ = g.row
-        return cls(adj if attention else None, norm)
+        return cls(adj if attention else None, norm, edge_attr=attr)
 
     def to(self, device: torch.device | str) -> ModelGraph:
         return ModelGraph(
             None if self.adj is None else self.adj.to(device),
             None if self.gcn is None else self.gcn.to(device),
             None if self.node_ids is None else self.node_ids.to(device),
+            None if self.edge_attr is None else self.edge_attr.to(device),
         )
 
     @property
@@ -179,7 +203,7 @@ def gcn_conv(graph: CSRGraph, x: Features, lin: nn.Linear) -> Tensor:
 def attention_conv(
     graph: CSRGraph, x_dst: Tensor, x_src: Tensor, wq: nn.Linear, wk: nn.Linear,
     wv: nn.Linear, wo: nn.Linear, heads: int, block_rows: int | None = None,
-    kernel: str = "auto",
+    kernel: str = "auto", bias: Tensor | None = None,
 ) -> Tensor:
     """X' = X W_o + softmax(Q Kᵀ / sqrt(d') ⊙ A) V: x_dst [Nr, d], x_src [Nc, d] -> [Nr, d].
 
@@ -193,7 +217,7 @@ def attention_conv(
     q, k, v = (head_major_linear(x, w, heads) for x, w in ((x_dst, wq), (x_src, wk), (x_src, wv)))
     # X W_o is the residual the kernels add their output to, in place (no pass of its own)
     return sparse_attention(graph, q, k, v, block_rows=block_rows, residual=wo(x_dst),
-                            kernel=kernel)
+                            kernel=kernel, bias=bias)
 
 
 def ffn(x: Tensor, lin1: nn.Linear, lin2: nn.Linear, drop: Drop = NO_DROP) -> Tensor:
@@ -207,11 +231,19 @@ def residual_norm(x: Tensor, update: Tensor, norm: nn.LayerNorm, drop: Drop = NO
     return norm(x + drop(update))
 
 
+Block = Callable[[Any, Tensor, Any, "int | None", Drop, "Tensor | None", bool],
+                 tuple[Tensor, "Tensor | None"]]
+"""(block module, rows [n, d], graph, block_rows, dropout, super states [S, d] or None,
+update_super) -> (rows, super states, None when not ``update_super``): one block of a
+:class:`BlockStack`, single-process or distributed."""
+
 
 class AttentionParams(nn.Module):
-    """The four d x d projections of one attention sublayer (W_Q, W_K, W_V, W_o)."""
+    """The four d x d projections of one attention sublayer (W_Q, W_K, W_V, W_o), and with
+    edge features of F_e > 0 columns the edge encoder W_b [h, F_e]: edge e's score in head i
+    gains (W_b x_e)_i (Graphormer's / GraphGPS's edge encoding)."""
 
-    def __init__(self, dim: int, heads: int) -> None:
+    def __init__(self, dim: int, heads: int, edge_dim: int = 0) -> None:
         super().__init__()
         if dim % heads:
             raise ValueError(f"hidden size {dim} is not divisible by {heads} heads")
@@ -220,11 +252,63 @@ class AttentionParams(nn.Module):
         self.k = nn.Linear(dim, dim)
         self.v = nn.Linear(dim, dim)
         self.o = nn.Linear(dim, dim)
+        self.edge = nn.Linear(edge_dim, heads, bias=False) if edge_dim else None
+
+    def bias(self, edge_attr: Tensor | None) -> Tensor | None:
+        """[E, F_e] edge features -> [h, E] score bias (None without an edge encoder)."""
+        if self.edge is None:
+            return None
+        if edge_attr is None:
+            raise ValueError(f"the model encodes {self.edge.in_features} edge features, "
+                             "but the graph has none")
+        return self.edge(edge_attr.to(self.edge.weight.dtype)).t()
 
     def forward(self, graph: CSRGraph, x_dst: Tensor, x_src: Tensor,
-                block_rows: int | None = None) -> Tensor:
+                block_rows: int | None = None, edge_attr: Tensor | None = None) -> Tensor:
         return attention_conv(graph, x_dst, x_src, self.q, self.k, self.v, self.o, self.heads,
-                              block_rows)
+                              block_rows, bias=self.bias(edge_attr))
+
+    def with_super(self, graph: CSRGraph, x: Tensor, z: Tensor, block_rows: int | None = None,
+                   update_super: bool = True, bias: Tensor | None = None
+                   ) -> tuple[Tensor, Tensor | None]:
+        """Attention of real rows x [N, d] and super rows z [S, d] over both:
+        (x W_o + attention [N, d], z W_o + attention [S, d], or None unless
+        ``update_super``: the last block's super states feed nothing). ``bias`` [h, E + N·S]:
+        the edge bias on that pattern (zero on the super entries).
+
+        ``graph`` [N, N + S] is the pattern with the super columns (:meth:`ModelGraph.
+        super_adj`): real rows attend to their neighbours and every super node through the
+        ordinary kernel; super rows attend to everything, densely (S x (N + S) scores).
+        """
+        s, d = z.shape
+        a = attention_conv(graph, x, torch.cat([x, z]), self.q, self.k, self.v, self.o,
+                           self.heads, block_rows, bias=bias)
+        if not update_super:
+            return a, None
+        qs, ks, vs = (self.split(lin(z)) for lin in (self.q, self.k, self.v))
+        k, v = self.split(self.k(x)), self.split(self.v(x))
+        ys = super_attention(qs, k, v, ks, vs, 1.0 / math.sqrt(d // self.heads))
+        return a, self.o(z) + ys.reshape(s, d)
+
+    def split(self, x: Tensor) -> Tensor:
+        """[n, d] -> [n, h, d'] (a view)."""
+        return x.view(x.shape[0], self.heads, x.shape[1] // self.heads)
+
+
+def block_attention(attn: AttentionParams, graph: ModelGraph, x: Tensor, z: Tensor | None,
+                    block_rows: int | None = None, update_super: bool = True
+                    ) -> tuple[Tensor, Tensor | None]:
+    """A block's attention sublayer on one process: (x W_o + attention of x [N, d], and of
+    the super states z [S, d] when given and ``update_super``, else None), with the edge bias
+    when the model encodes edge features."""
+    assert graph.adj is not None
+    if z is None:
+        return attn(graph.adj, x, x, block_rows, graph.edge_attr), None
+    s, n = z.shape[0], graph.adj.num_rows
+    bias = attn.bias(graph.edge_attr)
+    if bias is not None:
+        bias = edge_bias_with_super(bias, graph.adj, s, n)
+    return attn.with_super(graph.super_adj(s), x, z, block_rows, update_super, bias)
 
 
 class BlockStack(nn.Module):
@@ -232,17 +316,28 @@ class BlockStack(nn.Module):
 
     The skeleton shared by the gt and gps models and by their distributed copies, which reuse
     the parameters as they are and replace only how one block runs (``run``'s ``block``).
+
+    ``edge_dim`` = F_e > 0 gives every block's attention an edge encoder (the graph must then
+    carry [E, F_e] edge features). With ``super_nodes`` = S, S learned states [S, d]
+    (``super_init``, created after every other parameter so that S = 0 and S > 0 initialise
+    the rest alike) run through every block beside the real rows, attended by every node and
+    attending to every node; they have no label and no dropout (a mask is keyed on a node id,
+    and they have none).
     """
 
     block_type: type[nn.Module]
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2,
                  heads: int = 8, dropout: float = 0.5, input_dropout: float | None = None,
-                 ffn_mult: int = 2, block_rows: int | None = None, seed: int = 0) -> None:
+                 ffn_mult: int = 2, block_rows: int | None = None, seed: int = 0,
+                 super_nodes: int = 0, edge_dim: int = 0) -> None:
         super().__init__()
+        if super_nodes < 0:
+            raise ValueError(f"model.super_nodes must be >= 0, got {super_nodes}")
         self.input = nn.Linear(in_dim, hidden)
         self.blocks = nn.ModuleList(
-            self.block_type(hidden, heads, ffn_mult, dropout) for _ in range(num_layers)
+            self.block_type(hidden, heads, ffn_mult, dropout, edge_dim)
+            for _ in range(num_layers)
         )
         self.classifier = nn.Linear(hidden, out_dim)
         self.dropout = dropout
@@ -251,15 +346,21 @@ class BlockStack(nn.Module):
         self.seed = seed
         self.step = 0
         """Training forwards so far: the step key of the dropout masks (checkpointed)."""
+        self.super_nodes = super_nodes
+        if super_nodes:
+            self.super_init = nn.Parameter(torch.randn(super_nodes, hidden))
 
-    def run(self, x: Features, graph: Any,
-            block: Callable[[Any, Tensor, Any, int | None, Drop], Tensor]) -> Tensor:
-        """Dropout, projection, ``block(blk, h, graph, block_rows, drop)`` per block,
-        classifier. Sites: 0 input, 1 before the classifier, 8(i+1)+k inside block i."""
+    def run(self, x: Features, graph: Any, block: Block) -> Tensor:
+        """Dropout, projection, ``block(blk, h, graph, block_rows, drop, z, update_super)``
+        per block, classifier. Sites: 0 input, 1 before the classifier, 8(i+1)+k inside block
+        i. The last block leaves the super states alone (nothing reads them after it)."""
         drop = Drop(step_rng(self.seed, self.step, graph.node_ids, x, self.training), 0.0)
         h = linear_in(drop.at(0, self.input_dropout).features(x), self.input)
+        z = self.super_init.to(h.dtype) if self.super_nodes else None
+        last = len(self.blocks) - 1
         for i, blk in enumerate(self.blocks):
-            h = block(blk, h, graph, self.block_rows, drop.at(BLOCK_SITES * (i + 1), blk.dropout))
+            h, z = block(blk, h, graph, self.block_rows, drop.at(BLOCK_SITES * (i + 1),
+                                                                 blk.dropout), z, i < last)
         h = drop.at(1, self.dropout)(h)
         if self.training:
             self.step += 1

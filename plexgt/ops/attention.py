@@ -155,16 +155,18 @@ class SparseAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, residual: Tensor | None, graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
-                scale: float, block_rows: int | None) -> Tensor:
+                scale: float, block_rows: int | None, bias: Tensor | None = None) -> Tensor:
         # residual [Nr, h*d'] (or None) comes first: should it ever be a view, autograd replays
         # the in-place update through CopySlices, which takes the first gradient as its own
         ctx.graph = graph
         ctx.has_residual = residual is not None
         out = None if residual is None else residual.view(q.shape[0], *v.shape[1:])
         ctx.scale = scale
-        nat = _native_kernels(q, block_rows, graph.num_rows)
+        # the compiled kernels fuse scores and softmax: a bias between them takes torch's
+        nat = None if bias is not None else _native_kernels(q, block_rows, graph.num_rows)
         ctx.native = nat
         ctx.blocked = None
+        ctx.has_bias = bias is not None
         if nat is not None:
             # head-major copies are made once here and saved: the backward's transposed
             # products need them in that layout too
@@ -175,7 +177,7 @@ class SparseAttentionFunction(torch.autograd.Function):
             ctx.save_for_backward(qh, kh, vh, p)
         else:
             y = SparseAttentionFunction._torch_forward(ctx, graph, q, k, v, scale, block_rows,
-                                                       out)
+                                                       out, bias)
         if residual is not None:
             ctx.mark_dirty(residual)
             return residual
@@ -183,8 +185,10 @@ class SparseAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def _torch_forward(ctx, graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, scale: float,
-                       block_rows: int | None, out: Tensor | None) -> Tensor:
-        """torch's per-head kernels; the blocked mode keeps [h, Nr] log-sum-exps only."""
+                       block_rows: int | None, out: Tensor | None, bias: Tensor | None
+                       ) -> Tensor:
+        """torch's per-head kernels; the blocked mode keeps [h, Nr] log-sum-exps only.
+        ``bias`` [h, E] is added to the scaled scores of its edges before the softmax."""
         q, k, v = _unit_stride(q), _unit_stride(k), _unit_stride(v)
         vh = _head_major(v)
         _, h, d = v.shape
@@ -192,18 +196,18 @@ class SparseAttentionFunction(torch.autograd.Function):
             else out
         acc = out is not None
         if block_rows is None or block_rows >= graph.num_rows:
-            p = sddmm(graph, q, k, scale)
+            p = _biased(sddmm(graph, q, k, scale), bias, graph, 0)
             row_softmax_(graph, p)
             spmm(graph, p, vh, out=y, accumulate=acc)
-            ctx.save_for_backward(q, k, v, p)
+            ctx.save_for_backward(q, k, v, p, bias)
         else:
             lse = torch.empty(h, graph.num_rows, dtype=v.dtype, device=v.device)
             for r0, r1, blk in graph.row_blocks(block_rows):
-                s = sddmm(blk, q[r0:r1], k, scale)
+                s = _biased(sddmm(blk, q[r0:r1], k, scale), bias, graph, r0)
                 _, lse[:, r0:r1] = row_softmax_(blk, s)
                 spmm(blk, s, vh, out=y[r0:r1], accumulate=acc)
                 del s
-            ctx.save_for_backward(q, k, v, lse)
+            ctx.save_for_backward(q, k, v, lse, bias)
             ctx.blocked = block_rows
         return y
 
@@ -214,11 +218,13 @@ class SparseAttentionFunction(torch.autograd.Function):
         d_res = grad if ctx.has_residual and ctx.needs_input_grad[0] else None
         if ctx.native is not None:
             return (d_res, *SparseAttentionFunction._native_backward(ctx, grad))
-        q, k, v, saved = ctx.saved_tensors
+        q, k, v, saved, bias = ctx.saved_tensors
         dy = grad.view(q.shape[0], *v.shape[1:]) if ctx.has_residual else grad
         graph: CSRGraph = ctx.graph
         scale: float = ctx.scale
         need_q, need_k, need_v = ctx.needs_input_grad[2:5]
+        need_b = ctx.has_bias and ctx.needs_input_grad[7]
+        dbias = torch.empty_like(bias) if need_b else None
         dy = _unit_stride(dy)
         blocks = ([(0, graph.num_rows, graph)] if ctx.blocked is None
                   else graph.row_blocks(ctx.blocked))
@@ -234,16 +240,23 @@ class SparseAttentionFunction(torch.autograd.Function):
             if ctx.blocked is None:
                 p = saved
             else:
-                p = probs_from_lse(blk, sddmm(blk, q[r0:r1], k, scale), saved[:, r0:r1])
+                s = _biased(sddmm(blk, q[r0:r1], k, scale), bias, graph, r0)
+                p = probs_from_lse(blk, s, saved[:, r0:r1])
             perm = blk.transpose_perm if (need_k or need_v) else None
             if need_v:
                 dyh = _head_major(dy) if dyh is None else dyh
                 spmm(blk.transpose(), p.index_select(1, perm), dyh[:, r0:r1], out=dv,
                      accumulate=acc)
                 dyh = dyh if keep else None
-            if need_q or need_k:
-                ds = softmax_backward(blk, p, sddmm(blk, dy[r0:r1], v), scale)
+            if need_q or need_k or need_b:
+                # the bias's gradient is the logits' (unscaled); Q and K see it times scale
+                ds = softmax_backward(blk, p, sddmm(blk, dy[r0:r1], v), 1.0)
                 del p
+                if dbias is not None:
+                    e0 = int(graph.indptr[r0])
+                    dbias[:, e0:e0 + blk.num_edges] = ds
+                if scale != 1.0:
+                    ds.mul_(scale)
                 if need_q:
                     kh = _head_major(k) if kh is None else kh
                     spmm(blk, ds, kh, out=dq[r0:r1])
@@ -254,7 +267,7 @@ class SparseAttentionFunction(torch.autograd.Function):
                          accumulate=acc)
                     qh = qh if keep else None
                 del ds
-        return d_res, None, dq, dk, dv, None, None
+        return d_res, None, dq, dk, dv, None, None, dbias
 
     @staticmethod
     def _native_backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
@@ -279,7 +292,15 @@ class SparseAttentionFunction(torch.autograd.Function):
                 dq = nat.spmm(ip, ix, None, ds, kh, None)
             if need_k:
                 dk = nat.spmm(tip, tix, perm, ds, qh, None)
-        return None, dq, dk, dv, None, None
+        return None, dq, dk, dv, None, None, None
+
+
+def _biased(s: Tensor, bias: Tensor | None, graph: CSRGraph, r0: int) -> Tensor:
+    """Scores [h, E_block] of the rows from r0 on, plus their edges' bias (in place)."""
+    if bias is None:
+        return s
+    e0 = int(graph.indptr[r0])
+    return s.add_(bias[:, e0:e0 + s.shape[1]])
 
 
 KERNELS = ("auto", "fused", "torch")
@@ -290,7 +311,8 @@ when Triton is present, torch otherwise."""
 
 def sparse_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                      scale: float | None = None, block_rows: int | None = None,
-                     residual: Tensor | None = None, kernel: str = "auto") -> Tensor:
+                     residual: Tensor | None = None, kernel: str = "auto",
+                     bias: Tensor | None = None) -> Tensor:
     """Multi-head attention restricted to the edges of ``graph``.
 
     q [Nr, h, d'], k and v [Nc, h, d'] on graph [Nr, Nc] -> y [Nr, h, d'] (contiguous).
@@ -301,6 +323,9 @@ def sparse_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
     in place, so a layer's X W_o + attention costs no pass of its own.
     ``kernel``: one of :data:`KERNELS`. The fused kernel is always blocked (it keeps [h, Nr]
     only), so ``block_rows`` does not apply to it.
+    ``bias`` [h, E] (graph's edge order): added to each edge's scaled score before the
+    softmax (an edge encoding), with its gradient; it runs on torch's kernels (the compiled
+    and the fused ones have no bias input).
     """
     if q.dim() != 3 or k.shape != v.shape or q.shape[1:] != k.shape[1:]:
         raise ValueError(f"expected q [Nr,h,d], k/v [Nc,h,d]; got {tuple(q.shape)}, "
@@ -317,26 +342,39 @@ def sparse_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                          f"{tuple(residual.shape)}")
     if kernel not in KERNELS:
         raise ValueError(f"unknown attention kernel {kernel!r}; known: {', '.join(KERNELS)}")
-    if kernel == "fused" or (kernel == "auto" and q.device.type in attention_triton.GPU_TYPES
+    if bias is not None:
+        if bias.shape != (q.shape[1], graph.num_edges):
+            raise ValueError(f"bias must be [heads, edges] = [{q.shape[1]}, {graph.num_edges}]"
+                             f"; got {tuple(bias.shape)}")
+        if kernel == "fused":
+            raise ValueError("the fused attention kernel takes no edge bias")
+    if kernel == "fused" or (kernel == "auto" and bias is None
+                             and q.device.type in attention_triton.GPU_TYPES
                              and attention_triton.supports(q)):
         return attention_triton.fused_attention(graph, q, k, v, float(scale), residual)
     if q.dtype in LOW_PRECISION:
         # torch's sparse kernels (and the compiled ones) have no half types on the CPU, and
         # cuSPARSE's would sum in half: the reference computes in float32, rounds once
         with full_precision(q.device):  # or autocast's mm would cast back to half
-            y = SparseAttentionFunction.apply(None, graph, q.float(), k.float(), v.float(),
-                                              float(scale), block_rows).to(q.dtype)
+            y = SparseAttentionFunction.apply(
+                None, graph, q.float(), k.float(), v.float(), float(scale), block_rows,
+                None if bias is None else bias.float()).to(q.dtype)
         return y if residual is None else residual + y.reshape(residual.shape)
-    return SparseAttentionFunction.apply(residual, graph, q, k, v, float(scale), block_rows)
+    return SparseAttentionFunction.apply(residual, graph, q, k, v, float(scale), block_rows,
+                                         bias)
 
 
 def dense_attention_reference(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
-                              scale: float | None = None) -> Tensor:
+                              scale: float | None = None, bias: Tensor | None = None) -> Tensor:
     """The same function via a dense masked softmax ([h, Nr, Nc]; tests and tiny graphs only)."""
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     mask = graph.to_dense(torch.float32) > 0
     s = torch.einsum("rhd,chd->hrc", q, k) * scale
+    if bias is not None:
+        dense = torch.zeros_like(s)
+        dense[:, graph.row, graph.indices] = bias
+        s = s + dense
     s = s.masked_fill(~mask, float("-inf"))
     p = torch.softmax(s, dim=-1).nan_to_num(0.0)  # rows without neighbours -> all zeros
     return torch.einsum("hrc,chd->rhd", p, v)

@@ -30,7 +30,7 @@ from plexgt.distributed.collectives import (
     reduce_scatter_bytes,
 )
 from plexgt.models.gps import GPS, GPSBlock
-from plexgt.models.layers import NO_DROP, Drop, Features, ffn, residual_norm
+from plexgt.models.layers import NO_DROP, Drop, Features
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_spmm
 from plexgt.parallel.attention.strategy import AttentionProblem
@@ -53,21 +53,19 @@ def dist_gcn_conv(ahat_rows: CSRGraph, x: Tensor, lin: nn.Linear, comm: Comm) ->
 
 
 def dist_gps_block(blk: GPSBlock, x: Tensor, graph: DistGraph, block_rows: int | None = None,
-                   drop: Drop = NO_DROP) -> Tensor:
-    """One GPS block on rows [n, d] (:meth:`plexgt.models.gps.GPSBlock.forward`, same
-    dropout sites)."""
+                   drop: Drop = NO_DROP, z: Tensor | None = None, update_super: bool = True
+                   ) -> tuple[Tensor, Tensor | None]:
+    """One GPS block on rows [n, d] and super states [S, d]
+    (:meth:`plexgt.models.gps.GPSBlock.forward`, same dropout sites)."""
     if graph.gcn3d is not None:
         g = gcn3d_conv(graph.gcn3d, x, blk.local)
     elif graph.gcn is not None:
         g = dist_gcn_conv(graph.gcn, x, blk.local, graph.comm)
     else:
         raise ValueError("a distributed GPS needs its GCN operator (build_dist_graph(gcn=True))")
-    local = residual_norm(x, g, blk.norm_local, drop.sub(0))
-    glob = residual_norm(x, dist_attention(blk.attn, x, graph.attention, block_rows),
-                         blk.norm_attn, drop.sub(1))
-    h = local + glob
-    return residual_norm(h, ffn(h, blk.ffn1, blk.ffn2, drop.sub(2)), blk.norm_out,
-                         drop.sub(3))
+    a, az = dist_attention(blk.attn, x, graph.attention, block_rows, z, update_super)
+    zo = None if z is None or az is None else blk.tail(z, blk.super_local(z), az)
+    return blk.tail(x, g, a, drop), zo
 
 
 class DistGPS(GPS):

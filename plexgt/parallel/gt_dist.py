@@ -15,51 +15,55 @@ seed), only ``forward`` differs, so ``load_state_dict`` moves weights either way
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from plexgt.models.gt import GraphTransformer, GTBlock
-from plexgt.models.layers import (
-    NO_DROP,
-    AttentionParams,
-    Drop,
-    Features,
-    ffn,
-    residual_norm,
-)
+from plexgt.models.layers import NO_DROP, AttentionParams, Drop, Features
 from plexgt.parallel.attention.strategy import AttentionShard
+from plexgt.parallel.attention.super_nodes import super_rows
 from plexgt.parallel.rows1d import DistGraph
 
 Tensor = torch.Tensor
 
 
 def dist_attention(params: AttentionParams, x: Tensor, shard: AttentionShard,
-                   block_rows: int | None = None) -> Tensor:
-    """X W_o + softmax(Q Kᵀ/sqrt(d') ⊙ A) V for this rank's rows: x [n, d] -> [n, d].
+                   block_rows: int | None = None, z: Tensor | None = None,
+                   update_super: bool = True) -> tuple[Tensor, Tensor | None]:
+    """X W_o + softmax(Q Kᵀ/sqrt(d') ⊙ A) V for this rank's rows: x [n, d] -> [n, d], and
+    for the super states z [S, d] (replicated) the same over every node -> [S, d] (None
+    without super nodes or ``update_super``: the real rows still attend to them).
 
     Q, K, V [n, h, d'] come from local rows; the shard's strategy supplies whatever rows or
-    heads the kernel needs. The same function as :func:`plexgt.models.layers.attention_conv`,
-    whose single-process layout tricks (head-major projections, in-place residual) do not
-    apply to gathered or exchanged operands; results agree to float rounding.
+    heads the kernel needs. The same function as :func:`plexgt.models.layers.attention_conv`
+    (and :meth:`~plexgt.models.layers.AttentionParams.with_super`), whose single-process
+    layout tricks (head-major projections, in-place residual) do not apply to gathered or
+    exchanged operands; results agree to float rounding.
     """
     if params.heads != shard.heads:
         raise ValueError(f"model has {params.heads} heads, shard was built for {shard.heads}")
     n, d = x.shape[0], params.q.out_features
-    h = params.heads
-    q = params.q(x).view(n, h, d // h)
-    k = params.k(x).view(n, h, d // h)
-    v = params.v(x).view(n, h, d // h)
-    y = shard.attend(q, k, v, block_rows)
-    return params.o(x) + y.reshape(n, d)
+    q, k, v = (params.split(lin(x)) for lin in (params.q, params.k, params.v))
+    if z is None:
+        return params.o(x) + shard.attend(q, k, v, block_rows).reshape(n, d), None
+    qs, ks, vs = (params.split(lin(z)) for lin in (params.q, params.k, params.v))
+    y = shard.attend(q, k, v, block_rows, (ks, vs))
+    if not update_super:
+        return params.o(x) + y.reshape(n, d), None
+    real = shard.real_rows
+    ys = super_rows(qs, ks, vs, k[:real], v[:real], shard.comm,
+                    1.0 / math.sqrt(d // params.heads))
+    return params.o(x) + y.reshape(n, d), params.o(z) + ys.to(z.dtype).reshape(z.shape)
 
 
 def dist_gt_block(blk: GTBlock, x: Tensor, graph: DistGraph, block_rows: int | None = None,
-                  drop: Drop = NO_DROP) -> Tensor:
-    """One GT block on rows [n, d]: attention (distributed) then FFN (row-local); dropout at
-    the reference block's sites, keyed on the rows' node ids."""
-    a = dist_attention(blk.attn, x, graph.attention, block_rows)
-    x = residual_norm(x, a, blk.norm1, drop.sub(0))
-    f = ffn(x, blk.ffn1, blk.ffn2, drop.sub(1))
-    return residual_norm(x, f, blk.norm2, drop.sub(2))
+                  drop: Drop = NO_DROP, z: Tensor | None = None, update_super: bool = True
+                  ) -> tuple[Tensor, Tensor | None]:
+    """One GT block on rows [n, d] (and super states [S, d]): attention (distributed) then
+    FFN (row-local); dropout at the reference block's sites, keyed on the rows' node ids."""
+    a, az = dist_attention(blk.attn, x, graph.attention, block_rows, z, update_super)
+    return blk.tail(x, a, drop), None if az is None else blk.tail(z, az)
 
 
 class DistGraphTransformer(GraphTransformer):

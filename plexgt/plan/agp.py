@@ -111,14 +111,14 @@ DEFAULT_KERNELS = {
 
 
 def count_params(model: str, features: int, hidden: int, classes: int, layers: int,
-                 ffn_mult: int = 2) -> int:
+                 ffn_mult: int = 2, super_nodes: int = 0) -> int:
     """Parameters of :class:`~plexgt.models.gt.GraphTransformer` or :class:`~plexgt.models.gps.
     GPS` (checked against the modules in the tests)."""
     d, m = hidden, ffn_mult
     block = 4 * (d * d + d) + (d * m * d + m * d) + (m * d * d + d) + 2 * 2 * d
     if model == "gps":
         block += d * d + d + 2 * d
-    return features * d + d + layers * block + d * classes + classes
+    return features * d + d + layers * block + d * classes + classes + super_nodes * d
 
 
 @dataclass(frozen=True)
@@ -142,6 +142,9 @@ class Workload:
     """gps, 3D path: rows per block of the blocked aggregation (``parallel.block_rows``)."""
     ring_chunks: int = 1
     """gp_ring / gp_2d: pieces each K/V block travels in (``parallel.ring_chunks``)."""
+    super_nodes: int = 0
+    """Global super nodes S (``model.super_nodes``): N·S more pattern entries for the real
+    rows' kernels, and the super rows' merges (their own S·N/p scores are not priced)."""
 
     def __post_init__(self) -> None:
         if self.model not in ("gt", "gps"):
@@ -153,13 +156,14 @@ class Workload:
 
     @property
     def problem(self) -> AttentionProblem:
-        return AttentionProblem(self.n, self.e, self.hidden, self.heads, self.esize,
-                                ring_chunks=self.ring_chunks)
+        return AttentionProblem(self.n, self.e + self.n * self.super_nodes, self.hidden,
+                                self.heads, self.esize, ring_chunks=self.ring_chunks,
+                                super_nodes=self.super_nodes)
 
     @property
     def num_params(self) -> int:
         return count_params(self.model, self.features, self.hidden, self.classes, self.layers,
-                            self.ffn_mult)
+                            self.ffn_mult, self.super_nodes)
 
     @property
     def gcn(self) -> bool:

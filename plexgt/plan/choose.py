@@ -72,6 +72,8 @@ class ModelShape:
     """Rows per aggregation block; None: from the cost model."""
     ring_chunks: int = 1
     """Pieces a ring strategy's K/V blocks travel in."""
+    super_nodes: int = 0
+    """Global super nodes (gt, gps)."""
 
 
 def gcn_dims(sizes: GraphSizes, shape: ModelShape) -> list[int]:
@@ -115,7 +117,7 @@ def workload(sizes: GraphSizes, shape: ModelShape, grid: Grid3D | None = None) -
                     shape.hidden, shape.heads, shape.layers, shape.ffn_mult, shape.esize,
                     gcn_grid=grid if gps else None,
                     gcn_block_rows=shape.block_rows if gps else None,
-                    ring_chunks=shape.ring_chunks)
+                    ring_chunks=shape.ring_chunks, super_nodes=shape.super_nodes)
 
 
 def candidates(strategy: str) -> list[AttentionStrategy]:

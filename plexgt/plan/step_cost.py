@@ -19,6 +19,7 @@ from plexgt.distributed.collectives import CommOp, all_reduce_bytes
 from plexgt.distributed.grid import Grid3D
 from plexgt.distributed.layout3d import layer_layouts
 from plexgt.parallel.attention.strategy import AttentionProblem, AttentionStrategy, graph_bytes
+from plexgt.parallel.attention.super_nodes import super_comm
 from plexgt.parallel.gps_dist import gcn1d_comm
 from plexgt.parallel.redistribute import gcn3d_comm
 
@@ -43,11 +44,13 @@ def step_comm_named(strategy: AttentionStrategy, problem: AttentionProblem, rank
     over (the ledger's view): 'rows' (all p ranks) or a grid axis 'x', 'y', 'z'.
 
     Per layer the attention block's collectives (over 'rows', or a strategy's own sub-groups:
-    gp_2d's 'heads' and 'ring') and, for gps (gcn=True), the GCN path's: the
-    1D layout's (:func:`gcn1d_comm`) or, given ``gcn_grid`` (p ranks; ``block_rows``: the
-    blocked aggregation's rows), the 3D path's with its redistribution all-to-alls
-    (:func:`~plexgt.parallel.redistribute.gcn3d_comm`); then the loss statistics (sum, count:
-    2 elements) and one all-reduce of every parameter gradient, over 'rows'.
+    gp_2d's 'heads' and 'ring'; with super nodes, every block but the last merges the super
+    rows, :func:`~plexgt.parallel.attention.super_nodes.super_comm`) and, for gps
+    (gcn=True), the GCN path's: the 1D layout's (:func:`gcn1d_comm`) or, given ``gcn_grid``
+    (p ranks; ``block_rows``: the blocked aggregation's rows), the 3D path's with its
+    redistribution all-to-alls (:func:`~plexgt.parallel.redistribute.gcn3d_comm`); then the
+    loss statistics (sum, count: 2 elements) and one all-reduce of every parameter gradient,
+    over 'rows'.
     """
     gcn3: list[tuple[str, CommOp]] = []
     if gcn and gcn_grid is not None:
@@ -56,8 +59,10 @@ def step_comm_named(strategy: AttentionStrategy, problem: AttentionProblem, rank
 
         gcn3 = gcn3d_comm(gcn_grid, rank, problem.n, problem.d, problem.esize, block_rows)
     ops: list[tuple[str, CommOp]] = []
-    for _ in range(layers):
+    for i in range(layers):
         ops += [(o.group or "rows", o) for o in strategy.comm(problem, rank, p)]
+        if i < layers - 1:  # the last block's super states feed nothing: not merged
+            ops += [("rows", o) for o in super_comm(problem, p)]
         if gcn and gcn_grid is None:
             ops += [("rows", o) for o in gcn1d_comm(problem, p)]
         ops += gcn3

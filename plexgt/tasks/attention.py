@@ -66,7 +66,8 @@ def read_dist_graph(pg: PreparedGraph, comm: Comm, strategy: AttentionStrategy, 
                     setup_ledger: CommLedger | None = None, grid: Grid3D | None = None,
                     axis_comms: dict[str, Comm] | None = None,
                     block_rows: int | None = None, head_parallel: int = 1,
-                    ring_chunks: int = 1, timeout: timedelta | None = None) -> DistGraph:
+                    ring_chunks: int = 1, timeout: timedelta | None = None,
+                    super_nodes: int = 0) -> DistGraph:
     """Read what ``comm.rank``'s operators need and build them
     (:func:`~plexgt.parallel.rows1d.build_dist_graph` has the arguments); gp_2d's head and
     ring groups are created here, collectively over ``comm``."""
@@ -84,7 +85,7 @@ def read_dist_graph(pg: PreparedGraph, comm: Comm, strategy: AttentionStrategy, 
                              dtype=dtype, setup_ledger=setup_ledger, grid=grid,
                              axis_comms=axis_comms, gcn3d_rows=g3, block_rows=block_rows,
                              groups=groups, head_parallel=head_parallel,
-                             ring_chunks=ring_chunks)
+                             ring_chunks=ring_chunks, super_nodes=super_nodes)
     ids = read_node_ids(pg, "Q", rows, -(-pg.N // comm.size))
     return dataclasses.replace(graph, node_ids=torch.from_numpy(ids))
 
@@ -134,14 +135,15 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
                             dtype=dt, grid=grid, axis_comms=axis,
                             block_rows=cfg.parallel.block_rows or None,
                             head_parallel=head_axis, ring_chunks=cfg.parallel.ring_chunks,
-                            timeout=ctx.timeout).to(ctx.device)
+                            timeout=ctx.timeout,
+                            super_nodes=cfg.model.super_nodes).to(ctx.device)
     data = read_row_data(pg, ctx.world_size, ctx.rank, dt).to(ctx.device)
     torch.manual_seed(cfg.seed)  # identical replicated parameters on every rank
     cls = DistGPS if gps else DistGraphTransformer
     model = cls(pg.F, cfg.model.hidden, pg.C, num_layers=cfg.model.layers,
                 heads=cfg.model.heads, dropout=cfg.model.dropout,
                 input_dropout=cfg.model.input_dropout, ffn_mult=cfg.model.ffn_mult,
-                seed=cfg.seed).to(dt)
+                seed=cfg.seed, super_nodes=cfg.model.super_nodes).to(dt)
     return Task(
         model=RowParallel(model, graph, comm).to(ctx.device),
         inputs=data.x,

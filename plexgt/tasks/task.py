@@ -73,7 +73,7 @@ def model_shape(cfg: TrainConfig) -> ModelShape:
     m = cfg.model
     return ModelShape(m.name, m.hidden, m.layers, m.heads, m.ffn_mult, esize_of(cfg),
                       cfg.parallel.gcn_order, cfg.parallel.block_rows or None,
-                      cfg.parallel.ring_chunks)
+                      cfg.parallel.ring_chunks, m.super_nodes)
 
 
 def machine_profile(cfg: TrainConfig) -> dict[str, Any] | None:

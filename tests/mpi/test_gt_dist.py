@@ -81,9 +81,10 @@ def reference_inputs(pg, gcn: bool = False):
 
 
 def setup_rank(pg, groups, p, strategy, gcn=False, grid=None, axis_groups=None,
-               head_parallel=1, ring_chunks=1):
+               head_parallel=1, ring_chunks=1, super_nodes=0):
     """This rank's ledger, comm, graph and rows; ``grid`` + ``axis_groups``: 3D GCN path;
-    ``head_parallel``, ``ring_chunks``: gp_2d's head axis and the rings' pieces."""
+    ``head_parallel``, ``ring_chunks``: gp_2d's head axis and the rings' pieces;
+    ``super_nodes``: the pattern's super columns."""
     if groups[p] is None:
         pytest.skip(f"rank {RANK} is outside the group of {p}")
     ledger = CommLedger()
@@ -94,14 +95,15 @@ def setup_rank(pg, groups, p, strategy, gcn=False, grid=None, axis_groups=None,
         axis = {a: Comm.from_group(g, a, ledger) for a, g in axis_groups.items()}
     graph = read_dist_graph(pg, comm, reg.get(strategy), HEADS, gcn=gcn, dtype=DT, grid=grid,
                             axis_comms=axis, block_rows=4, head_parallel=head_parallel,
-                            ring_chunks=ring_chunks)
+                            ring_chunks=ring_chunks, super_nodes=super_nodes)
     data = read_row_data(pg, comm.size, comm.rank, DT)
     return ledger, comm, graph, data
 
 
-def build_models(seed, ref_cls, dist_cls, dropout=0.0):
+def build_models(seed, ref_cls, dist_cls, dropout=0.0, super_nodes=0):
     torch.manual_seed(seed)
-    kw = dict(num_layers=LAYERS, heads=HEADS, dropout=dropout, seed=seed)
+    kw = dict(num_layers=LAYERS, heads=HEADS, dropout=dropout, seed=seed,
+              super_nodes=super_nodes)
     ref = ref_cls(F_IN, HIDDEN, C, **kw).to(DT)
     model = dist_cls(F_IN, HIDDEN, C, **kw).to(DT)
     model.load_state_dict(ref.state_dict())
@@ -122,12 +124,12 @@ def expected_bytes(strat, prob, comm, nparams, gcn, grid, kind):
 
 
 def check_one_step(pg, groups, p, strategy, ref_cls, dist_cls, gcn, block_rows=None,
-                   grid=None, axis_groups=None, head_parallel=1, ring_chunks=1):
+                   grid=None, axis_groups=None, head_parallel=1, ring_chunks=1, super_nodes=0):
     """Forward, loss, gradients and ledger of one step against the reference."""
     graph_ref, x, labels, masks, pq = reference_inputs(pg, gcn)
     ledger, comm, graph, data = setup_rank(pg, groups, p, strategy, gcn, grid, axis_groups,
-                                           head_parallel, ring_chunks)
-    ref, model = build_models(3, ref_cls, dist_cls)
+                                           head_parallel, ring_chunks, super_nodes)
+    ref, model = build_models(3, ref_cls, dist_cls, super_nodes=super_nodes)
     ref.block_rows = model.block_rows = block_rows
     out_ref = ref(x, graph_ref)
     loss_ref = F.cross_entropy(out_ref[masks["train"]], labels[masks["train"]])
@@ -147,7 +149,8 @@ def check_one_step(pg, groups, p, strategy, ref_cls, dist_cls, gcn, block_rows=N
         torch.testing.assert_close(prm.grad, ref_grads[name].grad, **TOL, msg=name)
     nparams = sum(t.numel() for t in model.parameters())
     prob = AttentionProblem(n=N, e=graph.attention.graph.num_edges, d=HIDDEN, heads=HEADS,
-                            esize=8, head_parallel=head_parallel, ring_chunks=ring_chunks)
+                            esize=8, head_parallel=head_parallel, ring_chunks=ring_chunks,
+                            super_nodes=super_nodes)
     strat = graph.attention.strategy
     for kind in ("sent", "recv"):
         got = {}
@@ -158,13 +161,13 @@ def check_one_step(pg, groups, p, strategy, ref_cls, dist_cls, gcn, block_rows=N
 
 
 def check_training(pg, groups, p, strategy, ref_cls, dist_cls, gcn, grid=None,
-                   axis_groups=None, head_parallel=1, ring_chunks=1):
+                   axis_groups=None, head_parallel=1, ring_chunks=1, super_nodes=0):
     """20 AdamW steps with dropout 0.3 follow the reference's loss curve (the counter-based
     masks drop the same entries on every partition); accuracy counts agree."""
     graph_ref, x, labels, masks, pq = reference_inputs(pg, gcn)
     ledger, comm, graph, data = setup_rank(pg, groups, p, strategy, gcn, grid, axis_groups,
-                                           head_parallel, ring_chunks)
-    ref, model = build_models(11, ref_cls, dist_cls, dropout=0.3)
+                                           head_parallel, ring_chunks, super_nodes)
+    ref, model = build_models(11, ref_cls, dist_cls, dropout=0.3, super_nodes=super_nodes)
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=0.05, weight_decay=0.01)
     opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01)
     curve = []

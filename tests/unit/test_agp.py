@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
 
 import plexgt.plan.measure as profile_module
+from plexgt.distributed.collectives import all_reduce_bytes
 from plexgt.distributed.grid import Grid3D
 from plexgt.models.gps import GPS
 from plexgt.models.gt import GraphTransformer
@@ -21,6 +23,7 @@ from plexgt.parallel.attention.strategy import (
     StrategyRegistry,
     head_splits,
 )
+from plexgt.parallel.attention.super_nodes import super_comm
 from plexgt.parallel.redistribute import (
     gcn3d_comm,
     plexus_in_layout,
@@ -55,11 +58,29 @@ from plexgt.plan.step_cost import gcn1d_comm, step_bytes, step_comm, step_comm_n
 from tests.parallel_helpers import redistribute_bytes
 
 
+@pytest.mark.parametrize("super_nodes", [0, 3])
 @pytest.mark.parametrize("model", ["gt", "gps"])
-def test_parameter_count_matches_the_modules(model):
+def test_parameter_count_matches_the_modules(model, super_nodes):
     cls = GraphTransformer if model == "gt" else GPS
-    m = cls(37, 16, 5, num_layers=3, heads=4, ffn_mult=3)
-    assert count_params(model, 37, 16, 5, 3, 3) == sum(p.numel() for p in m.parameters())
+    m = cls(37, 16, 5, num_layers=3, heads=4, ffn_mult=3, super_nodes=super_nodes)
+    assert count_params(model, 37, 16, 5, 3, 3, super_nodes) == \
+        sum(p.numel() for p in m.parameters())
+
+
+def test_super_nodes_priced_as_pattern_entries_and_merges():
+    """Super nodes add N·S pattern entries (the real rows' kernels) and, on every block but the
+    last, the super rows' three all-reduces; nothing on one rank."""
+    base = Workload("gt", 1000, 20_000, 16, 4, 32, 4, layers=3)
+    sup = replace(base, super_nodes=2)
+    assert sup.problem.e == base.problem.e + 2000 and sup.problem.super_nodes == 2
+    for strat in default_registry():
+        extra = {k: step_bytes(strat, sup.problem, 0, 4, 3, sup.num_params)[k]
+                 - step_bytes(strat, base.problem, 0, 4, 3, base.num_params).get(k, 0)
+                 for k in ("all_reduce",)}
+        merges = 2 * sum(o.sent for o in super_comm(sup.problem, 4))
+        grads = all_reduce_bytes(4 * sup.num_params, 4) - all_reduce_bytes(4 * base.num_params, 4)
+        assert extra["all_reduce"] == merges + grads, strat.name
+    assert super_comm(sup.problem, 1) == [] and super_comm(base.problem, 4) == []
 
 
 def test_head_splits_balanced_and_complete():

@@ -29,6 +29,8 @@ def test_precedence_and_types(tmp_path):
     (["--optim.weight_decay=inf"], "config key 'optim.weight_decay': inf must be a finite"),
     (["--parallel.timeout_s=0"], "config key 'parallel.timeout_s': 0.0 must be a finite"),
     (["--model.ffn_mult=0"], "model.ffn_mult must be >= 1"),
+    (["--model.name=gt", "--model.super_nodes=-1"], "'model.super_nodes': -1 must be >= 0"),
+    (["--model.super_nodes=2"], "and 0 for gcn"),
 ])
 def test_bad_values_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

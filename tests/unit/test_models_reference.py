@@ -2,10 +2,14 @@
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
 from plexgt.models import GCN, GPS, MODELS, GraphTransformer, ModelGraph, sparse_features
+from plexgt.models.layers import AttentionParams
+from plexgt.ops.attention import dense_attention_reference
+from plexgt.ops.csr import CSRGraph
 
 
 def _toy(n=40, feats=12, classes=3, seed=0):
@@ -117,3 +121,94 @@ def test_model_rejects_missing_operator():
         GPS(x.shape[1], 8, 3, heads=2)(x, ModelGraph(adj=graph.adj))
     with pytest.raises(ValueError, match="divisible"):
         GraphTransformer(x.shape[1], 10, 3, heads=3)
+
+
+def _toy_edges(n=30, feats=6, edge_dim=3, seed=0):
+    """_toy's graph without duplicate edges, with random [E, edge_dim] edge features."""
+    x, graph, y = _toy(n=n, feats=feats, seed=seed)
+    a = graph.adj.to_scipy().tocoo()
+    attr = torch.from_numpy(np.random.default_rng(seed).normal(size=(a.nnz, edge_dim)))
+    return x, ModelGraph.from_edges(a.row, a.col, n, edge_attr=attr), y, (a.row, a.col, attr)
+
+
+def _augmented(edges, n, s):
+    """The same graph with S super nodes made real nodes N..N+S-1: every real row gains the S
+    super columns, every super row has all N + S columns (their edges' features are zero);
+    Â keeps them isolated."""
+    r, c, attr = edges
+    rows = [r, np.repeat(np.arange(n), s), np.repeat(np.arange(n, n + s), n + s)]
+    cols = [c, np.tile(np.arange(n, n + s), n), np.tile(np.arange(n + s), s)]
+    extra = torch.zeros(n * s + s * (n + s), attr.shape[1], dtype=attr.dtype)
+    graph = ModelGraph.from_edges(np.concatenate(rows), np.concatenate(cols), n + s,
+                                  edge_attr=torch.cat([attr, extra]))
+    plain = ModelGraph.from_edges(r, c, n)
+    g = plain.gcn.to_scipy().tocsr()
+    gcn = CSRGraph.from_scipy(sp.csr_matrix((g.data, g.indices, np.r_[g.indptr, [g.nnz] * s]),
+                                            shape=(n + s, n + s)))
+    gcn.values = gcn.values.double()
+    return ModelGraph(graph.adj, gcn, edge_attr=graph.edge_attr)
+
+
+@pytest.mark.parametrize("edge_dim", [0, 3])
+@pytest.mark.parametrize("name", ["gt", "gps"])
+def test_super_nodes_equal_real_nodes_on_the_augmented_graph(name, edge_dim):
+    """S super nodes are exactly S extra nodes joined to every node (and, for gps, outside
+    Â), with and without an edge bias (zero on the super nodes' edges): the model's forward
+    and every gradient equal running the plain blocks on that graph."""
+    x, graph, y, edges = _toy_edges()
+    n, s = 30, 3
+    model = _build(name, 6, 3, super_nodes=s, edge_dim=edge_dim).double().eval()
+    if not edge_dim:
+        graph = ModelGraph(graph.adj, graph.gcn)
+    out = model(x, graph)
+    F.cross_entropy(out, y).backward()
+    got = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    aug = _augmented(edges, n, s)
+    h = torch.cat([model.input(x), model.super_init])
+    for blk in model.blocks:
+        h, _ = blk(h, aug)
+    ref = model.classifier(h[:n])
+    F.cross_entropy(ref, y).backward()
+    assert torch.allclose(out, ref, rtol=1e-10, atol=1e-12)
+    for k, p in model.named_parameters():
+        assert torch.allclose(got[k], p.grad, rtol=1e-8, atol=1e-12), k
+    assert got["super_init"].abs().sum() > 0
+    if edge_dim:
+        assert got["blocks.0.attn.edge.weight"].abs().sum() > 0
+
+
+def test_edge_bias_equals_dense_reference():
+    """An attention sublayer with an edge encoder: its scores gain W_b x_e per head, exactly
+    as a dense masked softmax with that bias computes them."""
+    x, graph, _, _ = _toy_edges()
+    torch.manual_seed(0)
+    attn = AttentionParams(8, 2, edge_dim=3).double()
+    h = torch.randn(30, 8, dtype=torch.float64)
+    got = attn(graph.adj, h, h, edge_attr=graph.edge_attr)
+    q, k, v = (attn.split(lin(h)) for lin in (attn.q, attn.k, attn.v))
+    bias = attn.edge(graph.edge_attr).t()
+    want = attn.o(h) + dense_attention_reference(graph.adj, q, k, v, bias=bias).reshape(30, 8)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    plain = attn(graph.adj, h, h, edge_attr=torch.zeros_like(graph.edge_attr))
+    assert not torch.allclose(got, plain)
+    with pytest.raises(ValueError, match="encodes 3 edge features, but the graph has none"):
+        attn(graph.adj, h, h)
+    with pytest.raises(ValueError, match="duplicate"):
+        ModelGraph.from_edges([0, 0], [1, 1], 2, edge_attr=torch.zeros(2, 3))
+
+
+def test_super_nodes_gradcheck_and_init():
+    x, graph, _ = _toy(n=10, feats=4)
+    model = _build("gt", 4, 2, super_nodes=2).double().eval()
+    plain = _build("gt", 4, 2)
+    for k, v in plain.state_dict().items():  # super nodes do not shift the other weights
+        assert torch.equal(v.double(), model.state_dict()[k]), k
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def f(z):
+        return torch.func.functional_call(model, {**params, "super_init": z}, (x, graph))
+
+    assert torch.autograd.gradcheck(f, (params["super_init"].clone().requires_grad_(),))
+    with pytest.raises(ValueError, match="super_nodes"):
+        _build("gt", 4, 2, super_nodes=-1)

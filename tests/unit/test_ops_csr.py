@@ -6,6 +6,7 @@ import scipy.sparse as sp
 import torch
 
 from plexgt.ops.csr import CSRGraph
+from plexgt.ops.super_nodes import super_columns
 
 
 def _random_coo(nr, nc, e, seed):
@@ -100,3 +101,21 @@ def test_to_cuda_round_trip():
     gc = g.to("cuda")
     assert gc.device.type == "cuda" and gc.transpose().device.type == "cuda"
     assert torch.equal(gc.to_dense().cpu(), g.to_dense())
+
+
+def test_super_columns_add_dense_columns_to_real_rows_only():
+    rng = np.random.default_rng(3)
+    dense = (rng.random((7, 5)) < 0.4).astype(np.float64) * rng.random((7, 5))
+    g = CSRGraph.from_scipy(sp.csr_matrix(dense))
+    got = super_columns(g, 2, 5)  # rows 5, 6 are padding: no super columns
+    want = np.zeros((7, 7))
+    want[:, :5] = dense
+    want[:5, 5:] = 1.0
+    assert got.shape == (7, 7)
+    assert np.array_equal(got.to_scipy().toarray(), want)
+    assert all(np.all(np.diff(got.indices[a:b].numpy()) > 0)
+               for a, b in zip(got.indptr[:-1].tolist(), got.indptr[1:].tolist()))
+    assert super_columns(g, 0, 7) is g
+    empty = CSRGraph.from_scipy(sp.csr_matrix((3, 4)))
+    assert super_columns(empty, 2, 0).num_edges == 0
+    assert super_columns(empty, 2, 3).num_edges == 6

@@ -231,7 +231,9 @@ def test_plan_sizes_and_data_are_exclusive_and_complete(prepared, capsys):
                  "--world-size", "4"]) == 2
     assert "missing --features --classes" in capsys.readouterr().err
     assert main(["plan", *PAPERS, "--world-size", "4", "--head-parallel", "-1"]) == 2
-    assert "--head-parallel must be >= 0" in capsys.readouterr().err
+    assert "--head-parallel and --super-nodes must be >= 0" in capsys.readouterr().err
+    assert main(["plan", *PAPERS, "--world-size", "4", "--super-nodes", "-2"]) == 2
+    assert "(got 0, -2, 1)" in capsys.readouterr().err
 
 
 def test_head_axis_must_tile_the_ranks_and_is_chosen_otherwise():

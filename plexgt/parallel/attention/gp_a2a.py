@@ -25,13 +25,14 @@ import torch
 
 from plexgt.distributed.collectives import CommOp
 from plexgt.ops.attention import sparse_attention
-from plexgt.parallel.attention.heads import heads_to_nodes, nodes_to_heads
+from plexgt.parallel.attention.heads import heads_to_nodes, my_heads, nodes_to_heads
 from plexgt.parallel.attention.strategy import (
     AttentionProblem,
     AttentionShard,
     AttentionStrategy,
     KernelWork,
     MemoryEstimate,
+    SuperKV,
     graph_bytes,
     head_splits,
 )
@@ -40,10 +41,15 @@ Tensor = torch.Tensor
 
 
 def gp_a2a_forward(shard: AttentionShard, q: Tensor, k: Tensor, v: Tensor,
-                   block_rows: int | None = None) -> Tensor:
-    """q, k, v [N/p, h, d'] (rows over the group) -> y [N/p, h, d'] (rows over the group)."""
+                   block_rows: int | None = None, kv_super: SuperKV | None = None) -> Tensor:
+    """q, k, v [N/p, h, d'] (rows over the group) -> y [N/p, h, d'] (rows over the group);
+    the super nodes' K/V (this rank's heads) follow the N rows' after the exchange."""
     comm, n_loc, h = shard.comm, shard.n_loc, shard.heads
     qh, kh, vh = (nodes_to_heads(t, comm, n_loc, h) for t in (q, k, v))
+    if kv_super is not None:
+        h0, h1 = my_heads(h, comm)
+        kh = torch.cat([kh, kv_super[0][:, h0:h1]])
+        vh = torch.cat([vh, kv_super[1][:, h0:h1]])
     y = sparse_attention(shard.graph, qh, kh, vh, block_rows=block_rows)
     return heads_to_nodes(y, comm, n_loc, h)
 
@@ -68,7 +74,8 @@ def gp_a2a_comm(problem: AttentionProblem, rank: int, p: int) -> list[CommOp]:
     fwd = [to_heads] * 3 + [to_nodes]
     bwd = [to_heads] + [to_nodes] * 3
     return ([CommOp("all_to_all", s, r) for s, r in fwd]
-            + [CommOp("all_to_all", s, r, "backward") for s, r in bwd])
+            + [CommOp("all_to_all", s, r, "backward") for s, r in bwd]
+           )
 
 
 def gp_a2a_memory(problem: AttentionProblem, p: int) -> MemoryEstimate:

@@ -32,6 +32,7 @@ from plexgt.parallel.attention.strategy import (
     AttentionStrategy,
     KernelWork,
     MemoryEstimate,
+    SuperKV,
     graph_bytes,
 )
 
@@ -39,14 +40,17 @@ Tensor = torch.Tensor
 
 
 def gp_ag_forward(shard: AttentionShard, q: Tensor, k: Tensor, v: Tensor,
-                  block_rows: int | None = None) -> Tensor:
+                  block_rows: int | None = None, kv_super: SuperKV | None = None) -> Tensor:
     """q, k, v [N/p, h, d'] (rows over the group) -> y [N/p, h, d'] (rows over the group).
 
-    The local pattern is [N/p, p·N/p]; gathered K and V rows are in group-rank order, which is
-    Q order, so the pattern's global column ids index them directly.
+    The local pattern is [N/p, p·N/p (+S)]; gathered K and V rows are in group-rank order,
+    which is Q order, so the pattern's global column ids index them directly (the super
+    nodes' K/V follow them).
     """
     k_all = all_gather(k, shard.comm, dim=0)
     v_all = all_gather(v, shard.comm, dim=0)
+    if kv_super is not None:
+        k_all, v_all = torch.cat([k_all, kv_super[0]]), torch.cat([v_all, kv_super[1]])
     return sparse_attention(shard.graph, q, k_all, v_all, block_rows=block_rows)
 
 

@@ -21,6 +21,13 @@ from plexgt.parallel.attention.strategy import head_splits
 Tensor = torch.Tensor
 
 
+def my_heads(heads: int, comm: Comm) -> tuple[int, int]:
+    """The heads [h0, h1) this rank of ``comm`` holds in the head partition."""
+    hs = head_splits(heads, comm.size)
+    h0 = sum(hs[:comm.rank])
+    return h0, h0 + hs[comm.rank]
+
+
 def nodes_to_heads(x: Tensor, comm: Comm, n_loc: int, heads: int) -> Tensor:
     """[n, h, d'] rows over ``comm`` -> [a·n, h_k, d'] (a view of head-major memory).
 

@@ -105,15 +105,34 @@ def column_blocks(graph: CSRGraph, members: int, m: int, chunks: tuple[Range, ..
     return tuple(out)
 
 
+def split_columns(graph: CSRGraph, c: int) -> tuple[CSRGraph, CSRGraph]:
+    """[R, C] -> ([R, c] columns below c, [R, C - c] the rest, re-indexed from 0)."""
+    low = graph.indices < c
+    row = graph.row
+    parts = []
+    for keep, base, width in ((low, 0, c), (~low, c, graph.num_cols - c)):
+        counts = torch.bincount(row[keep], minlength=graph.num_rows)
+        indptr = torch.zeros(graph.num_rows + 1, dtype=torch.int64, device=graph.device)
+        torch.cumsum(counts, 0, out=indptr[1:])
+        parts.append(CSRGraph(indptr, graph.indices[keep] - base, graph.num_rows, width))
+    return parts[0], parts[1]
+
+
 def ring_shard(shard: AttentionShard, members: int, m: int) -> AttentionShard:
     """``shard`` with its pattern cut into column blocks of ``members`` key blocks of m rows
-    (in ``shard.ring_chunks`` pieces each); the whole pattern is kept without its transpose
-    and caches (only its sizes are read). The ``prepare`` of both ring strategies."""
+    (in ``shard.ring_chunks`` pieces each), and its super columns (if any) into one more;
+    the whole pattern is kept without its transpose and caches (only its sizes are read).
+    The ``prepare`` of both ring strategies."""
     chunks = chunk_bounds(m, shard.ring_chunks)
-    blocks = column_blocks(shard.graph, members, m, chunks)
-    g = shard.graph
+    g, sup = shard.graph, None
+    ring_part = g
+    if shard.super_nodes:
+        ring_part, extra = split_columns(g, members * m)
+        sup = column_blocks(extra, 1, shard.super_nodes, ((0, shard.super_nodes),))[0][0]
+    blocks = column_blocks(ring_part, members, m, chunks)
     bare = CSRGraph(g.indptr, g.indices, g.num_rows, g.num_cols)
-    return dataclasses.replace(shard, graph=bare, blocks=blocks, chunk_bounds=chunks)
+    return dataclasses.replace(shard, graph=bare, blocks=blocks, chunk_bounds=chunks,
+                               super_block=sup)
 
 
 @dataclass(frozen=True)
@@ -126,6 +145,8 @@ class Ring:
     """[b][c] column blocks of this rank's pattern (:func:`column_blocks`)."""
     chunks: tuple[Range, ...]
     """Row ranges of the chunks inside a member's m-row K/V block."""
+    super_block: ColumnBlock | None = None
+    """The pattern's super-node columns (rows against the S super keys every rank holds)."""
 
 
 # --------------------------------------------------------------------------- block kernels
@@ -215,7 +236,8 @@ class RingAttentionFunction(torch.autograd.Function):
     """y = softmax_rows(Q Kᵀ·scale ⊙ A) V with K, V rotating around ``ring`` (module doc)."""
 
     @staticmethod
-    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, ring: Ring, scale: float) -> Tensor:
+    def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, ks: Tensor | None,
+                vs: Tensor | None, ring: Ring, scale: float) -> Tensor:
         comm, me = ring.comm, ring.comm.rank
         # no head here (gp_2d with fewer heads than its head axis): neither has any member
         # of this ring, so nothing travels; the empty result still joins the autograd graph
@@ -226,6 +248,13 @@ class RingAttentionFunction(torch.autograd.Function):
             qc = q.to(dt).contiguous()
             y = torch.zeros(n, h, dh, dtype=dt, device=q.device)
             lse = torch.full((h, n), -math.inf, dtype=dt, device=q.device)
+            sup = _super_block(ring, ks, h)
+            if sup is not None:  # the super keys: here on every rank, attended first
+                assert ks is not None and vs is not None
+                yb, lb = _block_forward(sup, qc, _head_major(ks.to(dt)), _head_major(vs.to(dt)),
+                                        scale)
+                _merge_(y, lse, sup.rows, yb, lb)
+                del yb, lb
             for i, (c0, c1) in enumerate(ring.chunks if b else ()):
                 cur = _kv_chunk(k, v, c0, c1)
                 for t in range(b):
@@ -242,13 +271,13 @@ class RingAttentionFunction(torch.autograd.Function):
                         wait(handle, comm)
                         cur = nxt
         ctx.ring, ctx.scale, ctx.q_dtype = ring, scale, q.dtype
-        ctx.save_for_backward(qc, k, v, y, lse)
+        ctx.save_for_backward(qc, k, v, y, lse, ks, vs)
         return y.to(q.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
-        qc, k, v, y, lse = ctx.saved_tensors
+        qc, k, v, y, lse, ks, vs = ctx.saved_tensors
         ring: Ring = ctx.ring
         comm, me = ring.comm, ring.comm.rank
         b = ring.comm.size if qc.shape[1] else 0
@@ -258,6 +287,15 @@ class RingAttentionFunction(torch.autograd.Function):
             delta = (dy * y).sum(-1).t().contiguous()  # [h, n]
             dq = torch.zeros_like(qc)
             dkv = torch.zeros((2, *k.shape), dtype=dt, device=k.device)
+            dks = dvs = None
+            if ks is not None:
+                assert vs is not None
+                dsup = torch.zeros((2, *ks.shape), dtype=dt, device=ks.device)
+                sup = _super_block(ring, ks, qc.shape[1])
+                if sup is not None:
+                    _block_backward(sup, qc, _head_major(ks.to(dt)), _head_major(vs.to(dt)),
+                                    lse, dy, delta, scale, dq, dsup)
+                dks, dvs = dsup[0].to(ks.dtype), dsup[1].to(vs.dtype)
             for i, (c0, c1) in enumerate(ring.chunks if b else ()):
                 cur = _kv_chunk(k, v, c0, c1)
                 acc = acc_in = acc_handle = None
@@ -291,13 +329,26 @@ class RingAttentionFunction(torch.autograd.Function):
                     wait(acc_handle, comm)
                     assert acc_in is not None
                     dkv[:, c0:c1] += acc_in
-        return dq.to(ctx.q_dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None, None
+        return (dq.to(ctx.q_dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), dks, dvs, None,
+                None)
 
 
-def ring_attention(q: Tensor, k: Tensor, v: Tensor, ring: Ring) -> Tensor:
+def _super_block(ring: Ring, ks: Tensor | None, heads: int) -> ColumnBlock | None:
+    """The super keys' column block when there is work on it (keys, heads and edges)."""
+    if ks is None or ring.super_block is None or not heads or not ring.super_block.num_edges:
+        return None
+    return ring.super_block
+
+
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, ring: Ring,
+                   kv_super: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """q [n, h, d'] rows of this rank, k, v [m, h, d'] this member's key rows -> y [n, h, d']
-    (scale 1/sqrt(d'); rows with no neighbours give zeros)."""
-    return RingAttentionFunction.apply(q, k, v, ring, 1.0 / math.sqrt(q.shape[-1]))
+    (scale 1/sqrt(d'); rows with no neighbours give zeros). ``kv_super``: the super keys
+    [S, h, d'] the ring's super block indexes (local, never sent)."""
+    if (kv_super is None) != (ring.super_block is None):
+        raise ValueError("ring attention: super K/V and the super column block go together")
+    ks, vs = kv_super if kv_super is not None else (None, None)
+    return RingAttentionFunction.apply(q, k, v, ks, vs, ring, 1.0 / math.sqrt(q.shape[-1]))
 
 
 # --------------------------------------------------------------------------- cost and memory

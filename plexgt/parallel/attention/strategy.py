@@ -3,8 +3,10 @@
 A strategy is three functions over the same 1D node partition of p ranks (rows of the graph in
 Q order, ``ceil(N/p)`` padded rows per rank, :func:`plexgt.distributed.grid.block_bounds`):
 
-* ``forward(shard, q, k, v, block_rows) -> y``: q, k, v [N/p, h, d'] (rows over the group) ->
-  y [N/p, h, d'], through autograd collectives so the backward communicates by itself;
+* ``forward(shard, q, k, v, block_rows, kv_super) -> y``: q, k, v [N/p, h, d'] (rows over the
+  group) -> y [N/p, h, d'], through autograd collectives so the backward communicates by
+  itself; ``kv_super``: the super nodes' replicated K, V [S, h, d'] (or None), which the
+  shard's extra pattern columns index;
 * ``comm(problem, rank, p) -> [CommOp]``: the collectives one attention block issues on that
   rank, forward and backward, with exact bytes (the ledger of a real run equals them);
 * ``memory(problem, p) -> MemoryEstimate``: activation and graph-storage bytes per rank.
@@ -29,6 +31,7 @@ import torch
 from plexgt.distributed.collectives import Comm, CommOp
 from plexgt.distributed.grid import block_bounds
 from plexgt.ops.csr import CSRGraph
+from plexgt.ops.super_nodes import super_columns
 
 Tensor = torch.Tensor
 Range = tuple[int, int]
@@ -63,6 +66,8 @@ class AttentionProblem:
     """gp_2d: ranks a of the inner (head) axis; the ring runs over the p/a groups."""
     ring_chunks: int = 1
     """gp_ring / gp_2d: pieces c each rank's K/V block travels in (memory in flight 1/c)."""
+    super_nodes: int = 0
+    """Global super nodes S (every real row gains S columns; S dense super rows)."""
 
     @property
     def head_dim(self) -> int:
@@ -152,22 +157,42 @@ class AttentionShard:
     """gp_2d: ranks a of the head axis (1 for every other strategy)."""
     ring_chunks: int = 1
     """Ring strategies: pieces each K/V block travels in."""
+    super_nodes: int = 0
+    """Global super nodes S: ``graph``'s real rows carry S more columns (after the p·N/p
+    real ones) that index the super nodes' K/V, which every rank holds."""
+    super_block: Any = None
+    """Ring strategies with super nodes: the pattern's super columns as one
+    :class:`~plexgt.parallel.attention.ring.ColumnBlock` (attended locally, never sent)."""
 
     @property
     def head_splits(self) -> tuple[int, ...]:
         return head_splits(self.heads, self.comm.size)
 
+    @property
+    def real_rows(self) -> int:
+        """This rank's real (unpadded) rows of q, k, v: its share of the N nodes."""
+        return self.rows[1] - self.rows[0]
+
     def to(self, device: torch.device | str) -> AttentionShard:
         """The same shard with its patterns (and their cached transposes) on ``device``."""
-        return replace(self, graph=self.graph.to(device),
+        sb = None if self.super_block is None else self.super_block.to(device)
+        return replace(self, graph=self.graph.to(device), super_block=sb,
                        blocks=tuple(tuple(b.to(device) for b in row) for row in self.blocks))
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, block_rows: int | None = None) -> Tensor:
-        """q, k, v [N/p, h, d'] (rows over the group) -> y [N/p, h, d'] (this rank's rows)."""
-        return self.strategy.forward(self, q, k, v, block_rows)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, block_rows: int | None = None,
+               kv_super: SuperKV | None = None) -> Tensor:
+        """q, k, v [N/p, h, d'] (rows over the group) -> y [N/p, h, d'] (this rank's rows);
+        with super nodes, ``kv_super`` = their K, V [S, h, d'] (replicated)."""
+        if (kv_super is None) != (self.super_nodes == 0):
+            raise ValueError(f"the shard was built for {self.super_nodes} super nodes; "
+                             f"got {'no' if kv_super is None else 'their'} K/V")
+        return self.strategy.forward(self, q, k, v, block_rows, kv_super)
 
 
-AttentionForward = Callable[[AttentionShard, Tensor, Tensor, Tensor, "int | None"], Tensor]
+SuperKV = tuple[Tensor, Tensor]
+"""The super nodes' K and V [S, h, d'] (every head; a head-partitioned rank slices its own)."""
+AttentionForward = Callable[[AttentionShard, Tensor, Tensor, Tensor, "int | None",
+                             "SuperKV | None"], Tensor]
 CommFunction = Callable[[AttentionProblem, int, int], list[CommOp]]
 MemoryFunction = Callable[[AttentionProblem, int], MemoryEstimate]
 WorkFunction = Callable[[AttentionProblem, int], KernelWork]
@@ -274,13 +299,16 @@ class StrategyRegistry:
 
 def make_shard(strategy: AttentionStrategy, comm: Comm, n: int, heads: int,
                adjacency: CSRGraph, groups: dict[str, Comm] | None = None,
-               head_parallel: int = 1, ring_chunks: int = 1) -> AttentionShard:
+               head_parallel: int = 1, ring_chunks: int = 1, super_nodes: int = 0
+               ) -> AttentionShard:
     """Wrap a rank's pattern as an :class:`AttentionShard`, padding it to the strategy's shape.
 
     ``adjacency``: [hi-lo, N], the rows :meth:`AttentionStrategy.rows_held` names (its own
     block, its head group's rows, or all N), columns in Q order. Rows are padded to a whole
     number of ceil(N/p) blocks, columns to p·ceil(N/p). ``groups``, ``head_parallel`` and
-    ``ring_chunks`` are what gp_2d and the ring strategies run over.
+    ``ring_chunks`` are what gp_2d and the ring strategies run over. With ``super_nodes`` = S
+    every real row gains the S super columns p·ceil(N/p) … +S-1
+    (:func:`~plexgt.ops.super_nodes.super_columns`).
     """
 
     p = comm.size
@@ -293,11 +321,15 @@ def make_shard(strategy: AttentionStrategy, comm: Comm, n: int, heads: int,
     if ring_chunks < 1:
         raise ValueError(f"ring_chunks must be at least 1, got {ring_chunks}")
     plo, phi = strategy.padded_rows(n, p, comm.rank, head_parallel)
-    g = pad_rows(adjacency, phi - plo, p * n_loc)
+    if super_nodes < 0:
+        raise ValueError(f"super_nodes must be >= 0, got {super_nodes}")
+    g = super_columns(pad_rows(adjacency, phi - plo, p * n_loc), super_nodes,
+                      min(phi, n) - plo)
     g.transpose()
     _ = g.row
     shard = AttentionShard(strategy, comm, n, rows, n_loc, g, heads, dict(groups or {}),
-                           head_parallel=head_parallel, ring_chunks=ring_chunks)
+                           head_parallel=head_parallel, ring_chunks=ring_chunks,
+                           super_nodes=super_nodes)
     return strategy.prepare(shard) if strategy.prepare is not None else shard
 
 

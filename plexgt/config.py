@@ -44,6 +44,9 @@ class ModelConfig:
     super_nodes: int = 0
     """Global super nodes S (gt, gps): learned virtual nodes every node attends to and that
     attend to every node, exactly; replicated on every rank, merged by all-reduce."""
+    edge_bias: bool = True
+    """gt, gps: when the prepared graph has edge features, each block's attention adds a
+    learned per-head bias W_b·x_e to every edge's score (false: the features are unused)."""
 
 
 @dataclass(frozen=True)

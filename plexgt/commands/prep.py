@@ -56,6 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--edges", type=int, help="number of edges")
     g.add_argument("--classes", type=int, help="number of classes")
     g.add_argument("--features", type=int, help="feature dimension")
+    g.add_argument("--edge-features", type=int, help="sbm: edge feature dimension (column 0 "
+                   "marks edges inside a community); kept with the tiles for the edge bias")
     p.add_argument("--split", help="OGB split directory name (default: the first found)")
     p.add_argument("--chunk-edges", type=int, default=1 << 21,
                    help="edges per streamed chunk: bounds prep's streaming memory (text parse "
@@ -72,10 +74,13 @@ def _source(args: argparse.Namespace, comm=None):  # noqa: ANN001, ANN202 - a Gr
             raise UsageError(f"--input is not used with --format {fmt}")
     elif args.input is None:
         raise UsageError(f"--format {fmt} needs --input PATH")
-    for k in ("nodes", "edges", "classes", "features"):
+    for k in ("nodes", "edges", "classes", "features", "edge_features"):
         v = getattr(args, k)
         if v is not None and v < 1:
-            raise UsageError(f"--{k} {v}: must be positive")
+            raise UsageError(f"--{k.replace('_', '-')} {v}: must be positive")
+    if args.edge_features and fmt != "sbm":
+        raise UsageError(f"--edge-features generates edge features for --format sbm, not "
+                         f"{fmt} (a source's own edge features are kept as they are)")
     if fmt not in SYNTHETIC and (args.edges is not None or (args.nodes and fmt != "snap")):
         raise UsageError(f"--nodes/--edges do not apply to --format {fmt}")
     if fmt == "rmat":
@@ -84,7 +89,8 @@ def _source(args: argparse.Namespace, comm=None):  # noqa: ANN001, ANN202 - a Gr
         src = RmatSource(args.nodes, args.edges, args.seed)
     elif fmt == "sbm":
         kw = {k: getattr(args, a) for k, a in (("num_nodes", "nodes"), ("num_edges", "edges"),
-              ("num_classes", "classes"), ("num_features", "features")) if getattr(args, a)}
+              ("num_classes", "classes"), ("num_features", "features"),
+              ("edge_features", "edge_features")) if getattr(args, a)}
         return MemorySource(sbm(seed=args.seed, **kw))
     elif fmt == "ogb":
         src = open_ogb(args.input, args.split)

@@ -31,6 +31,12 @@ class GraphData:
     """[N] int64 class ids; -1 marks an unlabelled node."""
     splits: dict[str, np.ndarray] = field(default_factory=dict)
     """Node-index arrays keyed 'train', 'valid', 'test' (may be empty: :func:`random_split`)."""
+    edge_attr: np.ndarray | None = None
+    """[E, F_e] float features of the edges (the attention's edge bias), or None."""
+
+    @property
+    def num_edge_features(self) -> int:
+        return 0 if self.edge_attr is None else int(self.edge_attr.shape[1])
 
     @property
     def num_edges(self) -> int:
@@ -64,6 +70,14 @@ class GraphData:
             if not np.isfinite(self.features).all():
                 row = int(np.nonzero(~np.isfinite(self.features).all(axis=1))[0][0])
                 raise DataError(f"{self.name}: non-finite feature value in row {row}")
+        if self.edge_attr is not None:
+            ea = self.edge_attr
+            if ea.ndim != 2 or ea.shape[0] != self.src.shape[0] or ea.dtype.kind != "f":
+                raise DataError(f"{self.name}: edge features {ea.shape} {ea.dtype} must be "
+                                f"float [E={self.src.shape[0]}, F_e]")
+            if not np.isfinite(ea).all():
+                e = int(np.nonzero(~np.isfinite(ea).all(axis=1))[0][0])
+                raise DataError(f"{self.name}: non-finite edge feature of edge {e}")
         if self.labels is not None and self.labels.shape != (n,):
             raise DataError(f"{self.name}: {self.labels.shape[0]} labels disagree with N={n}")
         for key, idx in self.splits.items():

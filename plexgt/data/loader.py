@@ -32,6 +32,7 @@ from plexgt.data.prepared import (
     ANCHORS,
     COL_ORDER,
     COUNTS,
+    EDGE_FEAT,
     FEATURES_X,
     FORMAT,
     FORMAT_VERSION,
@@ -80,6 +81,11 @@ class PreparedGraph:
             self.anchor_stride = int(m["anchor_stride"])
         except (KeyError, TypeError, ValueError) as e:
             raise DataError(f"{mpath}: missing or bad field ({e})") from None
+        try:
+            self.FE = int(m.get("FE", 0))
+        except (TypeError, ValueError) as e:
+            raise DataError(f"{mpath}: bad field FE ({e})") from None
+        """F_e: edge feature columns kept beside every tile's indices (0: none)."""
         self.self_loops = bool(m.get("self_loops"))
         self.symmetrized = bool(m.get("symmetrized"))
         self.bytes_read = 0
@@ -159,6 +165,20 @@ class PreparedGraph:
         Reads exactly the tiles that intersect the block: per tile, the row counts of the
         block and the contiguous run of indices they cover (columns outside are dropped).
         """
+        return self._read_block(which, rows, cols, False)[0]
+
+    def read_adjacency_edges(self, which: str = "A1", rows: Range | None = None,
+                             cols: Range | None = None) -> tuple[sp.csr_matrix, np.ndarray]:
+        """:meth:`read_adjacency` and the [nnz, F_e] float32 features of its edges, in the
+        CSR's order (read from the same hyperslabs of the same tiles)."""
+        if not self.FE:
+            raise DataError(f"{self.path}: the prepared graph has no edge features")
+        m, ef = self._read_block(which, rows, cols, True)
+        assert ef is not None
+        return m, ef
+
+    def _read_block(self, which: str, rows: Range | None, cols: Range | None,
+                    edge_features: bool) -> tuple[sp.csr_matrix, np.ndarray | None]:
         if which not in MATRICES:
             raise DataError(f"matrix {which!r}: expected 'A1' or 'A2'")
         r0, r1 = self._range(rows, self.N, "row")
@@ -166,6 +186,7 @@ class PreparedGraph:
         s = self.tile_size
         rr: list[np.ndarray] = []
         cc: list[np.ndarray] = []
+        ff: list[np.ndarray] = []
         if r1 > r0 and c1 > c0:
             for ti in range(r0 // s, math.ceil(r1 / s)):
                 rel = tile_file(which, ti)
@@ -174,12 +195,21 @@ class PreparedGraph:
                 for tj in range(c0 // s, math.ceil(c1 / s)):
                     tc = tj * s
                     ca, cb = max(c0, tc) - tc, min(c1, tc + s) - tc
-                    cnt, ind = self.read_tile_rows(rel, tile_group(tj), a, b)
+                    cnt, ind, start = self._tile_rows(rel, tile_group(tj), a, b)
                     lr = np.repeat(np.arange(b - a, dtype=np.int64), cnt)
                     keep = (ind >= ca) & (ind < cb)
                     rr.append(lr[keep] + (tr + a - r0))
                     cc.append(ind[keep].astype(np.int64) + (tc - c0))
-        return _csr(rr, cc, (r1 - r0, c1 - c0))
+                    if edge_features:
+                        ef = self._read(rel, f"{tile_group(tj)}/{EDGE_FEAT}",
+                                        np.s_[start : start + ind.size])
+                        ff.append(ef[keep])
+        shape = (r1 - r0, c1 - c0)
+        if not edge_features:
+            return _csr(rr, cc, shape), None
+        order = np.argsort(np.concatenate(rr) if rr else np.empty(0, np.int64), kind="stable")
+        feats = np.concatenate(ff) if ff else np.empty((0, self.FE), np.float32)
+        return _csr(rr, cc, shape), feats[order]
 
     def read_tile_rows(self, rel: str, tile: str, a: int, b: int
                        ) -> tuple[np.ndarray, np.ndarray]:
@@ -189,8 +219,14 @@ class PreparedGraph:
         One anchor gives the offset of row (a // stride) * stride; fewer than ``stride`` counts
         before ``a`` are summed to reach row a.
         """
+        cnt, ind, _ = self._tile_rows(rel, tile, a, b)
+        return cnt, ind
+
+    def _tile_rows(self, rel: str, tile: str, a: int, b: int
+                   ) -> tuple[np.ndarray, np.ndarray, int]:
+        """:meth:`read_tile_rows` and the offset of row a's first entry in the tile."""
         if b <= a:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32)
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32), 0
         stride = self.anchor_stride
         k = a // stride
         base = int(self._read(rel, f"{tile}/{ANCHORS}", np.s_[k : k + 1])[0])
@@ -198,7 +234,7 @@ class PreparedGraph:
         start = base + int(cnt[: a - k * stride].sum())
         cnt = cnt[a - k * stride :]
         ind = self._read(rel, f"{tile}/{INDICES}", np.s_[start : start + int(cnt.sum())])
-        return cnt, ind
+        return cnt, ind, start
 
     # -- node data --------------------------------------------------------------------
     def read_features(self, rows: Range | None = None, cols: Range | None = None) -> np.ndarray:
@@ -377,8 +413,25 @@ def read_adjacency_q(pg: PreparedGraph, rows: Range | None = None) -> sp.csr_mat
     qinv = np.empty_like(perm_q)
     qinv[perm_q] = np.arange(pg.N, dtype=perm_q.dtype)
     adj = _csr([a2.row.astype(np.int64)], [qinv[perm_p[a2.col]]], (hi - lo, pg.N))
+    adj.has_sorted_indices = False  # relabelled columns: _csr's promise no longer holds
     adj.sort_indices()
     return adj
+
+
+def read_adjacency_q_edges(pg: PreparedGraph, rows: Range | None = None
+                           ) -> tuple[sp.csr_matrix, np.ndarray]:
+    """:func:`read_adjacency_q` and the [nnz, F_e] features of its edges in its CSR order
+    (the edge bias's input, aligned with the attention pattern a rank holds)."""
+    lo, hi = pg._range(rows, pg.N, "row")
+    a2, ef = pg.read_adjacency_edges(A2, (lo, hi), None)
+    a2 = a2.tocoo()
+    perm_p, perm_q = pg.read_perm("P"), pg.read_perm("Q")
+    qinv = np.empty_like(perm_q)
+    qinv[perm_q] = np.arange(pg.N, dtype=perm_q.dtype)
+    r, c = a2.row.astype(np.int64), qinv[perm_p[a2.col]].astype(np.int64)
+    order = np.lexsort((c, r))
+    adj = _csr([r[order]], [c[order]], (hi - lo, pg.N))
+    return adj, ef[order]
 
 
 def read_row_block(pg: PreparedGraph, i: int, p: int) -> RowBlock:

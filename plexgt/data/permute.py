@@ -277,14 +277,25 @@ _M2 = np.uint64(0x94D049BB133111EB)
 _GOLD = np.uint64(0x9E3779B97F4A7C15)
 
 
-def edge_hash(dst: np.ndarray, src: np.ndarray, n: int) -> int:
-    """Order-independent 64-bit hash of an edge set: sum of splitmix64(dst * N + src) mod 2^64.
-
-    Why: verify checks A2 against A1 (and symmetry) out of core, one tile at a time, by
-    comparing the hashes of the original-id edge sets they encode.
-    """
-    x = dst.astype(np.uint64) * np.uint64(n) + src.astype(np.uint64) + _GOLD
+def _mix(x: np.ndarray) -> np.ndarray:
+    x = x + _GOLD
     x = (x ^ (x >> np.uint64(30))) * _M1
     x = (x ^ (x >> np.uint64(27))) * _M2
-    x ^= x >> np.uint64(31)
+    return x ^ (x >> np.uint64(31))
+
+
+def edge_hash(dst: np.ndarray, src: np.ndarray, n: int, features: np.ndarray | None = None
+              ) -> int:
+    """Order-independent 64-bit hash of an edge set: sum of splitmix64(dst * N + src) mod 2^64
+    (with ``features`` [E, F_e] float32, each edge's hash chained through its features' bits).
+
+    Why: verify checks A2 against A1 (and symmetry) out of core, one tile at a time, by
+    comparing the hashes of the original-id edge sets they encode (and the features each
+    edge carries in both).
+    """
+    x = _mix(dst.astype(np.uint64) * np.uint64(n) + src.astype(np.uint64))
+    if features is not None:
+        bits = np.ascontiguousarray(features, dtype=np.float32).view(np.uint32)
+        for k in range(bits.shape[1]):
+            x = _mix(x ^ bits[:, k].astype(np.uint64))
     return int(np.sum(x, dtype=np.uint64))

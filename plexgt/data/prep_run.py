@@ -200,6 +200,8 @@ class PrepRun:
         }
         if balance_blocks:
             params["balance_blocks"] = balance_blocks
+        if source.num_edge_features:
+            params["FE"] = source.num_edge_features
         units = ([(k, i) for k in MATRICES for i in range(t)]
                  + [(FEATURE_UNIT, i) for i in range(nfb)])
         empty = np.empty(0, dtype=idx_dtype)
@@ -208,6 +210,11 @@ class PrepRun:
         if perm == "random":
             run.set_perms(*permutations(n, opts.seed))
         return run
+
+    @property
+    def fe(self) -> int:
+        """F_e: edge feature columns (0: none), kept in every tile beside its indices."""
+        return self.src.num_edge_features
 
     def set_perms(self, p: np.ndarray, q: np.ndarray) -> None:
         """Take (perm_p, perm_q), new position -> original id; keep their inverses."""

@@ -39,6 +39,7 @@ from plexgt.data.prepared import (
     BUCKETS,
     COUNTS,
     DONE,
+    EDGE_FEAT,
     FEATURE_UNIT,
     FEATURES,
     FEATURES_X,
@@ -149,8 +150,12 @@ def balance(run: PrepRun) -> tuple[np.ndarray, np.ndarray]:
 
 # -- stage 2: route edges and feature rows to buckets ----------------------------------------
 def edge_streams(run: PrepRun) -> Streams:
-    """Bucket records of a matrix: (row, column) in its permuted order."""
-    return {"r": (run.idx_dtype, None), "c": (run.idx_dtype, None)}
+    """Bucket records of a matrix: (row, column) in its permuted order (and the edge's
+    features when the source has them)."""
+    out: Streams = {"r": (run.idx_dtype, None), "c": (run.idx_dtype, None)}
+    if run.fe:
+        out["ef"] = (np.dtype(np.float32), run.fe)
+    return out
 
 
 def feature_streams(run: PrepRun) -> Streams:
@@ -212,21 +217,25 @@ def _route_edges(run: PrepRun, w1: BucketWriter, w2: BucketWriter) -> None:
     prog = Progress("prep: routing edges", ehint / w, o.progress and rank == 0)
     s, t, pinv, qinv = run.size, run.t, run.pinv, run.qinv
 
-    def route(src: np.ndarray, dst: np.ndarray) -> None:
+    def route(src: np.ndarray, dst: np.ndarray, attr: np.ndarray | None = None) -> None:
+        ef = {} if attr is None else {"ef": attr}
         r1, c1 = pinv[dst], qinv[src]
-        w1.add((r1 // s).astype(np.int64) * t + c1 // s, r=r1, c=c1)
+        w1.add((r1 // s).astype(np.int64) * t + c1 // s, r=r1, c=c1, **ef)
         r2, c2 = qinv[dst], pinv[src]
-        w2.add((r2 // s).astype(np.int64) * t + c2 // s, r=r2, c=c2)
+        w2.add((r2 // s).astype(np.int64) * t + c2 // s, r=r2, c=c2, **ef)
         prog.update(src.size)
 
-    for src, dst in run.src.edge_chunks(rank, w, o.chunk_edges):
-        route(src, dst)
+    # an edge's features go with it, and with its reverse; added self loops have zeros
+    chunks = (run.src.edge_attr_chunks(rank, w, o.chunk_edges) if run.fe else
+              ((a, b, None) for a, b in run.src.edge_chunks(rank, w, o.chunk_edges)))
+    for src, dst, attr in chunks:
+        route(src, dst, attr)
         if o.symmetrize:
-            route(dst, src)
+            route(dst, src, attr)
     if o.self_loops:
         for lo, hi in parts_of(run.n, o.chunk_edges, rank, w):
             ids = np.arange(lo, hi, dtype=np.int64)
-            route(ids, ids)
+            route(ids, ids, np.zeros((ids.size, run.fe), np.float32) if run.fe else None)
     prog.close()
 
 
@@ -317,6 +326,18 @@ def encode_counts(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return counts.astype(dtype), anchors
 
 
+def _merged_features(key: np.ndarray, ef: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct keys, [k, F_e] float32 features of each: the sum over its duplicate
+    edges). The duplicates are summed in float64 in an order fixed by their values, so the
+    result does not depend on the order the buckets delivered them in (prep's rank count)."""
+    order = np.lexsort((*ef.T[::-1], key))
+    key, ef = key[order], ef[order].astype(np.float64)
+    if key.size == 0:
+        return key, ef.astype(np.float32)
+    start = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    return key[start], np.add.reduceat(ef, start, axis=0).astype(np.float32)
+
+
 def _sorted_unique(key: np.ndarray) -> np.ndarray:
     """Sorted distinct values (np.unique's hash path is ~10x slower on int64 keys)."""
     key.sort()
@@ -344,7 +365,11 @@ def build_tile_row(run: PrepRun, kind: str, ti: int, reader: BucketReader) -> di
             c0, c1 = _block(n, s, tj)
             rec = reader.read(ti * t + tj)
             key = (rec["r"].astype(np.int64) - r0) * (c1 - c0) + (rec["c"] - c0)
-            key = _sorted_unique(key)
+            ef = None
+            if run.fe:
+                key, ef = _merged_features(key, rec["ef"])
+            else:
+                key = _sorted_unique(key)
             counts = np.bincount(key // max(1, c1 - c0), minlength=nrows)
             indices = (key % max(1, c1 - c0)).astype(run.idx_dtype)
             g = f.create_group(tile_group(tj))
@@ -352,6 +377,9 @@ def build_tile_row(run: PrepRun, kind: str, ti: int, reader: BucketReader) -> di
             _ds(g, COUNTS, stored)
             _ds(g, ANCHORS, anchors)
             _ds(g, INDICES, indices)
+            if ef is not None:
+                _ds(g, EDGE_FEAT, ef, chunks=(max(1, min(ef.shape[0], 1 << 14)), run.fe)
+                    if ef.shape[0] else None)
             deg[:] += counts
             nnz.append(int(key.size))
         _ds(f, TILE_DEG, deg)
@@ -515,10 +543,10 @@ def manifest_of(run: PrepRun, nodes_rec: dict[str, Any], split_sizes: dict[str, 
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "plexgt_version": __version__, "name": run.src.name,
-        "N": run.n, "E": e1, "F": run.f, "C": c,
+        "N": run.n, "E": e1, "F": run.f, "C": c, "FE": run.fe,
         "dtypes": {"features": str(run.fdtype), "indices": str(run.idx_dtype),
                    "anchors": "int64", "labels": "int64", "deg": "int64", "perm": "int64",
-                   "mask": "bool"},
+                   "mask": "bool", **({"edge_features": "float32"} if run.fe else {})},
         "T": run.t, "tile_size": run.size, "feature_block_rows": run.fb,
         "tile_format": TILE_FORMAT, "anchor_stride": ANCHOR,
         "num_feature_blocks": run.nfb,

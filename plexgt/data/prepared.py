@@ -55,6 +55,8 @@ TILE_DEG = "deg"
 COUNTS = "counts"
 ANCHORS = "anchors"
 INDICES = "indices"
+EDGE_FEAT = "edge_feat"
+"""Per tile, beside its indices: [nnz, F_e] float32 features of its edges, in index order."""
 # the dataset of a feature file
 FEATURES_X = "x"
 

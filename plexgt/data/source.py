@@ -33,6 +33,8 @@ class GraphSource:
     name: str = "graph"
     num_nodes: int = 0
     num_features: int = 0
+    num_edge_features: int = 0
+    """F_e: columns of the edges' features (0: none); then :meth:`edge_attr_chunks` works."""
     feature_dtype: np.dtype | None = None
     files: list[Path] = []
     """Input files (their sha256 go into the manifest)."""
@@ -50,6 +52,12 @@ class GraphSource:
                        ) -> Iterator[tuple[int, np.ndarray]]:
         """Yield (first row, rows [k, F]) blocks, original node order; none when F == 0."""
         return iter(())
+
+    def edge_attr_chunks(self, part: int, nparts: int, chunk: int
+                         ) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Yield (src [k], dst [k], features [k, F_e] float32): :meth:`edge_chunks` with each
+        edge's features (only when ``num_edge_features`` > 0)."""
+        raise NotImplementedError(f"{self.name}: no edge features")
 
     def edge_pass_stats(self) -> np.ndarray:
         """int64 counters of this process's last complete :meth:`edge_chunks` pass (e.g. the
@@ -146,6 +154,7 @@ class MemorySource(GraphSource):
         self.num_nodes = g.num_nodes
         self.num_features = g.num_features
         self.feature_dtype = None if g.features is None else g.features.dtype
+        self.num_edge_features = g.num_edge_features
         self.files = list(files or [])
         self.random_access_features = g.features is not None
 
@@ -157,6 +166,13 @@ class MemorySource(GraphSource):
             s, d = self.g.src[lo:hi], self.g.dst[lo:hi]
             check_ids(s, d, self.num_nodes, f"{self.name}: edges [{lo}, {hi})")
             yield s, d
+
+    def edge_attr_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
+        assert self.g.edge_attr is not None, f"{self.name}: no edge features"
+        for lo, hi in parts_of(self.g.num_edges, chunk, part, nparts):
+            s, d = self.g.src[lo:hi], self.g.dst[lo:hi]
+            check_ids(s, d, self.num_nodes, f"{self.name}: edges [{lo}, {hi})")
+            yield s, d, self.g.edge_attr[lo:hi].astype(np.float32, copy=False)
 
     def feature_chunks(self, part, nparts, chunk_rows):  # noqa: ANN001, ANN201 - see base
         if self.g.features is None:
@@ -188,6 +204,7 @@ class GeneratedFeatures(GraphSource):
         self.num_nodes = base.num_nodes
         self.files = base.files
         self.num_features = num_features if num_features else base.num_features
+        self.num_edge_features = base.num_edge_features
         self.feature_dtype = np.dtype(np.float32) if num_features else base.feature_dtype
         self._gen_f = num_features > 0
         self._classes = num_classes
@@ -198,6 +215,9 @@ class GeneratedFeatures(GraphSource):
 
     def edge_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
         return self.base.edge_chunks(part, nparts, chunk)
+
+    def edge_attr_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
+        return self.base.edge_attr_chunks(part, nparts, chunk)
 
     def edge_pass_stats(self) -> np.ndarray:
         return self.base.edge_pass_stats()

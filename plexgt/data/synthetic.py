@@ -84,11 +84,14 @@ def rmat(num_nodes: int, num_edges: int, seed: int = 0) -> GraphData:
 
 def sbm(num_nodes: int = 50_000, num_edges: int = 1_000_000, num_classes: int = 8,
         num_features: int = 64, seed: int = 0, p_intra: float = 0.8,
-        centroid_scale: float = 0.25) -> GraphData:
+        centroid_scale: float = 0.25, edge_features: int = 0) -> GraphData:
     """An undirected SBM graph: ``num_edges`` directed edges (both directions of each pair).
 
     Labels [N] in [0, C); features [N, F] float32 = centroid[label] * ``centroid_scale`` +
-    N(0, 1); a seeded 60/20/20 split. Duplicate pairs may occur (prep merges them).
+    N(0, 1); a seeded 60/20/20 split. Duplicate pairs may occur (prep merges them, summing
+    their edge features). ``edge_features`` = F_e > 0: [E, F_e] float32 edge features, the
+    same for both directions of a pair: column 0 is 1 on edges inside a community and 0
+    across (a signal an edge bias can learn), the rest N(0, 1).
     """
     if num_nodes < 1 or num_edges < 2:
         raise DataError(f"sbm: empty graph (nodes={num_nodes}, edges={num_edges})")
@@ -96,6 +99,8 @@ def sbm(num_nodes: int = 50_000, num_edges: int = 1_000_000, num_classes: int = 
         raise DataError(f"sbm: classes={num_classes} must be in [1, nodes={num_nodes}]")
     if num_features < 1:
         raise DataError(f"sbm: features={num_features} must be positive")
+    if edge_features < 0:
+        raise DataError(f"sbm: edge features={edge_features} must be >= 0")
     rng = np.random.default_rng([seed, 11])
     labels = rng.integers(0, num_classes, num_nodes, dtype=np.int64)
     order = np.argsort(labels, kind="stable")
@@ -110,15 +115,23 @@ def sbm(num_nodes: int = 50_000, num_edges: int = 1_000_000, num_classes: int = 
     centroids = rng.standard_normal((num_classes, num_features), dtype=np.float32)
     feats = centroids[labels] * np.float32(centroid_scale)
     feats += rng.standard_normal((num_nodes, num_features), dtype=np.float32)
+    attr = None
+    if edge_features:
+        half = np.random.default_rng([seed, 12]).standard_normal((m, edge_features),
+                                                                 dtype=np.float32)
+        half[:, 0] = labels[a] == labels[b]
+        attr = np.concatenate([half, half])
+    extra = f", edge_features={edge_features}" if edge_features else ""
     g = GraphData(
         name=f"sbm(nodes={num_nodes}, edges={num_edges}, classes={num_classes}, "
-        f"features={num_features}, seed={seed})",
+        f"features={num_features}, seed={seed}{extra})",
         num_nodes=num_nodes,
         src=np.concatenate([a, b]),
         dst=np.concatenate([b, a]),
         features=feats,
         labels=labels,
         splits=random_split(num_nodes, seed),
+        edge_attr=attr,
     )
     g.validate()
     return g

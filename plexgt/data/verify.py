@@ -26,6 +26,7 @@ from plexgt.data.prepared import (
     A2,
     ANCHORS,
     COUNTS,
+    EDGE_FEAT,
     FEATURES_X,
     INDICES,
     MATRICES,
@@ -136,13 +137,14 @@ def _check_tile(where: str, cnt: np.ndarray, anchors: np.ndarray, ind: np.ndarra
 
 
 def _check_matrix(pg: PreparedGraph, which: str, p: np.ndarray, q: np.ndarray,
-                  bad: _Problems) -> tuple[int, int, int, int]:
-    """(nnz, hash of (dst, src), hash of (src, dst), self loops) of one matrix."""
+                  bad: _Problems) -> tuple[int, int, int, int, int]:
+    """(nnz, hash of (dst, src), hash of (src, dst), self loops, hash of (dst, src, edge
+    features) or 0 without them) of one matrix."""
     n, s, t = pg.N, pg.tile_size, pg.T
     rowmap, colmap = (p, q) if which == A1 else (q, p)
     order = ROW_ORDER[which]
     tile_nnz = pg.manifest.get("tile_nnz", {}).get(which)
-    total = h_fwd = h_rev = loops = 0
+    total = h_fwd = h_rev = loops = h_feat = 0
     deg_all = pg.read_degrees(None, order)
     for ti in range(t):
         r0, r1 = min(n, ti * s), min(n, ti * s + s)
@@ -177,6 +179,17 @@ def _check_matrix(pg: PreparedGraph, which: str, p: np.ndarray, q: np.ndarray,
                 h_fwd = (h_fwd + edge_hash(dst, src, n)) % 2**64
                 h_rev = (h_rev + edge_hash(src, dst, n)) % 2**64
                 loops += int(np.count_nonzero(dst == src))
+                if pg.FE:
+                    try:
+                        ef = g[EDGE_FEAT][()] if ind.size else np.zeros((0, pg.FE), np.float32)
+                    except (KeyError, OSError) as e:
+                        bad.add(f"{where}: unreadable edge features ({e})")
+                        continue
+                    if ef.shape != (ind.size, pg.FE) or not np.isfinite(ef).all():
+                        bad.add(f"{where}: edge features {ef.shape} are not {ind.size} finite "
+                                f"rows of FE={pg.FE}")
+                        continue
+                    h_feat = (h_feat + edge_hash(dst, src, n, ef)) % 2**64
             try:
                 stored = f[TILE_DEG][()]
             except KeyError:
@@ -184,7 +197,7 @@ def _check_matrix(pg: PreparedGraph, which: str, p: np.ndarray, q: np.ndarray,
                 continue
             if not np.array_equal(stored, deg) or not np.array_equal(deg_all[r0:r1], deg):
                 bad.add(f"{path}: degrees disagree with the tiles' row counts")
-    return total, h_fwd, h_rev, loops
+    return total, h_fwd, h_rev, loops, h_feat
 
 
 def _check_features(pg: PreparedGraph, bad: _Problems) -> None:
@@ -219,11 +232,13 @@ def verify(path: str | Path, checksums: bool = True) -> dict[str, Any]:
         if perms is not None:
             p, q = perms
             res = {w: _check_matrix(pg, w, p, q, bad) for w in MATRICES}
-            (e1, h1, r1, l1), (e2, h2, _, _) = res[A1], res[A2]
+            (e1, h1, r1, l1, f1), (e2, h2, _, _, f2) = res[A1], res[A2]
             if e1 != pg.E or e2 != pg.E:
                 bad.add(f"{pg.path}: A1 holds {e1} and A2 {e2} nonzeros; manifest E={pg.E}")
             if h1 != h2:
                 bad.add(f"{pg.path}: A2 is not the partner of A1 (they encode different edges)")
+            elif f1 != f2:
+                bad.add(f"{pg.path}: A1 and A2 give the same edges different edge features")
             if pg.symmetrized and h1 != r1:
                 bad.add(f"{pg.path}: manifest claims a symmetric graph but it is not")
             if pg.self_loops and l1 != pg.N:

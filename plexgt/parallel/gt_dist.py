@@ -33,7 +33,8 @@ def dist_attention(params: AttentionParams, x: Tensor, shard: AttentionShard,
                    update_super: bool = True) -> tuple[Tensor, Tensor | None]:
     """X W_o + softmax(Q Kᵀ/sqrt(d') ⊙ A) V for this rank's rows: x [n, d] -> [n, d], and
     for the super states z [S, d] (replicated) the same over every node -> [S, d] (None
-    without super nodes or ``update_super``: the real rows still attend to them).
+    without super nodes or ``update_super``: the real rows still attend to them). With an
+    edge encoder, the bias of the shard's edges [h, E] comes from its ``edge_attr``.
 
     Q, K, V [n, h, d'] come from local rows; the shard's strategy supplies whatever rows or
     heads the kernel needs. The same function as :func:`plexgt.models.layers.attention_conv`
@@ -45,10 +46,11 @@ def dist_attention(params: AttentionParams, x: Tensor, shard: AttentionShard,
         raise ValueError(f"model has {params.heads} heads, shard was built for {shard.heads}")
     n, d = x.shape[0], params.q.out_features
     q, k, v = (params.split(lin(x)) for lin in (params.q, params.k, params.v))
+    bias = params.bias(shard.edge_attr)
     if z is None:
-        return params.o(x) + shard.attend(q, k, v, block_rows).reshape(n, d), None
+        return params.o(x) + shard.attend(q, k, v, block_rows, None, bias).reshape(n, d), None
     qs, ks, vs = (params.split(lin(z)) for lin in (params.q, params.k, params.v))
-    y = shard.attend(q, k, v, block_rows, (ks, vs))
+    y = shard.attend(q, k, v, block_rows, (ks, vs), bias)
     if not update_super:
         return params.o(x) + y.reshape(n, d), None
     real = shard.real_rows

@@ -143,14 +143,15 @@ def build_dist_graph(n: int, mine: sp.csr_matrix, comm: Comm, strategy: Attentio
                      grid: Grid3D | None = None, axis_comms: dict[str, Comm] | None = None,
                      gcn3d_rows: sp.csr_matrix | None = None,
                      block_rows: int | None = None, groups: dict[str, Comm] | None = None,
-                     head_parallel: int = 1, ring_chunks: int = 1, super_nodes: int = 0
-                     ) -> DistGraph:
+                     head_parallel: int = 1, ring_chunks: int = 1, super_nodes: int = 0,
+                     edge_attr: Tensor | None = None) -> DistGraph:
     """This rank's sparse operators from its pattern rows ``mine`` [hi-lo, N] of Q A Qᵀ (block
     ``comm.rank`` of ``comm.size``; ``held``: the rows the strategy stores when they are not
     those, :meth:`~plexgt.parallel.attention.strategy.AttentionStrategy.rows_held`: every row
     for GP-A2A, the head group's for gp_2d, which also needs its ``groups``,
     ``head_parallel`` and the ring's ``ring_chunks``; ``super_nodes``: the S super columns of
-    every real row) and, for gps, its GCN operator: Â rows
+    every real row; ``edge_attr``: [E, F_e] features of the stored pattern's edges, CSR order)
+    and, for gps, its GCN operator: Â rows
     (1D path) or, given a ``grid`` of the group's ranks, its ``axis_comms`` ('x', 'y', 'z')
     and the pattern rows of its 3D block ``gcn3d_rows``
     (:func:`~plexgt.parallel.redistribute.gcn3d_rows`), its Â block of the 3D path
@@ -165,7 +166,7 @@ def build_dist_graph(n: int, mine: sp.csr_matrix, comm: Comm, strategy: Attentio
     else:
         adj = CSRGraph.from_scipy(held, keep_values=False)
     shard = make_shard(strategy, comm, n, heads, adj, groups, head_parallel, ring_chunks,
-                       super_nodes)
+                       super_nodes, edge_attr)
     norm = path = None
     if gcn:
         setup = Comm(comm.group, comm.size, comm.rank, comm.name, setup_ledger or CommLedger())

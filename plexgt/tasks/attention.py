@@ -26,6 +26,7 @@ from plexgt.config import TrainConfig
 from plexgt.data.loader import (
     PreparedGraph,
     read_adjacency_q,
+    read_adjacency_q_edges,
     read_feature_block,
     read_node_ids,
     read_targets,
@@ -67,7 +68,7 @@ def read_dist_graph(pg: PreparedGraph, comm: Comm, strategy: AttentionStrategy, 
                     axis_comms: dict[str, Comm] | None = None,
                     block_rows: int | None = None, head_parallel: int = 1,
                     ring_chunks: int = 1, timeout: timedelta | None = None,
-                    super_nodes: int = 0) -> DistGraph:
+                    super_nodes: int = 0, edge_bias: bool = True) -> DistGraph:
     """Read what ``comm.rank``'s operators need and build them
     (:func:`~plexgt.parallel.rows1d.build_dist_graph` has the arguments); gp_2d's head and
     ring groups are created here, collectively over ``comm``."""
@@ -75,6 +76,10 @@ def read_dist_graph(pg: PreparedGraph, comm: Comm, strategy: AttentionStrategy, 
     mine = read_adjacency_q(pg, rows)
     want = strategy.rows_held(pg.N, comm.size, comm.rank, head_parallel)
     held = read_adjacency_q(pg, want) if want != rows else None
+    edge_attr = None
+    if pg.FE and edge_bias:  # the edge bias's input, aligned with the stored pattern
+        _, ef = read_adjacency_q_edges(pg, want)
+        edge_attr = torch.from_numpy(ef).to(dtype)
     groups = None
     if strategy.name == "gp_2d":
         groups = make_groups(comm, head_parallel, comm.ledger, timeout)
@@ -85,7 +90,8 @@ def read_dist_graph(pg: PreparedGraph, comm: Comm, strategy: AttentionStrategy, 
                              dtype=dtype, setup_ledger=setup_ledger, grid=grid,
                              axis_comms=axis_comms, gcn3d_rows=g3, block_rows=block_rows,
                              groups=groups, head_parallel=head_parallel,
-                             ring_chunks=ring_chunks, super_nodes=super_nodes)
+                             ring_chunks=ring_chunks, super_nodes=super_nodes,
+                             edge_attr=edge_attr)
     ids = read_node_ids(pg, "Q", rows, -(-pg.N // comm.size))
     return dataclasses.replace(graph, node_ids=torch.from_numpy(ids))
 
@@ -136,14 +142,16 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
                             block_rows=cfg.parallel.block_rows or None,
                             head_parallel=head_axis, ring_chunks=cfg.parallel.ring_chunks,
                             timeout=ctx.timeout,
-                            super_nodes=cfg.model.super_nodes).to(ctx.device)
+                            super_nodes=cfg.model.super_nodes,
+                            edge_bias=cfg.model.edge_bias).to(ctx.device)
     data = read_row_data(pg, ctx.world_size, ctx.rank, dt).to(ctx.device)
     torch.manual_seed(cfg.seed)  # identical replicated parameters on every rank
     cls = DistGPS if gps else DistGraphTransformer
     model = cls(pg.F, cfg.model.hidden, pg.C, num_layers=cfg.model.layers,
                 heads=cfg.model.heads, dropout=cfg.model.dropout,
                 input_dropout=cfg.model.input_dropout, ffn_mult=cfg.model.ffn_mult,
-                seed=cfg.seed, super_nodes=cfg.model.super_nodes).to(dt)
+                seed=cfg.seed, super_nodes=cfg.model.super_nodes,
+                edge_dim=pg.FE if cfg.model.edge_bias else 0).to(dt)
     return Task(
         model=RowParallel(model, graph, comm).to(ctx.device),
         inputs=data.x,

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from plexgt.data.loader import read_adjacency_q
+from plexgt.data.loader import read_adjacency_q, read_adjacency_q_edges
 from plexgt.data.synthetic import sbm
 from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.models.gt import GraphTransformer
@@ -63,18 +63,24 @@ def reference_inputs(pg, gcn: bool = False):
     """Original-order graph, features, labels, masks; perm_q (Q position -> original id)."""
     a = CSRGraph.from_scipy(read_adjacency_q(pg), keep_values=False)
     pq = torch.from_numpy(pg.read_perm("Q"))
-    adj = CSRGraph.from_coo(pq[a.row], pq[a.indices], N, N)
-    graph = ModelGraph(adj, gcn_norm(adj, dtype=DT) if gcn else None)
+    n = pg.N
+    adj = CSRGraph.from_coo(pq[a.row], pq[a.indices], n, n)
+    edge_attr = None
+    if pg.FE:  # the edges' features, moved with them into the original order
+        _, ef = read_adjacency_q_edges(pg)
+        order = torch.argsort(pq[a.row] * n + pq[a.indices])
+        edge_attr = torch.from_numpy(ef).to(DT)[order]
+    graph = ModelGraph(adj, gcn_norm(adj, dtype=DT) if gcn else None, edge_attr=edge_attr)
     for g in (graph.adj, graph.gcn):
         if g is not None:
             g.transpose()
-    x = torch.zeros(N, pg.F, dtype=DT)
+    x = torch.zeros(n, pg.F, dtype=DT)
     x[pq] = torch.from_numpy(pg.read_features().astype(np.float64))
-    labels = torch.empty(N, dtype=torch.int64)
+    labels = torch.empty(n, dtype=torch.int64)
     labels[pq] = torch.from_numpy(pg.read_labels(None, "Q"))
     masks = {}
     for s in ("train", "valid", "test"):
-        m = torch.empty(N, dtype=torch.bool)
+        m = torch.empty(n, dtype=torch.bool)
         m[pq] = torch.from_numpy(pg.read_mask(s, None, "Q"))
         masks[s] = m
     return graph, x, labels, masks, pq
@@ -100,10 +106,10 @@ def setup_rank(pg, groups, p, strategy, gcn=False, grid=None, axis_groups=None,
     return ledger, comm, graph, data
 
 
-def build_models(seed, ref_cls, dist_cls, dropout=0.0, super_nodes=0):
+def build_models(seed, ref_cls, dist_cls, dropout=0.0, super_nodes=0, edge_dim=0):
     torch.manual_seed(seed)
     kw = dict(num_layers=LAYERS, heads=HEADS, dropout=dropout, seed=seed,
-              super_nodes=super_nodes)
+              super_nodes=super_nodes, edge_dim=edge_dim)
     ref = ref_cls(F_IN, HIDDEN, C, **kw).to(DT)
     model = dist_cls(F_IN, HIDDEN, C, **kw).to(DT)
     model.load_state_dict(ref.state_dict())
@@ -129,7 +135,7 @@ def check_one_step(pg, groups, p, strategy, ref_cls, dist_cls, gcn, block_rows=N
     graph_ref, x, labels, masks, pq = reference_inputs(pg, gcn)
     ledger, comm, graph, data = setup_rank(pg, groups, p, strategy, gcn, grid, axis_groups,
                                            head_parallel, ring_chunks, super_nodes)
-    ref, model = build_models(3, ref_cls, dist_cls, super_nodes=super_nodes)
+    ref, model = build_models(3, ref_cls, dist_cls, super_nodes=super_nodes, edge_dim=pg.FE)
     ref.block_rows = model.block_rows = block_rows
     out_ref = ref(x, graph_ref)
     loss_ref = F.cross_entropy(out_ref[masks["train"]], labels[masks["train"]])
@@ -148,7 +154,7 @@ def check_one_step(pg, groups, p, strategy, ref_cls, dist_cls, gcn, block_rows=N
     for name, prm in model.named_parameters():
         torch.testing.assert_close(prm.grad, ref_grads[name].grad, **TOL, msg=name)
     nparams = sum(t.numel() for t in model.parameters())
-    prob = AttentionProblem(n=N, e=graph.attention.graph.num_edges, d=HIDDEN, heads=HEADS,
+    prob = AttentionProblem(n=pg.N, e=graph.attention.graph.num_edges, d=HIDDEN, heads=HEADS,
                             esize=8, head_parallel=head_parallel, ring_chunks=ring_chunks,
                             super_nodes=super_nodes)
     strat = graph.attention.strategy
@@ -167,7 +173,8 @@ def check_training(pg, groups, p, strategy, ref_cls, dist_cls, gcn, grid=None,
     graph_ref, x, labels, masks, pq = reference_inputs(pg, gcn)
     ledger, comm, graph, data = setup_rank(pg, groups, p, strategy, gcn, grid, axis_groups,
                                            head_parallel, ring_chunks, super_nodes)
-    ref, model = build_models(11, ref_cls, dist_cls, dropout=0.3, super_nodes=super_nodes)
+    ref, model = build_models(11, ref_cls, dist_cls, dropout=0.3, super_nodes=super_nodes,
+                              edge_dim=pg.FE)
     opt_ref = torch.optim.AdamW(ref.parameters(), lr=0.05, weight_decay=0.01)
     opt = torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.01)
     curve = []

@@ -13,6 +13,7 @@ from plexgt.cli import main
 from plexgt.data.graph import symmetrize
 from plexgt.data.loader import PreparedGraph, read_rank_blocks, read_row_block
 from plexgt.data.permute import inverse, permutations, processed_edges, reference_matrices
+from plexgt.data.prepared import tile_file
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.verify import verify
@@ -355,3 +356,66 @@ def test_cli_prep_balanced(tmp_path, capsys):
     assert err == "plexgt prep: error: --balance-blocks 0: must be at least 1"
     with pytest.raises(DataError, match="--balance-blocks -1"):  # library callers too
         PrepOptions(out=out, permutation="balanced", balance_blocks=-1)
+
+
+def _edge_feature_reference(g, sym, loops):
+    """(dst, src) -> the sum of the features of its copies (a reversed copy carries the
+    edge's own features, an added self loop zeros): what prep stores for the merged edge."""
+    ref: dict[tuple[int, int], np.ndarray] = {}
+    pairs = [(g.dst, g.src)] + ([(g.src, g.dst)] if sym else [])
+    for d, s in pairs:
+        for a, b, f in zip(d.tolist(), s.tolist(), g.edge_attr.astype(np.float64)):
+            ref[a, b] = ref.get((a, b), 0.0) + f
+    if loops:
+        for i in range(g.num_nodes):
+            ref[i, i] = ref.get((i, i), np.zeros(g.edge_attr.shape[1]))
+    return ref
+
+
+@pytest.mark.parametrize("sym,loops", [(True, True), (False, False)])
+def test_edge_features_kept_with_every_tile_in_both_permutations(tmp_path, sym, loops):
+    g = small_graph(37, 150, f=2)
+    g.edge_attr = np.random.default_rng(4).standard_normal((150, 3)).astype(np.float32)
+    m = _prep(g, tmp_path / "o", tiles=3, symmetrize=sym, self_loops=loops, chunk_edges=13,
+              flush_items=17)
+    ref = _edge_feature_reference(g, sym, loops)
+    assert m["FE"] == 3 and m["dtypes"]["edge_features"] == "float32" and m["E"] == len(ref)
+    with PreparedGraph(tmp_path / "o") as pg:
+        p, q = pg.read_perm("P"), pg.read_perm("Q")
+        for which, (rows, cols) in (("A1", (p, q)), ("A2", (q, p))):
+            adj, ef = pg.read_adjacency_edges(which, (4, 33), (2, 37))
+            assert (adj != pg.read_adjacency(which, (4, 33), (2, 37))).nnz == 0
+            coo = adj.tocoo()
+            want = np.stack([ref[int(rows[r + 4]), int(cols[c + 2])]
+                             for r, c in zip(coo.row, coo.col)])
+            np.testing.assert_allclose(ef, want, rtol=1e-6, atol=1e-6)
+    assert verify(tmp_path / "o")["ok"]
+    # the duplicates' sums do not depend on the order the buckets delivered them in
+    m2 = _prep(g, tmp_path / "o2", tiles=3, symmetrize=sym, self_loops=loops)
+    assert m2["files"] == m["files"]
+
+
+def test_verify_catches_edge_features_that_disagree_between_permutations(tmp_path):
+    g = small_graph(23, 60, f=2)
+    g.edge_attr = np.ones((60, 2), dtype=np.float32)
+    _prep(g, tmp_path / "o", tiles=2)
+    tile = tmp_path / "o" / tile_file("A2", 0)
+    with h5py.File(tile, "r+") as f:
+        grp = next(f[k] for k in f if k.startswith("t0") and f[k]["indices"].size)
+        data = grp["edge_feat"][()]
+        data[0, 0] = 5.0
+        del grp["edge_feat"]
+        grp.create_dataset("edge_feat", data=data)
+    res = verify(tmp_path / "o", checksums=False)
+    assert not res["ok"] and any("different edge features" in p for p in res["problems"])
+
+
+def test_edge_features_that_do_not_fit_are_refused():
+    g = small_graph(23, 60, f=2)
+    g.edge_attr = np.ones((59, 2), dtype=np.float32)
+    with pytest.raises(DataError, match=r"edge features \(59, 2\) float32 must be float"):
+        g.validate()
+    g.edge_attr = np.ones((60, 2), dtype=np.float32)
+    g.edge_attr[7, 1] = np.nan
+    with pytest.raises(DataError, match="non-finite edge feature of edge 7"):
+        g.validate()

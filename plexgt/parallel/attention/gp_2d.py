@@ -113,17 +113,20 @@ def _prepare(shard: AttentionShard) -> AttentionShard:
 
 
 def gp_2d_forward(shard: AttentionShard, q: Tensor, k: Tensor, v: Tensor,
-                  block_rows: int | None = None, kv_super: SuperKV | None = None) -> Tensor:
+                  block_rows: int | None = None, kv_super: SuperKV | None = None,
+                  bias: Tensor | None = None) -> Tensor:
     """q, k, v [N/p, h, d'] (rows over the group) -> y [N/p, h, d'] (rows over the group);
     the super nodes' K/V of this rank's heads stay put (one local column block)."""
     heads = shard.groups["heads"]
     n_loc, h = shard.n_loc, shard.heads
     qh, kh, vh = (nodes_to_heads(t, heads, n_loc, h) for t in (q, k, v))
+    h0, h1 = my_heads(h, heads)
     if kv_super is not None:
-        h0, h1 = my_heads(h, heads)
         kv_super = (kv_super[0][:, h0:h1], kv_super[1][:, h0:h1])
+    if bias is not None:
+        bias = bias[h0:h1]
     ring = Ring(shard.groups["ring"], shard.blocks, shard.chunk_bounds, shard.super_block)
-    y = ring_attention(qh, kh, vh, ring, kv_super)
+    y = ring_attention(qh, kh, vh, ring, kv_super, bias)
     return heads_to_nodes(y, heads, n_loc, h)
 
 

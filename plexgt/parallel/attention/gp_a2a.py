@@ -41,16 +41,18 @@ Tensor = torch.Tensor
 
 
 def gp_a2a_forward(shard: AttentionShard, q: Tensor, k: Tensor, v: Tensor,
-                   block_rows: int | None = None, kv_super: SuperKV | None = None) -> Tensor:
+                   block_rows: int | None = None, kv_super: SuperKV | None = None,
+                   bias: Tensor | None = None) -> Tensor:
     """q, k, v [N/p, h, d'] (rows over the group) -> y [N/p, h, d'] (rows over the group);
     the super nodes' K/V (this rank's heads) follow the N rows' after the exchange."""
     comm, n_loc, h = shard.comm, shard.n_loc, shard.heads
     qh, kh, vh = (nodes_to_heads(t, comm, n_loc, h) for t in (q, k, v))
+    h0, h1 = my_heads(h, comm)
     if kv_super is not None:
-        h0, h1 = my_heads(h, comm)
         kh = torch.cat([kh, kv_super[0][:, h0:h1]])
         vh = torch.cat([vh, kv_super[1][:, h0:h1]])
-    y = sparse_attention(shard.graph, qh, kh, vh, block_rows=block_rows)
+    b = None if bias is None else bias[h0:h1]
+    y = sparse_attention(shard.graph, qh, kh, vh, block_rows=block_rows, bias=b)
     return heads_to_nodes(y, comm, n_loc, h)
 
 

@@ -40,7 +40,8 @@ Tensor = torch.Tensor
 
 
 def gp_ag_forward(shard: AttentionShard, q: Tensor, k: Tensor, v: Tensor,
-                  block_rows: int | None = None, kv_super: SuperKV | None = None) -> Tensor:
+                  block_rows: int | None = None, kv_super: SuperKV | None = None,
+                  bias: Tensor | None = None) -> Tensor:
     """q, k, v [N/p, h, d'] (rows over the group) -> y [N/p, h, d'] (rows over the group).
 
     The local pattern is [N/p, p·N/p (+S)]; gathered K and V rows are in group-rank order,
@@ -51,7 +52,7 @@ def gp_ag_forward(shard: AttentionShard, q: Tensor, k: Tensor, v: Tensor,
     v_all = all_gather(v, shard.comm, dim=0)
     if kv_super is not None:
         k_all, v_all = torch.cat([k_all, kv_super[0]]), torch.cat([v_all, kv_super[1]])
-    return sparse_attention(shard.graph, q, k_all, v_all, block_rows=block_rows)
+    return sparse_attention(shard.graph, q, k_all, v_all, block_rows=block_rows, bias=bias)
 
 
 def gp_ag_comm(problem: AttentionProblem, rank: int, p: int) -> list[CommOp]:

@@ -50,11 +50,12 @@ def _prepare(shard: AttentionShard) -> AttentionShard:
 
 
 def gp_ring_forward(shard: AttentionShard, q: Tensor, k: Tensor, v: Tensor,
-                    block_rows: int | None = None, kv_super: SuperKV | None = None) -> Tensor:
+                    block_rows: int | None = None, kv_super: SuperKV | None = None,
+                    bias: Tensor | None = None) -> Tensor:
     """q, k, v [N/p, h, d'] (rows over the group) -> y [N/p, h, d'] (rows over the group);
     the super nodes' K/V stay put (one local column block)."""
     ring = Ring(shard.comm, shard.blocks, shard.chunk_bounds, shard.super_block)
-    return ring_attention(q, k, v, ring, kv_super)
+    return ring_attention(q, k, v, ring, kv_super, bias)
 
 
 def gp_ring_comm(problem: AttentionProblem, rank: int, p: int) -> list[CommOp]:

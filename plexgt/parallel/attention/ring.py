@@ -63,13 +63,16 @@ class ColumnBlock:
 
     graph: CSRGraph
     rows: Tensor
+    edges: Tensor
+    """[E_block] positions of the block's edges in the rank's whole pattern (CSR order): where
+    its per-edge data (the edge bias) is sliced from."""
 
     @property
     def num_edges(self) -> int:
         return self.graph.num_edges
 
     def to(self, device: torch.device | str) -> ColumnBlock:
-        return ColumnBlock(self.graph.to(device), self.rows.to(device))
+        return ColumnBlock(self.graph.to(device), self.rows.to(device), self.edges.to(device))
 
 
 def column_blocks(graph: CSRGraph, members: int, m: int, chunks: tuple[Range, ...]
@@ -99,14 +102,15 @@ def column_blocks(graph: CSRGraph, members: int, m: int, chunks: tuple[Range, ..
             g = CSRGraph(indptr, off_sorted[e0:e1] - c0, present.numel(), c1 - c0)
             g.transpose()
             _ = g.row
-            per.append(ColumnBlock(g, present).to(graph.device))
+            per.append(ColumnBlock(g, present, order[e0:e1]).to(graph.device))
             e0 = e1
         out.append(tuple(per))
     return tuple(out)
 
 
-def split_columns(graph: CSRGraph, c: int) -> tuple[CSRGraph, CSRGraph]:
-    """[R, C] -> ([R, c] columns below c, [R, C - c] the rest, re-indexed from 0)."""
+def split_columns(graph: CSRGraph, c: int) -> list[tuple[CSRGraph, Tensor]]:
+    """[R, C] -> [([R, c] columns below c, their edges' positions in ``graph``),
+    ([R, C - c] the rest re-indexed from 0, positions)]."""
     low = graph.indices < c
     row = graph.row
     parts = []
@@ -114,8 +118,9 @@ def split_columns(graph: CSRGraph, c: int) -> tuple[CSRGraph, CSRGraph]:
         counts = torch.bincount(row[keep], minlength=graph.num_rows)
         indptr = torch.zeros(graph.num_rows + 1, dtype=torch.int64, device=graph.device)
         torch.cumsum(counts, 0, out=indptr[1:])
-        parts.append(CSRGraph(indptr, graph.indices[keep] - base, graph.num_rows, width))
-    return parts[0], parts[1]
+        parts.append((CSRGraph(indptr, graph.indices[keep] - base, graph.num_rows, width),
+                      torch.nonzero(keep).flatten()))
+    return parts
 
 
 def ring_shard(shard: AttentionShard, members: int, m: int) -> AttentionShard:
@@ -125,11 +130,15 @@ def ring_shard(shard: AttentionShard, members: int, m: int) -> AttentionShard:
     The ``prepare`` of both ring strategies."""
     chunks = chunk_bounds(m, shard.ring_chunks)
     g, sup = shard.graph, None
-    ring_part = g
-    if shard.super_nodes:
-        ring_part, extra = split_columns(g, members * m)
-        sup = column_blocks(extra, 1, shard.super_nodes, ((0, shard.super_nodes),))[0][0]
-    blocks = column_blocks(ring_part, members, m, chunks)
+    blocks = column_blocks(g, members, m, chunks) if not shard.super_nodes else ()
+    if shard.super_nodes:  # block edge positions are the parts'; mapped back to the pattern's
+        (ring_part, low), (extra, high) = split_columns(g, members * m)
+        s = shard.super_nodes
+        sb = column_blocks(extra, 1, s, ((0, s),))[0][0]
+        sup = dataclasses.replace(sb, edges=high[sb.edges.to(high.device)].to(sb.edges.device))
+        blocks = tuple(tuple(dataclasses.replace(b, edges=low[b.edges.to(low.device)].to(
+            b.edges.device)) for b in row) for row in column_blocks(ring_part, members, m,
+                                                                    chunks))
     bare = CSRGraph(g.indptr, g.indices, g.num_rows, g.num_cols)
     return dataclasses.replace(shard, graph=bare, blocks=blocks, chunk_bounds=chunks,
                                super_block=sup)
@@ -174,38 +183,47 @@ def _native(x: Tensor) -> Any | None:
     return native.load()
 
 
-def _block_forward(blk: ColumnBlock, q: Tensor, kh: Tensor, vh: Tensor, scale: float
-                   ) -> tuple[Tensor, Tensor]:
+def _block_forward(blk: ColumnBlock, q: Tensor, kh: Tensor, vh: Tensor, scale: float,
+                   bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """One column block, K/V head-major [h, m_i, d']: (softmax-within-block output [R, h, d'],
-    its lse [h, R]) of the block's rows."""
+    its lse [h, R]) of the block's rows; ``bias`` [h, E_block] added to its scores."""
     g, qr = blk.graph, q.index_select(0, blk.rows)
-    nat = _native(q)
+    nat = _native(q) if bias is None else None  # the compiled scores fuse the softmax
     if nat is not None:
         ip, ix = g.compact_index()
         p, lb = nat.scores(ip, ix, _head_major(qr), kh, scale)
         return nat.spmm(ip, ix, None, p, vh, None), lb
     s = sddmm(g, qr, kh.transpose(0, 1), scale)
+    if bias is not None:
+        s.add_(bias)
     _, lb = row_softmax_(g, s)
     return spmm(g, s, vh), lb
 
 
 def _block_backward(blk: ColumnBlock, q: Tensor, kh: Tensor, vh: Tensor, lse: Tensor,
-                    dy: Tensor, delta: Tensor, scale: float, dq: Tensor, acc: Tensor) -> None:
+                    dy: Tensor, delta: Tensor, scale: float, dq: Tensor, acc: Tensor,
+                    bias: Tensor | None = None, dbias: Tensor | None = None) -> None:
     """One column block's gradients, K/V head-major [h, m_i, d']: dQ += dS K_b (in ``dq``, on
-    its rows), dK_b += dSᵀ Q and dV_b += Pᵀ dY (in ``acc`` [2, m_i, h, d'])."""
+    its rows), dK_b += dSᵀ Q and dV_b += Pᵀ dY (in ``acc`` [2, m_i, h, d']); with a
+    ``bias`` [h, E_block], its gradient (the logits', unscaled) into the block's edges of
+    ``dbias`` [h, E]."""
     g, rows = blk.graph, blk.rows
     qr, dyr = q.index_select(0, rows), dy.index_select(0, rows)
     qrh, dyrh = _head_major(qr), _head_major(dyr)
-    nat = _native(q)
+    nat = _native(q) if bias is None else None
     if nat is not None:  # P from the block's own softmax, rescaled to the whole row's
         ip, ix = g.compact_index()
         pb, lb = nat.scores(ip, ix, qrh, kh, scale)
         p = pb.mul_(torch.exp(lb - lse.index_select(1, rows)).index_select(1, g.row))
     else:
-        p = probs_from_lse(g, sddmm(g, qr, kh.transpose(0, 1), scale),
-                           lse.index_select(1, rows))
+        s = sddmm(g, qr, kh.transpose(0, 1), scale)
+        if bias is not None:
+            s.add_(bias)
+        p = probs_from_lse(g, s, lse.index_select(1, rows))
     ds = sddmm(g, dyr, vh.transpose(0, 1))
     ds.sub_(delta.index_select(1, rows).index_select(1, g.row)).mul_(p)
+    if dbias is not None:
+        dbias.index_copy_(1, blk.edges, ds)
     if scale != 1.0:
         ds.mul_(scale)
     gt = g.transpose()
@@ -237,7 +255,7 @@ class RingAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, q: Tensor, k: Tensor, v: Tensor, ks: Tensor | None,
-                vs: Tensor | None, ring: Ring, scale: float) -> Tensor:
+                vs: Tensor | None, bias: Tensor | None, ring: Ring, scale: float) -> Tensor:
         comm, me = ring.comm, ring.comm.rank
         # no head here (gp_2d with fewer heads than its head axis): neither has any member
         # of this ring, so nothing travels; the empty result still joins the autograd graph
@@ -246,13 +264,14 @@ class RingAttentionFunction(torch.autograd.Function):
         n, h, dh = q.shape
         with full_precision(q.device):
             qc = q.to(dt).contiguous()
+            bc = None if bias is None else bias.to(dt)
             y = torch.zeros(n, h, dh, dtype=dt, device=q.device)
             lse = torch.full((h, n), -math.inf, dtype=dt, device=q.device)
             sup = _super_block(ring, ks, h)
             if sup is not None:  # the super keys: here on every rank, attended first
                 assert ks is not None and vs is not None
                 yb, lb = _block_forward(sup, qc, _head_major(ks.to(dt)), _head_major(vs.to(dt)),
-                                        scale)
+                                        scale, _slice(bc, sup))
                 _merge_(y, lse, sup.rows, yb, lb)
                 del yb, lb
             for i, (c0, c1) in enumerate(ring.chunks if b else ()):
@@ -264,20 +283,22 @@ class RingAttentionFunction(torch.autograd.Function):
                         handle = shift_async(cur, nxt, comm)
                     g = ring.blocks[(me - t) % b][i]
                     if g.num_edges:
-                        yb, lb = _block_forward(g, qc, cur[0].to(dt), cur[1].to(dt), scale)
+                        yb, lb = _block_forward(g, qc, cur[0].to(dt), cur[1].to(dt), scale,
+                                                _slice(bc, g))
                         _merge_(y, lse, g.rows, yb, lb)
                         del yb, lb
                     if nxt is not None:
                         wait(handle, comm)
                         cur = nxt
         ctx.ring, ctx.scale, ctx.q_dtype = ring, scale, q.dtype
-        ctx.save_for_backward(qc, k, v, y, lse, ks, vs)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        ctx.save_for_backward(qc, k, v, y, lse, ks, vs, bc)
         return y.to(q.dtype)
 
     @staticmethod
     @once_differentiable
     def backward(ctx: Any, grad: Tensor) -> tuple[Any, ...]:
-        qc, k, v, y, lse, ks, vs = ctx.saved_tensors
+        qc, k, v, y, lse, ks, vs, bc = ctx.saved_tensors
         ring: Ring = ctx.ring
         comm, me = ring.comm, ring.comm.rank
         b = ring.comm.size if qc.shape[1] else 0
@@ -287,6 +308,8 @@ class RingAttentionFunction(torch.autograd.Function):
             delta = (dy * y).sum(-1).t().contiguous()  # [h, n]
             dq = torch.zeros_like(qc)
             dkv = torch.zeros((2, *k.shape), dtype=dt, device=k.device)
+            # every edge is in exactly one block: each block writes its own entries
+            dbias = None if bc is None else torch.zeros_like(bc)
             dks = dvs = None
             if ks is not None:
                 assert vs is not None
@@ -294,7 +317,7 @@ class RingAttentionFunction(torch.autograd.Function):
                 sup = _super_block(ring, ks, qc.shape[1])
                 if sup is not None:
                     _block_backward(sup, qc, _head_major(ks.to(dt)), _head_major(vs.to(dt)),
-                                    lse, dy, delta, scale, dq, dsup)
+                                    lse, dy, delta, scale, dq, dsup, _slice(bc, sup), dbias)
                 dks, dvs = dsup[0].to(ks.dtype), dsup[1].to(vs.dtype)
             for i, (c0, c1) in enumerate(ring.chunks if b else ()):
                 cur = _kv_chunk(k, v, c0, c1)
@@ -318,7 +341,7 @@ class RingAttentionFunction(torch.autograd.Function):
                         target = acc
                     if g.num_edges:
                         _block_backward(g, qc, cur[0].to(dt), cur[1].to(dt), lse, dy, delta,
-                                        scale, dq, target)
+                                        scale, dq, target, _slice(bc, g), dbias)
                     if t > 0:
                         acc_in = torch.empty_like(acc)
                         acc_handle = shift_async(acc, acc_in, comm)
@@ -329,8 +352,14 @@ class RingAttentionFunction(torch.autograd.Function):
                     wait(acc_handle, comm)
                     assert acc_in is not None
                     dkv[:, c0:c1] += acc_in
-        return (dq.to(ctx.q_dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), dks, dvs, None,
+        db = None if dbias is None or not ctx.needs_input_grad[5] else dbias.to(ctx.bias_dtype)
+        return (dq.to(ctx.q_dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), dks, dvs, db, None,
                 None)
+
+
+def _slice(bias: Tensor | None, blk: ColumnBlock) -> Tensor | None:
+    """A block's [h, E_block] bias out of the rank's [h, E] (its edges' columns)."""
+    return None if bias is None else bias.index_select(1, blk.edges)
 
 
 def _super_block(ring: Ring, ks: Tensor | None, heads: int) -> ColumnBlock | None:
@@ -341,14 +370,17 @@ def _super_block(ring: Ring, ks: Tensor | None, heads: int) -> ColumnBlock | Non
 
 
 def ring_attention(q: Tensor, k: Tensor, v: Tensor, ring: Ring,
-                   kv_super: tuple[Tensor, Tensor] | None = None) -> Tensor:
+                   kv_super: tuple[Tensor, Tensor] | None = None, bias: Tensor | None = None
+                   ) -> Tensor:
     """q [n, h, d'] rows of this rank, k, v [m, h, d'] this member's key rows -> y [n, h, d']
     (scale 1/sqrt(d'); rows with no neighbours give zeros). ``kv_super``: the super keys
-    [S, h, d'] the ring's super block indexes (local, never sent)."""
+    [S, h, d'] the ring's super block indexes (local, never sent). ``bias`` [h, E]: the edge
+    bias of the rank's whole pattern, sliced per block (MegaGraph's bias slicing)."""
     if (kv_super is None) != (ring.super_block is None):
         raise ValueError("ring attention: super K/V and the super column block go together")
     ks, vs = kv_super if kv_super is not None else (None, None)
-    return RingAttentionFunction.apply(q, k, v, ks, vs, ring, 1.0 / math.sqrt(q.shape[-1]))
+    return RingAttentionFunction.apply(q, k, v, ks, vs, bias, ring,
+                                       1.0 / math.sqrt(q.shape[-1]))
 
 
 # --------------------------------------------------------------------------- cost and memory

@@ -31,7 +31,7 @@ import torch
 from plexgt.distributed.collectives import Comm, CommOp
 from plexgt.distributed.grid import block_bounds
 from plexgt.ops.csr import CSRGraph
-from plexgt.ops.super_nodes import super_columns
+from plexgt.ops.super_nodes import super_columns, super_positions
 
 Tensor = torch.Tensor
 Range = tuple[int, int]
@@ -163,6 +163,9 @@ class AttentionShard:
     super_block: Any = None
     """Ring strategies with super nodes: the pattern's super columns as one
     :class:`~plexgt.parallel.attention.ring.ColumnBlock` (attended locally, never sent)."""
+    edge_attr: Tensor | None = None
+    """[E, F_e] features of ``graph``'s edges in its CSR order (zeros on super entries): the
+    edge bias's input, sliced with the pattern wherever the pattern is cut."""
 
     @property
     def head_splits(self) -> tuple[int, ...]:
@@ -176,23 +179,28 @@ class AttentionShard:
     def to(self, device: torch.device | str) -> AttentionShard:
         """The same shard with its patterns (and their cached transposes) on ``device``."""
         sb = None if self.super_block is None else self.super_block.to(device)
-        return replace(self, graph=self.graph.to(device), super_block=sb,
+        ea = None if self.edge_attr is None else self.edge_attr.to(device)
+        return replace(self, graph=self.graph.to(device), super_block=sb, edge_attr=ea,
                        blocks=tuple(tuple(b.to(device) for b in row) for row in self.blocks))
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, block_rows: int | None = None,
-               kv_super: SuperKV | None = None) -> Tensor:
+               kv_super: SuperKV | None = None, bias: Tensor | None = None) -> Tensor:
         """q, k, v [N/p, h, d'] (rows over the group) -> y [N/p, h, d'] (this rank's rows);
-        with super nodes, ``kv_super`` = their K, V [S, h, d'] (replicated)."""
+        with super nodes, ``kv_super`` = their K, V [S, h, d'] (replicated); ``bias`` [h, E]:
+        the edge bias of ``graph``'s edges, every head (a head-partitioned rank slices)."""
         if (kv_super is None) != (self.super_nodes == 0):
             raise ValueError(f"the shard was built for {self.super_nodes} super nodes; "
                              f"got {'no' if kv_super is None else 'their'} K/V")
-        return self.strategy.forward(self, q, k, v, block_rows, kv_super)
+        if bias is not None and bias.shape != (self.heads, self.graph.num_edges):
+            raise ValueError(f"edge bias must be [{self.heads}, {self.graph.num_edges}], got "
+                             f"{tuple(bias.shape)}")
+        return self.strategy.forward(self, q, k, v, block_rows, kv_super, bias)
 
 
 SuperKV = tuple[Tensor, Tensor]
 """The super nodes' K and V [S, h, d'] (every head; a head-partitioned rank slices its own)."""
 AttentionForward = Callable[[AttentionShard, Tensor, Tensor, Tensor, "int | None",
-                             "SuperKV | None"], Tensor]
+                             "SuperKV | None", "Tensor | None"], Tensor]
 CommFunction = Callable[[AttentionProblem, int, int], list[CommOp]]
 MemoryFunction = Callable[[AttentionProblem, int], MemoryEstimate]
 WorkFunction = Callable[[AttentionProblem, int], KernelWork]
@@ -299,8 +307,8 @@ class StrategyRegistry:
 
 def make_shard(strategy: AttentionStrategy, comm: Comm, n: int, heads: int,
                adjacency: CSRGraph, groups: dict[str, Comm] | None = None,
-               head_parallel: int = 1, ring_chunks: int = 1, super_nodes: int = 0
-               ) -> AttentionShard:
+               head_parallel: int = 1, ring_chunks: int = 1, super_nodes: int = 0,
+               edge_attr: Tensor | None = None) -> AttentionShard:
     """Wrap a rank's pattern as an :class:`AttentionShard`, padding it to the strategy's shape.
 
     ``adjacency``: [hi-lo, N], the rows :meth:`AttentionStrategy.rows_held` names (its own
@@ -308,7 +316,8 @@ def make_shard(strategy: AttentionStrategy, comm: Comm, n: int, heads: int,
     number of ceil(N/p) blocks, columns to p·ceil(N/p). ``groups``, ``head_parallel`` and
     ``ring_chunks`` are what gp_2d and the ring strategies run over. With ``super_nodes`` = S
     every real row gains the S super columns p·ceil(N/p) … +S-1
-    (:func:`~plexgt.ops.super_nodes.super_columns`).
+    (:func:`~plexgt.ops.super_nodes.super_columns`). ``edge_attr`` [E, F_e]: features of
+    ``adjacency``'s edges (its CSR order), carried to the padded pattern's.
     """
 
     p = comm.size
@@ -323,13 +332,20 @@ def make_shard(strategy: AttentionStrategy, comm: Comm, n: int, heads: int,
     plo, phi = strategy.padded_rows(n, p, comm.rank, head_parallel)
     if super_nodes < 0:
         raise ValueError(f"super_nodes must be >= 0, got {super_nodes}")
-    g = super_columns(pad_rows(adjacency, phi - plo, p * n_loc), super_nodes,
-                      min(phi, n) - plo)
+    if edge_attr is not None and edge_attr.shape[0] != adjacency.num_edges:
+        raise ValueError(f"{edge_attr.shape[0]} edge features for {adjacency.num_edges} edges")
+    padded = pad_rows(adjacency, phi - plo, p * n_loc)
+    real = min(phi, n) - plo
+    g = super_columns(padded, super_nodes, real)
+    if edge_attr is not None and super_nodes:
+        pos = super_positions(padded, super_nodes, real)
+        edge_attr = edge_attr.new_zeros(g.num_edges, edge_attr.shape[1]).index_copy_(
+            0, pos, edge_attr)
     g.transpose()
     _ = g.row
     shard = AttentionShard(strategy, comm, n, rows, n_loc, g, heads, dict(groups or {}),
                            head_parallel=head_parallel, ring_chunks=ring_chunks,
-                           super_nodes=super_nodes)
+                           super_nodes=super_nodes, edge_attr=edge_attr)
     return strategy.prepare(shard) if strategy.prepare is not None else shard
 
 

@@ -61,6 +61,9 @@ def write_ogb_csv(root: Path, g: GraphData) -> Path:
     _gz_lines(raw / "node-label.csv.gz", [str(int(v)) for v in g.labels])
     _gz_lines(raw / "num-node-list.csv.gz", [str(g.num_nodes)])
     _gz_lines(raw / "num-edge-list.csv.gz", [str(g.num_edges)])
+    if g.edge_attr is not None:
+        _gz_lines(raw / "edge-feat.csv.gz", [",".join(f"{v:.9g}" for v in r)
+                                             for r in g.edge_attr])
     _write_splits(root, g)
     return root
 
@@ -70,9 +73,10 @@ def write_ogb_npz(root: Path, g: GraphData, compressed: bool = True) -> Path:
     raw = root / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     save = np.savez_compressed if compressed else np.savez
+    extra = {} if g.edge_attr is None else {"edge_feat": g.edge_attr.astype(np.float16)}
     save(raw / "data.npz", edge_index=np.stack([g.src, g.dst]),
          node_feat=g.features.astype(np.float16), num_nodes_list=np.array([g.num_nodes]),
-         num_edges_list=np.array([g.num_edges]))
+         num_edges_list=np.array([g.num_edges]), **extra)
     lab = g.labels.astype(np.float32).reshape(-1, 1)
     lab[g.labels < 0] = np.nan
     save(raw / "node-label.npz", node_label=lab)

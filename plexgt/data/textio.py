@@ -324,6 +324,51 @@ def iter_rows(
         yield blk.line, arr
 
 
+def lockstep(a: Iterator[np.ndarray], b: Iterator[np.ndarray], chunk: int, path_a: Path,
+             path_b: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Row blocks of two files, one row of each per item, re-cut into pairs of ``chunk``
+    rows (the last shorter); a file with more rows than the other is an error naming both."""
+    bufs: list[list[np.ndarray]] = [[], []]
+    have = [0, 0]
+    its = [a, b]
+    done = [False, False]
+    chunk = max(1, chunk)
+
+    def take(i: int, k: int) -> np.ndarray:
+        out, need = [], k
+        while need:
+            head = bufs[i][0]
+            if head.shape[0] <= need:
+                out.append(bufs[i].pop(0))
+                need -= head.shape[0]
+            else:
+                out.append(head[:need])
+                bufs[i][0] = head[need:]
+                need = 0
+        have[i] -= k
+        return np.concatenate(out)
+
+    while True:
+        for i in (0, 1):
+            while not done[i] and have[i] < chunk:
+                try:
+                    blk = next(its[i])
+                except StopIteration:
+                    done[i] = True
+                    break
+                if blk.shape[0]:
+                    bufs[i].append(blk)
+                    have[i] += blk.shape[0]
+        k = min(chunk, have[0], have[1])
+        if k == 0:
+            if have[0] or have[1]:
+                longer, shorter = (path_a, path_b) if have[0] else (path_b, path_a)
+                raise DataError(f"{longer}: holds more rows than {shorter} (one row each "
+                                "expected)")
+            return
+        yield take(0, k), take(1, k)
+
+
 def read_all_rows(
     path: Path, *, ncols: int | None, dtype: type, delimiter: str | None = None,
     comments: str = "#",

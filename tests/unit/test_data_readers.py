@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gzip
+
 import numpy as np
 import pytest
 
@@ -10,6 +12,7 @@ from plexgt.data.formats.mtx import read_mtx
 from plexgt.data.formats.ogb import open_ogb, read_ogb
 from plexgt.data.formats.snap import read_snap
 from plexgt.data.graph import dedup_edges
+from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import RMAT_CHUNK, RmatSource, rmat, sbm
 from plexgt.errors import DataError
@@ -194,3 +197,44 @@ def test_reddit_npz_pair(tmp_path):
     (tmp_path / "reddit" / "reddit_graph.npz").write_bytes(b"PK\x03\x04broken")
     with pytest.raises(DataError, match="reddit_graph.npz: not a readable npz"):
         read_gnn_benchmark(tmp_path / "reddit")
+
+
+@pytest.mark.parametrize("layout", ["csv", "npz"])
+def test_ogb_edge_features_streamed_and_prepared_like_memory(tmp_path, layout):
+    """OGB's edge features (edge-feat.csv.gz; data.npz edge_feat): read whole, streamed in
+    parts (every edge once, with its own features), and prepared into the same tiles as the
+    same graph from memory."""
+    g = small_graph(37, 150, f=3)
+    fe = np.random.default_rng(1).standard_normal((150, 4)).astype(np.float32)
+    g.edge_attr = fe.astype(np.float16).astype(np.float32)  # what the npz layout can hold
+    write = write_ogb_csv if layout == "csv" else write_ogb_npz
+    root = write(tmp_path / "ogb", g)
+    r = read_ogb(root)
+    np.testing.assert_allclose(r.edge_attr, g.edge_attr, rtol=1e-6)
+    s = open_ogb(root)
+    try:
+        assert s.num_edge_features == 4
+        got = [c for p in range(3) for c in s.edge_attr_chunks(p, 3, 7)]
+        have = {(int(a), int(b), tuple(f)) for src, dst, fs in got
+                for a, b, f in zip(src, dst, fs.tolist())}
+        assert len(have) == len({(int(a), int(b), tuple(f)) for a, b, f in
+                                 zip(g.src, g.dst, r.edge_attr.tolist())})
+        assert sum(c[0].size for c in got) == 150
+    finally:
+        s.close()
+    opts = dict(progress=False, tiles=3, symmetrize=True)
+    m1 = prepare(s := open_ogb(root), PrepOptions(out=tmp_path / "a", **opts))
+    s.close()
+    r.features = r.features.astype(np.float32) if layout == "csv" else r.features
+    m2 = prepare(MemorySource(r), PrepOptions(out=tmp_path / "b", **opts))
+    assert m1["FE"] == m2["FE"] == 4 and m1["files"] == m2["files"]
+
+
+def test_ogb_edge_feature_rows_must_match_the_edges(tmp_path):
+    g = small_graph(23, 40, f=2)
+    g.edge_attr = np.ones((40, 2), dtype=np.float32)
+    root = write_ogb_csv(tmp_path / "ogb", g)
+    with gzip.open(root / "raw" / "edge-feat.csv.gz", "at") as f:
+        f.write("1,2\n")
+    with pytest.raises(DataError, match="edge-feat.csv.gz: holds more rows than"):
+        read_ogb(root)

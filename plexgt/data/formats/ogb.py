@@ -38,6 +38,8 @@ from plexgt.data.textio import (
     empty_lines,
     first_data_line,
     iter_blocks,
+    iter_rows,
+    lockstep,
     max_data_lines,
     parse,
     read_all_rows,
@@ -141,9 +143,38 @@ class OgbCsvSource(TextEdgeSource):
                 read_all_rows(p, ncols=1, dtype=np.float64, delimiter=","), n, str(p))
             self.files.append(p)
         self._splits = read_splits(root, n, split)
+        self.edge_feat_path: Path | None = None
+        if (raw / "edge-feat.csv.gz").exists():
+            p = self.edge_feat_path = raw / "edge-feat.csv.gz"
+            line = first_data_line(p)
+            if not line:
+                raise DataError(f"{p}: no edge feature rows")
+            self.num_edge_features = len(line.split(b","))
+            self.files.append(p)
 
     def num_edges_hint(self) -> int:
         return min(self.claimed_e, max_data_lines(self.edge_path))
+
+    def edge_attr_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
+        """Both files read in lockstep, cut into pieces of ``chunk`` edges, piece k to part
+        k % nparts: every part decompresses and parses both (lines of two files cannot be
+        matched up without counting them), and keeps only its pieces."""
+        p, n = self.edge_feat_path, self.num_nodes
+        assert p is not None, f"{self.name}: no edge features"
+        edges = (r for _, r in iter_rows(self.edge_path, ncols=2, dtype=np.int64,
+                                         delimiter=","))
+        feats = (r for _, r in iter_rows(p, ncols=self.num_edge_features, dtype=np.float32,
+                                         delimiter=","))
+        pos = 0
+        for k, (e, f) in enumerate(lockstep(edges, feats, chunk, self.edge_path, p)):
+            if k % nparts == part:
+                src, dst = np.ascontiguousarray(e.T)
+                check_ids(src, dst, n, f"{self.edge_path}: edges [{pos}, {pos + src.size})")
+                check_finite(f, pos, f"{p}: edge features (row = edge)")
+                yield src, dst, f
+            pos += e.shape[0]
+        self._check_total(pos)
+        self._pass = pos if part == 0 else 0  # every part counted all: the sum is one pass
 
     def _check_total(self, count: int) -> None:
         if count != self.claimed_e:
@@ -233,6 +264,16 @@ class OgbNpzSource(GraphSource):
             if ne.size != 1 or int(ne[0]) != self.num_edges:
                 raise DataError(f"{data}: num_edges_list claims {ne[:4]} edges but edge_index "
                                 f"holds {self.num_edges}")
+        self.edge_feat = None
+        if "edge_feat" in keys:
+            self.edge_feat = NpzArray(data, "edge_feat")
+            if len(self.edge_feat.shape) != 2 or self.edge_feat.shape[0] != self.num_edges:
+                raise DataError(f"{data}: edge_feat has shape {self.edge_feat.shape}; expected "
+                                f"[E={self.num_edges}, F_e]")
+            if self.edge_feat.dtype.kind != "f":
+                raise DataError(f"{data}: edge_feat has dtype {self.edge_feat.dtype}; "
+                                "expected float")
+            self.num_edge_features = self.edge_feat.shape[1]
         self.feat = None
         if "node_feat" in keys:
             self.feat = NpzArray(data, "node_feat")
@@ -268,6 +309,19 @@ class OgbNpzSource(GraphSource):
             pos += s.size
             yield s, d
 
+    def edge_attr_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
+        assert self.edge_feat is not None, f"{self.name}: no edge features"
+        fe, e = self.num_edge_features, self.num_edges
+        lo = e * part // nparts
+        hi = e * (part + 1) // nparts
+        feats = self.edge_feat.iter_flat(lo * fe, hi * fe, max(1, chunk) * fe)
+        pos = lo
+        for (s, d), flat in zip(self.edge_chunks(part, nparts, chunk), feats):
+            f = flat.reshape(-1, fe).astype(np.float32)
+            check_finite(f, pos, f"{self.edge_feat.path}: edge_feat (row = edge)")
+            pos += s.size
+            yield s, d, f
+
     def feature_chunks(self, part, nparts, chunk_rows):  # noqa: ANN001, ANN201 - see base
         if self.feat is None:
             return
@@ -288,6 +342,8 @@ class OgbNpzSource(GraphSource):
 
     def close(self) -> None:
         self.edge_index.close()
+        if self.edge_feat is not None:
+            self.edge_feat.close()
         if self.feat is not None:
             self.feat.close()
 
@@ -314,8 +370,11 @@ def read_ogb(root: str | Path, split: str | None = None) -> GraphData:
         if src.feat is not None:
             feats = src.feat.read_all()
             check_finite(feats, 0, f"{src.feat.path}: node_feat")
+        attr = None
+        if src.edge_feat is not None:
+            attr = src.edge_feat.read_all().astype(np.float32)
         g = GraphData(str(root), src.num_nodes, ei[0].copy(), ei[1].copy(), feats,
-                      src.labels(), src.splits())
+                      src.labels(), src.splits(), edge_attr=attr)
         assert g.num_edges == e
     finally:
         src.close()
@@ -325,12 +384,19 @@ def read_ogb(root: str | Path, split: str | None = None) -> GraphData:
 
 def _read_csv(src: OgbCsvSource) -> GraphData:
     """The csv layout in memory: the concatenation of the source's chunks."""
-    s, d = collect_edges(src.edge_chunks(0, 1, BLOCK_BYTES))
+    attr = None
+    if src.num_edge_features:
+        parts = list(src.edge_attr_chunks(0, 1, 1 << 20))
+        s, d = collect_edges((a, b) for a, b, _ in parts)
+        attr = np.concatenate([f for *_, f in parts])
+    else:
+        s, d = collect_edges(src.edge_chunks(0, 1, BLOCK_BYTES))
     feats = None
     if src.feat_path is not None:
         feats = np.empty((src.num_nodes, src.num_features), dtype=np.float32)
         for row, x in src.feature_chunks(0, 1, 1 << 20):
             feats[row : row + x.shape[0]] = x
-    g = GraphData(src.name, src.num_nodes, s, d, feats, src.labels(), src.splits())
+    g = GraphData(src.name, src.num_nodes, s, d, feats, src.labels(), src.splits(),
+                  edge_attr=attr)
     g.validate()
     return g

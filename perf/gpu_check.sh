@@ -13,6 +13,7 @@
 #              moves, attention and GCN kernels against the CPU)
 #   train_*    1-rank nccl training of gcn, gt and gps: 3 epochs, stopped after 2, resumed;
 #              train_gt_ring: gt with GP-Ring's kernels (one rank, one block), 3 epochs
+#              train_gt_extras: gt with an edge bias (4 edge features) and 4 super nodes, 3 epochs
 #   dropout    perf/bench_dropout.py on the GPU (counter-based vs stream masks)
 #   attention  perf/bench_attention.py on the GPU: fused Triton vs torch sparse (cuSPARSE) vs
 #              gather/scatter vs PyG TransformerConv, 100K/1M and 1M/20M-edge graphs, fp32, bf16
@@ -67,8 +68,9 @@ for model in gcn gt gps; do
 done
 # the ring attention's block kernels on the GPU (one rank: one block; cuSPARSE SDDMM / SpMM)
 step train_gt_ring 45 "$LAUNCH $PY -m plexgt train --data $WORK/sbm --model gt --strategy gp_ring --epochs 3 --metrics $WORK/m-gt-ring.jsonl --parallel.backend=nccl"
+step train_gt_extras 60 "$PY -m plexgt prep --format sbm --nodes 20000 --edges 400000 --edge-features 4 --out $WORK/sbm-ef --overwrite --quiet && $LAUNCH $PY -m plexgt train --data $WORK/sbm-ef --model gt --strategy gp_ring --epochs 3 --model.super_nodes=4 --metrics $WORK/m-gt-extras.jsonl --parallel.backend=nccl"
 step dropout 45 "$PY perf/bench_dropout.py --device cuda --rows 2000000 --nodes 200000 --edges 4000000 --out bench_dropout_cuda.json"
-step attention 200 "$PY perf/bench_attention.py --devices cuda --graphs synthetic large --dtypes float32 bfloat16 --reps 5 --name bench_attention_cuda"
+step attention 170 "$PY perf/bench_attention.py --devices cuda --graphs synthetic large --dtypes float32 bfloat16 --reps 5 --name bench_attention_cuda"
 step profile 60 "$LAUNCH $PY -m plexgt profile --quick --backend nccl --out $OUT/profile_gpu.json"
 
 if [ "$DRY" = 1 ]; then

@@ -6,7 +6,12 @@ Modes:
   python perf/strong_scaling.py --runs SWEEP_DIR
       reads a cluster sweep (``jobscripts/sweep.sh``: SWEEP_DIR/p<P>/metrics.jsonl);
   python perf/strong_scaling.py --simulate [--profile system.json]
-      projects ogbn-papers100M epoch time at 8 ... 2048 GPUs from the cost model.
+      projects ogbn-papers100M epoch time at 8 ... 2048 GPUs from the cost model;
+  python perf/strong_scaling.py --simulate --machine perlmutter|frontier|FILE.toml
+      the same from a machine description (plexgt/plan/machines), for gcn (3 layers, hidden
+      128, as Plexus runs it: every Gx x Gy x Gz) and gt (hidden 128, 8 heads, 3 layers: every
+      attention strategy and head axis), each p's fastest configuration that fits the
+      machine's GPU memory; labelled a model projection.
 
 Writes perf/results/strong_scaling_<label>.{json,md,png} (dated, hardware named) and ends with a
 ``RESULT`` line. Epoch time is the median over epochs after the first (which pays one-off
@@ -86,8 +91,49 @@ def simulate(args: argparse.Namespace) -> list[dict]:
     return res
 
 
+def simulate_machine(args: argparse.Namespace) -> list[dict]:
+    """papers100M on a machine description at 8 ... 2048 GPUs: gcn through the 3D model,
+    gt through AGP; each p's fastest configuration on exactly p ranks that fits a GPU."""
+    from plexgt.parallel.attention.registry import default_registry
+    from plexgt.plan.agp import SystemModel, plan
+    from plexgt.plan.choose import GraphSizes, ModelShape, workload
+    from plexgt.plan.machine import load_machine
+    from plexgt.plan.plexus_cost import Coefficients, rank_grids
+
+    m = load_machine(args.machine)
+    n, e, f, c = 111_059_956, 3_339_000_000, 128, 172
+    res = []
+    for p in (8, 16, 32, 64, 128, 256, 512, 1024, 2048):
+        prof = m.profile(p)
+        limit = m.memory_per_gpu_bytes
+        if args.model == "gcn":
+            coef = Coefficients.from_profile(prof)
+            ranked = rank_grids(p, n, e, [f, 128, 128, c], 2, coef, memory_limit=limit)
+            best = next((g for g in ranked if g.memory_bytes <= limit),
+                        min(ranked, key=lambda g: g.memory_bytes))
+            res.append({"ranks": p, "grid": str(best.grid), "strategy": "plexus3d",
+                        "time_epoch": best.time_s, "time_compute": best.compute_s,
+                        "time_comm": best.comm_s, "time_wait": 0.0,
+                        "bytes_comm": best.bytes_per_rank * p,
+                        "peak_mem_bytes": best.memory_bytes, "fits": best.memory_bytes <= limit})
+            continue
+        w = workload(GraphSizes(n, e, f, c), ModelShape("gt", 128, 3, 8, 2, 2))
+        pl = plan(w, list(default_registry()), [p], SystemModel.from_profile(prof), limit)
+        rows = [r for r in pl.rows if r.est.scale == p]
+        fit = [r for r in rows if r.fits]
+        best = (min(fit, key=lambda r: r.est.time_s) if fit else
+                min(rows, key=lambda r: r.est.memory["total"])).est
+        res.append({"ranks": p, "grid": best.label, "strategy": best.strategy,
+                    "time_epoch": best.time_s, "time_compute": best.compute_s,
+                    "time_comm": best.comm_s, "time_wait": 0.0,
+                    "bytes_comm": best.comm_bytes * p,
+                    "peak_mem_bytes": best.memory["total"], "fits": bool(fit)})
+    return res
+
+
 def report(res: list[dict], label: str, hw: dict) -> None:
-    base = res[0]
+    # speedups over the fewest ranks whose run fits (a projection's rows may not)
+    base = next((r for r in res if r.get("fits", True)), res[0])
     for r in res:
         r["speedup"] = base["time_epoch"] / r["time_epoch"] * 1.0
         r["ideal"] = r["ranks"] / base["ranks"]
@@ -95,12 +141,13 @@ def report(res: list[dict], label: str, hw: dict) -> None:
     lines = [f"# Strong scaling: {label}", "", f"{today()} on {hw.get('cpu')} "
              f"({hw.get('usable_cores')} cores{', ' + hw['gpu'] if 'gpu' in hw else ''})", "",
              "| ranks | grid | epoch s | compute s | comm s | wait s | speedup | efficiency |"
-             " MiB/rank |", "|---|---|---|---|---|---|---|---|---|"]
+             " MiB/rank | fits |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in res:
+        fits = {True: "yes", False: "no (the least memory shown)"}.get(r.get("fits"), "")
         lines.append(f"| {r['ranks']} | {r['grid']} | {r['time_epoch']:.4f} | "
                      f"{r['time_compute']:.4f} | {r['time_comm']:.4f} | {r['time_wait']:.4f} | "
                      f"{r['speedup']:.2f} | {r['efficiency']:.2f} | "
-                     f"{r['peak_mem_bytes'] / 2**20:.0f} |")
+                     f"{r['peak_mem_bytes'] / 2**20:.0f} | {fits} |")
     stem = f"strong_scaling_{label}"
     write_text(stem + ".md", "\n".join(lines) + "\n")
     write_json(stem + ".json", {"date": today(), "hardware": hw, "label": label, "runs": res})
@@ -141,11 +188,21 @@ def main() -> None:
     ap.add_argument("--runs", help="a sweep directory (jobscripts/sweep.sh)")
     ap.add_argument("--simulate", action="store_true")
     ap.add_argument("--profile", help="system profile JSON (plexgt profile) for --simulate")
+    ap.add_argument("--machine", help="machine description for --simulate (perlmutter, "
+                    "frontier, dgx-a100 or a TOML file)")
     ap.add_argument("--gpu-mem-gb", type=float, default=40.0)
     ap.add_argument("--label")
     ap.add_argument("extra", nargs="*", help="passed to plexgt train (--key=value)")
     args = ap.parse_args()
-    if args.simulate:
+    if args.simulate and args.machine:
+        from plexgt.plan.machine import load_machine
+
+        mach = load_machine(args.machine)
+        hw = {"cpu": f"model projection for {mach.description} ({mach.path}), not a "
+                     "measurement", "usable_cores": 0}
+        report(simulate_machine(args), args.label or
+               f"papers100M-{args.model}-{mach.name}-projection", hw)
+    elif args.simulate:
         report(simulate(args), args.label or "papers100M-simulated", hardware())
     elif args.runs:
         report(read_sweep(Path(args.runs)), args.label or Path(args.runs).name, hardware())

@@ -7,8 +7,9 @@ priced with the GCN path in the 1D layout and 3D on the 3D planner's best grid o
 every Gx x Gy x Gz of P ranked by the 3D tensor-parallel cost model
 (:func:`plexgt.plan.plexus_cost.rank_grids`). Sizes come from the prepared directory's
 manifest (``--data``) or from ``--nodes --edges --features --classes`` (plan papers100M
-before preparing it); machine coefficients from ``--profile`` (``plexgt profile``) or
-defaults. One process, no MPI.
+before preparing it); machine coefficients from ``--profile`` (``plexgt profile``), from a
+machine description (``--machine perlmutter|frontier|dgx-a100|FILE.toml``,
+:mod:`plexgt.plan.machine`), or defaults. One process, no MPI.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from plexgt.errors import DataError, UsageError
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.plan.agp import format_plan, plan, scales_for
 from plexgt.plan.choose import GraphSizes, ModelShape, gcn_dims, gps_grid, workload
+from plexgt.plan.machine import MachineError, load_machine
 from plexgt.plan.plexus_cost import Coefficients, rank_grids
 from plexgt.plan.profile import read_profile
 from plexgt.tasks.task import graph_sizes, plexus_coefficients_for, system_model_for
@@ -42,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, choices=["gcn", "gt", "gps"])
     p.add_argument("--world-size", required=True, type=int, help="ranks available (P)")
     p.add_argument("--profile", type=Path, help="system profile JSON from plexgt profile")
+    p.add_argument("--machine", help="machine description: a shipped one (perlmutter, "
+                   "frontier, dgx-a100) or a TOML file; memory per rank defaults to its GPUs'")
     p.add_argument("--memory-per-rank", type=float, metavar="GB",
                    help="memory per rank in GiB; what does not fit is never chosen")
     p.add_argument("--hidden", type=int, default=64)
@@ -119,12 +123,23 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     _check(args)
     sizes, name = _sizes(args)
+    if args.machine and args.profile:
+        raise UsageError("--machine and --profile both give the machine: pass one")
     prof = load_profile(args.profile)
+    src = f"profile {args.profile}" if prof else "default coefficients (no --profile)"
     limit = None if args.memory_per_rank is None else int(args.memory_per_rank * 2**30)
+    if args.machine:
+        try:
+            mach = load_machine(args.machine)
+        except MachineError as e:
+            raise UsageError(f"--machine {e}") from None
+        prof = mach.profile(args.world_size)
+        limit = mach.memory_per_gpu_bytes if limit is None else limit
+        src = (f"machine description {mach.name} ({mach.path}; a model projection, not a "
+               "measurement)")
     shape = ModelShape(args.model, args.hidden, args.layers, args.heads, args.ffn_mult,
                        ESIZE[args.dtype], ring_chunks=args.ring_chunks,
                        super_nodes=args.super_nodes)
-    src = f"profile {args.profile}" if prof else "default coefficients (no --profile)"
     print(f"{name}: {args.model} on up to {args.world_size} ranks, {src}")
     if args.model == "gcn":
         table = _plan_gcn(args, sizes, shape, prof, limit)

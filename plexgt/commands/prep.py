@@ -56,8 +56,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--edges", type=int, help="number of edges")
     g.add_argument("--classes", type=int, help="number of classes")
     g.add_argument("--features", type=int, help="feature dimension")
-    g.add_argument("--edge-features", type=int, help="sbm: edge feature dimension (column 0 "
-                   "marks edges inside a community); kept with the tiles for the edge bias")
+    g.add_argument("--edge-features", type=int, help="rmat, sbm: edge feature dimension (sbm: "
+                   "column 0 marks edges inside a community); kept with the tiles")
     p.add_argument("--split", help="OGB split directory name (default: the first found)")
     p.add_argument("--chunk-edges", type=int, default=1 << 21,
                    help="edges per streamed chunk: bounds prep's streaming memory (text parse "
@@ -78,15 +78,16 @@ def _source(args: argparse.Namespace, comm=None):  # noqa: ANN001, ANN202 - a Gr
         v = getattr(args, k)
         if v is not None and v < 1:
             raise UsageError(f"--{k.replace('_', '-')} {v}: must be positive")
-    if args.edge_features and fmt != "sbm":
-        raise UsageError(f"--edge-features generates edge features for --format sbm, not "
-                         f"{fmt} (a source's own edge features are kept as they are)")
+    if args.edge_features and fmt not in SYNTHETIC:
+        raise UsageError(f"--edge-features generates edge features for the generators, not "
+                         f"--format {fmt} (a source's own edge features are kept as they are)")
     if fmt not in SYNTHETIC and (args.edges is not None or (args.nodes and fmt != "snap")):
         raise UsageError(f"--nodes/--edges do not apply to --format {fmt}")
     if fmt == "rmat":
         if args.nodes is None or args.edges is None:
             raise UsageError("--format rmat needs --nodes and --edges")
-        src = RmatSource(args.nodes, args.edges, args.seed)
+        src = RmatSource(args.nodes, args.edges, args.seed,
+                         edge_features=args.edge_features or 0)
     elif fmt == "sbm":
         kw = {k: getattr(args, a) for k, a in (("num_nodes", "nodes"), ("num_edges", "edges"),
               ("num_classes", "classes"), ("num_features", "features"),

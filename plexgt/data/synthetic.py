@@ -53,14 +53,20 @@ def _rmat_chunk(n: int, m: int, seed: int, k: int, abc: tuple[float, float, floa
 
 
 class RmatSource(GraphSource):
-    """A streamed R-MAT graph of ``num_edges`` directed edges on ``num_nodes`` nodes."""
+    """A streamed R-MAT graph of ``num_edges`` directed edges on ``num_nodes`` nodes (with
+    ``edge_features`` = F_e > 0, N(0, 1) float32 edge features, chunk k drawn from its own
+    seed like its edges)."""
 
     def __init__(self, num_nodes: int, num_edges: int, seed: int = 0,
-                 abc: tuple[float, float, float] = RMAT_ABC) -> None:
+                 abc: tuple[float, float, float] = RMAT_ABC, edge_features: int = 0) -> None:
         if num_nodes < 1 or num_edges < 1:
             raise DataError(f"rmat: empty graph (nodes={num_nodes}, edges={num_edges})")
+        if edge_features < 0:
+            raise DataError(f"rmat: edge features={edge_features} must be >= 0")
         self.num_nodes, self.num_edges, self.seed, self.abc = num_nodes, num_edges, seed, abc
-        self.name = f"rmat(nodes={num_nodes}, edges={num_edges}, seed={seed})"
+        self.num_edge_features = edge_features
+        extra = f", edge_features={edge_features}" if edge_features else ""
+        self.name = f"rmat(nodes={num_nodes}, edges={num_edges}, seed={seed}{extra})"
         self.files = []
 
     def num_edges_hint(self) -> int:
@@ -71,6 +77,14 @@ class RmatSource(GraphSource):
             if k % nparts == part:
                 m = min(RMAT_CHUNK, self.num_edges - lo)
                 yield _rmat_chunk(self.num_nodes, m, self.seed, k, self.abc)
+
+    def edge_attr_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
+        for k, lo in enumerate(range(0, self.num_edges, RMAT_CHUNK)):
+            if k % nparts == part:
+                m = min(RMAT_CHUNK, self.num_edges - lo)
+                s, d = _rmat_chunk(self.num_nodes, m, self.seed, k, self.abc)
+                rng = np.random.default_rng([self.seed, 13, k])
+                yield s, d, rng.standard_normal((m, self.num_edge_features), dtype=np.float32)
 
 
 def rmat(num_nodes: int, num_edges: int, seed: int = 0) -> GraphData:

@@ -76,7 +76,7 @@ the head-partitioned one (PLEXGT_ALL_GRIDS=1: every one)."""
 
 
 @pytest.mark.parametrize("strategy", CURVE_STRATEGIES)
-@pytest.mark.parametrize("p", SIZES)
+@pytest.mark.parametrize("p", _gt.CURVE_SIZES)
 def test_gps_training_follows_reference(prepared, groups, p, strategy):
     check_training(prepared, groups, p, strategy, GPS, DistGPS, True)
 
@@ -88,7 +88,7 @@ def test_gps_3d_path_step_equals_reference(prepared, groups, axis_groups, p, gri
                    axis_groups=axis_groups[grid])
 
 
-@pytest.mark.parametrize("p", SIZES)
+@pytest.mark.parametrize("p", _gt.CURVE_SIZES)
 def test_gps_3d_path_training_follows_reference(prepared, groups, axis_groups, p):
     grid = GRIDS.get(p, [f"{p}x1x1"])[0]
     check_training(prepared, groups, p, "gp_ag", GPS, DistGPS, True, grid=_grid(grid),

@@ -29,7 +29,7 @@ from plexgt.parallel.rows1d import all_reduce_gradients, row_correct, row_cross_
 from plexgt.plan.step_cost import step_bytes
 from plexgt.tasks.attention import read_dist_graph, read_row_data
 
-from .conftest import RANK, WORLD, prepare_on_rank0
+from .conftest import ALL_GRIDS, RANK, WORLD, prepare_on_rank0
 
 pytestmark = pytest.mark.timeout(600)
 N, F_IN, C = 29, 5, 3
@@ -214,10 +214,13 @@ def test_gt_blocked_kernel_equals_reference(prepared, groups, strategy):
                    False, block_rows=3)
 
 
-CURVES = [(p, s) for p in SIZES for s in ("gp_ag", "gp_a2a", "gp_ring")
+CURVE_SIZES = SIZES if ALL_GRIDS else [WORLD]
+"""Curves on the world's group (a smaller group's curve is the smaller world's; the one-step
+tests cover the sub-groups; PLEXGT_ALL_GRIDS=1: every group)."""
+CURVES = [(p, s) for p in CURVE_SIZES for s in ("gp_ag", "gp_a2a", "gp_ring")
           if s != "gp_ring" or p == WORLD]
 """GP-Ring's curve on the world only (gp_2d's, at a head axis 1 < a < p, is in
-test_ring_dist); GP-AG's and GP-A2A's on every group."""
+test_ring_dist)."""
 
 
 @pytest.mark.parametrize("p,strategy", CURVES)

@@ -43,7 +43,11 @@ TOL = dict(rtol=1e-6, atol=1e-10)
 PROPER = [a for a in factorisations(WORLD) if 1 < a < WORLD]
 LAYOUTS = [(s, 1) for s in default_registry().names() if s != "gp_2d"] + \
     [("gp_2d", PROPER[0] if PROPER else WORLD)]
-"""Every strategy; gp_2d at a head axis strictly inside the world where it has one."""
+"""The model tests' layouts: every strategy; gp_2d at a head axis strictly inside the world
+where it has one."""
+OPERATOR_LAYOUTS = [(s, 1) for s in default_registry().names() if s != "gp_2d"] + \
+    [("gp_2d", a) for a in factorisations(WORLD)]
+"""The operator test's: every strategy, gp_2d at every head axis a of the world."""
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +62,7 @@ def prepared(tmp_path_factory):
 def world_groups(dist_ctx):
     ledger = CommLedger()
     world = Comm.from_group(dist.group.WORLD, "rows", ledger)
-    return {a: make_groups(world, a, ledger) for a in sorted({a for _, a in LAYOUTS})}
+    return {a: make_groups(world, a, ledger) for a in factorisations(WORLD)}
 
 
 EXTRAS = [(S, False, 1), (0, True, 3), (S, True, 1)]
@@ -67,7 +71,7 @@ EXTRAS = [(S, False, 1), (0, True, 3), (S, True, 1)]
 
 @pytest.mark.parametrize("sn,with_bias,chunks", EXTRAS)
 @pytest.mark.parametrize("graph", sorted(_ring.GRAPHS))
-@pytest.mark.parametrize("strategy,a", LAYOUTS)
+@pytest.mark.parametrize("strategy,a", OPERATOR_LAYOUTS)
 def test_super_attention_equals_single_process(world_groups, strategy, a, graph, sn,
                                                with_bias, chunks):
     n, dh = _ring.GRAPHS[graph]

@@ -419,3 +419,27 @@ def test_edge_features_that_do_not_fit_are_refused():
     g.edge_attr[7, 1] = np.nan
     with pytest.raises(DataError, match="non-finite edge feature of edge 7"):
         g.validate()
+
+
+def test_cli_generators_make_edge_features(tmp_path, capsys):
+    for fmt in ("sbm", "rmat"):
+        out = tmp_path / fmt
+        rc = main(["prep", "--format", fmt, "--nodes", "300", "--edges", "3000",
+                   "--edge-features", "3", "--out", str(out), "--quiet", "--tiles", "2",
+                   *(["--features", "4", "--classes", "3"] if fmt == "rmat" else [])])
+        assert rc == 0
+        with PreparedGraph(out) as pg:
+            adj, ef = pg.read_adjacency_edges("A2")
+            assert pg.FE == 3 and ef.shape == (adj.nnz, 3) and np.isfinite(ef).all()
+        assert verify(out)["ok"]
+    with PreparedGraph(tmp_path / "sbm") as pg:  # column 0: inside a community, summed
+        adj, ef = pg.read_adjacency_edges("A1")
+        assert set(np.unique(ef[:, 0])) <= {0.0, 1.0, 2.0, 3.0, 4.0}
+    capsys.readouterr()
+    snap = tmp_path / "g.txt"
+    snap.write_text("0\t1\n1\t2\n")
+    assert main(["prep", "--format", "snap", "--input", str(snap), "--edge-features", "2",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "--edge-features generates edge features for the generators" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "x").exists()

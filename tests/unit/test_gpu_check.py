@@ -9,6 +9,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "perf" / "gpu_check.sh"
 STEPS = ["env", "cuda_tests", "prep", "train_gcn", "train_gt", "train_gps", "train_gt_ring",
+         "train_gt_extras",
          "dropout", "attention", "profile"]
 
 

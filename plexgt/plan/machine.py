@@ -1,0 +1,180 @@
+"""Machine descriptions: what a planner knows about a machine it has not run on.
+
+A description is a TOML file (``plexgt/plan/machines/perlmutter.toml``, ``frontier.toml``,
+``dgx-a100.toml``, or a user's), one documented number per line, each with its source beside
+it. :meth:`Machine.profile` turns it into the system-profile form ``plexgt profile`` writes, so
+AGP (:class:`~plexgt.plan.agp.SystemModel`) and the 3D model
+(:class:`~plexgt.plan.plexus_cost.Coefficients`) price it unchanged, and a measured profile
+replaces it field for field.
+
+Why derived coefficients and not a measurement: the planner must answer "how many GPUs, which
+layout" before the first allocation on the machine. The kernel terms come from a published
+per-kernel measurement (SpMM and SDDMM seconds per edge and column) and from bandwidth and
+peak-rate specifications; collectives from the link a group of its size crosses: a group that
+fits in a node (contiguous ranks, ``node.gpus`` at most) is priced on the node's links, a larger
+one on the network's. Strided groups inside a node are priced as contiguous ones.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+MACHINES_DIR = Path(__file__).resolve().parent / "machines"
+OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
+"""The collectives the ledgers record (and the cost models price)."""
+RING_STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2, "all_to_all": 1,
+              "send_recv": 0}
+"""Latencies per (group size - 1) of each collective's ring algorithm (send_recv: one)."""
+
+
+class MachineError(ValueError):
+    """A machine description that cannot be used (names the file and the field)."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of connection between two GPUs."""
+
+    bytes_per_s: float
+    """Bytes a GPU sends per second over it, each way."""
+    latency_s: float
+    """Seconds per message step."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A machine description (see the module doc and the shipped TOML files)."""
+
+    name: str
+    description: str
+    device: str
+    gpus_per_node: int
+    """GPUs (ranks) a node holds."""
+    memory_per_gpu_bytes: int
+    hbm_bytes_per_s: float
+    fp32_flops: float
+    """Peak FP32 rate (multiply-adds count two)."""
+    spmm_s_per_edge_col: float
+    """Seconds per (edge x dense column) of an SpMM pass."""
+    sddmm_s_per_edge_col: float
+    """Seconds per (edge x dense column) of an SDDMM pass."""
+    intra: Link
+    """Between GPUs of one node."""
+    inter: Link
+    """Between GPUs of different nodes."""
+    path: str = ""
+
+    def link(self, group_size: int) -> Link:
+        """The link a group of contiguous ranks of this size crosses."""
+        return self.intra if group_size <= self.gpus_per_node else self.inter
+
+    def kernel_fits(self) -> dict[str, float]:
+        """AGP's kernel coefficients: the attention's six per-edge passes (forward SDDMM and
+        SpMM; backward one SDDMM and three SpMM) from the measured kernels, its [h, E] softmax
+        passes (6 float32 reads and writes) and [n, h, d'] row passes (4) from the bandwidth,
+        GEMMs from the peak rate."""
+        bw = self.hbm_bytes_per_s
+        return {
+            "spmm_s_per_nnz_col": self.spmm_s_per_edge_col,
+            "sddmm_s_per_nnz_col": self.sddmm_s_per_edge_col,
+            "attention_s_per_edge_head_dim": 2 * self.sddmm_s_per_edge_col
+            + 4 * self.spmm_s_per_edge_col,
+            "attention_s_per_edge_head": 6 * 8 / bw,
+            "attention_s_per_row_head_dim": 4 * 8 / bw,
+            "attention_s_per_col_head_dim": 4 * 8 / bw,
+            "elementwise_s_per_elem": 8 / bw,
+            "copy_s_per_elem": 8 / bw,
+            "gemm_s_per_fma": 2 / self.fp32_flops,
+            "attention_s_per_head": 0.0,
+            "dense_s_per_row_d2": 0.0, "dense_s_per_row_d": 0.0, "dense_s_per_block": 0.0,
+        }
+
+    def collective_fits(self, max_ranks: int) -> dict[str, dict[str, dict[str, float]]]:
+        """op -> group size -> (latency of its ring, seconds per byte a rank sends), at powers
+        of two up to ``max_ranks`` and at a node's size (planners interpolate between)."""
+        sizes = sorted({2 ** k for k in range(1, max(1, max_ranks - 1).bit_length() + 1)}
+                       | {self.gpus_per_node, self.gpus_per_node + 1})
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for op in OPS:
+            out[op] = {}
+            for s in sizes:
+                if s < 2:
+                    continue
+                ln = self.link(s)
+                steps = 1 if op == "send_recv" else RING_STEPS[op] * (s - 1)
+                out[op][str(s)] = {"latency_s": steps * ln.latency_s,
+                                   "s_per_byte": 1.0 / ln.bytes_per_s}
+        return out
+
+    def profile(self, max_ranks: int) -> dict[str, Any]:
+        """The description as a system profile (``plexgt profile``'s JSON form) for runs of up
+        to ``max_ranks`` ranks. The 3D model has one link: the node's when the run fits in a
+        node, else the network's."""
+        k = self.kernel_fits()
+        ln = self.link(max_ranks)
+        return {
+            "kind": "machine-description", "machine": self.name, "source": self.path,
+            "hardware": {"device": self.device, "gpu": self.description, "cores": 1},
+            "software": {"threads_per_rank": 1},
+            "kernel_fits": k,
+            "collective_fits": self.collective_fits(max_ranks),
+            "plexus": {"spmm_s_per_nnz_col": k["spmm_s_per_nnz_col"],
+                       "gemm_s_per_fma": k["gemm_s_per_fma"],
+                       "latency_s": ln.latency_s, "s_per_byte": 1.0 / ln.bytes_per_s},
+        }
+
+
+def machine_names() -> list[str]:
+    """The shipped descriptions."""
+    return sorted(p.stem for p in MACHINES_DIR.glob("*.toml"))
+
+
+def load_machine(spec: str | Path) -> Machine:
+    """A shipped description by name (``perlmutter``, ``frontier``, ``dgx-a100``) or a TOML
+    file's; :class:`MachineError` names the file and the field for anything missing or
+    impossible."""
+    path = Path(spec)
+    if not path.suffix and str(spec) in machine_names():
+        path = MACHINES_DIR / f"{spec}.toml"
+    if not path.is_file():
+        raise MachineError(f"machine {spec!r}: no such description (shipped: "
+                           f"{', '.join(machine_names())}; or a path to a .toml file)")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise MachineError(f"{path}: not valid TOML ({e})") from None
+
+    def num(section: str, key: str, integer: bool = False) -> float:
+        where = f"{section}.{key}" if section else key
+        node: Any = raw
+        for part in where.split("."):
+            if not isinstance(node, dict) or part not in node:
+                raise MachineError(f"{path}: missing {where}")
+            node = node[part]
+        if isinstance(node, bool) or not isinstance(node, (int, float)) or not node > 0 \
+                or (integer and not isinstance(node, int)):
+            raise MachineError(f"{path}: {where} = {node!r} must be a positive "
+                               f"{'integer' if integer else 'number'}")
+        return node
+
+    def link(which: str) -> Link:
+        return Link(num(f"links.{which}", "gb_per_s") * 1e9,
+                    num(f"links.{which}", "latency_us") * 1e-6)
+
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise MachineError(f"{path}: missing name")
+    return Machine(
+        name=name, description=str(raw.get("description", name)),
+        device=str(raw.get("device", "cuda")),
+        gpus_per_node=int(num("node", "gpus", integer=True)),
+        memory_per_gpu_bytes=int(num("node", "memory_per_gpu_gib") * 2**30),
+        hbm_bytes_per_s=num("gpu", "hbm_gb_per_s") * 1e9,
+        fp32_flops=num("gpu", "fp32_tflops") * 1e12,
+        spmm_s_per_edge_col=num("kernels", "spmm_s_per_edge_col"),
+        sddmm_s_per_edge_col=num("kernels", "sddmm_s_per_edge_col"),
+        intra=link("intra"), inter=link("inter"), path=str(path),
+    )

@@ -25,7 +25,8 @@ from plexgt.errors import DataError, UsageError
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.plan.agp import format_plan, plan, scales_for
 from plexgt.plan.choose import GraphSizes, ModelShape, gcn_dims, gps_grid, workload
-from plexgt.plan.machine import MachineError, load_machine
+from plexgt.plan.machine import MachineError, load_machine, merge_profile
+from plexgt.plan.pareto import frontier
 from plexgt.plan.plexus_cost import Coefficients, rank_grids
 from plexgt.plan.profile import read_profile
 from plexgt.tasks.task import graph_sizes, plexus_coefficients_for, system_model_for
@@ -123,8 +124,6 @@ def _check(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     _check(args)
     sizes, name = _sizes(args)
-    if args.machine and args.profile:
-        raise UsageError("--machine and --profile both give the machine: pass one")
     prof = load_profile(args.profile)
     src = f"profile {args.profile}" if prof else "default coefficients (no --profile)"
     limit = None if args.memory_per_rank is None else int(args.memory_per_rank * 2**30)
@@ -133,10 +132,11 @@ def run(args: argparse.Namespace) -> int:
             mach = load_machine(args.machine)
         except MachineError as e:
             raise UsageError(f"--machine {e}") from None
-        prof = mach.profile(args.world_size)
+        measured = prof
+        prof = merge_profile(mach.profile(args.world_size), measured)
         limit = mach.memory_per_gpu_bytes if limit is None else limit
         src = (f"machine description {mach.name} ({mach.path}; a model projection, not a "
-               "measurement)")
+               "measurement)" + (f", overridden by profile {args.profile}" if measured else ""))
     shape = ModelShape(args.model, args.hidden, args.layers, args.heads, args.ffn_mult,
                        ESIZE[args.dtype], ring_chunks=args.ring_chunks,
                        super_nodes=args.super_nodes)
@@ -164,15 +164,19 @@ def _plan_gcn(args: argparse.Namespace, sizes: GraphSizes, shape: ModelShape,
           f"{'mem GiB':>8} fits")
     fits = [limit is None or e.memory_bytes <= limit for e in ests]
     best = next((i for i, f in enumerate(fits) if f), None)
+    ok_i = [i for i, f in enumerate(fits) if f]
+    front = {ok_i[j] for j in frontier([ests[i] for i in ok_i], lambda e: e.time_s,
+                                       lambda e: e.memory_bytes)}
     rows = []
     for i, (e, ok) in enumerate(zip(ests, fits)):
-        mark = "   <- recommended" if i == best else ""
+        mark = "   <- recommended" if i == best else "   (frontier)" if i in front else ""
         print(f"{str(e.grid):<10} {e.time_s:>9.4f} {e.comm_s:>9.4f} {e.compute_s:>9.4f} "
               f"{e.bytes_per_rank / 1e6:>9.2f} {e.memory_bytes / 2**30:>8.3f} "
               f"{'yes' if ok else 'no'}{mark}")
         rows.append({"grid": str(e.grid), "time_s": e.time_s, "comm_s": e.comm_s,
                      "compute_s": e.compute_s, "bytes_per_rank": e.bytes_per_rank,
-                     "memory_bytes": e.memory_bytes, "fits": ok, "chosen": i == best})
+                     "memory_bytes": e.memory_bytes, "fits": ok, "chosen": i == best,
+                     "frontier": i in front})
     choice = None if best is None else str(ests[best].grid)
     print("no grid fits the memory limit" if choice is None else f"choice: grid {choice}")
     return {"model": "gcn", "rows": rows, "choice": choice}
@@ -197,7 +201,18 @@ def _plan_attention(args: argparse.Namespace, sizes: GraphSizes, shape: ModelSha
               f"{args.hidden} layer: "
               + (", ".join(f"{s} ranks {g}" for s, g in grids.items()) or "none (1 rank)"))
     pl = plan(w, [reg.get(s) for s in names], scales, sysm, limit, grids, args.head_parallel)
-    print("\n".join(format_plan(pl)))
+    lines = format_plan(pl)
+    print("\n".join(lines[:-1]))
+    fitting = [i for i, r in enumerate(pl.rows) if r.fits]
+    front = [fitting[j] for j in frontier([pl.rows[i] for i in fitting],
+                                          lambda r: r.est.time_s,
+                                          lambda r: r.est.memory["total"])]
+    print("Pareto frontier (no other fitting configuration is both faster and smaller): "
+          + ("; ".join(f"{pl.rows[i].est.label} on {pl.rows[i].est.scale}: "
+                       f"{pl.rows[i].est.time_s:.4g} s, "
+                       f"{pl.rows[i].est.memory['total'] / 2**30:.3g} GiB" for i in front)
+             or "none fits"))
+    print(lines[-1])
     c = pl.choice
     out: dict[str, Any] = {
         "model": args.model, "k": pl.k,
@@ -207,7 +222,8 @@ def _plan_attention(args: argparse.Namespace, sizes: GraphSizes, shape: ModelSha
                   "alpha": r.est.alpha, "beta": r.est.beta, "comm_s": r.est.comm_s,
                   "comm_bytes": r.est.comm_bytes, "memory": r.est.memory, "fits": r.fits,
                   "passes": r.passes, "chosen": r.chosen, "why": r.why,
-                  **(_gcn_fields(r.est) if w.gcn else {})} for r in pl.rows],
+                  "frontier": i in front,
+                  **(_gcn_fields(r.est) if w.gcn else {})} for i, r in enumerate(pl.rows)],
         "choice": None if c is None else {"strategy": c.est.strategy, "scale": c.est.scale,
                                           "head_parallel": c.est.head_parallel},
     }

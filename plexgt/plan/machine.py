@@ -127,6 +127,18 @@ class Machine:
         }
 
 
+def merge_profile(base: dict[str, Any], measured: dict[str, Any] | None) -> dict[str, Any]:
+    """``base`` (a description's profile) with every field a measured profile has replaced
+    by the measurement, at any depth (a kernel fit, one collective at one group size)."""
+    if not measured:
+        return base
+    out = dict(base)
+    for k, v in measured.items():
+        out[k] = merge_profile(out[k], v) if isinstance(v, dict) and isinstance(
+            out.get(k), dict) else v
+    return out
+
+
 def machine_names() -> list[str]:
     """The shipped descriptions."""
     return sorted(p.stem for p in MACHINES_DIR.glob("*.toml"))

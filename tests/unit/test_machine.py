@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
 
 from plexgt.cli import main
 from plexgt.plan.agp import SystemModel
-from plexgt.plan.machine import MACHINES_DIR, MachineError, load_machine, machine_names
+from plexgt.plan.machine import (
+    MACHINES_DIR,
+    MachineError,
+    load_machine,
+    machine_names,
+    merge_profile,
+)
+from plexgt.plan.pareto import frontier
 from plexgt.plan.plexus_cost import Coefficients
 
 
@@ -69,9 +77,44 @@ def test_plan_with_a_machine(capsys):
     assert "> 40.00 GiB per rank" in out  # its GPUs' memory is the default limit
     assert main(["plan", "--model", "gcn", *PAPERS, "--world-size", "64",
                  "--machine", "frontier"]) == 0
-    assert main(["plan", "--model", "gt", *PAPERS, "--world-size", "8", "--machine", "x",
-                 "--profile", "p.json"]) == 2
-    assert "--machine and --profile both give the machine" in capsys.readouterr().err
+    assert main(["plan", "--model", "gt", *PAPERS, "--world-size", "8", "--machine",
+                 "perlmutter", "--profile", "nosuch.json"]) == 2
+    assert "--profile" in capsys.readouterr().err
     assert main(["plan", "--model", "gt", *PAPERS, "--world-size", "8", "--machine",
                  "summit"]) == 2
     assert "--machine machine 'summit': no such description" in capsys.readouterr().err
+
+
+def test_a_measured_profile_overrides_any_field_of_a_description():
+    base = load_machine("frontier").profile(16)
+    measured = {"kernel_fits": {"gemm_s_per_fma": 1e-14},
+                "collective_fits": {"all_gather": {"4": {"latency_s": 1e-3, "s_per_byte": 0.0}}}}
+    prof = merge_profile(base, measured)
+    sysm = SystemModel.from_profile(prof)
+    assert sysm.kernels["gemm_s_per_fma"] == 1e-14
+    assert sysm.kernels["spmm_s_per_nnz_col"] == base["kernel_fits"]["spmm_s_per_nnz_col"]
+    assert sysm.collective_time("all_gather", 4, 1 << 20) == pytest.approx(1e-3)
+    assert sysm.collective_time("all_gather", 16, 1 << 20) == pytest.approx(
+        15 * 25e-6 + (1 << 20) / 12.5e9)  # untouched: the description's network link
+    assert merge_profile(base, None) is base
+
+
+def test_plan_marks_the_pareto_frontier(tmp_path, capsys):
+    js = tmp_path / "p.json"
+    assert main(["plan", "--model", "gt", *PAPERS, "--world-size", "512",
+                 "--machine", "perlmutter", "--json", str(js)]) == 0
+    rows = json.loads(js.read_text())["rows"]
+    front = [r for r in rows if r["frontier"]]
+    assert front and all(r["fits"] for r in front)
+    assert any(r["chosen"] for r in front)  # the fastest fitting one is on it
+    for r in front:  # nothing that fits beats a frontier row on both
+        assert not any(o["fits"] and o["time_s"] < r["time_s"]
+                       and o["memory"]["total"] < r["memory"]["total"] for o in rows)
+    assert "Pareto frontier" in capsys.readouterr().out
+
+
+def test_pareto_frontier_keeps_what_nothing_beats_on_both():
+    pts = [(3.0, 1.0), (1.0, 5.0), (2.0, 2.0), (2.5, 3.0), (1.0, 6.0), (4.0, 0.5), (2.0, 2.0)]
+    got = frontier(pts, lambda p: p[0], lambda p: p[1])
+    assert [pts[i] for i in got] == [(1.0, 5.0), (2.0, 2.0), (3.0, 1.0), (4.0, 0.5)]
+    assert got[1] == 2 and frontier([], lambda p: p, lambda p: p) == []

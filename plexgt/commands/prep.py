@@ -9,8 +9,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from plexgt.data.formats.detect import detect_format
+from plexgt.data.formats.edgelist import EdgeListSource, detect_layout
 from plexgt.data.formats.gnn_benchmark import read_gnn_benchmark
 from plexgt.data.formats.mtx import MtxSource
+from plexgt.data.formats.npz_edges import read_edge_npz
 from plexgt.data.formats.ogb import open_ogb
 from plexgt.data.formats.snap import SnapSource
 from plexgt.data.runtime import world_comm
@@ -20,12 +23,14 @@ from plexgt.data.synthetic import RmatSource, sbm
 from plexgt.errors import UsageError
 
 HELP = "Shard a dataset into adjacency tiles, features and node arrays (out of core, MPI)."
-FORMATS = ("gnn-benchmark", "ogb", "snap", "mtx", "rmat", "sbm")
+FORMATS = ("auto", "gnn-benchmark", "ogb", "npz", "snap", "edgelist", "mtx", "rmat", "sbm")
 SYNTHETIC = ("rmat", "sbm")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--format", required=True, choices=FORMATS, help="input format")
+    p.add_argument("--format", default="auto", choices=FORMATS,
+                   help="input format (default auto: from the --input path; the generators "
+                   "rmat and sbm are named)")
     p.add_argument("--input", type=Path, help="input file (OGB: the dataset root directory; "
                    "gnn-benchmark: an .npz, or the Reddit directory of reddit_*.npz)")
     p.add_argument("--out", required=True, type=Path, help="output directory")
@@ -59,6 +64,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--edge-features", type=int, help="rmat, sbm: edge feature dimension (sbm: "
                    "column 0 marks edges inside a community); kept with the tiles")
     p.add_argument("--split", help="OGB split directory name (default: the first found)")
+    p.add_argument("--split-index", type=int, default=0,
+                   help="npz: which of several stored splits (masks [K, N]) to use")
+    e = p.add_argument_group("edgelist (delimited src,dst[,weight] lines; detected unless "
+                             "given)")
+    e.add_argument("--delimiter", choices=("comma", "tab", "space"),
+                   help="field separator (default: detected from the first line)")
+    hdr = e.add_mutually_exclusive_group()
+    hdr.add_argument("--header", dest="header", action="store_const", const=True,
+                     help="the first line names the columns")
+    hdr.add_argument("--no-header", dest="header", action="store_const", const=False,
+                     help="the first line is an edge")
+    e.add_argument("--one-based", action="store_true", help="ids count from 1")
     p.add_argument("--chunk-edges", type=int, default=1 << 21,
                    help="edges per streamed chunk: bounds prep's streaming memory (text parse "
                    "blocks of ~16 bytes an edge, bucket buffers of 4 chunks)")
@@ -69,6 +86,11 @@ def _source(args: argparse.Namespace, comm=None):  # noqa: ANN001, ANN202 - a Gr
     """The source of ``--format``; ``comm`` (a runtime.Comm) splits a SNAP counting pass."""
 
     fmt = args.format
+    if fmt == "auto":
+        if args.input is None:
+            raise UsageError("--format auto needs --input PATH (or name a generator: "
+                             "--format rmat|sbm)")
+        fmt = detect_format(args.input)
     if fmt in SYNTHETIC:
         if args.input is not None:
             raise UsageError(f"--input is not used with --format {fmt}")
@@ -81,7 +103,8 @@ def _source(args: argparse.Namespace, comm=None):  # noqa: ANN001, ANN202 - a Gr
     if args.edge_features and fmt not in SYNTHETIC:
         raise UsageError(f"--edge-features generates edge features for the generators, not "
                          f"--format {fmt} (a source's own edge features are kept as they are)")
-    if fmt not in SYNTHETIC and (args.edges is not None or (args.nodes and fmt != "snap")):
+    if fmt not in SYNTHETIC and (args.edges is not None or
+                                 (args.nodes and fmt not in ("snap", "edgelist"))):
         raise UsageError(f"--nodes/--edges do not apply to --format {fmt}")
     if fmt == "rmat":
         if args.nodes is None or args.edges is None:
@@ -98,6 +121,13 @@ def _source(args: argparse.Namespace, comm=None):  # noqa: ANN001, ANN202 - a Gr
     elif fmt == "gnn-benchmark":
         files = sorted(args.input.glob("*.npz")) if args.input.is_dir() else [args.input]
         src = MemorySource(read_gnn_benchmark(args.input), files)
+    elif fmt == "npz":
+        src = MemorySource(read_edge_npz(args.input, args.split_index), [args.input])
+    elif fmt == "edgelist":
+        layout = detect_layout(args.input, args.delimiter, args.header, args.one_based)
+        src = EdgeListSource(args.input, layout, args.nodes, comm=comm,
+                             chunk_edges=args.chunk_edges,
+                             count_degrees=args.permutation == "degree")
     elif fmt == "snap":
         src = SnapSource(args.input, args.nodes, comm=comm, chunk_edges=args.chunk_edges,
                          count_degrees=args.permutation == "degree")
@@ -115,8 +145,11 @@ def _source(args: argparse.Namespace, comm=None):  # noqa: ANN001, ANN202 - a Gr
 
 
 def _desc(args: argparse.Namespace) -> dict:
-    keys = ("format", "nodes", "edges", "classes", "features", "split")
+    keys = ("format", "nodes", "edges", "classes", "features", "split", "edge_features",
+            "delimiter", "header")
     d = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
+    if args.one_based:
+        d["one_based"] = True
     if args.input is not None:
         d["input"] = str(Path(args.input).resolve())
     return d

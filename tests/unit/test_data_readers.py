@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import gzip
+import re
 
 import numpy as np
 import pytest
 
+from plexgt.cli import main
+from plexgt.data.formats.detect import detect_format
+from plexgt.data.formats.edgelist import EdgeListSource, detect_layout
 from plexgt.data.formats.gnn_benchmark import read_gnn_benchmark
 from plexgt.data.formats.mtx import read_mtx
+from plexgt.data.formats.npz_edges import read_edge_npz
 from plexgt.data.formats.ogb import open_ogb, read_ogb
 from plexgt.data.formats.snap import read_snap
-from plexgt.data.graph import dedup_edges
+from plexgt.data.graph import GraphData, dedup_edges
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import RMAT_CHUNK, RmatSource, rmat, sbm
@@ -238,3 +243,136 @@ def test_ogb_edge_feature_rows_must_match_the_edges(tmp_path):
         f.write("1,2\n")
     with pytest.raises(DataError, match="edge-feat.csv.gz: holds more rows than"):
         read_ogb(root)
+
+
+def _edge_lines(g, sep=",", header=None, one_based=False, weights=False):
+    off = 1 if one_based else 0
+    rows = [sep.join([str(s + off), str(d + off)] + (["0.5"] if weights else []))
+            for s, d in zip(g.src, g.dst)]
+    return "\n".join(([header] if header else []) + rows) + "\n"
+
+
+@pytest.mark.parametrize("sep,header,one_based,weights,gz", [
+    (",", "id_1,id_2", False, False, False),     # the common published CSV
+    ("\t", None, True, True, True),              # TSV, 1-based, weighted, gzipped
+    (" ", "# a comment\nsrc dst", False, False, False),
+])
+def test_delimited_edge_lists_prep_like_memory(tmp_path, sep, header, one_based, weights, gz):
+    """Detected delimiter, header row, weight column and 1-based ids: prep of the file equals
+    prep of the same graph from memory, on one part and split over three."""
+    g = small_graph(37, 150, f=0)
+    g.features = None
+    text = _edge_lines(g, sep, header, one_based, weights)
+    path = tmp_path / ("g.tsv.gz" if gz else "g.csv")
+    if gz:
+        with gzip.open(path, "wt") as f:
+            f.write(text)
+    else:
+        path.write_text(text)
+    lay = detect_layout(path, one_based=one_based)
+    assert lay.delimiter == (None if sep == " " else sep)
+    assert lay.header == (header is not None) and lay.columns == (3 if weights else 2)
+    src = EdgeListSource(path, lay)
+    assert src.num_nodes == 37
+    parts = [c for p in range(3) for c in src.edge_chunks(p, 3, 11)]
+    got = sorted(zip(np.concatenate([c[0] for c in parts]).tolist(),
+                     np.concatenate([c[1] for c in parts]).tolist()))
+    assert got == sorted(zip(g.src.tolist(), g.dst.tolist()))
+    opts = dict(progress=False, tiles=3)
+    m1 = prepare(EdgeListSource(path, lay), PrepOptions(out=tmp_path / "a", **opts))
+    ref = GraphData("mem", 37, g.src, g.dst)
+    m2 = prepare(MemorySource(ref), PrepOptions(out=tmp_path / "b", **opts))
+    assert m1["files"] == m2["files"]
+
+
+def test_edge_list_bad_input_names_the_file_and_line(tmp_path):
+    cases = {
+        "header_only.csv": ("id_1,id_2\n", "a header line and no edges"),
+        "ragged.csv": ("0,1\n1,2\n3\n", "line 3"),
+        "wide.csv": ("0,1,2,3\n", "expected 2 or 3 comma-separated fields"),
+        "zero.csv": ("0,1\n", "node id 0 is below 1 (ids read as 1-based: --one-based)"),
+        "empty.csv": ("# nothing\n", "no edge lines"),
+    }
+    for name, (text, msg) in cases.items():
+        p = tmp_path / name
+        p.write_text(text)
+        with pytest.raises(DataError, match=re.escape(msg)) as e:
+            EdgeListSource(p, detect_layout(p, one_based=name == "zero.csv"))
+        assert name in str(e.value)
+    p = tmp_path / "beyond.csv"
+    p.write_text("0,1\n1,9\n")
+    with pytest.raises(DataError, match=re.escape("line 2: node id 9 is outside the 5 nodes")):
+        list(EdgeListSource(p, detect_layout(p), num_nodes=5).edge_chunks(0, 1, 10))
+
+
+def test_cli_prep_edgelist(tmp_path, capsys):
+    p = tmp_path / "musae.csv"
+    p.write_text("id_1,id_2\n0,1\n1,2\n2,0\n3,1\n")
+    assert main(["prep", "--format", "edgelist", "--input", str(p), "--out",
+                 str(tmp_path / "o"), "--symmetrize", "--features", "4", "--classes", "2",
+                 "--quiet"]) == 0
+    assert "N=4" in capsys.readouterr().err
+    assert main(["prep", "--format", "edgelist", "--input", str(p), "--no-header", "--out",
+                 str(tmp_path / "x")]) == 2
+    assert "musae.csv: line 1" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("layout", ["[E,2]", "[2,E]"])
+def test_edge_index_npz_with_several_splits_preps_like_memory(tmp_path, layout):
+    g = small_graph(37, 150, f=3)
+    e = np.stack([g.src, g.dst], axis=1 if layout == "[E,2]" else 0)
+    rng = np.random.default_rng(2)
+    masks = rng.random((3, 37)) < 0.4  # three stored splits
+    ef = rng.standard_normal((150, 2)).astype(np.float32)
+    p = tmp_path / "roman.npz"
+    np.savez(p, edges=e, node_features=g.features, node_labels=g.labels,
+             train_masks=masks, val_masks=~masks, test_masks=np.zeros((3, 37), bool),
+             edge_feat=ef)
+    r = read_edge_npz(p, split_index=2)
+    assert r.num_nodes == 37 and r.num_edge_features == 2
+    np.testing.assert_array_equal(r.splits["train"], np.flatnonzero(masks[2]))
+    np.testing.assert_array_equal(r.src, g.src)
+    ref = GraphData("mem", 37, g.src, g.dst, g.features, g.labels, r.splits, edge_attr=ef)
+    opts = dict(progress=False, tiles=2, symmetrize=True)
+    m1 = prepare(MemorySource(r), PrepOptions(out=tmp_path / "a", **opts))
+    m2 = prepare(MemorySource(ref), PrepOptions(out=tmp_path / "b", **opts))
+    assert m1["files"] == m2["files"]
+
+
+def test_edge_index_npz_bad_input(tmp_path):
+    cases = {
+        "nokey.npz": ({"adj": np.zeros(3)}, "missing key 'edges' or 'edge_index' (has adj)"),
+        "shape.npz": ({"edges": np.zeros((4, 3), np.int64)}, "'edges' has shape (4, 3)"),
+        "float.npz": ({"edges": np.zeros((4, 2))}, "indices must be integers"),
+        "beyond.npz": ({"edges": np.array([[0, 1], [1, 7]]), "node_labels": np.arange(3)},
+                       "'edges' row 1 holds node id 7, beyond the 3 nodes"),
+        "split.npz": ({"edges": np.array([[0, 1]]), "train_masks": np.ones((2, 2), bool)},
+                      "--split-index 5 is not one of them"),
+    }
+    for name, (arrays, msg) in cases.items():
+        p = tmp_path / name
+        np.savez(p, **arrays)
+        with pytest.raises(DataError, match=re.escape(msg)):
+            read_edge_npz(p, split_index=5 if name == "split.npz" else 0)
+
+
+def test_format_auto_tells_every_layout_apart(tmp_path, capsys):
+    g = small_graph(23, 60, f=2)
+    assert detect_format(write_ogb_csv(tmp_path / "ogb", g)) == "ogb"
+    np.savez(tmp_path / "e.npz", edge_index=np.stack([g.src, g.dst]))
+    assert detect_format(tmp_path / "e.npz") == "npz"
+    gb = tmp_path / "gb.npz"
+    write_gnn_benchmark(gb, g)
+    assert detect_format(gb) == "gnn-benchmark"
+    assert detect_format(write_snap(tmp_path / "s.txt", g)) == "snap"
+    (tmp_path / "c.csv").write_text("a,b\n0,1\n")
+    assert detect_format(tmp_path / "c.csv") == "edgelist"
+    (tmp_path / "x.bin").write_bytes(b"\0")
+    with pytest.raises(DataError, match="cannot tell its format; it looked for a directory"):
+        detect_format(tmp_path / "x.bin")
+    assert main(["prep", "--input", str(tmp_path / "c.csv"), "--out", str(tmp_path / "o"),
+                 "--quiet", "--features", "2", "--classes", "2"]) == 0
+    assert main(["prep", "--input", str(tmp_path / "x.bin"), "--out", str(tmp_path / "p")]) \
+        == 2
+    assert "x.bin: --format auto cannot tell its format" in capsys.readouterr().err

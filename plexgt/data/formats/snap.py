@@ -104,8 +104,8 @@ class SnapSource(TextEdgeSource):
         def count_part() -> tuple[int, int]:
             count, hi = 0, -1
             deg = np.zeros(0, dtype=np.int64)
-            for arr in _edge_blocks(self.path, comm.rank, comm.size,
-                                    block_bytes_for(chunk, LINE_BYTES), None):
+            for arr in self._parsed(comm.rank, comm.size, block_bytes_for(chunk, LINE_BYTES),
+                                    None):
                 count += arr.shape[0]
                 hi = max(hi, int(arr.max()))
                 if degrees:
@@ -142,8 +142,13 @@ class SnapSource(TextEdgeSource):
             return min(self.claimed_e, max_data_lines(self.path))
         return estimate_data_lines(self.path)
 
+    def _parsed(self, part: int, nparts: int, block_bytes: int, n: int | None
+                ) -> Iterator[np.ndarray]:
+        """[k, 2] int64 (src, dst) blocks of one part, ids checked against [0, n)."""
+        return _edge_blocks(self.path, part, nparts, block_bytes, n)
+
     def _edge_blocks(self, part, nparts, block_bytes):  # noqa: ANN001, ANN202 - see base
-        for arr in _edge_blocks(self.path, part, nparts, block_bytes, self.num_nodes):
+        for arr in self._parsed(part, nparts, block_bytes, self.num_nodes):
             src, dst = np.ascontiguousarray(arr.T)
             yield src, dst, src.size
 

@@ -1,0 +1,147 @@
+"""Delimited edge lists: the way most graphs are published (``id_1,id_2`` CSV, TSV, spaces).
+
+One edge a line, ``src <delimiter> dst [<delimiter> weight]`` (the message src -> dst), ``.gz``
+or plain, ``#`` comment lines skipped. What a file does not say is detected from its first
+lines, and each guess can be fixed by a flag:
+
+* the delimiter: a comma if the first data line has one, else a tab, else whitespace
+  (``--delimiter``);
+* a header row: the first non-comment line when its fields are not numbers (``id_1,id_2``)
+  (``--header`` / ``--no-header``);
+* the columns: 2, or 3 with a weight (read and checked, not stored: plexgt's operators are
+  structural or degree-normalised);
+* ids from 0, or from 1 with ``--one-based``.
+
+Streamed and split over ranks exactly as SNAP files are (:class:`~plexgt.data.formats.snap.
+SnapSource`, whose counting pass finds N unless ``--nodes`` fixes it): the header is skipped by
+starting the split after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from plexgt.data.formats.snap import SnapSource
+from plexgt.data.graph import first_id_error
+from plexgt.data.runtime import Comm
+from plexgt.data.textio import iter_blocks, parse, read_head
+from plexgt.errors import DataError
+
+DELIMITERS = {"comma": ",", "tab": "\t", "space": None}
+"""--delimiter names -> the separator (None: any whitespace)."""
+
+
+@dataclass(frozen=True)
+class EdgeListLayout:
+    """How an edge list file is laid out (detected, or as the flags fix it)."""
+
+    delimiter: str | None
+    """',', '\\t' or None (runs of whitespace)."""
+    header: bool
+    """The first non-comment line names the columns."""
+    columns: int
+    """2 (src, dst) or 3 (src, dst, weight)."""
+    one_based: bool
+    """Ids count from 1."""
+    start: int = 0
+    """Byte offset of the first data line (after the header)."""
+    start_line: int = 1
+    """Its 1-based line number."""
+
+
+def _fields(line: bytes, delimiter: str | None) -> list[bytes]:
+    return [f.strip() for f in (line.split(delimiter.encode()) if delimiter else line.split())]
+
+
+def _numeric(field: bytes) -> bool:
+    try:
+        float(field)
+    except ValueError:
+        return False
+    return True
+
+
+def detect_layout(path: Path, delimiter: str | None = None, header: bool | None = None,
+                  one_based: bool = False) -> EdgeListLayout:
+    """The layout of ``path`` from its first 64 KiB; ``delimiter`` (a :data:`DELIMITERS` key)
+    and ``header`` fix those guesses."""
+    head = read_head(path, 1 << 16)
+    lines = head.split(b"\n")
+    if len(lines) > 1 and len(head) == 1 << 16:
+        lines = lines[:-1]  # the cut-off last line
+    offset, data = 0, []
+    for k, raw in enumerate(lines):
+        text = raw.strip()
+        if text and not text.startswith(b"#"):
+            data.append((k, offset, raw))
+            if len(data) == 2:
+                break
+        offset += len(raw) + 1
+    if not data:
+        raise DataError(f"{path}: no edge lines (empty, or only comments)")
+    if delimiter is not None and delimiter not in DELIMITERS:
+        raise DataError(f"--delimiter {delimiter!r}: expected {', '.join(DELIMITERS)}")
+    k0, off0, first = data[0]
+    sep = DELIMITERS[delimiter] if delimiter else \
+        "," if b"," in first else "\t" if b"\t" in first else None
+    is_header = not all(_numeric(f) for f in _fields(first, sep)) if header is None else header
+    start, start_line = (off0 + len(first) + 1, k0 + 2) if is_header else (0, 1)
+    rows = [r for r in data if not is_header or r[0] != k0]
+    if not rows:
+        raise DataError(f"{path}: a header line and no edges")
+    k, _, line = rows[0]
+    n = len(_fields(line, sep))
+    if n not in (2, 3):
+        what = {",": "comma", "\t": "tab", None: "whitespace"}[sep]
+        raise DataError(f"{path}: line {k + 1}: expected 2 or 3 {what}-separated fields "
+                        f"(src, dst[, weight]), found {n}")
+    return EdgeListLayout(sep, is_header, n, one_based, start, start_line)
+
+
+class EdgeListSource(SnapSource):
+    """A delimited edge list streamed in chunks (module docstring); N from a counting pass
+    (split over ``comm``) unless ``num_nodes`` is given."""
+
+    def __init__(self, path: str | Path, layout: EdgeListLayout, num_nodes: int | None = None,
+                 comm: Comm | None = None, chunk_edges: int = 1 << 21,
+                 count_degrees: bool = False) -> None:
+        self.layout = layout
+        super().__init__(path, num_nodes, comm, chunk_edges, count_degrees)
+        self.claimed_n = self.claimed_e = None  # no SNAP header to trust
+
+    def _parsed(self, part: int, nparts: int, block_bytes: int, n: int | None
+                ) -> Iterator[np.ndarray]:
+        lay, path = self.layout, self.path
+        dtype = np.float64 if lay.columns == 3 else np.int64
+        for blk in iter_blocks(path, part, nparts, block_bytes=block_bytes, start=lay.start,
+                               start_line=lay.start_line):
+            arr = parse(blk, ncols=lay.columns, dtype=dtype, delimiter=lay.delimiter)
+            if not arr.size:
+                continue
+            if lay.columns == 3:
+                ids = arr[:, :2]
+                bad = np.flatnonzero((ids != np.round(ids)).any(axis=1)
+                                     | ~np.isfinite(arr).all(axis=1))
+                if bad.size:
+                    raise DataError(f"{path}: line {blk.data_line(int(bad[0]))}: ids must be "
+                                    "whole numbers and the weight finite")
+                arr = ids.astype(np.int64)
+            if lay.one_based:
+                arr = arr - 1
+            bad_id = first_id_error(arr[:, 0], arr[:, 1], 0, n)
+            if bad_id is not None:
+                r, _, v = bad_id
+                line = blk.data_line(r)
+                if v < 0:
+                    shown = v + 1 if lay.one_based else v
+                    raise DataError(f"{path}: line {line}: node id {shown} is below "
+                                    f"{1 if lay.one_based else 0}"
+                                    + (" (ids read as 1-based: --one-based)"
+                                       if lay.one_based else ""))
+                raise DataError(f"{path}: line {line}: node id "
+                                f"{v + 1 if lay.one_based else v} is outside the {n} nodes")
+            yield arr

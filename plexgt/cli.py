@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "train": "Train gcn, gt or gps full-graph on a prepared directory (MPI job).",
     "profile": "Measure collectives and kernels (under mpiexec -n P); save a system profile.",
     "plan": "Predict time and memory of each strategy and scale; choose one (AGP / Plexus).",
+    "report": "Summarise a run's metrics JSONL; with --out, plot loss, metrics, time and memory.",
 }
 
 

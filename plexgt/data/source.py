@@ -23,7 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from plexgt.data.graph import GraphData, first_id_error
-from plexgt.data.textio import block_bytes_for
+from plexgt.data.runtime import Comm
+from plexgt.data.textio import block_bytes_for, estimate_data_lines, max_data_lines
 from plexgt.errors import DataError
 
 
@@ -133,6 +134,100 @@ class TextEdgeSource(GraphSource):
 
     def check_edge_pass(self, totals: np.ndarray) -> None:
         self._check_total(int(totals[0]))
+
+
+def check_edge_total(path: Path, count: int, claimed_e: int | None) -> None:
+    """Refuse an edge list with no edges, or with fewer or more than its header claims."""
+    if count == 0:
+        raise DataError(f"{path}: empty graph (no edges)")
+    if claimed_e is not None and claimed_e != count:
+        raise DataError(f"{path}: header claims {claimed_e} edges but the file holds {count} "
+                        "(truncated?)")
+
+
+class CountedEdgeSource(TextEdgeSource):
+    """A text edge list whose N, unless the caller fixes it, comes from a *counting pass*:
+    the whole file parsed once for the edge count and the largest id (split over the MPI
+    ranks of ``comm``), before prep's stages start. With ``count_degrees`` that pass also
+    keeps this rank's share of the degrees ([N] int64, what prep's own degree pass holds),
+    handed over once by :meth:`counted_degrees`.
+
+    A format supplies :meth:`_parsed`, its [k, 2] int64 (src, dst) blocks of one part with ids
+    checked against [0, n) (n None: only >= 0), and may set ``claimed_n`` / ``claimed_e``
+    (a header's counts) before calling this constructor.
+    """
+
+    claimed_n: int | None = None
+    claimed_e: int | None = None
+
+    def __init__(self, path: str | Path, num_nodes: int | None, comm: Comm | None,
+                 chunk_edges: int, count_degrees: bool, line_bytes: int) -> None:
+        self.path = Path(path)
+        self.name = str(self.path)
+        self.files = [self.path]
+        self.counted: int | None = None
+        self.line_bytes = line_bytes
+        self._degrees: tuple[int, int, np.ndarray] | None = None
+        if num_nodes is None:
+            self.counted, hi = self._count(comm or Comm(None), chunk_edges, count_degrees)
+            self.num_nodes = max(hi + 1, self.claimed_n or 0)
+        else:
+            self.num_nodes = num_nodes
+
+    def _parsed(self, part: int, nparts: int, block_bytes: int, n: int | None
+                ) -> Iterator[np.ndarray]:
+        raise NotImplementedError
+
+    def _count(self, comm: Comm, chunk: int, degrees: bool) -> tuple[int, int]:
+        """The counting pass: (edges, largest id) over all parts (collective over ``comm``)."""
+        def count_part() -> tuple[int, int]:
+            count, hi = 0, -1
+            deg = np.zeros(0, dtype=np.int64)
+            for arr in self._parsed(comm.rank, comm.size,
+                                    block_bytes_for(chunk, self.line_bytes), None):
+                count += arr.shape[0]
+                hi = max(hi, int(arr.max()))
+                if degrees:
+                    b = np.bincount(arr.ravel())
+                    if b.size > deg.size:  # N unknown yet: grow by doubling
+                        deg = np.concatenate(
+                            [deg, np.zeros(max(b.size, 2 * deg.size) - deg.size, np.int64)])
+                    deg[:b.size] += b
+            if degrees:
+                self._degrees = (comm.rank, comm.size, deg)
+            return count, hi
+
+        stats = comm.allgather(comm.run(count_part))
+        count, hi = sum(s[0] for s in stats), max(s[1] for s in stats)
+        check_edge_total(self.path, count, self.claimed_e)
+        return count, hi
+
+    def counted_degrees(self, part: int, nparts: int) -> np.ndarray | None:
+        """This part's degrees from the counting pass, once (then freed), when it counted them
+        over the same ``nparts`` parts."""
+        if self._degrees is None or self._degrees[:2] != (part, nparts):
+            return None
+        deg = self._degrees[2]
+        self._degrees = None
+        out = np.zeros(self.num_nodes, dtype=np.int64)
+        k = min(deg.size, self.num_nodes)
+        out[:k] = deg[:k]
+        return out
+
+    def num_edges_hint(self) -> int:
+        if self.counted is not None:
+            return self.counted
+        if self.claimed_e is not None:
+            return min(self.claimed_e, max_data_lines(self.path))
+        return estimate_data_lines(self.path)
+
+    def _edge_blocks(self, part, nparts, block_bytes):  # noqa: ANN001, ANN202 - see base
+        for arr in self._parsed(part, nparts, block_bytes, self.num_nodes):
+            src, dst = np.ascontiguousarray(arr.T)
+            yield src, dst, src.size
+
+    def _check_total(self, count: int) -> None:
+        check_edge_total(self.path, count, self.claimed_e)
 
 
 def parts_of(total: int, chunk: int, part: int, nparts: int) -> Iterator[tuple[int, int]]:

@@ -12,9 +12,9 @@ lines, and each guess can be fixed by a flag:
   structural or degree-normalised);
 * ids from 0, or from 1 with ``--one-based``.
 
-Streamed and split over ranks exactly as SNAP files are (:class:`~plexgt.data.formats.snap.
-SnapSource`, whose counting pass finds N unless ``--nodes`` fixes it): the header is skipped by
-starting the split after it.
+Streamed and split over ranks exactly as SNAP files are (:class:`~plexgt.data.source.
+CountedEdgeSource`, whose counting pass finds N unless ``--nodes`` fixes it): the header is
+skipped by starting the split after it.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from plexgt.data.formats.snap import SnapSource
 from plexgt.data.graph import first_id_error
 from plexgt.data.runtime import Comm
+from plexgt.data.source import CountedEdgeSource
 from plexgt.data.textio import iter_blocks, parse, read_head
 from plexgt.errors import DataError
 
@@ -102,7 +102,11 @@ def detect_layout(path: Path, delimiter: str | None = None, header: bool | None 
     return EdgeListLayout(sep, is_header, n, one_based, start, start_line)
 
 
-class EdgeListSource(SnapSource):
+LINE_BYTES = 16
+"""Bytes of a typical line: sizes parse blocks from a chunk of edges."""
+
+
+class EdgeListSource(CountedEdgeSource):
     """A delimited edge list streamed in chunks (module docstring); N from a counting pass
     (split over ``comm``) unless ``num_nodes`` is given."""
 
@@ -110,8 +114,7 @@ class EdgeListSource(SnapSource):
                  comm: Comm | None = None, chunk_edges: int = 1 << 21,
                  count_degrees: bool = False) -> None:
         self.layout = layout
-        super().__init__(path, num_nodes, comm, chunk_edges, count_degrees)
-        self.claimed_n = self.claimed_e = None  # no SNAP header to trust
+        super().__init__(path, num_nodes, comm, chunk_edges, count_degrees, LINE_BYTES)
 
     def _parsed(self, part: int, nparts: int, block_bytes: int, n: int | None
                 ) -> Iterator[np.ndarray]:

@@ -26,16 +26,8 @@ import numpy as np
 
 from plexgt.data.graph import GraphData, first_id_error
 from plexgt.data.runtime import Comm
-from plexgt.data.source import TextEdgeSource, collect_edges
-from plexgt.data.textio import (
-    BLOCK_BYTES,
-    block_bytes_for,
-    estimate_data_lines,
-    iter_blocks,
-    max_data_lines,
-    parse,
-    read_head,
-)
+from plexgt.data.source import CountedEdgeSource, check_edge_total, collect_edges
+from plexgt.data.textio import BLOCK_BYTES, iter_blocks, parse, read_head
 from plexgt.errors import DataError
 
 _HEADER = re.compile(rb"^#.*?Nodes:\s*(\d+)\s+Edges:\s*(\d+)", re.MULTILINE)
@@ -66,94 +58,19 @@ def _edge_blocks(path: Path, part: int, nparts: int, block_bytes: int, n: int | 
         yield arr
 
 
-def _check_total(path: Path, count: int, claimed_e: int | None) -> None:
-    if count == 0:
-        raise DataError(f"{path}: empty graph (no edges)")
-    if claimed_e is not None and claimed_e != count:
-        raise DataError(f"{path}: header claims {claimed_e} edges but the file holds {count} "
-                        "(truncated?)")
-
-
-class SnapSource(TextEdgeSource):
-    """A SNAP edge list streamed in chunks (see the module docstring).
-
-    ``comm`` splits the counting pass over MPI ranks; ``chunk_edges`` sizes its parse blocks
-    (the later passes take their chunk from :meth:`edge_chunks`). ``count_degrees``: the
-    counting pass also counts this rank's share of the degrees, for :meth:`counted_degrees`
-    ([N] int64 a rank, as prep's own degree pass holds).
-    """
+class SnapSource(CountedEdgeSource):
+    """A SNAP edge list streamed in chunks (see the module docstring and
+    :class:`~plexgt.data.source.CountedEdgeSource`: the counting pass, split over ``comm``,
+    and the degrees it can count on the way); N and E may come from its header."""
 
     def __init__(self, path: str | Path, num_nodes: int | None = None, comm: Comm | None = None,
                  chunk_edges: int = 1 << 21, count_degrees: bool = False) -> None:
-        self.path = Path(path)
-        self.name = str(self.path)
-        self.files = [self.path]
-        self.claimed_n, self.claimed_e = _claims(self.path)
-        self.counted: int | None = None
-        self.line_bytes = LINE_BYTES
-        self._degrees: tuple[int, int, np.ndarray] | None = None
-        if num_nodes is None:
-            self.counted, hi = self._count(comm or Comm(None), chunk_edges, count_degrees)
-            self.num_nodes = max(hi + 1, self.claimed_n or 0)
-        else:
-            self.num_nodes = num_nodes
-
-    def _count(self, comm: Comm, chunk: int, degrees: bool) -> tuple[int, int]:
-        """The counting pass: (edges, largest id) over all parts (collective over ``comm``);
-        with ``degrees``, this rank's part's in + out degrees are kept too."""
-        def count_part() -> tuple[int, int]:
-            count, hi = 0, -1
-            deg = np.zeros(0, dtype=np.int64)
-            for arr in self._parsed(comm.rank, comm.size, block_bytes_for(chunk, LINE_BYTES),
-                                    None):
-                count += arr.shape[0]
-                hi = max(hi, int(arr.max()))
-                if degrees:
-                    b = np.bincount(arr.ravel())
-                    if b.size > deg.size:  # N unknown yet: grow by doubling
-                        deg = np.concatenate(
-                            [deg, np.zeros(max(b.size, 2 * deg.size) - deg.size, np.int64)])
-                    deg[:b.size] += b
-            if degrees:
-                self._degrees = (comm.rank, comm.size, deg)
-            return count, hi
-
-        stats = comm.allgather(comm.run(count_part))
-        count, hi = sum(s[0] for s in stats), max(s[1] for s in stats)
-        _check_total(self.path, count, self.claimed_e)
-        return count, hi
-
-    def counted_degrees(self, part: int, nparts: int) -> np.ndarray | None:
-        """This part's degrees from the counting pass, once (then freed), when it counted them
-        over the same ``nparts`` parts."""
-        if self._degrees is None or self._degrees[:2] != (part, nparts):
-            return None
-        deg = self._degrees[2]
-        self._degrees = None
-        out = np.zeros(self.num_nodes, dtype=np.int64)
-        k = min(deg.size, self.num_nodes)
-        out[:k] = deg[:k]
-        return out
-
-    def num_edges_hint(self) -> int:
-        if self.counted is not None:
-            return self.counted
-        if self.claimed_e is not None:
-            return min(self.claimed_e, max_data_lines(self.path))
-        return estimate_data_lines(self.path)
+        self.claimed_n, self.claimed_e = _claims(Path(path))
+        super().__init__(path, num_nodes, comm, chunk_edges, count_degrees, LINE_BYTES)
 
     def _parsed(self, part: int, nparts: int, block_bytes: int, n: int | None
                 ) -> Iterator[np.ndarray]:
-        """[k, 2] int64 (src, dst) blocks of one part, ids checked against [0, n)."""
         return _edge_blocks(self.path, part, nparts, block_bytes, n)
-
-    def _edge_blocks(self, part, nparts, block_bytes):  # noqa: ANN001, ANN202 - see base
-        for arr in self._parsed(part, nparts, block_bytes, self.num_nodes):
-            src, dst = np.ascontiguousarray(arr.T)
-            yield src, dst, src.size
-
-    def _check_total(self, count: int) -> None:
-        _check_total(self.path, count, self.claimed_e)
 
 
 def read_snap(path: str | Path, num_nodes: int | None = None) -> GraphData:
@@ -162,7 +79,7 @@ def read_snap(path: str | Path, num_nodes: int | None = None) -> GraphData:
     claimed_n, claimed_e = _claims(path)
     blocks = _edge_blocks(path, 0, 1, BLOCK_BYTES, num_nodes)
     src, dst = collect_edges((a[:, 0], a[:, 1]) for a in blocks)
-    _check_total(path, src.size, claimed_e)
+    check_edge_total(path, src.size, claimed_e)
     n = num_nodes if num_nodes is not None else \
         max(int(src.max()) + 1, int(dst.max()) + 1, claimed_n or 0)
     g = GraphData(str(path), n, src, dst)

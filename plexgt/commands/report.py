@@ -1,0 +1,137 @@
+"""``plexgt report METRICS.jsonl [--out report.png]``: what a training run did, at a glance.
+
+Reads the metrics a run wrote (``plexgt train --metrics``, one JSON object an epoch) and prints
+a short summary: epochs, the best validation epoch and its test metric, the median epoch time
+split into compute / communication / waiting, bytes sent per rank and the peak memory. With
+``--out`` it also draws one PNG (matplotlib): loss, the metrics, the per-epoch time split, and
+bytes per rank with peak memory. One process, no MPI, no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from plexgt.errors import UsageError
+
+HELP = "Summarise a run's metrics JSONL; with --out, plot loss, metrics, time and memory."
+SPLITS = ("train", "valid", "test")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("metrics", type=Path, help="metrics JSONL of plexgt train --metrics")
+    p.add_argument("--out", type=Path, help="write the plot here (PNG)")
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The epochs of a metrics file; UsageError naming the file and line when it is not one."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UsageError(f"{path}: {e.strerror or e}") from None
+    rows = []
+    for k, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{path}: line {k}: not JSON ({e.msg})") from None
+        if not isinstance(row, dict) or "epoch" not in row:
+            raise UsageError(f"{path}: line {k}: not an epoch record (no 'epoch')")
+        rows.append(row)
+    if not rows:
+        raise UsageError(f"{path}: no epochs")
+    return rows
+
+
+def metric_name(rows: list[dict[str, Any]]) -> str:
+    """The metric the run reported per split ('acc', or e.g. 'rocauc')."""
+    for key in rows[0]:
+        if key.startswith("valid_"):
+            return key[len("valid_"):]
+    return "acc"
+
+
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    """The text summary's lines."""
+    m = metric_name(rows)
+    last = rows[-1]
+    out = [f"{len(rows)} epochs on {last.get('ranks', '?')} rank(s), layout "
+           f"{last.get('strategy') or last.get('grid') or '?'}; final loss "
+           f"{last.get('loss', float('nan')):.4f}"]
+    scored = [r for r in rows if f"valid_{m}" in r]
+    if scored:
+        best = max(scored, key=lambda r: r[f"valid_{m}"])
+        out.append(f"best valid_{m} {best[f'valid_{m}']:.4f} at epoch {best['epoch']} "
+                   f"(test_{m} {best.get(f'test_{m}', float('nan')):.4f})")
+    steady = rows[1:] or rows  # the first epoch pays one-off costs
+    parts = {k: statistics.median(r.get(f"time_{k}", 0.0) for r in steady)
+             for k in ("epoch", "compute", "comm", "wait")}
+    if parts["epoch"]:
+        share = " / ".join(f"{k} {parts[k]:.3f} s ({parts[k] / parts['epoch']:.0%})"
+                           for k in ("compute", "comm", "wait"))
+        out.append(f"median epoch {parts['epoch']:.3f} s: {share}")
+    if "bytes_comm_max_rank" in last:
+        out.append(f"bytes sent per epoch: {last['bytes_comm_max_rank'] / 2**20:.1f} MiB on the "
+                   f"busiest rank, {last.get('bytes_comm', 0) / 2**20:.1f} MiB in all")
+    if any("peak_mem_bytes" in r for r in rows):
+        peak = max(r.get("peak_mem_bytes", 0) for r in rows)
+        out.append(f"peak memory {peak / 2**20:.0f} MiB on the fullest rank")
+    return out
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> None:
+    """One PNG of four panels (loss, metrics, time split, bytes and memory)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise UsageError("--out needs matplotlib (pip install 'plexgt[perf]')") from None
+    m = metric_name(rows)
+    ep = [r["epoch"] for r in rows]
+    fig, ax = plt.subplots(2, 2, figsize=(11, 7))
+    ax[0, 0].plot(ep, [r.get("loss") for r in rows])
+    ax[0, 0].set(title="training loss", xlabel="epoch", yscale="log")
+    for s in SPLITS:
+        if f"{s}_{m}" in rows[0]:
+            ax[0, 1].plot(ep, [r.get(f"{s}_{m}") for r in rows], label=s)
+    ax[0, 1].set(title=m, xlabel="epoch")
+    ax[0, 1].legend()
+    bottom = [0.0] * len(rows)
+    for k in ("compute", "comm", "wait"):
+        vals = [r.get(f"time_{k}", 0.0) for r in rows]
+        ax[1, 0].bar(ep, vals, bottom=bottom, label=k)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax[1, 0].set(title="seconds per epoch (busiest rank)", xlabel="epoch")
+    ax[1, 0].legend()
+    ax[1, 1].plot(ep, [r.get("bytes_comm_max_rank", 0) / 2**20 for r in rows],
+                  label="MiB sent, busiest rank")
+    ax[1, 1].plot(ep, [r.get("peak_mem_bytes", 0) / 2**20 for r in rows],
+                  label="peak MiB, fullest rank")
+    ax[1, 1].set(title="bytes and memory", xlabel="epoch")
+    ax[1, 1].legend()
+    fig.tight_layout()
+    tmp = out.with_name(out.name + ".tmp.png")
+    try:
+        fig.savefig(tmp, dpi=90)
+        tmp.replace(out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise UsageError(f"--out {out}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    rows = read_metrics(args.metrics)
+    print("\n".join(summary(rows)))
+    if args.out is not None:
+        plot(rows, args.out)
+        print(f"plot: {args.out}")
+    return 0

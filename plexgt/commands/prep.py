@@ -13,6 +13,7 @@ from plexgt.data.formats.detect import detect_format
 from plexgt.data.formats.edgelist import EdgeListSource, detect_layout
 from plexgt.data.formats.gnn_benchmark import read_gnn_benchmark
 from plexgt.data.formats.mtx import MtxSource
+from plexgt.data.formats.node_table import NodeTable, NodeTableSource, count_rows
 from plexgt.data.formats.npz_edges import read_edge_npz
 from plexgt.data.formats.ogb import open_ogb
 from plexgt.data.formats.snap import SnapSource
@@ -76,6 +77,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     hdr.add_argument("--no-header", dest="header", action="store_const", const=False,
                      help="the first line is an edge")
     e.add_argument("--one-based", action="store_true", help="ids count from 1")
+    e.add_argument("--node-table", type=Path, help="CSV or Parquet table of the nodes (one row "
+                   "each; N is its row count): their labels and features")
+    e.add_argument("--id-column", default="id", help="--node-table: the node id column")
+    e.add_argument("--label-column", help="--node-table: the class id column")
+    e.add_argument("--feature-columns", help="--node-table: feature columns, 'a,b,c' or a "
+                   "prefix 'feat_*'")
     p.add_argument("--chunk-edges", type=int, default=1 << 21,
                    help="edges per streamed chunk: bounds prep's streaming memory (text parse "
                    "blocks of ~16 bytes an edge, bucket buffers of 4 chunks)")
@@ -100,6 +107,8 @@ def _source(args: argparse.Namespace, comm=None):  # noqa: ANN001, ANN202 - a Gr
         v = getattr(args, k)
         if v is not None and v < 1:
             raise UsageError(f"--{k.replace('_', '-')} {v}: must be positive")
+    if args.node_table is not None and fmt != "edgelist":
+        raise UsageError(f"--node-table goes with --format edgelist, not {fmt}")
     if args.edge_features and fmt not in SYNTHETIC:
         raise UsageError(f"--edge-features generates edge features for the generators, not "
                          f"--format {fmt} (a source's own edge features are kept as they are)")
@@ -125,9 +134,15 @@ def _source(args: argparse.Namespace, comm=None):  # noqa: ANN001, ANN202 - a Gr
         src = MemorySource(read_edge_npz(args.input, args.split_index), [args.input])
     elif fmt == "edgelist":
         layout = detect_layout(args.input, args.delimiter, args.header, args.one_based)
-        src = EdgeListSource(args.input, layout, args.nodes, comm=comm,
-                             chunk_edges=args.chunk_edges,
+        table = None
+        if args.node_table is not None:
+            table = NodeTable(args.node_table, args.id_column, args.label_column,
+                              args.feature_columns, args.one_based)
+        n = args.nodes if table is None else count_rows(table)
+        src = EdgeListSource(args.input, layout, n, comm=comm, chunk_edges=args.chunk_edges,
                              count_degrees=args.permutation == "degree")
+        if table is not None:
+            src = NodeTableSource(src, table, n)
     elif fmt == "snap":
         src = SnapSource(args.input, args.nodes, comm=comm, chunk_edges=args.chunk_edges,
                          count_degrees=args.permutation == "degree")
@@ -146,10 +161,12 @@ def _source(args: argparse.Namespace, comm=None):  # noqa: ANN001, ANN202 - a Gr
 
 def _desc(args: argparse.Namespace) -> dict:
     keys = ("format", "nodes", "edges", "classes", "features", "split", "edge_features",
-            "delimiter", "header")
+            "delimiter", "header", "id_column", "label_column", "feature_columns")
     d = {k: getattr(args, k) for k in keys if getattr(args, k) is not None}
     if args.one_based:
         d["one_based"] = True
+    if args.node_table is not None:
+        d["node_table"] = str(Path(args.node_table).resolve())
     if args.input is not None:
         d["input"] = str(Path(args.input).resolve())
     return d

@@ -248,10 +248,13 @@ def _bucket_features(run: PrepRun) -> None:
     with BucketWriter(run.path(bucket_base(FEATURE_UNIT, rank)), run.nfb, feature_streams(run),
                       max(1, (128 << 20) // row_bytes)) as wf:
         for row0, x in run.src.feature_chunks(rank, w, rows):
+            # a chunk names its rows by its first original id, or by every id (a node table)
+            ids = row0 if isinstance(row0, np.ndarray) else np.arange(row0, row0 + x.shape[0])
             xs = np.asarray(x).astype(fdtype, copy=False)
             if xs.dtype != x.dtype:
-                check_finite(xs, row0, f"{run.src.name}: features cast to {fdtype}")
-            pos = run.qinv[row0 : row0 + x.shape[0]].astype(np.int64)
+                check_finite(xs, int(ids[0]) if ids.size else 0,
+                             f"{run.src.name}: features cast to {fdtype}")
+            pos = run.qinv[ids].astype(np.int64)
             wf.add(pos // run.fb, pos=pos, x=xs)
 
 

@@ -51,7 +51,8 @@ class GraphSource:
 
     def feature_chunks(self, part: int, nparts: int, chunk_rows: int
                        ) -> Iterator[tuple[int, np.ndarray]]:
-        """Yield (first row, rows [k, F]) blocks, original node order; none when F == 0."""
+        """Yield (first row, rows [k, F]) blocks, original node order; none when F == 0. A
+        source whose rows come in any order yields (original ids [k] int64, rows) instead."""
         return iter(())
 
     def edge_attr_chunks(self, part: int, nparts: int, chunk: int

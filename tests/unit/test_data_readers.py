@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import re
 
 import numpy as np
@@ -17,6 +18,7 @@ from plexgt.data.formats.npz_edges import read_edge_npz
 from plexgt.data.formats.ogb import open_ogb, read_ogb
 from plexgt.data.formats.snap import read_snap
 from plexgt.data.graph import GraphData, dedup_edges
+from plexgt.data.loader import PreparedGraph
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import RMAT_CHUNK, RmatSource, rmat, sbm
@@ -376,3 +378,78 @@ def test_format_auto_tells_every_layout_apart(tmp_path, capsys):
     assert main(["prep", "--input", str(tmp_path / "x.bin"), "--out", str(tmp_path / "p")]) \
         == 2
     assert "x.bin: --format auto cannot tell its format" in capsys.readouterr().err
+
+
+def _node_table(tmp_path, g, kind, order, one_based=False):
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    cols = {"node": (order + (1 if one_based else 0)).astype(np.int64),
+            "target": g.labels[order]}
+    for j in range(g.features.shape[1]):
+        cols[f"feat_{j}"] = g.features[order, j]
+    cols["note"] = np.array(["x"] * order.size)
+    t = pa.table(cols)
+    path = tmp_path / f"nodes.{kind}"
+    if kind == "parquet":
+        pq.write_table(t, path, row_group_size=10)
+    else:
+        pacsv.write_csv(t, path)
+    return path
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_node_table_maps_features_and_labels_onto_the_edge_list(tmp_path, kind):
+    """A shuffled node table (CSV, or Parquet in row groups of 10) gives the edge list's nodes
+    their features and labels: prep equals prep of the same graph from memory."""
+    g = small_graph(37, 150, f=3)
+    order = np.random.default_rng(5).permutation(37)
+    table = _node_table(tmp_path, g, kind, order, one_based=True)
+    edges = tmp_path / "e.csv"
+    edges.write_text(_edge_lines(g, ",", "src,dst", one_based=True))
+    assert main(["prep", "--input", str(edges), "--one-based", "--node-table", str(table),
+                 "--id-column", "node", "--label-column", "target", "--feature-columns",
+                 "feat_*", "--out", str(tmp_path / "a"), "--quiet", "--tiles", "3",
+                 "--seed", "4"]) == 0
+    gb = tmp_path / "same.npz"  # the same graph in gnn-benchmark npz, prepared alike
+    write_gnn_benchmark(gb, GraphData("mem", 37, g.src, g.dst, g.features, g.labels))
+    assert main(["prep", "--input", str(gb), "--out", str(tmp_path / "b"), "--quiet",
+                 "--tiles", "3", "--seed", "4"]) == 0
+    m1, m2 = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in "ab")
+    assert (m1["N"], m1["F"], m1["C"]) == (37, 3, 3)
+    assert m1["files"] == m2["files"]
+    with PreparedGraph(tmp_path / "a") as pa_, PreparedGraph(tmp_path / "b") as pb:
+        np.testing.assert_array_equal(pa_.read_labels(None, "Q"), pb.read_labels(None, "Q"))
+
+
+def test_node_table_bad_input(tmp_path, capsys):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    g = small_graph(23, 60, f=2)
+    edges = tmp_path / "e.csv"
+    edges.write_text(_edge_lines(g, ","))
+    order = np.arange(23)
+    table = _node_table(tmp_path, g, "parquet", order)
+    base = ["prep", "--input", str(edges), "--node-table", str(table), "--id-column", "node",
+            "--out", str(tmp_path / "o")]
+    cases = [
+        (["--feature-columns", "feat_0,missing"], "no feature column 'missing'"),
+        (["--feature-columns", "note"], "feature column 'note' has type string"),
+        (["--label-column", "feat_0"], "label column 'feat_0' has type float; expected"),
+    ]
+    for extra, msg in cases:
+        assert main(base + extra) == 2, extra
+        assert msg in capsys.readouterr().err
+        assert not (tmp_path / "o").exists()
+    small = tmp_path / "small.parquet"  # 20 nodes: the edges name ids up to 22
+    pq.write_table(pa.table({"node": np.arange(20), "feat_0": np.zeros(20)}), small)
+    assert main(["prep", "--input", str(edges), "--node-table", str(small), "--id-column",
+                 "node", "--feature-columns", "feat_*", "--out", str(tmp_path / "o")]) == 2
+    assert "is outside the 20 nodes" in capsys.readouterr().err
+    dup = tmp_path / "dup.parquet"
+    pq.write_table(pa.table({"node": np.r_[np.arange(22), 3], "feat_0": np.zeros(23)}), dup)
+    assert main(["prep", "--input", str(edges), "--node-table", str(dup), "--id-column",
+                 "node", "--feature-columns", "feat_*", "--out", str(tmp_path / "o")]) == 2
+    assert "do not cover every node once" in capsys.readouterr().err

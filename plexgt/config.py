@@ -104,6 +104,9 @@ class TrainConfig:
     """Epochs to train (a resumed run continues up to this count)."""
     eval_every: int = 1
     """Evaluate train/valid/test accuracy every this many epochs."""
+    metric: str = "auto"
+    """'auto' (ROC-AUC for two classes, else accuracy), 'accuracy' or 'rocauc': reported per
+    split in the metrics and the final line; the best validation epoch is chosen on it."""
     seed: int = 0
     """Seed of initialisation, dropout and everything random."""
     deterministic: bool = False
@@ -156,6 +159,7 @@ class TrainConfig:
 
 
 CHOICES = {
+    "metric": ("auto", "accuracy", "rocauc"),
     "model.name": ("gcn", "gt", "gps"),
     "parallel.strategy": STRATEGIES,
     "parallel.gcn_order": ("auto", "aggregate_first", "gemm_first"),

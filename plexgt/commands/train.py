@@ -63,8 +63,9 @@ def run(args: argparse.Namespace) -> int:
     summary = train(cfg, ctx, task, log=lambda m: print(m, file=sys.stderr, flush=True))
     if ctx.rank == 0:
         status = f"stopped by {summary['stopped']}" if summary["stopped"] else "finished"
+        m = summary["metric"]
         print(f"plexgt train: {status} after epoch {summary['last_epoch']}; best validation "
-              f"epoch {summary['best_epoch']}: valid_acc={summary['best_valid_acc']:.4f} "
-              f"test_acc={summary['test_acc_at_best']:.4f}", flush=True)
+              f"epoch {summary['best_epoch']}: valid_{m}={summary['best_valid']:.4f} "
+              f"test_{m}={summary['test_at_best']:.4f}", flush=True)
     shutdown(ctx)
     return 0

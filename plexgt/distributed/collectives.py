@@ -475,6 +475,23 @@ def all_reduce_(x: torch.Tensor, comm: Comm, op: str = "sum") -> torch.Tensor:
     return x
 
 
+@torch.no_grad()
+def all_gather_uneven(x: torch.Tensor, comm: Comm) -> torch.Tensor:
+    """[k_r, ...] on rank r -> [sum k, ...] on every rank, in rank order, without autograd
+    (two all-gathers: the lengths, then the rows padded to the longest, both in the ledger).
+
+    For evaluation (the scores of a split's labelled nodes, whose count differs per rank).
+    """
+    if comm.size == 1:
+        return x
+    k = torch.tensor([x.shape[0]], dtype=torch.int64, device=x.device)
+    counts = _all_gather(k, comm, 0).tolist()
+    pad = torch.zeros((max(counts), *x.shape[1:]), dtype=x.dtype, device=x.device)
+    pad[: x.shape[0]] = x
+    got = _all_gather(pad, comm, 0).view(comm.size, max(counts), *x.shape[1:])
+    return torch.cat([got[r, :c] for r, c in enumerate(counts)])
+
+
 def replicated(x: torch.Tensor, comm: Comm) -> torch.Tensor:
     """Identity on a tensor held identically by every rank of ``comm`` (a parameter copy).
 

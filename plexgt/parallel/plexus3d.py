@@ -41,6 +41,7 @@ from plexgt.distributed.collectives import (
     Comm,
     all_gather,
     all_gather_async,
+    all_gather_uneven,
     all_reduce_,
     all_reduce_async,
     reduce_scatter,
@@ -470,6 +471,27 @@ def parallel_correct(z: torch.Tensor, target: torch.Tensor, masks: dict[str, tor
                           for m in masks.values()]).to(torch.int64)
     all_reduce_(counts, comms[lay.roles[2]])
     return {k: (c[0], c[1]) for k, c in zip(masks, counts.cpu().tolist())}
+
+
+@torch.no_grad()
+def parallel_scores(z: torch.Tensor, target: torch.Tensor, masks: dict[str, torch.Tensor],
+                    lay: LayerLayout, comms: dict[str, Comm]
+                    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Binary tasks: (score [k], label [k]) of every labelled node of each split on every rank
+    of the row axis, score = logit_1 - logit_0 (the class columns are split over the plane:
+    each rank adds its columns' share, the plane sums; rows are gathered over the last axis,
+    as :func:`parallel_correct` sums its counts)."""
+    cols = torch.arange(lay.out_cols[0], lay.out_cols[1], device=z.device)
+    sign = (cols == 1).to(torch.float64) - (cols == 0).to(torch.float64)
+    score = (z.double() * sign[None, :]).sum(dim=1) if z.shape[1] else \
+        torch.zeros(z.shape[0], dtype=torch.float64, device=z.device)
+    all_reduce_(score, comms["plane"])
+    out = {}
+    for k, m in masks.items():
+        both = torch.stack([score[m], target[m].double()], dim=1)
+        got = all_gather_uneven(both, comms[lay.roles[2]])
+        out[k] = (got[:, 0], got[:, 1].long())
+    return out
 
 
 @dataclass

@@ -29,7 +29,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from plexgt.distributed.collectives import Comm, CommLedger, all_gather, all_reduce_
+from plexgt.distributed.collectives import (
+    Comm,
+    CommLedger,
+    all_gather,
+    all_gather_uneven,
+    all_reduce_,
+)
 from plexgt.distributed.grid import Grid3D, block_bounds
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_norm
@@ -207,6 +213,21 @@ def row_correct(logits: Tensor, labels: Tensor, masks: dict[str, Tensor], comm: 
                           for m in masks.values()]).to(torch.int64)
     all_reduce_(counts, comm)
     return {k: (c[0], c[1]) for k, c in zip(masks, counts.cpu().tolist())}
+
+
+@torch.no_grad()
+def row_scores(logits: Tensor, labels: Tensor, masks: dict[str, Tensor], comm: Comm
+               ) -> dict[str, tuple[Tensor, Tensor]]:
+    """Binary tasks: (score [k], label [k]) of every labelled node of each split, gathered
+    to every rank (in rank order); the score is logit_1 - logit_0, a monotone function of the
+    positive class's probability, which is all a ROC curve reads."""
+    score = (logits[:, 1] - logits[:, 0]).double()
+    out = {}
+    for k, m in masks.items():
+        both = torch.stack([score[m], labels[m].double()], dim=1)
+        got = all_gather_uneven(both, comm)
+        out[k] = (got[:, 0], got[:, 1].long())
+    return out
 
 
 @torch.no_grad()

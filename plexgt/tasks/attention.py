@@ -48,6 +48,7 @@ from plexgt.parallel.rows1d import (
     build_dist_graph,
     row_correct,
     row_cross_entropy,
+    row_scores,
 )
 from plexgt.plan.choose import Layout, choose_attention, choose_gps_layout
 from plexgt.tasks.task import (
@@ -59,6 +60,7 @@ from plexgt.tasks.task import (
     model_shape,
     plexus_coefficients_for,
     system_model_for,
+    task_metric,
 )
 
 
@@ -129,6 +131,7 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
     if ctx.world_size > pg.N:
         raise ConfigError(f"{pg.path}: {ctx.world_size} ranks for N={pg.N} nodes")
     dt = DTYPES[cfg.dtype]
+    metric = task_metric(cfg, pg)
     comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
     gps = cfg.model.name == "gps"
     sname, grid, head_axis = attention_layout(cfg, pg, ctx.world_size)
@@ -157,6 +160,9 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
         inputs=data.x,
         loss=lambda out: row_cross_entropy(out, data.labels, data.masks["train"], comm),
         correct=lambda out: row_correct(out, data.labels, data.masks, comm),
+        metric=metric,
+        scores=(lambda out: row_scores(out, data.labels, data.masks, comm))
+        if metric == "rocauc" else None,
         ledger=ledger,
         grid=str(grid) if grid is not None else f"rows{ctx.world_size}",
         strategy=(f"gp_2d {head_axis}x{ctx.world_size // head_axis}" if sname == "gp_2d"

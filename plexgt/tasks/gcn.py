@@ -26,6 +26,7 @@ from plexgt.parallel.plexus3d import (
     PlexusInputs,
     parallel_correct,
     parallel_cross_entropy,
+    parallel_scores,
     plexus_comms,
 )
 from plexgt.plan.choose import choose_grid, gcn_block_rows, gcn_dims, resolve_grid
@@ -38,6 +39,7 @@ from plexgt.tasks.task import (
     machine_profile,
     model_shape,
     plexus_coefficients_for,
+    task_metric,
 )
 
 
@@ -64,6 +66,7 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
     """A :class:`Task` for ``model.name = "gcn"``."""
     if pg.C < 1:
         raise ConfigError(f"{pg.path}: the prepared graph has no labels to train on")
+    metric = task_metric(cfg, pg)
     coef = plexus_coefficients_for(machine_profile(cfg))
     grid = gcn_grid(cfg, pg, ctx.world_size, coef)
     check_grid(pg, grid, cfg.model.layers)
@@ -88,6 +91,9 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
         inputs=data.x.to(ctx.device),
         loss=lambda out: parallel_cross_entropy(out, labels, masks["train"], last, comms),
         correct=lambda out: parallel_correct(out, labels, masks, last, comms),
+        metric=metric,
+        scores=(lambda out: parallel_scores(out, labels, masks, last, comms))
+        if metric == "rocauc" else None,
         ledger=ledger,
         grid=str(grid),
         strategy="plexus3d",

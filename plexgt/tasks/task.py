@@ -18,10 +18,12 @@ from torch import nn
 from plexgt.config import TrainConfig
 from plexgt.data.loader import PreparedGraph
 from plexgt.distributed.collectives import CommLedger
+from plexgt.errors import ConfigError
 from plexgt.plan.agp import SystemModel
 from plexgt.plan.choose import GraphSizes, ModelShape
 from plexgt.plan.plexus_cost import Coefficients
 from plexgt.plan.profile import read_profile
+from plexgt.tasks.metrics import resolve_metric
 
 Tensor = torch.Tensor
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.float32}
@@ -35,6 +37,9 @@ LossFn = Callable[[Tensor], Tensor]
 """loss(out) -> replicated scalar (mean cross-entropy over the training nodes)."""
 CorrectFn = Callable[[Tensor], dict[str, tuple[int, int]]]
 """correct(out) -> {split: (correct, total)} summed over all ranks."""
+ScoresFn = Callable[[Tensor], dict[str, tuple[Tensor, Tensor]]]
+"""scores(out) -> {split: (score [k], label [k])} of every labelled node, on every rank
+(binary tasks: what an exact ROC-AUC ranks)."""
 
 
 @dataclass
@@ -55,6 +60,18 @@ class Task:
     """Payload bytes this rank read from the prepared directory."""
     amp: torch.dtype | None = None
     """Autocast dtype of forward and loss (bfloat16 runs), None for plain precision."""
+    metric: str = "acc"
+    """'acc' or 'rocauc': the metric reported per split and chosen on (its key suffix)."""
+    scores: ScoresFn | None = None
+    """Binary tasks' gathered scores (for ROC-AUC); None where the metric is accuracy."""
+
+
+def task_metric(cfg: TrainConfig, pg: PreparedGraph) -> str:
+    """The run's metric key ('acc' or 'rocauc'); ConfigError when the labels cannot have it."""
+    try:
+        return resolve_metric(cfg.metric, pg.C)
+    except ValueError as e:
+        raise ConfigError(f"config key 'metric': {pg.path}: {e}") from None
 
 
 def graph_sizes(pg: PreparedGraph) -> GraphSizes:

@@ -32,6 +32,7 @@ from plexgt.data.runtime import Progress
 from plexgt.distributed.agree import agreed
 from plexgt.distributed.bootstrap import DistContext
 from plexgt.errors import CheckpointError, ConfigError, TrainingError, mark_agreed
+from plexgt.tasks.metrics import roc_auc
 from plexgt.tasks.task import Task
 from plexgt.training import checkpoint as ckpt
 from plexgt.training.state import canonical_state, load_canonical_state
@@ -116,7 +117,9 @@ class RunState:
 
     start: int = 0
     best: dict[str, Any] = field(
-        default_factory=lambda: {"epoch": -1, "valid_acc": -1.0, "test_acc": 0.0})
+        default_factory=lambda: {"epoch": -1, "valid": -1.0, "test": 0.0})
+    """Epoch, validation and test metric (the task's: accuracy or ROC-AUC) of the best
+    validation epoch."""
 
 
 def run_meta(ctx: DistContext, task: Task, cfg: TrainConfig) -> dict[str, Any]:
@@ -217,12 +220,17 @@ def epoch_row(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.O
     if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
         task.model.eval()
         with torch.no_grad(), autocast(task, ctx.device):
-            acc = task.correct(task.model(task.inputs))
+            out = task.model(task.inputs)
+            acc = task.correct(out)
+            scores = task.scores(out) if task.scores is not None else None
         for split, (c, n) in acc.items():
             row[f"{split}_acc"] = c / max(1, n)
-        if row.get("valid_acc", -1.0) > best["valid_acc"]:
-            best = {"epoch": epoch + 1, "valid_acc": row["valid_acc"],
-                    "test_acc": row.get("test_acc", 0.0)}
+        for split, (s, y) in (scores or {}).items():  # the same on every rank (gathered)
+            row[f"{split}_rocauc"] = roc_auc(s.cpu().numpy(), y.cpu().numpy())
+        m = task.metric
+        valid = row.get(f"valid_{m}", -1.0)
+        if valid == valid and valid > best["valid"]:  # NaN (one class only) never wins
+            best = {"epoch": epoch + 1, "valid": valid, "test": row.get(f"test_{m}", 0.0)}
     mx, mean = _stats([step_s - comm_s, comm_s, wait_s, float(sent),
                        float(peak_memory_bytes(ctx.device))], ctx.device)
     row.update({
@@ -256,7 +264,8 @@ class EpochLog:
             return
         epoch = row["epoch"]
         acc_txt = " ".join(f"{k}={row[k]:.4f}" for k in
-                           ("train_acc", "valid_acc", "test_acc") if k in row)
+                           ("train_acc", "valid_acc", "test_acc", "train_rocauc",
+                            "valid_rocauc", "test_rocauc") if k in row)
         line = (f"loss={row['loss']:.4f} {acc_txt} t={row['time_epoch']:.3f}s "
                 f"(compute {row['time_compute']:.3f} comm {row['time_comm']:.3f} "
                 f"wait {row['time_wait']:.3f})")
@@ -341,12 +350,12 @@ def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> d
                         (root / ckpt.STOPPED).write_text(f"{epoch + 1}\n")
                     log(f"plexgt train: stopped by {_why(signum)} after epoch {epoch + 1}; "
                         f"checkpoint written; continue with --resume")
-                return _summary(_why(signum), last, best)
+                return _summary(_why(signum), last, best, task.metric)
     finally:
         out.close()
         if held is not None:
             held.close()
-    return _summary("", last, best)
+    return _summary("", last, best, task.metric)
 
 
 def _why(signum: int) -> str:
@@ -363,7 +372,7 @@ def _prepare_dir(root: Path, cfg: TrainConfig) -> None:
                               f"directory ({e.strerror or e})") from None
 
 
-def _summary(stopped: str, last: int, best: dict[str, Any]) -> dict[str, Any]:
+def _summary(stopped: str, last: int, best: dict[str, Any], metric: str) -> dict[str, Any]:
     """``stopped``: why the run stopped early ('signal 10', 'stop_after'), '' if it ran out."""
     return {"stopped": stopped, "last_epoch": last, "best_epoch": best["epoch"],
-            "best_valid_acc": best["valid_acc"], "test_acc_at_best": best["test_acc"]}
+            "metric": metric, "best_valid": best["valid"], "test_at_best": best["test"]}

@@ -25,9 +25,15 @@ from plexgt.ops.gcn import gcn_norm
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionProblem
 from plexgt.parallel.gt_dist import DistGraphTransformer
-from plexgt.parallel.rows1d import all_reduce_gradients, row_correct, row_cross_entropy
+from plexgt.parallel.rows1d import (
+    all_reduce_gradients,
+    row_correct,
+    row_cross_entropy,
+    row_scores,
+)
 from plexgt.plan.step_cost import step_bytes
 from plexgt.tasks.attention import read_dist_graph, read_row_data
+from plexgt.tasks.metrics import roc_auc
 
 from .conftest import ALL_GRIDS, RANK, WORLD, prepare_on_rank0
 
@@ -199,6 +205,14 @@ def check_training(pg, groups, p, strategy, ref_cls, dist_cls, gcn, grid=None,
     assert theirs[-1] < theirs[0]
     for s, m in masks.items():
         assert got[s] == (int((pred[m] == labels[m]).sum()), int(m.sum()))
+    # an exact ROC-AUC of class 1 against the rest, the scores gathered over the ranks
+    with torch.no_grad():
+        logit = ref(x, graph_ref)
+        scores = row_scores(model(data.x, graph), (data.labels == 1).long(), data.masks, comm)
+    for s, m in masks.items():
+        sc, y = scores[s]
+        want = roc_auc((logit[m, 1] - logit[m, 0]).numpy(), (labels[m] == 1).numpy())
+        assert roc_auc(sc.numpy(), y.numpy()) == pytest.approx(want, rel=1e-9)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

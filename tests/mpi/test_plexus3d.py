@@ -22,10 +22,12 @@ from plexgt.parallel.plexus3d import (
     Plexus3DGCN,
     parallel_correct,
     parallel_cross_entropy,
+    parallel_scores,
     plexus_comms,
 )
 from plexgt.plan.plexus_cost import plexus_step_bytes
 from plexgt.tasks.gcn import read_plexus_inputs
+from plexgt.tasks.metrics import roc_auc
 
 from .conftest import grids_for_world, prepare_on_rank0
 
@@ -191,3 +193,13 @@ def test_twenty_adamw_steps_follow_reference_curve(prepared, dist_ctx, grid_grou
         m[pp] = pg.read_mask(split, None, "P")
         m = torch.from_numpy(m)
         assert got[split] == (int((pred[m] == labels[m]).sum()), int(m.sum()))
+    # and an exact ROC-AUC: class 1 against the rest, logit_1 - logit_0 gathered in parallel
+    with torch.no_grad():
+        logit = _reference_forward(ref, ahat, x)
+    scores = parallel_scores(out, (data.labels == 1).long(), data.masks, lays[-1], comms)
+    for split in ("train", "valid", "test"):
+        m = np.empty(N, dtype=bool)
+        m[pp] = pg.read_mask(split, None, "P")
+        s, y = scores[split]
+        want = roc_auc((logit[m, 1] - logit[m, 0]).numpy(), (labels[m] == 1).numpy())
+        assert roc_auc(s.numpy(), y.numpy()) == pytest.approx(want, rel=1e-9)

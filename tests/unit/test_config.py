@@ -1,9 +1,14 @@
 """Configuration: TOML + flags + --key=value, every key checked, hash of what matters."""
 
+import subprocess
+import sys
+
+import numpy as np
 import pytest
 
 from plexgt.config import load_config, to_toml
 from plexgt.errors import ConfigError
+from plexgt.tasks.metrics import resolve_metric, roc_auc
 
 
 def test_precedence_and_types(tmp_path):
@@ -64,3 +69,25 @@ def test_bfloat16_is_a_dtype():
     assert load_config(None, {"dtype": "bfloat16", "model.name": "gcn"}).dtype == "bfloat16"
     with pytest.raises(ConfigError, match="'dtype': 'float16' is not one of"):
         load_config(None, {"dtype": "float16"})
+
+
+def test_roc_auc_equals_scikit_learn_and_the_metric_follows_the_labels(tmp_path):
+    rng = np.random.default_rng(3)
+    s = np.round(rng.normal(size=(5, 300)), 1)  # many ties
+    y = rng.integers(0, 2, (5, 300))
+    np.savez(tmp_path / "sy.npz", s=s, y=y)
+    # scikit-learn in its own process: its OpenMP runtime stays out of this one's
+    code = ("import numpy as np, sys; from sklearn.metrics import roc_auc_score as f; "
+            "z = np.load(sys.argv[1]); print(' '.join(repr(f(b, a)) for a, b in "
+            "zip(z['s'], z['y'])))")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "sy.npz")],
+                         capture_output=True, text=True, check=True).stdout.split()
+    for a, b, want in zip(s, y, out):
+        assert roc_auc(a, b) == pytest.approx(float(want), rel=1e-12)
+    assert np.isnan(roc_auc(np.ones(4), np.ones(4)))  # one class: undefined
+    assert resolve_metric("auto", 2) == "rocauc" and resolve_metric("auto", 5) == "acc"
+    assert resolve_metric("accuracy", 2) == "acc"
+    with pytest.raises(ValueError, match="metric rocauc needs binary labels; the graph has 3"):
+        resolve_metric("rocauc", 3)
+    with pytest.raises(ConfigError, match="'metric': 'auc' is not one of auto, accuracy"):
+        load_config(None, {}, ["--metric=auc"])

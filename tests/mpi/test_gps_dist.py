@@ -64,12 +64,11 @@ def test_gps_step_equals_reference(prepared, groups, p, strategy):
     check_one_step(prepared, groups, p, strategy, GPS, DistGPS, True)
 
 
-# the gps curves are the slowest model tests at 6 and 8 ranks: there each runs one strategy
-# (gp_a2a at 6, gp_ag at 8; PLEXGT_ALL_GRIDS=1 all); below, GP-AG and GP-A2A (the rings'
-# curves are gt's, in test_gt_dist and test_ring_dist: gps adds nothing to their attention),
-# and every strategy in the one-step tests
-CURVE_STRATEGIES = (STRATEGIES if ALL_GRIDS else ["gp_ag", "gp_a2a"] if WORLD < 6
-                    else [STRATEGIES[(WORLD // 2) % 2]])
+# the gps curves are the slowest model tests at 6 and 8 ranks: there only the 3D path's runs
+# (PLEXGT_ALL_GRIDS=1: all); below, GP-AG and GP-A2A (the rings' curves are gt's, in
+# test_gt_dist and test_ring_dist: gps adds nothing to their attention), and every strategy
+# in the one-step tests
+CURVE_STRATEGIES = (STRATEGIES if ALL_GRIDS else ["gp_ag", "gp_a2a"] if WORLD < 6 else [])
 PATH_STRATEGIES = STRATEGIES if ALL_GRIDS else ["gp_ag", "gp_a2a"]
 """The 3D GCN path is independent of the attention strategy: its tests run the node- and
 the head-partitioned one (PLEXGT_ALL_GRIDS=1: every one)."""

@@ -65,13 +65,15 @@ def world_groups(dist_ctx):
     return {a: make_groups(world, a, ledger) for a in factorisations(WORLD)}
 
 
-EXTRAS = [(S, False, 1), (0, True, 3), (S, True, 1)]
-"""(super nodes, edge bias, ring chunks) of the operator test."""
+CASES = ([(st, a, g, S, True, 1) for st, a in OPERATOR_LAYOUTS for g in sorted(_ring.GRAPHS)]
+         + [(st, a, "random", sn, b, c) for st, a in LAYOUTS
+            for sn, b, c in ((S, False, 1), (0, True, 3))])
+"""(strategy, head axis, graph, super nodes, edge bias, ring chunks) of the operator test:
+both extras at every head axis on both graphs; each alone, the bias with K/V in 3 pieces,
+on every strategy on the random graph."""
 
 
-@pytest.mark.parametrize("sn,with_bias,chunks", EXTRAS)
-@pytest.mark.parametrize("graph", sorted(_ring.GRAPHS))
-@pytest.mark.parametrize("strategy,a", OPERATOR_LAYOUTS)
+@pytest.mark.parametrize("strategy,a,graph,sn,with_bias,chunks", CASES)
 def test_super_attention_equals_single_process(world_groups, strategy, a, graph, sn,
                                                with_bias, chunks):
     n, dh = _ring.GRAPHS[graph]

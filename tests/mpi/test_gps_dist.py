@@ -87,7 +87,9 @@ def test_gps_3d_path_step_equals_reference(prepared, groups, axis_groups, p, gri
                    axis_groups=axis_groups[grid])
 
 
-@pytest.mark.parametrize("p", _gt.CURVE_SIZES)
+@pytest.mark.parametrize("p", _gt.CURVE_SIZES if WORLD != 6 or ALL_GRIDS else [
+    pytest.param(6, marks=pytest.mark.skip(reason="the 3D path's curve runs at 8 and up to 4 "
+                                           "ranks; its steps at 6"))])
 def test_gps_3d_path_training_follows_reference(prepared, groups, axis_groups, p):
     grid = GRIDS.get(p, [f"{p}x1x1"])[0]
     check_training(prepared, groups, p, "gp_ag", GPS, DistGPS, True, grid=_grid(grid),

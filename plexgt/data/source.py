@@ -286,7 +286,32 @@ class MemorySource(GraphSource):
         return dict(self.g.splits)
 
 
-class GeneratedFeatures(GraphSource):
+class NodeDataOver(GraphSource):
+    """A source whose edges are ``self.base``'s, passed through unchanged; a subclass gives
+    the nodes' features and labels (generated ones, a node table's)."""
+
+    base: GraphSource
+
+    def num_edges_hint(self) -> int:
+        return self.base.num_edges_hint()
+
+    def edge_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
+        return self.base.edge_chunks(part, nparts, chunk)
+
+    def edge_attr_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
+        return self.base.edge_attr_chunks(part, nparts, chunk)
+
+    def edge_pass_stats(self) -> np.ndarray:
+        return self.base.edge_pass_stats()
+
+    def counted_degrees(self, part: int, nparts: int) -> np.ndarray | None:
+        return self.base.counted_degrees(part, nparts)
+
+    def check_edge_pass(self, totals: np.ndarray) -> None:
+        self.base.check_edge_pass(totals)
+
+
+class GeneratedFeatures(NodeDataOver):
     """Wrap a featureless source with seeded uniform [-1, 1) features [N, F], labels in [0, C).
 
     Only used when asked (``--features``/``--classes`` on a featureless input): the values carry
@@ -306,23 +331,6 @@ class GeneratedFeatures(GraphSource):
         self._classes = num_classes
         self.random_access_features = not self._gen_f and base.random_access_features
 
-    def num_edges_hint(self) -> int:
-        return self.base.num_edges_hint()
-
-    def edge_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
-        return self.base.edge_chunks(part, nparts, chunk)
-
-    def edge_attr_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
-        return self.base.edge_attr_chunks(part, nparts, chunk)
-
-    def edge_pass_stats(self) -> np.ndarray:
-        return self.base.edge_pass_stats()
-
-    def counted_degrees(self, part: int, nparts: int) -> np.ndarray | None:
-        return self.base.counted_degrees(part, nparts)
-
-    def check_edge_pass(self, totals: np.ndarray) -> None:
-        self.base.check_edge_pass(totals)
 
     def feature_chunks(self, part, nparts, chunk_rows):  # noqa: ANN001, ANN201 - see base
         if not self._gen_f:

@@ -75,13 +75,15 @@ def read_dist_graph(pg: PreparedGraph, comm: Comm, strategy: AttentionStrategy, 
     (:func:`~plexgt.parallel.rows1d.build_dist_graph` has the arguments); gp_2d's head and
     ring groups are created here, collectively over ``comm``."""
     rows = block_bounds(pg.N, comm.size, comm.rank)
-    mine = read_adjacency_q(pg, rows)
     want = strategy.rows_held(pg.N, comm.size, comm.rank, head_parallel)
-    held = read_adjacency_q(pg, want) if want != rows else None
     edge_attr = None
-    if pg.FE and edge_bias:  # the edge bias's input, aligned with the stored pattern
-        _, ef = read_adjacency_q_edges(pg, want)
+    if pg.FE and edge_bias:  # the stored pattern read once, with its edges' features
+        pattern, ef = read_adjacency_q_edges(pg, want)
         edge_attr = torch.from_numpy(ef).to(dtype)
+    else:
+        pattern = read_adjacency_q(pg, want)
+    mine = pattern if want == rows else read_adjacency_q(pg, rows)
+    held = pattern if want != rows else None
     groups = None
     if strategy.name == "gp_2d":
         groups = make_groups(comm, head_parallel, comm.ledger, timeout)

@@ -21,7 +21,7 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from plexgt.data.graph import class_ids
-from plexgt.data.source import GraphSource, check_finite
+from plexgt.data.source import GraphSource, NodeDataOver, check_finite
 from plexgt.errors import DataError
 
 BATCH_ROWS = 1 << 16
@@ -77,7 +77,7 @@ def _numeric(path: Path, schema: pa.Schema, name: str, what: str, integer: bool)
                         f"{'integers' if integer else 'numbers'}")
 
 
-class NodeTableSource(GraphSource):
+class NodeTableSource(NodeDataOver):
     """``base``'s edges with the nodes' features and labels from a :class:`NodeTable`."""
 
     def __init__(self, base: GraphSource, table: NodeTable, num_nodes: int) -> None:
@@ -115,24 +115,6 @@ class NodeTableSource(GraphSource):
             raise DataError(f"{self.table.path}: row {row0 + int(bad[0]) + 1}: id {shown} is "
                             f"outside the table's {self.num_nodes} nodes")
         return ids
-
-    def num_edges_hint(self) -> int:
-        return self.base.num_edges_hint()
-
-    def edge_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
-        return self.base.edge_chunks(part, nparts, chunk)
-
-    def edge_attr_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
-        return self.base.edge_attr_chunks(part, nparts, chunk)
-
-    def edge_pass_stats(self) -> np.ndarray:
-        return self.base.edge_pass_stats()
-
-    def check_edge_pass(self, totals: np.ndarray) -> None:
-        self.base.check_edge_pass(totals)
-
-    def counted_degrees(self, part: int, nparts: int) -> np.ndarray | None:
-        return self.base.counted_degrees(part, nparts)
 
     def feature_chunks(self, part, nparts, chunk_rows):  # noqa: ANN001, ANN201 - see base
         """(original ids [k], rows [k, F] float32) of this part's batches."""

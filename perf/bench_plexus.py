@@ -56,11 +56,8 @@ def worker_plexus(args: argparse.Namespace) -> None:
     from plexgt.distributed.collectives import CommLedger
     from plexgt.distributed.grid import build_groups, parse_grid
     from plexgt.distributed.layout3d import layer_layouts
-    from plexgt.parallel.plexus3d import (
-        Plexus3DGCN,
-        parallel_cross_entropy,
-        plexus_comms,
-    )
+    from plexgt.parallel.plexus3d import Plexus3DGCN, plexus_comms
+    from plexgt.parallel.plexus_loss import parallel_cross_entropy
     from plexgt.tasks.gcn import read_plexus_inputs
 
     ctx = init_distributed("gloo")
@@ -160,7 +157,7 @@ def worker_row1d(args: argparse.Namespace) -> None:
     from plexgt.distributed.bootstrap import init_distributed, shutdown
     from plexgt.distributed.collectives import Comm, CommLedger
     from plexgt.distributed.grid import block_bounds, padded
-    from plexgt.parallel.plexus3d import _ParallelCrossEntropy
+    from plexgt.parallel.plexus_loss import _ParallelCrossEntropy
 
     ctx = init_distributed("gloo")
     pg = PreparedGraph(args.data)

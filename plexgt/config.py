@@ -47,6 +47,9 @@ class ModelConfig:
     edge_bias: bool = True
     """gt, gps: when the prepared graph has edge features, each block's attention adds a
     learned per-head bias W_b·x_e to every edge's score (false: the features are unused)."""
+    node_embedding: int = 0
+    """D > 0: a learnable [N, D] node embedding appended to the input features (graphs without
+    features, or with weak ones), sharded with the input on every layout; 0: none."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,9 @@ class TrainConfig:
     mantissa products. Off under ``deterministic``."""
     metrics: str = ""
     """JSONL file of per-epoch metrics (rank 0); empty = none."""
+    tensorboard: str = ""
+    """Directory of TensorBoard event files with the same per-epoch scalars (rank 0; needs the
+    ``tensorboard`` extra); empty = none."""
     checkpoint_dir: str = ""
     """Directory of checkpoints; empty = no checkpoints."""
     checkpoint_every: int = 0
@@ -147,8 +153,8 @@ class TrainConfig:
         and strategy computes the same model, and checkpoints are layout-independent). A
         resume must match them (:meth:`hash`)."""
         d = self.to_dict()
-        for k in ("data", "metrics", "checkpoint_dir", "checkpoint_every", "resume",
-                  "progress", "eval_every", "stop_after", "epochs", "parallel"):
+        for k in ("data", "metrics", "tensorboard", "checkpoint_dir", "checkpoint_every",
+                  "resume", "progress", "eval_every", "stop_after", "epochs", "parallel"):
             d.pop(k)
         return d
 

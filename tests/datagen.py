@@ -58,7 +58,8 @@ def write_ogb_csv(root: Path, g: GraphData) -> Path:
     raw = root / "raw"
     _gz_lines(raw / "edge.csv.gz", [f"{s},{d}" for s, d in zip(g.src, g.dst)])
     _gz_lines(raw / "node-feat.csv.gz", [",".join(f"{v:.9g}" for v in r) for r in g.features])
-    _gz_lines(raw / "node-label.csv.gz", [str(int(v)) for v in g.labels])
+    _gz_lines(raw / "node-label.csv.gz", [",".join(str(int(v)) for v in np.atleast_1d(r))
+                                          for r in g.labels])
     _gz_lines(raw / "num-node-list.csv.gz", [str(g.num_nodes)])
     _gz_lines(raw / "num-edge-list.csv.gz", [str(g.num_edges)])
     if g.edge_attr is not None:
@@ -121,3 +122,17 @@ def write_reddit(root: Path, g: GraphData) -> Path:
                         shape=(g.num_nodes, g.num_nodes))
     sp.save_npz(root / "reddit_graph.npz", adj)
     return root
+
+
+def multilabel(g: GraphData, tasks: int = 4, seed: int = 0, unlabelled: float = 0.1
+               ) -> GraphData:
+    """``g`` with multi-label labels [N, tasks] of 0/1 that its classes predict (task t: the
+    class id's bit t, for a learnable signal), a few pairs flipped and a share unlabelled (-1)
+    — ogbn-proteins' shape of label."""
+    rng = np.random.default_rng(seed)
+    y = ((g.labels[:, None] >> np.arange(tasks)[None, :]) & 1).astype(np.int8)
+    flip = rng.random(y.shape) < 0.1
+    y[flip] = 1 - y[flip]
+    y[rng.random(y.shape) < unlabelled] = -1
+    return GraphData(g.name, g.num_nodes, g.src, g.dst, g.features, y, dict(g.splits),
+                     edge_attr=g.edge_attr)

@@ -60,19 +60,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="gp_ring / gp_2d: pieces each K/V block travels in")
     p.add_argument("--super-nodes", type=int, default=0,
                    help="gt / gps: global super nodes (model.super_nodes)")
+    p.add_argument("--node-embedding", type=int, default=0, metavar="D",
+                   help="a learnable node embedding of D columns in the input "
+                        "(model.node_embedding): priced as D more input features")
     p.add_argument("--strategies", default=None,
                    help="comma-separated attention strategies (default: all registered)")
     p.add_argument("--json", type=Path, help="also write the table as JSON here")
 
 
-def _manifest(path: Path) -> tuple[GraphSizes, str]:
-    """The prepared graph's sizes (from its manifest alone) and its name."""
+def _manifest(path: Path, embedding: int = 0) -> tuple[GraphSizes, str]:
+    """The prepared graph's sizes (from its manifest alone; the input widened by a node
+    embedding) and its name."""
     pg = PreparedGraph(path)  # refuses directories without a manifest
     name = pg.manifest.get("name", str(path))
     pg.close()
     if pg.N < 1 or pg.E < 0:
         raise DataError(f"{path}: manifest has N={pg.N}, E={pg.E}")
-    return graph_sizes(pg), name
+    return graph_sizes(pg, embedding), name
 
 
 def load_profile(path: Path | None) -> dict[str, Any] | None:
@@ -94,19 +98,24 @@ def _sizes(args: argparse.Namespace) -> tuple[GraphSizes, str]:
     if args.data is not None:
         if given:
             raise UsageError(f"--data and --{given[0]} both give sizes; use one")
-        return _manifest(args.data)
+        return _manifest(args.data, args.node_embedding)
     if len(given) != len(SIZE_FLAGS):
         missing = [f"--{f}" for f in SIZE_FLAGS if f not in given]
         raise UsageError(f"give --data, or all of --nodes --edges --features --classes "
                          f"(missing {' '.join(missing)})")
-    if args.nodes < 1 or args.edges < 0 or args.features < 1 or args.classes < 1:
+    if args.nodes < 1 or args.edges < 0 or args.features < 0 or args.classes < 1 or \
+            args.features + args.node_embedding < 1:
         raise UsageError(f"sizes must be positive: --nodes {args.nodes} --edges {args.edges} "
-                         f"--features {args.features} --classes {args.classes}")
-    return (GraphSizes(args.nodes, args.edges, args.features, args.classes),
+                         f"--features {args.features} --classes {args.classes} "
+                         f"(--features 0 needs --node-embedding)")
+    return (GraphSizes(args.nodes, args.edges, args.features + args.node_embedding,
+                       args.classes),
             f"N={args.nodes} E={args.edges}")
 
 
 def _check(args: argparse.Namespace) -> None:
+    if args.node_embedding < 0:
+        raise UsageError(f"--node-embedding {args.node_embedding} is negative")
     if args.head_parallel < 0 or args.ring_chunks < 1 or args.super_nodes < 0:
         raise UsageError(f"--head-parallel and --super-nodes must be >= 0 and --ring-chunks "
                          f">= 1 (got {args.head_parallel}, {args.super_nodes}, "

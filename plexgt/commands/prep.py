@@ -80,7 +80,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     e.add_argument("--node-table", type=Path, help="CSV or Parquet table of the nodes (one row "
                    "each; N is its row count): their labels and features")
     e.add_argument("--id-column", default="id", help="--node-table: the node id column")
-    e.add_argument("--label-column", help="--node-table: the class id column")
+    e.add_argument("--label-column", help="--node-table: the class id column, or several "
+                   "(a,b,c or prefix*): one 0/1 task each (multi-label)")
     e.add_argument("--feature-columns", help="--node-table: feature columns, 'a,b,c' or a "
                    "prefix 'feat_*'")
     p.add_argument("--chunk-edges", type=int, default=1 << 21,

@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", choices=list(STRATEGIES))
     p.add_argument("--epochs", type=int)
     p.add_argument("--metrics", help="JSONL file of per-epoch metrics")
+    p.add_argument("--tensorboard", metavar="DIR",
+                   help="TensorBoard event files of the same scalars (the tensorboard extra)")
     p.add_argument("--checkpoint-dir")
     p.add_argument("--checkpoint-every", type=int)
     p.add_argument("--resume", action="store_true", default=None)
@@ -43,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
     flags = {
         "data": args.data, "model.name": args.model, "parallel.grid": args.grid,
         "parallel.strategy": args.strategy, "epochs": args.epochs, "metrics": args.metrics,
+        "tensorboard": args.tensorboard,
         "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
         "resume": args.resume, "deterministic": args.deterministic,
         "parallel.backend": args.backend, "stop_after": args.stop_after,

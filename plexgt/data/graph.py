@@ -48,8 +48,11 @@ class GraphData:
 
     @property
     def num_classes(self) -> int:
+        """Classes of class-id labels; tasks T of multi-label ones ([N, T])."""
         if self.labels is None or self.labels.size == 0:
             return 0
+        if self.labels.ndim == 2:
+            return int(self.labels.shape[1])
         return int(self.labels.max()) + 1
 
     def validate(self) -> None:
@@ -78,7 +81,7 @@ class GraphData:
             if not np.isfinite(ea).all():
                 e = int(np.nonzero(~np.isfinite(ea).all(axis=1))[0][0])
                 raise DataError(f"{self.name}: non-finite edge feature of edge {e}")
-        if self.labels is not None and self.labels.shape != (n,):
+        if self.labels is not None and self.labels.shape[:1] != (n,):
             raise DataError(f"{self.name}: {self.labels.shape[0]} labels disagree with N={n}")
         for key, idx in self.splits.items():
             if idx.size and (idx.min() < 0 or idx.max() >= n):
@@ -99,6 +102,33 @@ def class_ids(raw: np.ndarray, where: str) -> np.ndarray:
     elif raw.dtype.kind not in "iub":
         raise DataError(f"{where}: labels of dtype {raw.dtype} are not class ids")
     return raw.astype(np.int64)
+
+
+def node_labels(raw: np.ndarray, where: str) -> np.ndarray:
+    """Labels as a reader found them, made one of the two kinds a task trains on: [N] int64
+    class ids (:func:`class_ids`; an [N, 1] column is one too), or multi-label [N, T] int8
+    with T >= 2 tasks, 1 / 0 per node and task and -1 where that task is unlabelled (float
+    files mark it NaN, the way OGB stores ogbn-proteins-like tasks)."""
+    raw = np.asarray(raw)
+    if raw.ndim == 2 and raw.shape[1] == 1:
+        raw = raw[:, 0]
+    if raw.ndim == 1:
+        return class_ids(raw, where)
+    if raw.ndim != 2:
+        raise DataError(f"{where}: labels of shape {raw.shape}; expected [N] class ids or "
+                        "[N, T] multi-label 0/1")
+    if raw.dtype.kind == "f":
+        out = np.where(np.isnan(raw), -1.0, raw)
+    elif raw.dtype.kind in "iub":
+        out = raw.astype(np.int64)
+    else:
+        raise DataError(f"{where}: labels of dtype {raw.dtype} are not 0/1 task labels")
+    bad = (out != 0) & (out != 1) & (out != -1)
+    if bad.any():
+        i, t = np.argwhere(bad)[0]
+        raise DataError(f"{where}: label of node {int(i)} task {int(t)} is {raw[i, t]}; "
+                        "multi-label tasks hold 0 or 1 (NaN or -1: unlabelled)")
+    return out.astype(np.int8)
 
 
 def integer_ids(a: np.ndarray, what: str, where: str) -> np.ndarray:

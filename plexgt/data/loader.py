@@ -86,6 +86,8 @@ class PreparedGraph:
         except (TypeError, ValueError) as e:
             raise DataError(f"{mpath}: bad field FE ({e})") from None
         """F_e: edge feature columns kept beside every tile's indices (0: none)."""
+        self.multilabel = bool(m.get("multilabel", False))
+        """Labels [N, T=C] of 0/1 per task (-1 unlabelled) rather than [N] class ids."""
         self.self_loops = bool(m.get("self_loops"))
         self.symmetrized = bool(m.get("symmetrized"))
         self.bytes_read = 0
@@ -254,7 +256,8 @@ class PreparedGraph:
         return out
 
     def read_labels(self, rows: Range | None = None, order: str = "P") -> np.ndarray:
-        """[rows] int64 labels (-1 unlabelled) in P or Q order."""
+        """[rows] int64 class ids or, multi-label, [rows, C] int8 0/1 per task (-1
+        unlabelled), in P or Q order."""
         lo, hi = self._range(rows, self.N, "label row")
         return self._read(NODES, labels_ds(self._order(order)), np.s_[lo:hi])
 
@@ -450,7 +453,8 @@ class NodeTargets:
     """Labels and split masks of one rank's rows, padded to the rank's padded row count."""
 
     labels: np.ndarray
-    """[rows_pad] int64 (-1: unlabelled or padding)."""
+    """[rows_pad] int64 class ids or, multi-label, [rows_pad, T] (-1: unlabelled or
+    padding)."""
     masks: dict[str, np.ndarray]
     """'train' / 'valid' / 'test' -> [rows_pad] bool (False on padding)."""
 
@@ -460,8 +464,8 @@ def read_targets(pg: PreparedGraph, rows: Range, order: str, rows_pad: int) -> N
     pad = rows_pad - (rows[1] - rows[0])
     if pad < 0:
         raise ValueError(f"rows {rows} do not fit in {rows_pad} padded rows")
-    labels = np.concatenate([pg.read_labels(rows, order).astype(np.int64),
-                             np.full(pad, -1, dtype=np.int64)])
+    mine = pg.read_labels(rows, order).astype(np.int64)
+    labels = np.concatenate([mine, np.full((pad, *mine.shape[1:]), -1, dtype=np.int64)])
     masks = {s: np.concatenate([pg.read_mask(s, rows, order).astype(bool),
                                 np.zeros(pad, dtype=bool)]) for s in SPLITS}
     return NodeTargets(labels, masks)

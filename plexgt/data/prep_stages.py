@@ -22,7 +22,7 @@ import numpy as np
 
 from plexgt import __version__
 from plexgt.data.buckets import BucketReader, BucketWriter
-from plexgt.data.graph import class_ids, random_split
+from plexgt.data.graph import node_labels, random_split
 from plexgt.data.permute import (
     balanced_permutations,
     degree_permutations,
@@ -446,14 +446,17 @@ def finish(run: PrepRun, t_start: float) -> dict[str, Any]:
 
 
 def _labels(run: PrepRun) -> np.ndarray:
-    """[N] int64 labels of the source in original order, -1 throughout when it has none."""
+    """Labels of the source in original order: [N] int64 class ids (-1 throughout when it
+    has none) or multi-label [N, T] int8 (:func:`~plexgt.data.graph.node_labels`)."""
     n = run.n
     labels = run.src.labels()
     if labels is None:
         labels = np.full(n, -1, dtype=np.int64)
-    labels = class_ids(labels, run.src.name)
-    if labels.shape != (n,):
+    labels = node_labels(labels, run.src.name)
+    if labels.shape[0] != n:
         raise DataError(f"{run.src.name}: {labels.shape[0]} labels disagree with N={n}")
+    if labels.ndim == 2:
+        return labels
     if labels.size and labels.min() < -1:
         raise DataError(f"{run.src.name}: label {int(labels.min())} is below -1")
     if labels.size and labels.max() >= max(n, MAX_CLASSES_FLOOR):
@@ -482,12 +485,14 @@ MAX_CLASSES_FLOOR = 1 << 16
 billion-class model whose first allocation fails hours later in training."""
 
 
-def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int]:
+def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int, bool]:
     """nodes.h5: permutations, then labels, degrees (summed from the tile files) and split
-    masks in both orders. Returns (its record, nodes per split, C)."""
+    masks in both orders. Returns (its record, nodes per split, C, whether the labels are
+    multi-label: then C counts tasks)."""
     n = run.n
     labels = _labels(run)
-    c = int(labels.max()) + 1 if labels.size else 0
+    multilabel = labels.ndim == 2
+    c = labels.shape[1] if multilabel else int(labels.max()) + 1 if labels.size else 0
     splits = run.src.splits() or random_split(n, run.opts.seed)
     sizes = {k: int(np.asarray(splits.get(k, [])).size) for k in SPLITS}
     _check_disjoint(run.src.name, n, splits)
@@ -504,6 +509,7 @@ def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int]:
     def fill(f: h5py.File) -> None:
         # the sizes the manifest must agree with: a reader checks them on open
         f.attrs["N"], f.attrs["F"], f.attrs["C"] = n, run.f, c
+        f.attrs["multilabel"] = multilabel
         _ds(f, perm_ds("P"), p)
         _ds(f, perm_ds("Q"), q)
         for order, perm in (("P", p), ("Q", q)):
@@ -519,11 +525,11 @@ def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int]:
                 _ds(f, mask_ds(k, order), m[perm])
 
     rec = _h5_write_atomic(run.path(NODES), fill)
-    return rec, sizes, c
+    return rec, sizes, c, multilabel
 
 
 def manifest_of(run: PrepRun, nodes_rec: dict[str, Any], split_sizes: dict[str, int], c: int,
-                t_start: float) -> dict[str, Any]:
+                multilabel: bool, t_start: float) -> dict[str, Any]:
     """The manifest: sizes, dtypes, options, and every file's record (the units' from their
     completion records)."""
     o = run.opts
@@ -546,9 +552,10 @@ def manifest_of(run: PrepRun, nodes_rec: dict[str, Any], split_sizes: dict[str, 
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "plexgt_version": __version__, "name": run.src.name,
-        "N": run.n, "E": e1, "F": run.f, "C": c, "FE": run.fe,
+        "N": run.n, "E": e1, "F": run.f, "C": c, "FE": run.fe, "multilabel": multilabel,
         "dtypes": {"features": str(run.fdtype), "indices": str(run.idx_dtype),
-                   "anchors": "int64", "labels": "int64", "deg": "int64", "perm": "int64",
+                   "anchors": "int64", "labels": "int8" if multilabel else "int64",
+                   "deg": "int64", "perm": "int64",
                    "mask": "bool", **({"edge_features": "float32"} if run.fe else {})},
         "T": run.t, "tile_size": run.size, "feature_block_rows": run.fb,
         "tile_format": TILE_FORMAT, "anchor_stride": ANCHOR,

@@ -87,7 +87,10 @@ def _check_nodes(pg: PreparedGraph, bad: _Problems) -> tuple[np.ndarray, np.ndar
             return None
     try:
         lp, lq = pg.read_labels(None, "P"), pg.read_labels(None, "Q")
-        if lp.size and (lp.min() < -1 or lp.max() >= pg.C):
+        if pg.multilabel:
+            if lp.shape != (n, pg.C) or (lp.size and (lp.min() < -1 or lp.max() > 1)):
+                bad.add(f"{where}: multi-label labels are not [N, C={pg.C}] of -1/0/1")
+        elif lp.size and (lp.min() < -1 or lp.max() >= pg.C):
             bad.add(f"{where}: labels outside [-1, C={pg.C})")
         if not np.array_equal(_orig(lp, p), _orig(lq, q)):
             bad.add(f"{where}: {labels_ds('P')} and {labels_ds('Q')} disagree on some node")

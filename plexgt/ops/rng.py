@@ -116,6 +116,19 @@ class CounterRNG:
         hc = mix32_(c.bitwise_xor(self._key(site, 0xC011)))
         return mix32_(hr.bitwise_xor_(hc)) >= threshold(p)
 
+    def uniform(self, site: int, m: int, col0: int, device: torch.device) -> Tensor:
+        """[n, m] float64 in (0, 1): the hash of entry (rows, col0 + j) at ``site``."""
+        h = self._row_keys(site, self.rows.to(device))[:, None] ^ \
+            self._col_keys(site, col0, m, device)[None, :]
+        return (mix32_(h).to(torch.float64) + 0.5) / float(1 << 32)
+
+    def normal(self, site: int, m: int, col0: int, device: torch.device) -> Tensor:
+        """[n, m] float64 standard normals of entries (rows, col0 + j) (Box-Muller of the
+        uniforms at ``site`` and ``site + 1``): a parameter initialised from these is the same
+        on every partition of its rows and columns."""
+        u1, u2 = self.uniform(site, m, col0, device), self.uniform(site + 1, m, col0, device)
+        return torch.sqrt(-2.0 * torch.log(u1)) * torch.cos(2.0 * torch.pi * u2)
+
     def dropout(self, x: Tensor, p: float, site: int, col0: int = 0) -> Tensor:
         """Inverted dropout of x [n, m], columns col0..col0+m of the global activation."""
         if p <= 0.0:

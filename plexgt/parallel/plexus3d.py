@@ -41,7 +41,6 @@ from plexgt.distributed.collectives import (
     Comm,
     all_gather,
     all_gather_async,
-    all_gather_uneven,
     all_reduce_,
     all_reduce_async,
     reduce_scatter,
@@ -398,100 +397,6 @@ class Plexus3DGCN(nn.Module):
         if self.training:
             self.step += 1
         return h
-
-
-class _ParallelCrossEntropy(torch.autograd.Function):
-    """Mean softmax cross-entropy over class shards held by the ranks of one plane.
-
-    Forward reduces row maxima, exp-sums and target logits over the plane and the loss sum over
-    the row axis; backward is local: (softmax - onehot) / n for this rank's class columns.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, z: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,
-                col0: int, n_classes: int, plane: Comm, rows: Comm) -> torch.Tensor:
-        cols = torch.arange(col0, col0 + z.shape[1], device=z.device)
-        valid = cols < n_classes
-        zm = z.masked_fill(~valid, float("-inf"))
-        m = zm.max(dim=1).values if z.shape[1] else torch.full(
-            (z.shape[0],), float("-inf"), dtype=z.dtype, device=z.device)
-        all_reduce_(m, plane, "max")
-        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        e = torch.exp(zm - m[:, None])
-        s = e.sum(dim=1)
-        local = (target[:, None] == cols[None, :]) & valid
-        zt = (z * local).sum(dim=1)
-        stats = torch.stack([s, zt], dim=1)
-        all_reduce_(stats, plane)
-        s, zt = stats[:, 0], stats[:, 1]
-        maskf = mask.to(z.dtype)
-        tot = torch.stack([((torch.log(s) + m - zt) * maskf).sum(), maskf.sum()])
-        all_reduce_(tot, rows)
-        n = tot[1].clamp(min=1)
-        ctx.save_for_backward(e / s[:, None], local, maskf, n)
-        return tot[0] / n
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
-        p, local, maskf, n = ctx.saved_tensors
-        dz = (p - local.to(p.dtype)) * (maskf / n)[:, None] * g
-        return dz, None, None, None, None, None, None
-
-
-def parallel_cross_entropy(z: torch.Tensor, target: torch.Tensor, mask: torch.Tensor,
-                           lay: LayerLayout, comms: dict[str, Comm]) -> torch.Tensor:
-    """Mean cross-entropy over ``mask``ed rows of the last layer's logits shard.
-
-    z: [ceil(N/Gc), C_pad/(Ga·Gb)] (rows over c, classes over a·b); target, mask: [ceil(N/Gc)].
-    Returns the global mean (the same scalar on every rank).
-    """
-    return _ParallelCrossEntropy.apply(
-        z, target, mask, lay.out_cols[0], lay.d_out_true, comms["plane"], comms[lay.roles[2]]
-    )
-
-
-@torch.no_grad()
-def parallel_correct(z: torch.Tensor, target: torch.Tensor, masks: dict[str, torch.Tensor],
-                     lay: LayerLayout, comms: dict[str, Comm]) -> dict[str, tuple[int, int]]:
-    """(correct, total) per split, argmax over the class shards (ties: lowest class id)."""
-    cols = torch.arange(lay.out_cols[0], lay.out_cols[1], device=z.device)
-    zm = z.masked_fill(cols[None, :] >= lay.d_out_true, float("-inf"))
-    if z.shape[1]:
-        best, arg = zm.max(dim=1)
-    else:
-        best = torch.full((z.shape[0],), float("-inf"), dtype=z.dtype, device=z.device)
-        arg = torch.zeros(z.shape[0], dtype=torch.long, device=z.device)
-    gbest = best.clone()
-    all_reduce_(gbest, comms["plane"], "max")
-    big = torch.iinfo(torch.int64).max
-    cand = torch.where(best == gbest, arg + lay.out_cols[0], torch.full_like(arg, big))
-    all_reduce_(cand, comms["plane"], "min")
-    # collectives take tensors on the group's device (an NCCL group has no CPU backend)
-    counts = torch.stack([torch.stack([((cand == target) & m).sum(), m.sum()])
-                          for m in masks.values()]).to(torch.int64)
-    all_reduce_(counts, comms[lay.roles[2]])
-    return {k: (c[0], c[1]) for k, c in zip(masks, counts.cpu().tolist())}
-
-
-@torch.no_grad()
-def parallel_scores(z: torch.Tensor, target: torch.Tensor, masks: dict[str, torch.Tensor],
-                    lay: LayerLayout, comms: dict[str, Comm]
-                    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    """Binary tasks: (score [k], label [k]) of every labelled node of each split on every rank
-    of the row axis, score = logit_1 - logit_0 (the class columns are split over the plane:
-    each rank adds its columns' share, the plane sums; rows are gathered over the last axis,
-    as :func:`parallel_correct` sums its counts)."""
-    cols = torch.arange(lay.out_cols[0], lay.out_cols[1], device=z.device)
-    sign = (cols == 1).to(torch.float64) - (cols == 0).to(torch.float64)
-    score = (z.double() * sign[None, :]).sum(dim=1) if z.shape[1] else \
-        torch.zeros(z.shape[0], dtype=torch.float64, device=z.device)
-    all_reduce_(score, comms["plane"])
-    out = {}
-    for k, m in masks.items():
-        both = torch.stack([score[m], target[m].double()], dim=1)
-        got = all_gather_uneven(both, comms[lay.roles[2]])
-        out[k] = (got[:, 0], got[:, 1].long())
-    return out
 
 
 @dataclass

@@ -7,7 +7,7 @@ padded to n = ceil(N/p) rows so that every collective moves equal shards:
 tensor                 shape on the rank             split
 =====================  ============================  ==========================================
 features x             [n, F]                        rows over the group (zero padding rows)
-labels, split masks    [n]                           rows over the group (-1 / False padding)
+labels, split masks    [n]; multi-label [n, T]       rows over the group (-1 / False padding)
 attention pattern      [n, p·n], [a·n, p·n]          node partition, gp_2d's head group,
                        or [p·n, p·n]                 or head partition (GP-A2A)
 GCN Â rows (gps)       [n, p·n] weighted             rows over the group, all columns
@@ -215,18 +215,42 @@ def row_correct(logits: Tensor, labels: Tensor, masks: dict[str, Tensor], comm: 
     return {k: (c[0], c[1]) for k, c in zip(masks, counts.cpu().tolist())}
 
 
+def row_binary_cross_entropy(logits: Tensor, labels: Tensor, mask: Tensor, comm: Comm
+                             ) -> Tensor:
+    """Multi-label tasks: mean per-task binary cross-entropy over the labelled (node, task)
+    pairs of the masked rows of all ranks; logits, labels [n, T] rows over ``comm`` (label -1:
+    that task is unlabelled for the node, it weighs nothing).
+
+    The gradient is this rank's share, as :func:`row_cross_entropy`'s: one all-reduce of 2
+    elements (sum, count), outside autograd.
+    """
+    known = (labels >= 0) & mask[:, None]
+    w = known.to(logits.dtype)
+    local = F.binary_cross_entropy_with_logits(logits, labels.clamp(min=0).to(logits.dtype),
+                                               weight=w, reduction="sum")
+    stats = torch.stack([local.detach(), w.sum()])
+    all_reduce_(stats, comm)
+    count = stats[1].clamp(min=1)
+    mine = local / count
+    return mine + (stats[0] / count - mine).detach()
+
+
 @torch.no_grad()
 def row_scores(logits: Tensor, labels: Tensor, masks: dict[str, Tensor], comm: Comm
                ) -> dict[str, tuple[Tensor, Tensor]]:
-    """Binary tasks: (score [k], label [k]) of every labelled node of each split, gathered
-    to every rank (in rank order); the score is logit_1 - logit_0, a monotone function of the
-    positive class's probability, which is all a ROC curve reads."""
-    score = (logits[:, 1] - logits[:, 0]).double()
+    """(score, label) of every labelled node of each split, gathered to every rank (in rank
+    order). Binary tasks (labels [n]): score [k] = logit_1 - logit_0, a monotone function of
+    the positive class's probability, which is all a ROC curve reads. Multi-label (labels
+    [n, T]): scores [k, T] = the logits, labels [k, T] (-1 kept: the metric skips them)."""
+    multi = labels.ndim == 2
+    score = logits.double() if multi else (logits[:, 1] - logits[:, 0]).double()[:, None]
+    lab = labels.double().reshape(labels.shape[0], -1)
+    t = score.shape[1]
     out = {}
     for k, m in masks.items():
-        both = torch.stack([score[m], labels[m].double()], dim=1)
-        got = all_gather_uneven(both, comm)
-        out[k] = (got[:, 0], got[:, 1].long())
+        got = all_gather_uneven(torch.cat([score[m], lab[m]], dim=1), comm)
+        s, y = got[:, :t], got[:, t:].long()
+        out[k] = (s, y) if multi else (s[:, 0], y[:, 0])
     return out
 
 

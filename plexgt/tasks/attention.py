@@ -35,17 +35,20 @@ from plexgt.distributed.bootstrap import DistContext
 from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.distributed.grid import Grid3D, block_bounds, build_groups
 from plexgt.errors import ConfigError
+from plexgt.models.node_embedding import NodeEmbedding
 from plexgt.parallel.attention.gp_2d import make_groups
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionStrategy
 from plexgt.parallel.gps_dist import DistGPS
 from plexgt.parallel.gt_dist import DistGraphTransformer
+from plexgt.parallel.node_embedding import WithNodeEmbedding
 from plexgt.parallel.redistribute import gcn3d_rows
 from plexgt.parallel.rows1d import (
     DistGraph,
     RowData,
     RowParallel,
     build_dist_graph,
+    row_binary_cross_entropy,
     row_correct,
     row_cross_entropy,
     row_scores,
@@ -55,9 +58,11 @@ from plexgt.tasks.task import (
     AMP,
     DTYPES,
     Task,
+    check_inputs,
     graph_sizes,
     machine_profile,
     model_shape,
+    node_order,
     plexus_coefficients_for,
     system_model_for,
     task_metric,
@@ -100,12 +105,14 @@ def read_dist_graph(pg: PreparedGraph, comm: Comm, strategy: AttentionStrategy, 
     return dataclasses.replace(graph, node_ids=torch.from_numpy(ids))
 
 
-def read_row_data(pg: PreparedGraph, p: int, i: int, dtype: torch.dtype = torch.float32
-                  ) -> RowData:
-    """Features, labels and split masks of block i of p (Q order), padded to ceil(N/p)."""
+def read_row_data(pg: PreparedGraph, p: int, i: int, dtype: torch.dtype = torch.float32,
+                  embedding: int = 0) -> RowData:
+    """Features, labels and split masks of block i of p (Q order), padded to ceil(N/p); the
+    features widened by ``embedding`` zero columns (where a node embedding is added)."""
     rows = block_bounds(pg.N, p, i)
     n_loc = -(-pg.N // p)
-    x = read_feature_block(pg, rows, (0, pg.F), (n_loc, pg.F))
+    w = pg.F + embedding
+    x = read_feature_block(pg, rows, (0, w), (n_loc, w))
     t = read_targets(pg, rows, "Q", n_loc)
     return RowData.from_arrays(rows, x, t.labels, t.masks, dtype)
 
@@ -114,7 +121,7 @@ def attention_layout(cfg: TrainConfig, pg: PreparedGraph, world_size: int) -> La
     """(strategy, grid of gps's 3D GCN path or None, gp_2d's head axis) of a gt / gps run on
     ``world_size`` ranks: the same on every rank, since it reads only sizes, the config and
     the profile."""
-    sizes, shape = graph_sizes(pg), model_shape(cfg)
+    sizes, shape = graph_sizes(pg, cfg.model.node_embedding), model_shape(cfg)
     prof = machine_profile(cfg)
     sysm = system_model_for(prof)
     if cfg.model.name == "gps":
@@ -132,6 +139,7 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
         raise ConfigError(f"{pg.path}: the prepared graph has no labels to train on")
     if ctx.world_size > pg.N:
         raise ConfigError(f"{pg.path}: {ctx.world_size} ranks for N={pg.N} nodes")
+    check_inputs(cfg, pg)
     dt = DTYPES[cfg.dtype]
     metric = task_metric(cfg, pg)
     comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
@@ -149,19 +157,27 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
                             timeout=ctx.timeout,
                             super_nodes=cfg.model.super_nodes,
                             edge_bias=cfg.model.edge_bias).to(ctx.device)
-    data = read_row_data(pg, ctx.world_size, ctx.rank, dt).to(ctx.device)
+    emb = cfg.model.node_embedding
+    data = read_row_data(pg, ctx.world_size, ctx.rank, dt, emb).to(ctx.device)
     torch.manual_seed(cfg.seed)  # identical replicated parameters on every rank
     cls = DistGPS if gps else DistGraphTransformer
-    model = cls(pg.F, cfg.model.hidden, pg.C, num_layers=cfg.model.layers,
+    model = cls(pg.F + emb, cfg.model.hidden, pg.C, num_layers=cfg.model.layers,
                 heads=cfg.model.heads, dropout=cfg.model.dropout,
                 input_dropout=cfg.model.input_dropout, ffn_mult=cfg.model.ffn_mult,
                 seed=cfg.seed, super_nodes=cfg.model.super_nodes,
                 edge_dim=pg.FE if cfg.model.edge_bias else 0).to(dt)
+    lossf = row_binary_cross_entropy if pg.multilabel else row_cross_entropy
+    wrapped: torch.nn.Module = RowParallel(model, graph, comm)
+    if emb:
+        lo, hi = data.rows
+        wrapped = WithNodeEmbedding(wrapped, NodeEmbedding(
+            graph.node_ids[: hi - lo], 0, emb, pg.F, cfg.seed, lo, (pg.N, emb), dt))
     return Task(
-        model=RowParallel(model, graph, comm).to(ctx.device),
+        model=wrapped.to(ctx.device),
         inputs=data.x,
-        loss=lambda out: row_cross_entropy(out, data.labels, data.masks["train"], comm),
-        correct=lambda out: row_correct(out, data.labels, data.masks, comm),
+        loss=lambda out: lossf(out, data.labels, data.masks["train"], comm),
+        correct=(lambda out: {}) if pg.multilabel else
+        (lambda out: row_correct(out, data.labels, data.masks, comm)),
         metric=metric,
         scores=(lambda out: row_scores(out, data.labels, data.masks, comm))
         if metric == "rocauc" else None,
@@ -171,4 +187,5 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
                   else sname) + ("+plexus3d" if grid is not None else ""),
         bytes_read=pg.bytes_read - before,
         amp=AMP.get(cfg.dtype),
+        node_order=node_order(pg) if emb else "",
     )

@@ -21,13 +21,14 @@ from plexgt.distributed.grid import Grid3D, build_groups
 from plexgt.distributed.layout3d import LayerLayout, layer_layouts
 from plexgt.errors import ConfigError
 from plexgt.models.gcn import GCN
-from plexgt.parallel.plexus3d import (
-    Plexus3DGCN,
-    PlexusInputs,
+from plexgt.models.node_embedding import NodeEmbedding
+from plexgt.parallel.node_embedding import WithNodeEmbedding
+from plexgt.parallel.plexus3d import Plexus3DGCN, PlexusInputs, plexus_comms
+from plexgt.parallel.plexus_loss import (
+    parallel_binary_cross_entropy,
     parallel_correct,
     parallel_cross_entropy,
     parallel_scores,
-    plexus_comms,
 )
 from plexgt.plan.choose import choose_grid, gcn_block_rows, gcn_dims, resolve_grid
 from plexgt.plan.plexus_cost import Coefficients
@@ -35,9 +36,11 @@ from plexgt.tasks.task import (
     AMP,
     DTYPES,
     Task,
+    check_inputs,
     graph_sizes,
     machine_profile,
     model_shape,
+    node_order,
     plexus_coefficients_for,
     task_metric,
 )
@@ -58,7 +61,8 @@ def gcn_grid(cfg: TrainConfig, pg: PreparedGraph, world_size: int,
         return grid
     if coef is None:
         coef = plexus_coefficients_for(machine_profile(cfg))
-    return choose_grid(graph_sizes(pg), model_shape(cfg), world_size, coef)
+    return choose_grid(graph_sizes(pg, cfg.model.node_embedding), model_shape(cfg), world_size,
+                       coef)
 
 
 def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: CommLedger
@@ -66,12 +70,14 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
     """A :class:`Task` for ``model.name = "gcn"``."""
     if pg.C < 1:
         raise ConfigError(f"{pg.path}: the prepared graph has no labels to train on")
+    check_inputs(cfg, pg)
     metric = task_metric(cfg, pg)
     coef = plexus_coefficients_for(machine_profile(cfg))
     grid = gcn_grid(cfg, pg, ctx.world_size, coef)
     check_grid(pg, grid, cfg.model.layers)
     dt = DTYPES[cfg.dtype]
-    sizes, shape = graph_sizes(pg), model_shape(cfg)
+    emb = cfg.model.node_embedding
+    sizes, shape = graph_sizes(pg, emb), model_shape(cfg)
     lays = layer_layouts(grid, ctx.rank, pg.N, gcn_dims(sizes, shape), cfg.parallel.gcn_order)
     groups = build_groups(grid, ctx.rank, ctx.world_size, ctx.timeout)
     comms = plexus_comms(groups, ledger, lays[-1])
@@ -81,16 +87,21 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
                         block_rows=gcn_block_rows(lays, sizes, shape, coef), dtype=dt,
                         seed=cfg.seed, node_ids=data.node_ids)
     torch.manual_seed(cfg.seed)
-    ref = GCN(pg.F, cfg.model.hidden, pg.C, num_layers=cfg.model.layers)
+    ref = GCN(pg.F + emb, cfg.model.hidden, pg.C, num_layers=cfg.model.layers)
     model.load_full([(lin.weight, lin.bias) for lin in ref.layers])
+    if emb:
+        model = WithNodeEmbedding(model, input_embedding(pg, lays[0], data.node_ids[0], emb,
+                                                         cfg.seed, dt))
     last = lays[-1]
     labels, masks = data.labels.to(ctx.device), {k: m.to(ctx.device) for k, m in
                                                   data.masks.items()}
+    lossf = parallel_binary_cross_entropy if pg.multilabel else parallel_cross_entropy
     return Task(
         model=model.to(ctx.device),
         inputs=data.x.to(ctx.device),
-        loss=lambda out: parallel_cross_entropy(out, labels, masks["train"], last, comms),
-        correct=lambda out: parallel_correct(out, labels, masks, last, comms),
+        loss=lambda out: lossf(out, labels, masks["train"], last, comms),
+        correct=(lambda out: {}) if pg.multilabel else
+        (lambda out: parallel_correct(out, labels, masks, last, comms)),
         metric=metric,
         scores=(lambda out: parallel_scores(out, labels, masks, last, comms))
         if metric == "rocauc" else None,
@@ -99,4 +110,17 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
         strategy="plexus3d",
         bytes_read=data.bytes_read,
         amp=AMP.get(cfg.dtype),
+        node_order=node_order(pg) if emb else "",
     )
+
+
+def input_embedding(pg: PreparedGraph, first: LayerLayout, ids: torch.Tensor, d: int,
+                    seed: int, dtype: torch.dtype) -> NodeEmbedding:
+    """This rank's block of the [N, D] node embedding: the rows of its layer-0 input block
+    (Q order, ``first.cols``), the table columns among its input columns ``first.in_cols``
+    (the input is [features F, embedding D]; columns past F + D are padding)."""
+    r0, r1 = first.cols
+    c0, c1 = first.in_cols
+    lo, hi = max(c0, pg.F), min(c1, pg.F + d)
+    return NodeEmbedding(ids[: max(0, r1 - r0)], lo - pg.F, max(0, hi - lo), lo - c0, seed,
+                         r0, (pg.N, d), dtype)

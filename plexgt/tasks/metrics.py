@@ -1,7 +1,9 @@
-"""The task's metric: accuracy for multi-class labels, ROC-AUC for binary ones.
+"""The task's metric: accuracy for multi-class labels, ROC-AUC for binary ones, the mean
+ROC-AUC over tasks for multi-label ones (as OGB's evaluator computes it for ogbn-proteins:
+each task over its labelled nodes, tasks whose split holds one class only left out).
 
 ROC-AUC is exact: the scores of every labelled node of a split are gathered to every rank
-(:func:`plexgt.parallel.rows1d.row_scores`, :func:`plexgt.parallel.plexus3d.parallel_scores`)
+(:func:`plexgt.parallel.rows1d.row_scores`, :func:`plexgt.parallel.plexus_loss.parallel_scores`)
 and ranked, ties sharing their average rank (the Mann-Whitney statistic, what scikit-learn's
 ``roc_auc_score`` computes). Why not a binned approximation: a strong-scaling study compares
 runs on different rank counts, which must report the same number.
@@ -14,9 +16,15 @@ import numpy as np
 METRICS = ("auto", "accuracy", "rocauc")
 
 
-def resolve_metric(metric: str, num_classes: int) -> str:
+def resolve_metric(metric: str, num_classes: int, multilabel: bool = False) -> str:
     """'acc' or 'rocauc' (the metrics' key suffix) for the configured ``metric``: auto is
-    ROC-AUC for two classes, accuracy otherwise; ROC-AUC needs two classes."""
+    ROC-AUC for two classes or multi-label tasks, accuracy otherwise; ROC-AUC needs either,
+    accuracy needs class labels."""
+    if multilabel:
+        if metric == "accuracy":
+            raise ValueError(f"metric accuracy needs class labels; the graph has "
+                             f"{num_classes} multi-label tasks (use rocauc)")
+        return "rocauc"
     if metric == "auto":
         return "rocauc" if num_classes == 2 else "acc"
     if metric == "rocauc" and num_classes != 2:
@@ -42,3 +50,15 @@ def roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
     ranks[order] = ranks_sorted
     u = ranks[pos].sum() - n_pos * (n_pos + 1) / 2.0
     return float(u / (n_pos * n_neg))
+
+
+def task_roc_auc(scores: np.ndarray, labels: np.ndarray) -> float:
+    """ROC-AUC of binary scores and labels [k], or the mean over tasks of multi-label ones
+    [k, T] (label -1: unlabelled for that task; tasks with one class only skipped; NaN when
+    none has both)."""
+    if np.ndim(labels) == 1:
+        return roc_auc(scores, labels)
+    per = [roc_auc(scores[known, t], labels[known, t])
+           for t in range(labels.shape[1]) for known in [labels[:, t] >= 0]]
+    per = [a for a in per if a == a]
+    return float(np.mean(per)) if per else float("nan")

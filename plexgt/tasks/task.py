@@ -34,12 +34,14 @@ AMP = {"bfloat16": torch.bfloat16}
 ACTIVATION_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}
 
 LossFn = Callable[[Tensor], Tensor]
-"""loss(out) -> replicated scalar (mean cross-entropy over the training nodes)."""
+"""loss(out) -> replicated scalar (mean cross-entropy over the training nodes; multi-label
+tasks: mean per-task binary cross-entropy over their labelled pairs)."""
 CorrectFn = Callable[[Tensor], dict[str, tuple[int, int]]]
-"""correct(out) -> {split: (correct, total)} summed over all ranks."""
+"""correct(out) -> {split: (correct, total)} summed over all ranks ({} for multi-label
+tasks, which have no accuracy)."""
 ScoresFn = Callable[[Tensor], dict[str, tuple[Tensor, Tensor]]]
 """scores(out) -> {split: (score [k], label [k])} of every labelled node, on every rank
-(binary tasks: what an exact ROC-AUC ranks)."""
+(binary tasks: what an exact ROC-AUC ranks; multi-label ones: [k, T] each)."""
 
 
 @dataclass
@@ -64,19 +66,39 @@ class Task:
     """'acc' or 'rocauc': the metric reported per split and chosen on (its key suffix)."""
     scores: ScoresFn | None = None
     """Binary tasks' gathered scores (for ROC-AUC); None where the metric is accuracy."""
+    node_order: str = ""
+    """With a node embedding: :func:`node_order` of the data (checked on resume)."""
 
 
 def task_metric(cfg: TrainConfig, pg: PreparedGraph) -> str:
     """The run's metric key ('acc' or 'rocauc'); ConfigError when the labels cannot have it."""
     try:
-        return resolve_metric(cfg.metric, pg.C)
+        return resolve_metric(cfg.metric, pg.C, pg.multilabel)
     except ValueError as e:
         raise ConfigError(f"config key 'metric': {pg.path}: {e}") from None
 
 
-def graph_sizes(pg: PreparedGraph) -> GraphSizes:
-    """The planners' view of a prepared graph: its manifest's numbers."""
-    return GraphSizes(pg.N, pg.E, pg.F, max(1, pg.C), pg.self_loops)
+def check_inputs(cfg: TrainConfig, pg: PreparedGraph) -> None:
+    """ConfigError when the model would have no input: a featureless graph needs a node
+    embedding."""
+    if pg.F == 0 and cfg.model.node_embedding <= 0:
+        raise ConfigError(f"{pg.path}: the prepared graph has no node features; train a node "
+                          "embedding (--model.node_embedding=64) or prep with --features")
+    if cfg.model.node_embedding < 0:
+        raise ConfigError(f"config key 'model.node_embedding': {cfg.model.node_embedding} is "
+                          "negative")
+
+
+def graph_sizes(pg: PreparedGraph, embedding: int = 0) -> GraphSizes:
+    """The planners' view of a prepared graph: its manifest's numbers, the input widened by
+    a node embedding of ``embedding`` columns."""
+    return GraphSizes(pg.N, pg.E, pg.F + embedding, max(1, pg.C), pg.self_loops)
+
+
+def node_order(pg: PreparedGraph) -> str:
+    """The identity of the prepared directory's node order (its nodes.h5 checksum): a node
+    embedding's checkpointed rows follow that order."""
+    return str(pg.manifest.get("files", {}).get("nodes.h5", {}).get("sha256", ""))
 
 
 def esize_of(cfg: TrainConfig) -> int:

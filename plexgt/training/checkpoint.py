@@ -149,6 +149,10 @@ def check_meta(root: Path, epoch: int, meta: dict[str, Any], expect: dict[str, A
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{epoch_dir(root, epoch) / COMPLETE}: checkpoint format "
                               f"{meta.get('format', 1)}, this plexgt reads format {FORMAT}")
+    if expect.get("node_order") and meta.get("node_order") != expect["node_order"]:
+        raise CheckpointError(f"{epoch_dir(root, epoch)}: its node embedding's rows follow "
+                              "another prepared directory's node order; resume on the "
+                              "directory it was trained on")
     if meta.get("config_hash") == expect.get("config_hash"):
         return
     if "config" in meta and "config" in expect:

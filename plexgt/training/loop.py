@@ -32,10 +32,11 @@ from plexgt.data.runtime import Progress
 from plexgt.distributed.agree import agreed
 from plexgt.distributed.bootstrap import DistContext
 from plexgt.errors import CheckpointError, ConfigError, TrainingError, mark_agreed
-from plexgt.tasks.metrics import roc_auc
+from plexgt.tasks.metrics import task_roc_auc
 from plexgt.tasks.task import Task
 from plexgt.training import checkpoint as ckpt
 from plexgt.training.state import canonical_state, load_canonical_state
+from plexgt.training.tensorboard import TensorBoardLog
 
 
 def lr_at(cfg: TrainConfig, epoch: int) -> float:
@@ -123,10 +124,14 @@ class RunState:
 
 
 def run_meta(ctx: DistContext, task: Task, cfg: TrainConfig) -> dict[str, Any]:
-    """What a checkpoint records of the run that wrote it. Only the configuration hash must
-    match on resume; the layout is informational (the state is canonical)."""
-    return {"world_size": ctx.world_size, "grid": task.grid, "strategy": task.strategy,
+    """What a checkpoint records of the run that wrote it. The configuration hash must match
+    on resume, and with a node embedding the data's node order (the table's rows follow it);
+    the layout is informational (the state is canonical)."""
+    meta = {"world_size": ctx.world_size, "grid": task.grid, "strategy": task.strategy,
             "config_hash": cfg.hash(), "config": cfg.computation()}
+    if task.node_order:
+        meta["node_order"] = task.node_order
+    return meta
 
 
 def resume(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimizer,
@@ -226,7 +231,7 @@ def epoch_row(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.O
         for split, (c, n) in acc.items():
             row[f"{split}_acc"] = c / max(1, n)
         for split, (s, y) in (scores or {}).items():  # the same on every rank (gathered)
-            row[f"{split}_rocauc"] = roc_auc(s.cpu().numpy(), y.cpu().numpy())
+            row[f"{split}_rocauc"] = task_roc_auc(s.cpu().numpy(), y.cpu().numpy())
         m = task.metric
         valid = row.get(f"valid_{m}", -1.0)
         if valid == valid and valid > best["valid"]:  # NaN (one class only) never wins
@@ -246,12 +251,15 @@ def epoch_row(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.O
 
 
 class EpochLog:
-    """Rank 0's outputs of every epoch: the metrics JSONL and the progress line."""
+    """Rank 0's outputs of every epoch: the metrics JSONL, TensorBoard scalars and the
+    progress line."""
 
     def __init__(self, cfg: TrainConfig, rank0: bool, start: int) -> None:
         self.cfg = cfg
         self.start = start
         self.metrics = open_metrics(cfg, start) if rank0 and cfg.metrics else None
+        self.board = (TensorBoardLog(cfg.tensorboard, start) if rank0 and cfg.tensorboard
+                      else None)
         self.every = max(1, cfg.epochs // 20)
         self.bar = (Progress("train", cfg.epochs, start=start, every_s=0.0)
                     if rank0 and cfg.progress else None)
@@ -260,6 +268,8 @@ class EpochLog:
         if self.metrics is not None:
             self.metrics.write(json.dumps(row) + "\n")
             self.metrics.flush()
+        if self.board is not None:
+            self.board.write(row)
         if self.bar is None:
             return
         epoch = row["epoch"]
@@ -279,6 +289,8 @@ class EpochLog:
             self.bar.close()
         if self.metrics is not None:
             self.metrics.close()
+        if self.board is not None:
+            self.board.close()
 
 
 def open_metrics(cfg: TrainConfig, start: int) -> Any:

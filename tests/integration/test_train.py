@@ -53,6 +53,23 @@ def _losses(path: Path) -> dict[int, float]:
     return {r["epoch"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
 
 
+def _one_rank_curve(data: Path, tmp_path: Path, n: int, common: list[str], layout: list[str]
+                    ) -> tuple[Path, Path, subprocess.CompletedProcess]:
+    """Train on 1 rank and on n (with ``layout``); assert the loss curves agree (float64,
+    1e-6) and fall. Returns both metrics files and the n-rank run."""
+    one, many = tmp_path / "one.jsonl", tmp_path / "many.jsonl"
+    r = _train(data, 1, *common, "--metrics", str(one))
+    assert r.returncode == 0, r.stderr
+    r = _train(data, n, *common, *layout, "--metrics", str(many))
+    assert r.returncode == 0, r.stderr
+    a, b = _losses(one), _losses(many)
+    assert len(a) > 1 and list(a) == list(range(1, len(a) + 1)) and list(b) == list(a)
+    for e in a:
+        assert b[e] == pytest.approx(a[e], rel=1e-6, abs=1e-9), e
+    assert a[len(a)] < a[1]
+    return one, many, r
+
+
 @pytest.mark.parametrize("model,n,layout", [
     ("gcn", 4, ["--grid", "2x2x1"]),
     ("gt", 3, ["--strategy", "gp_a2a", "--model.heads=2"]),
@@ -64,16 +81,64 @@ def test_dropout_on_the_curve_of_any_layout_is_the_single_process_curve(data, tm
     rank drew its own masks)."""
     heads = [a for a in layout if a.startswith("--model.heads")]
     common = ["--model", model, "--epochs", "20", "--dtype=float64", *heads]
-    one, many = tmp_path / "one.jsonl", tmp_path / "many.jsonl"
-    r = _train(data, 1, *common, "--metrics", str(one))
-    assert r.returncode == 0, r.stderr
-    r = _train(data, n, *common, *layout, "--metrics", str(many))
-    assert r.returncode == 0, r.stderr
-    a, b = _losses(one), _losses(many)
-    assert list(a) == list(range(1, 21)) and list(b) == list(a)
-    for e in a:
-        assert b[e] == pytest.approx(a[e], rel=1e-6, abs=1e-9), e
-    assert a[20] < a[1]
+    _one_rank_curve(data, tmp_path, n, common, layout)
+
+
+@pytest.fixture(scope="module")
+def multilabel_data(tmp_path_factory) -> Path:
+    from plexgt.data.shard import PrepOptions, prepare
+    from plexgt.data.source import MemorySource
+    from plexgt.data.synthetic import sbm
+    from tests.datagen import multilabel
+
+    out = tmp_path_factory.mktemp("multilabel") / "ml"
+    g = multilabel(sbm(num_nodes=400, num_edges=4000, num_classes=4, num_features=12, seed=2),
+                   tasks=3)
+    prepare(MemorySource(g), PrepOptions(out=out, tiles=2, progress=False))
+    return out
+
+
+@pytest.mark.parametrize("model,n,layout", [
+    ("gcn", 3, ["--grid", "1x3x1"]),
+    ("gt", 2, ["--strategy", "gp_a2a", "--model.heads=2"]),
+])
+def test_multilabel_tasks_train_the_one_rank_curve(multilabel_data, tmp_path, model, n,
+                                                   layout):
+    """Three 0/1 tasks with unlabelled pairs: per-task binary cross-entropy on n ranks (the
+    tasks split over the 3D grid's plane, or rows over GP-A2A's ranks) follows the 1-rank
+    float64 curve; the metric is the mean ROC-AUC over tasks, the best epoch chosen on it."""
+    heads = [a for a in layout if a.startswith("--model.heads")]
+    common = ["--model", model, "--epochs", "15", "--dtype=float64", *heads]
+    one, many, r = _one_rank_curve(multilabel_data, tmp_path, n, common, layout)
+    rows = [json.loads(l) for l in many.read_text().splitlines()]
+    assert "valid_rocauc" in rows[-1] and "valid_acc" not in rows[-1]
+    assert rows[-1]["valid_rocauc"] > 0.6  # the tasks are the classes' bits: learnable
+    ones = [json.loads(l) for l in one.read_text().splitlines()]
+    for x, y in zip(rows, ones):
+        assert x["valid_rocauc"] == pytest.approx(y["valid_rocauc"], rel=1e-6)
+    assert "valid_rocauc=" in r.stdout.strip().splitlines()[-1]
+
+
+def test_featureless_graph_trains_a_node_embedding_on_the_one_rank_curve(tmp_path):
+    """A graph with labels but no features: without an embedding a one-line error; with
+    ``model.node_embedding`` gcn on 1x1x2 (the table's columns split over the grid) trains
+    the 1-rank float64 curve and learns the communities."""
+    from plexgt.data.graph import GraphData
+    from plexgt.data.shard import PrepOptions, prepare
+    from plexgt.data.source import MemorySource
+    from plexgt.data.synthetic import sbm
+
+    g = sbm(num_nodes=400, num_edges=4000, num_classes=4, num_features=1, seed=3)
+    data = tmp_path / "bare"
+    prepare(MemorySource(GraphData("bare", 400, g.src, g.dst, None, g.labels)),
+            PrepOptions(out=data, tiles=2, progress=False))
+    r = _train(data, 1, "--epochs", "2")
+    assert r.returncode == 2 and "has no node features; train a node embedding" in r.stderr
+    common = ["--epochs", "20", "--dtype=float64", "--model.node_embedding=8",
+              "--model.dropout=0", "--optim.lr=0.05"]
+    _, many, _ = _one_rank_curve(data, tmp_path, 2, common, ["--grid", "1x1x2"])
+    last = json.loads(many.read_text().splitlines()[-1])
+    assert last["train_acc"] > 0.5  # 4 classes: chance is 0.25
 
 
 def test_deterministic_runs_repeat_bit_for_bit_with_dropout_on(data, tmp_path):
@@ -129,13 +194,14 @@ def test_gps_trains_on_the_gcn_path_agp_chooses(data, tmp_path):
 
 def test_kill_and_resume_reproduces_the_loss_curve_exactly(data, tmp_path):
     full, part, ck = tmp_path / "full.jsonl", tmp_path / "part.jsonl", tmp_path / "c2"
+    tb = tmp_path / "tb"
     common = ["--deterministic", "--grid", "2x1x1", "--checkpoint-every", "5", "--epochs", "60"]
     r = _train(data, 2, "--metrics", str(full), "--checkpoint-dir", str(tmp_path / "c1"),
                *common)
     assert r.returncode == 0, r.stderr
     cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "plexgt", "train", "--data", str(data),
            "--model", "gcn", "--model.hidden=16", "--optim.warmup_epochs=2", "--metrics",
-           str(part), "--checkpoint-dir", str(ck), *common]
+           str(part), "--checkpoint-dir", str(ck), "--tensorboard", str(tb), *common]
     with _job(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) as proc:
         deadline = time.time() + 120
         while time.time() < deadline and not (ck / "epoch_000010" / "COMPLETE").exists():
@@ -145,7 +211,7 @@ def test_kill_and_resume_reproduces_the_loss_curve_exactly(data, tmp_path):
     killed_after = len(part.read_text().splitlines())
     assert killed_after < 60, "the run finished before it could be killed"
     r = _train(data, 2, "--metrics", str(part), "--checkpoint-dir", str(ck), "--resume",
-               *common)
+               "--tensorboard", str(tb), *common)
     assert r.returncode == 0, r.stderr
     assert "resumed from" in r.stderr
     # the trajectory is exact (deterministic mode pins MKL's kernels): final parameters,
@@ -155,6 +221,18 @@ def test_kill_and_resume_reproduces_the_loss_curve_exactly(data, tmp_path):
     assert sorted(a) == sorted(b) and any(k.startswith("optim/exp_avg/") for k in a)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert _losses(part) == _losses(full)  # and every epoch's loss, bit for bit
+    _assert_tensorboard_curve(tb, _losses(full))
+
+
+def _assert_tensorboard_curve(tb: Path, losses: dict[int, float]) -> None:
+    """The TensorBoard curve of a killed and resumed run is the JSONL's: one point per epoch
+    (the killed run's epochs past its checkpoint purged), float32 values."""
+    acc = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    ea = acc.EventAccumulator(str(tb))
+    ea.Reload()
+    got = {s.step: s.value for s in ea.Scalars("loss/train")}
+    assert sorted(got) == sorted(losses)
+    assert all(got[e] == pytest.approx(losses[e], rel=1e-6) for e in losses)
 
 
 @pytest.mark.parametrize("model", ["gt", "gps"])
@@ -172,17 +250,24 @@ def test_graph_transformers_checkpoint_and_resume(data, tmp_path, model):
     assert [json.loads(l)["epoch"] for l in m.read_text().splitlines()] == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("model,first,then", [
-    ("gcn", (4, ["--grid", "2x1x2"]), (3, ["--grid", "1x3x1"])),
-    ("gt", (3, ["--strategy", "gp_a2a"]), (2, ["--strategy", "gp_ag"])),
+EMBED = "--model.node_embedding=6"
+
+
+@pytest.mark.parametrize("model,first,then,extra", [
+    ("gcn", (4, ["--grid", "2x1x2"]), (3, ["--grid", "1x3x1"]), []),
+    ("gcn", (4, ["--grid", "1x2x2"]), (3, ["--grid", "3x1x1"]), [EMBED]),
+    ("gt", (3, ["--strategy", "gp_a2a"]), (2, ["--strategy", "gp_ag"]), [EMBED]),
 ])
-def test_resume_on_another_layout_continues_the_curve(data, tmp_path, model, first, then):
+def test_resume_on_another_layout_continues_the_curve(data, tmp_path, model, first, then,
+                                                      extra):
     """Written by 4 ranks on 2x1x2 and resumed by 3 on 1x3x1 (gcn), or by 3 ranks with GP-A2A
     and resumed by 2 with GP-AG (gt): the loss curve continues the uninterrupted one (float64,
-    dropout on, the checkpoint's state is canonical). perf/bench_resume.py runs 8 -> 4 ranks,
+    dropout on, the checkpoint's state is canonical). With a node embedding its table is
+    sharded in the checkpoint (rows, and on 1x2x2 columns, per rank) and resharded on resume;
+    both runs also train the 1-rank curve. perf/bench_resume.py runs 8 -> 4 ranks,
     2x2x2 -> 4x1x1."""
     ck, m, ref = tmp_path / "ck", tmp_path / "m.jsonl", tmp_path / "ref.jsonl"
-    common = ["--model", model, "--model.heads=2", "--epochs", "8", "--dtype=float64"]
+    common = ["--model", model, "--model.heads=2", "--epochs", "8", "--dtype=float64", *extra]
     r = _train(data, 1, *common, "--metrics", str(ref))
     assert r.returncode == 0, r.stderr
     (n1, lay1), (n2, lay2) = first, then

@@ -27,13 +27,14 @@ from plexgt.parallel.attention.strategy import AttentionProblem
 from plexgt.parallel.gt_dist import DistGraphTransformer
 from plexgt.parallel.rows1d import (
     all_reduce_gradients,
+    row_binary_cross_entropy,
     row_correct,
     row_cross_entropy,
     row_scores,
 )
 from plexgt.plan.step_cost import step_bytes
 from plexgt.tasks.attention import read_dist_graph, read_row_data
-from plexgt.tasks.metrics import roc_auc
+from plexgt.tasks.metrics import roc_auc, task_roc_auc
 
 from .conftest import ALL_GRIDS, RANK, WORLD, prepare_on_rank0
 
@@ -256,6 +257,75 @@ def test_row_parallel_wrapper_sums_gradients_after_backward(prepared, groups, st
     F.cross_entropy(ref(x, graph_ref)[masks["train"]], labels[masks["train"]]).backward()
     wrapped = RowParallel(model, graph, comm)
     row_cross_entropy(wrapped(data.x), data.labels, data.masks["train"], comm).backward()
+    ref_grads = dict(ref.named_parameters())
+    for name, prm in model.named_parameters():
+        torch.testing.assert_close(prm.grad, ref_grads[name].grad, **TOL, msg=name)
+
+
+def test_multilabel_loss_gradients_and_roc_auc_equal_reference(prepared, groups):
+    """Multi-label tasks over node rows: the per-task binary cross-entropy's value and every
+    gradient equal torch's on the whole graph; the gathered scores' mean ROC-AUC over tasks
+    equals the reference's."""
+    graph_ref, x, _, masks, pq = reference_inputs(pg := prepared)
+    ledger, comm, graph, data = setup_rank(pg, groups, WORLD, "gp_ag")
+    ref, model = build_models(5, GraphTransformer, DistGraphTransformer)
+    rng = np.random.default_rng(2)
+    y = torch.from_numpy(rng.integers(0, 2, (N, C)))
+    y[torch.from_numpy(rng.random((N, C)) < 0.2)] = -1
+    lo, hi = data.rows
+    mine = torch.full((data.labels.shape[0], C), -1, dtype=torch.int64)
+    mine[: hi - lo] = y[pq[lo:hi]]
+    out_ref = ref(x, graph_ref)
+    known = (y >= 0) & masks["train"][:, None]
+    loss_ref = F.binary_cross_entropy_with_logits(out_ref[known], y[known].to(DT))
+    loss_ref.backward()
+    out = model(data.x, graph)
+    loss = row_binary_cross_entropy(out, mine, data.masks["train"], comm)
+    loss.backward()
+    all_reduce_gradients(model, comm)
+    scores = row_scores(out.detach(), mine, data.masks, comm)
+    torch.testing.assert_close(loss.detach(), loss_ref.detach(), **TOL)
+    ref_grads = dict(ref.named_parameters())
+    for name, prm in model.named_parameters():
+        torch.testing.assert_close(prm.grad, ref_grads[name].grad, **TOL, msg=name)
+    for s, m in masks.items():
+        sc, lab = scores[s]
+        assert sc.shape == (int(m.sum()), C)
+        want = task_roc_auc(out_ref.detach()[m].numpy(), y[m].numpy())
+        assert task_roc_auc(sc.numpy(), lab.numpy()) == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize("strategy", ["gp_ag", "gp_a2a"])
+def test_node_embedding_rows_and_gradients_equal_reference(prepared, groups, strategy):
+    """A learnable node embedding over node rows: each rank's rows start as the reference
+    table's; after one step through the train-loop wrapper, the loss, every replicated
+    parameter's gradient (summed over ranks) and the rank's rows' gradient (never summed: no
+    other rank holds them) equal the single-process model's on [X, E]."""
+    from plexgt.models.node_embedding import NodeEmbedding
+    from plexgt.parallel.node_embedding import WithNodeEmbedding
+    from plexgt.tasks.attention import RowParallel
+
+    d = 3
+    graph_ref, x, labels, masks, pq = reference_inputs(pg := prepared)
+    ledger, comm, graph, _ = setup_rank(pg, groups, WORLD, strategy)
+    data = read_row_data(pg, comm.size, comm.rank, DT, embedding=d)
+    table = NodeEmbedding(torch.arange(N), 0, d, F_IN, 5, 0, (N, d), DT)
+    torch.manual_seed(1)
+    ref = GraphTransformer(F_IN + d, HIDDEN, C, num_layers=LAYERS, heads=HEADS).to(DT)
+    model = DistGraphTransformer(F_IN + d, HIDDEN, C, num_layers=LAYERS, heads=HEADS).to(DT)
+    model.load_state_dict(ref.state_dict())
+    xr = table(torch.cat([x, torch.zeros(N, d, dtype=DT)], 1))
+    loss_ref = F.cross_entropy(ref(xr, graph_ref)[masks["train"]], labels[masks["train"]])
+    loss_ref.backward()
+    lo, hi = data.rows
+    emb = NodeEmbedding(graph.node_ids[: hi - lo], 0, d, F_IN, 5, lo, (N, d), DT)
+    wrapped = WithNodeEmbedding(RowParallel(model, graph, comm), emb)
+    start = emb.weight.detach().clone()
+    loss = row_cross_entropy(wrapped(data.x), data.labels, data.masks["train"], comm)
+    loss.backward()
+    torch.testing.assert_close(loss.detach(), loss_ref.detach(), **TOL)
+    torch.testing.assert_close(start, table.weight.detach()[pq[lo:hi]], rtol=0, atol=0)
+    torch.testing.assert_close(emb.weight.grad, table.weight.grad[pq[lo:hi]], **TOL)
     ref_grads = dict(ref.named_parameters())
     for name, prm in model.named_parameters():
         torch.testing.assert_close(prm.grad, ref_grads[name].grad, **TOL, msg=name)

@@ -18,16 +18,16 @@ from plexgt.models.gcn import GCN
 from plexgt.models.layers import ModelGraph
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_norm
-from plexgt.parallel.plexus3d import (
-    Plexus3DGCN,
+from plexgt.parallel.plexus3d import Plexus3DGCN, plexus_comms
+from plexgt.parallel.plexus_loss import (
+    parallel_binary_cross_entropy,
     parallel_correct,
     parallel_cross_entropy,
     parallel_scores,
-    plexus_comms,
 )
 from plexgt.plan.plexus_cost import plexus_step_bytes
 from plexgt.tasks.gcn import read_plexus_inputs
-from plexgt.tasks.metrics import roc_auc
+from plexgt.tasks.metrics import roc_auc, task_roc_auc
 
 from .conftest import grids_for_world, prepare_on_rank0
 
@@ -203,3 +203,95 @@ def test_twenty_adamw_steps_follow_reference_curve(prepared, dist_ctx, grid_grou
         s, y = scores[split]
         want = roc_auc((logit[m, 1] - logit[m, 0]).numpy(), (labels[m] == 1).numpy())
         assert roc_auc(s.numpy(), y.numpy()) == pytest.approx(want, rel=1e-9)
+
+
+def _task_labels(pp, rows_pad, lay):
+    """Multi-label targets [N, C] (C tasks of 0/1, some -1) in original order, and this rank's
+    padded rows of the last layer's output (P order)."""
+    rng = np.random.default_rng(9)
+    y = rng.integers(0, 2, (N, C))
+    y[rng.random((N, C)) < 0.2] = -1
+    mine = np.full((rows_pad, C), -1, dtype=np.int64)
+    r0, r1 = lay.rows
+    mine[: r1 - r0] = y[pp[r0:r1]]
+    return torch.from_numpy(y), torch.from_numpy(mine)
+
+
+@pytest.mark.parametrize("grid", grids_for_world(every=False), ids=str)
+def test_multilabel_loss_gradients_and_roc_auc_equal_reference(prepared, dist_ctx,
+                                                               grid_groups, grid):
+    """Per-task binary cross-entropy over the task shards of the plane: loss and every
+    weight's gradient equal torch's on the gathered logits; the mean ROC-AUC over tasks of the
+    gathered scores equals the reference's."""
+    pg = prepared
+    ahat, x, _, train, pp = _reference(pg)
+    ref = _reference_model(7)
+    out_ref = _reference_forward(ref, ahat, x)
+    lays, ledger, comms, data, model = _distributed(pg, dist_ctx, grid_groups, grid)
+    last = lays[-1]
+    y, mine = _task_labels(pp, last.rows_pad, last)
+    known = (y >= 0) & train[:, None]
+    loss_ref = torch.nn.functional.binary_cross_entropy_with_logits(
+        out_ref[known], y[known].to(DT))
+    loss_ref.backward()
+    model.load_full([(lin.weight, lin.bias) for lin in ref.layers])
+    out = model(data.x)
+    loss = parallel_binary_cross_entropy(out, mine, data.masks["train"], last, comms)
+    loss.backward()
+    scores = parallel_scores(out.detach(), mine, data.masks, last, comms)
+    torch.testing.assert_close(loss, loss_ref.detach(), **TOL)
+    for lay, w, lin in zip(lays, model.weights, ref.layers):
+        wt = torch.zeros(lay.d_in, lay.d_out, dtype=DT)
+        wt[: lay.d_in_true, : lay.d_out_true] = lin.weight.grad.t()
+        wt = wt[:, lay.w_column_order]
+        torch.testing.assert_close(w.grad, wt[slice(*lay.in_cols), slice(*lay.w_cols)], **TOL)
+    for split in ("train", "valid", "test"):
+        m = np.empty(N, dtype=bool)
+        m[pp] = pg.read_mask(split, None, "P")
+        s, lab = scores[split]
+        assert s.shape == (int(m.sum()), C)
+        want = task_roc_auc(out_ref.detach()[m].numpy(), y[m].numpy())
+        assert task_roc_auc(s.numpy(), lab.numpy()) == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.parametrize("grid", grids_for_world(every=False), ids=str)
+def test_node_embedding_block_and_its_gradient_equal_reference(prepared, dist_ctx,
+                                                               grid_groups, grid):
+    """A learnable [N, D] node embedding appended to the input: each rank's block starts as
+    the reference table's rows and columns, and after one step the loss, every weight's and
+    the block's gradient equal the single-process model's on [X, E]."""
+    from plexgt.models.node_embedding import NodeEmbedding
+    from plexgt.parallel.node_embedding import WithNodeEmbedding
+    from plexgt.tasks.gcn import input_embedding
+
+    d = 4
+    pg = prepared
+    ahat, x, labels, train, pp = _reference(pg)
+    table = NodeEmbedding(torch.arange(N), 0, d, F, 11, 0, (N, d), DT)
+    torch.manual_seed(7)
+    ref = GCN(F + d, HIDDEN, C, num_layers=3, dropout=0.0).to(DT)
+    out_ref = _reference_forward(ref, ahat, table(torch.cat([x, torch.zeros(N, d, dtype=DT)],
+                                                            1)))
+    loss_ref = torch.nn.functional.cross_entropy(out_ref[train], labels[train])
+    loss_ref.backward()
+    lays = layer_layouts(grid, dist_ctx.rank, N, [F + d, HIDDEN, HIDDEN, C], "aggregate_first")
+    comms = plexus_comms(grid_groups(grid), CommLedger(), lays[-1])
+    data = read_plexus_inputs(pg, lays, DT)
+    inner = Plexus3DGCN(lays, comms, data.adj, dtype=DT, node_ids=data.node_ids)
+    inner.load_full([(lin.weight, lin.bias) for lin in ref.layers])
+    emb = input_embedding(pg, lays[0], data.node_ids[0], d, 11, DT)
+    model = WithNodeEmbedding(inner, emb)
+    start = emb.weight.detach().clone()
+    loss = parallel_cross_entropy(model(data.x), data.labels, data.masks["train"], lays[-1],
+                                  comms)
+    loss.backward()
+    torch.testing.assert_close(loss, loss_ref.detach(), **TOL)
+    ids = data.node_ids[0][: emb.weight.shape[0]]
+    cols = slice(emb.col0, emb.col0 + emb.weight.shape[1])
+    torch.testing.assert_close(start, table.weight.detach()[ids][:, cols], rtol=0, atol=0)
+    torch.testing.assert_close(emb.weight.grad, table.weight.grad[ids][:, cols], **TOL)
+    for lay, w, lin in zip(lays, inner.weights, ref.layers):
+        wt = torch.zeros(lay.d_in, lay.d_out, dtype=DT)
+        wt[: lay.d_in_true, : lay.d_out_true] = lin.weight.grad.t()
+        wt = wt[:, lay.w_column_order]
+        torch.testing.assert_close(w.grad, wt[slice(*lay.in_cols), slice(*lay.w_cols)], **TOL)

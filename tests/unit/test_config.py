@@ -8,7 +8,7 @@ import pytest
 
 from plexgt.config import load_config, to_toml
 from plexgt.errors import ConfigError
-from plexgt.tasks.metrics import resolve_metric, roc_auc
+from plexgt.tasks.metrics import resolve_metric, roc_auc, task_roc_auc
 
 
 def test_precedence_and_types(tmp_path):
@@ -91,3 +91,28 @@ def test_roc_auc_equals_scikit_learn_and_the_metric_follows_the_labels(tmp_path)
         resolve_metric("rocauc", 3)
     with pytest.raises(ConfigError, match="'metric': 'auc' is not one of auto, accuracy"):
         load_config(None, {}, ["--metric=auc"])
+
+
+def test_multilabel_roc_auc_is_ogbs_mean_over_tasks(tmp_path):
+    """Mean over tasks of scikit-learn's ROC-AUC on each task's labelled nodes, tasks with one
+    class only left out: what OGB's evaluator computes for ogbn-proteins."""
+    rng = np.random.default_rng(5)
+    s = np.round(rng.normal(size=(200, 6)), 1)
+    y = rng.integers(0, 2, (200, 6))
+    y[rng.random((200, 6)) < 0.2] = -1  # unlabelled pairs
+    y[:, 4] = np.where(y[:, 4] >= 0, 1, -1)  # one class only: skipped
+    np.savez(tmp_path / "sy.npz", s=s, y=y)
+    code = ("import numpy as np, sys; from sklearn.metrics import roc_auc_score as f; "
+            "z = np.load(sys.argv[1]); s, y = z['s'], z['y']; "
+            "a = [f(y[y[:, t] >= 0, t], s[y[:, t] >= 0, t]) for t in range(y.shape[1]) "
+            "if len(set(y[y[:, t] >= 0, t])) == 2]; print(repr(sum(a) / len(a)), len(a))")
+    want, tasks = subprocess.run([sys.executable, "-c", code, str(tmp_path / "sy.npz")],
+                                 capture_output=True, text=True, check=True).stdout.split()
+    assert int(tasks) == 5
+    assert task_roc_auc(s, y) == pytest.approx(float(want), rel=1e-12)
+    assert task_roc_auc(s[:, 0], y[:, 0].clip(0)) == roc_auc(s[:, 0], y[:, 0].clip(0))
+    assert np.isnan(task_roc_auc(s[:, 4:5], y[:, 4:5]))
+    assert resolve_metric("auto", 112, multilabel=True) == "rocauc"
+    with pytest.raises(ValueError, match="metric accuracy needs class labels; the graph has "
+                                         "112 multi-label tasks"):
+        resolve_metric("accuracy", 112, multilabel=True)

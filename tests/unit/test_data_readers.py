@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -24,6 +25,7 @@ from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import RMAT_CHUNK, RmatSource, rmat, sbm
 from plexgt.errors import DataError
 from tests.datagen import (
+    multilabel,
     small_graph,
     write_gnn_benchmark,
     write_mtx,
@@ -453,3 +455,52 @@ def test_node_table_bad_input(tmp_path, capsys):
     assert main(["prep", "--input", str(edges), "--node-table", str(dup), "--id-column",
                  "node", "--feature-columns", "feat_*", "--out", str(tmp_path / "o")]) == 2
     assert "do not cover every node once" in capsys.readouterr().err
+
+
+def test_multilabel_tasks_prep_alike_from_every_reader(tmp_path):
+    """[N, T] 0/1 task labels (unlabelled pairs: NaN in npz, an empty cell in a node table,
+    -1 in OGB's csv) prep to the same files as the graph from memory, labels kept per task."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    g = multilabel(small_graph(37, 150, f=3), tasks=4)
+    g = GraphData("mem", 37, g.src, g.dst, g.features, g.labels)  # the readers' random split
+    opts = dict(progress=False, tiles=2, seed=4)
+    ref = prepare(MemorySource(g), PrepOptions(out=tmp_path / "ref", **opts))
+    assert (ref["C"], ref["multilabel"], ref["dtypes"]["labels"]) == (4, True, "int8")
+    y = np.where(g.labels >= 0, g.labels, np.nan)
+    np.savez(tmp_path / "e.npz", edges=np.stack([g.src, g.dst], 1), node_features=g.features,
+             node_labels=y)
+    cols = {"id": np.arange(37)} | {f"feat_{j}": g.features[:, j] for j in range(3)}
+    cols |= {f"task_{t}": pa.array(y[:, t], mask=np.isnan(y[:, t])) for t in range(4)}
+    pq.write_table(pa.table(cols), tmp_path / "nodes.parquet", row_group_size=8)
+    (tmp_path / "e.csv").write_text(_edge_lines(g, ","))
+    for src in (MemorySource(read_edge_npz(tmp_path / "e.npz")), MemorySource(read_ogb(
+            write_ogb_csv(tmp_path / "ogb", g)))):
+        m = prepare(src, PrepOptions(out=tmp_path / "x", **opts))
+        assert m["files"] == ref["files"] and m["multilabel"]
+        shutil.rmtree(tmp_path / "x")
+    cli = ["--quiet", "--tiles", "2", "--seed", "4"]  # the CLI's defaults, both sides
+    assert main(["prep", "--input", str(tmp_path / "e.csv"), "--node-table",
+                 str(tmp_path / "nodes.parquet"), "--label-column", "task_*",
+                 "--feature-columns", "feat_*", "--out", str(tmp_path / "t"), *cli]) == 0
+    assert main(["prep", "--input", str(tmp_path / "e.npz"), "--out", str(tmp_path / "n"),
+                 *cli]) == 0
+    m1, m2 = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in "tn")
+    assert m1["files"] == m2["files"] and m1["multilabel"]
+    with PreparedGraph(tmp_path / "t") as pg:
+        assert pg.multilabel and pg.C == 4
+        back = np.empty_like(g.labels)
+        back[pg.read_perm("Q")] = pg.read_labels(None, "Q")
+        np.testing.assert_array_equal(back, g.labels)
+    assert main(["verify", str(tmp_path / "t")]) == 0
+
+
+def test_multilabel_bad_input_names_the_node_and_task(tmp_path):
+    g = small_graph(9, 20, f=2)
+    y = np.zeros((9, 3))
+    y[4, 2] = 2.0
+    np.savez(tmp_path / "e.npz", edges=np.stack([g.src, g.dst], 1), node_labels=y)
+    with pytest.raises(DataError, match=re.escape("e.npz: 'node_labels': label of node 4 task "
+                                                  "2 is 2.0; multi-label tasks hold 0 or 1")):
+        read_edge_npz(tmp_path / "e.npz")

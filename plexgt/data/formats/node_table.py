@@ -1,11 +1,12 @@
 """Node attributes from a separate table (CSV or Parquet), mapped onto an edge list's ids.
 
-The table has one row per node: an id column, optionally a label column, and feature columns
-named in a list (``a,b,c``) or by a prefix (``feat_*``: every column whose name starts so, in
-file order). Ids must be 0 … N-1 (1 … N with ``one_based``), each exactly once: N is the
-table's row count, so an edge naming an id beyond it is refused by the edge reader. Read with
-pyarrow in record batches (Parquet by row groups, CSV by blocks), batch k to part k % nparts,
-never whole; the labels (node-sized) are read whole.
+The table has one row per node: an id column, optionally label columns, and feature columns,
+each named in a list (``a,b,c``) or by a prefix (``feat_*``: every column whose name starts so,
+in file order). One label column holds class ids; several hold a multi-label task each (0/1,
+empty = unlabelled: ogbn-proteins' layout). Ids must be 0 … N-1 (1 … N with ``one_based``),
+each exactly once: N is the table's row count, so an edge naming an id beyond it is refused
+by the edge reader. Read with pyarrow in record batches (Parquet by row groups, CSV by
+blocks), batch k to part k % nparts, never whole; the labels (node-sized) are read whole.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from plexgt.data.graph import class_ids
+from plexgt.data.graph import node_labels
 from plexgt.data.source import GraphSource, NodeDataOver, check_finite
 from plexgt.errors import DataError
 
@@ -34,6 +35,7 @@ class NodeTable:
     path: Path
     id_column: str = "id"
     label_column: str | None = None
+    """One name (class ids), or several (a list or ``prefix*``: one 0/1 task each)."""
     feature_columns: str | None = None
     """Comma-separated names, or ``prefix*``; None: no features."""
     one_based: bool = False
@@ -65,6 +67,16 @@ class NodeTable:
             raise DataError(f"{self.path}: {e}") from None
 
 
+def column_names(path: Path, schema: pa.Schema, spec: str, what: str) -> list[str]:
+    """The columns ``spec`` names: ``a,b,c`` or ``prefix*`` (in file order)."""
+    if spec.endswith("*"):
+        names = [c for c in schema.names if c.startswith(spec[:-1])]
+        if not names:
+            raise DataError(f"{path}: no {what} column starts with {spec[:-1]!r}")
+        return names
+    return [c.strip() for c in spec.split(",") if c.strip()]
+
+
 def _numeric(path: Path, schema: pa.Schema, name: str, what: str, integer: bool) -> None:
     if name not in schema.names:
         raise DataError(f"{path}: no {what} column {name!r} (columns: "
@@ -88,19 +100,14 @@ class NodeTableSource(NodeDataOver):
         self.num_edge_features = base.num_edge_features
         schema = table.schema()
         _numeric(table.path, schema, table.id_column, "id", True)
-        if table.label_column is not None:
-            _numeric(table.path, schema, table.label_column, "label", True)
-        spec = table.feature_columns
-        self.columns: list[str] = []
-        if spec:
-            if spec.endswith("*"):
-                self.columns = [c for c in schema.names if c.startswith(spec[:-1])]
-                if not self.columns:
-                    raise DataError(f"{table.path}: no column starts with {spec[:-1]!r}")
-            else:
-                self.columns = [c.strip() for c in spec.split(",") if c.strip()]
-            for c in self.columns:
-                _numeric(table.path, schema, c, "feature", False)
+        self.label_columns = (column_names(table.path, schema, table.label_column, "label")
+                              if table.label_column else [])
+        for c in self.label_columns:
+            _numeric(table.path, schema, c, "label", len(self.label_columns) == 1)
+        self.columns = (column_names(table.path, schema, table.feature_columns, "feature")
+                        if table.feature_columns else [])
+        for c in self.columns:
+            _numeric(table.path, schema, c, "feature", False)
         self.num_features = len(self.columns)
         self.feature_dtype = np.dtype(np.float32) if self.columns else None
 
@@ -134,19 +141,26 @@ class NodeTableSource(NodeDataOver):
             row0 += batch.num_rows
 
     def labels(self) -> np.ndarray | None:
-        col = self.table.label_column
-        if col is None:
+        cols = self.label_columns
+        if not cols:
             return None
-        out = np.full(self.num_nodes, -1, dtype=np.int64)
+        multi = len(cols) > 1
+        out = np.full((self.num_nodes, len(cols)), np.nan if multi else -1,
+                      dtype=np.float64 if multi else np.int64)
         row0 = 0
-        for batch in self.table.batches([self.table.id_column, col]):
+        for batch in self.table.batches([self.table.id_column, *cols]):
             ids = self._ids(batch, row0)
-            lab: Any = batch.column(col)
-            vals = lab.to_numpy(zero_copy_only=False) if not lab.null_count else \
-                np.asarray(lab.fill_null(-1))
-            out[ids] = class_ids(vals, f"{self.table.path}: column {col!r}")
+            for j, c in enumerate(cols):
+                lab: Any = batch.column(c)
+                if multi:  # an empty cell: that task is unlabelled for the node
+                    vals = lab.cast(pa.float64()).to_numpy(zero_copy_only=False)
+                else:
+                    vals = lab.to_numpy(zero_copy_only=False) if not lab.null_count else \
+                        np.asarray(lab.fill_null(-1))
+                out[ids, j] = vals
             row0 += batch.num_rows
-        return out
+        return node_labels(out, f"{self.table.path}: column{'s' if multi else ''} "
+                                f"{', '.join(map(repr, cols))}")
 
     def splits(self) -> dict[str, np.ndarray]:
         return self.base.splits()

@@ -4,7 +4,8 @@ Keys (the first of each pair found is used):
 
 * ``edges`` or ``edge_index``: [E, 2] or [2, E] integer node ids (a row ``a b`` is a -> b);
 * ``node_features`` or ``x``: [N, F] floats (optional: then ``--features`` may generate them);
-* ``node_labels`` or ``y``: [N] class ids (optional);
+* ``node_labels`` or ``y``: [N] class ids, or [N, T] multi-label 0/1 (NaN or -1:
+  unlabelled) (optional);
 * ``train_masks`` / ``val_masks`` / ``test_masks`` (or ``train_mask`` ...): [N] booleans, or
   several splits as [K, N] (or [N, K]), one chosen by ``split_index``;
 * ``edge_feat``: [E, F_e] edge features, kept as the ring-attention issue stores them.
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plexgt.data.graph import GraphData, class_ids, integer_ids
+from plexgt.data.graph import GraphData, integer_ids, node_labels
 from plexgt.errors import DataError
 
 EDGE_KEYS = ("edges", "edge_index")
@@ -87,8 +88,7 @@ def read_edge_npz(path: str | Path, split_index: int = 0) -> GraphData:
                                 f"{x.dtype}; expected float [N, F]")
             x = x.astype(np.float32) if x.dtype not in (np.float16, np.float32) else x
         lab = _first(z, LABEL_KEYS)
-        y = None if lab is None else class_ids(np.asarray(lab[1]).reshape(-1),
-                                               f"{path}: '{lab[0]}'")
+        y = None if lab is None else node_labels(np.asarray(lab[1]), f"{path}: '{lab[0]}'")
         hi = int(max(src.max(initial=-1), dst.max(initial=-1))) + 1
         n = x.shape[0] if x is not None else y.shape[0] if y is not None else hi
         if hi > n:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from plexgt.data.graph import GraphData, first_id_error
+from plexgt.data.graph import GraphData, first_id_error, node_labels
 from plexgt.data.npzio import NpzArray, npz_keys
 from plexgt.data.source import (
     GraphSource,
@@ -72,11 +72,13 @@ def _one_count(path: Path, what: str) -> int:
 
 
 def _labels_from_float(lab: np.ndarray, n: int, where: str) -> np.ndarray:
+    """[N] class ids of one label column (NaN = unlabelled), or multi-label [N, T] of T >= 2
+    columns (ogbn-proteins' 112 binary tasks)."""
     lab = np.asarray(lab, dtype=np.float64).reshape(lab.shape[0], -1)
-    if lab.shape[1] != 1:
-        raise DataError(f"{where}: labels have {lab.shape[1]} columns; expected 1")
     if lab.shape[0] != n:
         raise DataError(f"{where}: {lab.shape[0]} labels disagree with N={n}")
+    if lab.shape[1] > 1:
+        return node_labels(lab, where)
     lab = lab[:, 0]
     known = np.isfinite(lab)
     if np.any(lab[known] < 0) or np.any(lab[known] != np.round(lab[known])):
@@ -139,8 +141,9 @@ class OgbCsvSource(TextEdgeSource):
         self._labels = None
         if (raw / "node-label.csv.gz").exists():
             p = raw / "node-label.csv.gz"
+            tasks = max(1, len(first_data_line(p).split(b",")))
             self._labels = _labels_from_float(
-                read_all_rows(p, ncols=1, dtype=np.float64, delimiter=","), n, str(p))
+                read_all_rows(p, ncols=tasks, dtype=np.float64, delimiter=","), n, str(p))
             self.files.append(p)
         self._splits = read_splits(root, n, split)
         self.edge_feat_path: Path | None = None

@@ -148,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
                "measurement)" + (f", overridden by profile {args.profile}" if measured else ""))
     shape = ModelShape(args.model, args.hidden, args.layers, args.heads, args.ffn_mult,
                        ESIZE[args.dtype], ring_chunks=args.ring_chunks,
-                       super_nodes=args.super_nodes)
+                       super_nodes=args.super_nodes, trained_input=args.node_embedding > 0)
     print(f"{name}: {args.model} on up to {args.world_size} ranks, {src}")
     if args.model == "gcn":
         table = _plan_gcn(args, sizes, shape, prof, limit)
@@ -167,7 +167,8 @@ def _plan_gcn(args: argparse.Namespace, sizes: GraphSizes, shape: ModelShape,
     coef = Coefficients.from_profile(prof)
     dims = gcn_dims(sizes, shape)
     nnz = sizes.e  # the stored pattern, self loops included (what train's grid choice prices)
-    ests = rank_grids(args.world_size, sizes.n, nnz, dims, shape.esize, coef, limit)
+    ests = rank_grids(args.world_size, sizes.n, nnz, dims, shape.esize, coef, limit,
+                      input_grad=shape.trained_input)
     print(f"dims {dims}, nnz(Â) = {nnz}, layer orders {layer_orders(dims)}")
     print(f"{'grid':<10} {'time s':>9} {'comm s':>9} {'compute s':>9} {'MB/rank':>9} "
           f"{'mem GiB':>8} fits")

@@ -74,6 +74,8 @@ class ModelShape:
     """Pieces a ring strategy's K/V blocks travel in."""
     super_nodes: int = 0
     """Global super nodes (gt, gps)."""
+    trained_input: bool = False
+    """The input is trained (a node embedding): gcn's layer 0 communicates its gradient."""
 
 
 def gcn_dims(sizes: GraphSizes, shape: ModelShape) -> list[int]:
@@ -94,7 +96,7 @@ def choose_grid(sizes: GraphSizes, shape: ModelShape, world_size: int, coef: Coe
                 memory_per_rank: int | None = None) -> Grid3D:
     """gcn: the 3D planner's fastest factorisation of ``world_size`` that fits."""
     ests = rank_grids(world_size, sizes.n, sizes.e, gcn_dims(sizes, shape), shape.esize, coef,
-                      memory_per_rank, order=shape.gcn_order)
+                      memory_per_rank, order=shape.gcn_order, input_grad=shape.trained_input)
     return ests[0].grid
 
 

@@ -62,10 +62,15 @@ def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad
     return ops
 
 
-def loss_bytes(last: LayerLayout, esize: int) -> list[tuple[str, str, int]]:
-    """Parallel cross-entropy: row max and (exp-sum, target) over the class plane, totals over c."""
+def loss_bytes(last: LayerLayout, esize: int, multilabel: bool = False
+               ) -> list[tuple[str, str, int]]:
+    """Parallel cross-entropy: row max and (exp-sum, target) over the class plane, totals over
+    c. Multi-label binary cross-entropy is elementwise: (sum, count) over the plane, then c."""
     ga, gb, gc = last.g
     plane = output_plane(last.roles)
+    if multilabel:
+        return [(plane, "all_reduce", all_reduce_bytes(2 * esize, ga * gb)),
+                (last.roles[2], "all_reduce", all_reduce_bytes(2 * esize, gc))]
     return [
         (plane, "all_reduce", all_reduce_bytes(last.rows_pad * esize, ga * gb)),
         (plane, "all_reduce", all_reduce_bytes(last.rows_pad * 2 * esize, ga * gb)),
@@ -74,15 +79,17 @@ def loss_bytes(last: LayerLayout, esize: int) -> list[tuple[str, str, int]]:
 
 
 def plexus_step_bytes(grid: Grid3D, rank: int, n: int, dims: list[int], esize: int,
-                      block_rows: int | None = None, order: str = "aggregate_first"
-                      ) -> dict[str, int]:
-    """Bytes ``rank`` sends per axis (and class plane) in one forward + loss + backward."""
+                      block_rows: int | None = None, order: str = "aggregate_first",
+                      input_grad: bool = False, multilabel: bool = False) -> dict[str, int]:
+    """Bytes ``rank`` sends per axis (and class plane) in one forward + loss + backward
+    (``input_grad``: the input is trained, a node embedding, so layer 0's input gradient is
+    communicated too; ``multilabel``: the binary cross-entropy's loss)."""
     out: dict[str, int] = defaultdict(int)
     lays = layer_layouts(grid, rank, n, dims, order)
     for lay in lays:
-        for axis, _, nbytes in layer_bytes(lay, esize, block_rows, lay.layer > 0):
+        for axis, _, nbytes in layer_bytes(lay, esize, block_rows, lay.layer > 0 or input_grad):
             out[axis] += nbytes
-    for axis, _, nbytes in loss_bytes(lays[-1], esize):
+    for axis, _, nbytes in loss_bytes(lays[-1], esize, multilabel):
         out[axis] += nbytes
     return {k: v for k, v in out.items() if v}
 
@@ -143,16 +150,17 @@ class PlexusEstimate:
 
 
 def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
-             coef: Coefficients, block_rows: int | None = None, order: str = "auto"
-             ) -> PlexusEstimate:
-    """Predicted step time and memory of ``grid`` (nnz spread evenly: double permutation)."""
+             coef: Coefficients, block_rows: int | None = None, order: str = "auto",
+             input_grad: bool = False) -> PlexusEstimate:
+    """Predicted step time and memory of ``grid`` (nnz spread evenly: double permutation;
+    ``input_grad``: layer 0's input is trained, a node embedding)."""
     worst_b, worst_c, worst_t, worst_m = 0, 0.0, 0.0, 0
     for r in range(grid.size):
         lays = layer_layouts(grid, r, n, dims, order)
         nbytes, calls, flops_s, mem = 0, 0, 0.0, 0
         for lay in lays:
             ga, gb, gc = lay.g
-            ops = layer_bytes(lay, esize, block_rows, lay.layer > 0)
+            ops = layer_bytes(lay, esize, block_rows, lay.layer > 0 or input_grad)
             nbytes += sum(o[2] for o in ops)
             calls += sum(1 for o in ops if o[2])
             blk_nnz = nnz / (ga * gc)
@@ -187,10 +195,10 @@ def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
 
 
 def rank_grids(world_size: int, n: int, nnz: int, dims: list[int], esize: int,
-               coef: Coefficients, memory_limit: int | None = None, order: str = "auto"
-               ) -> list[PlexusEstimate]:
+               coef: Coefficients, memory_limit: int | None = None, order: str = "auto",
+               input_grad: bool = False) -> list[PlexusEstimate]:
     """Every factorisation of ``world_size``, fastest first (those over ``memory_limit`` last)."""
-    ests = [estimate(g, n, nnz, dims, esize, coef, order=order)
+    ests = [estimate(g, n, nnz, dims, esize, coef, order=order, input_grad=input_grad)
             for g in factorizations(world_size)]
     return sorted(ests, key=lambda e: (memory_limit is not None and e.memory_bytes > memory_limit,
                                        e.time_s))

@@ -112,7 +112,7 @@ def model_shape(cfg: TrainConfig) -> ModelShape:
     m = cfg.model
     return ModelShape(m.name, m.hidden, m.layers, m.heads, m.ffn_mult, esize_of(cfg),
                       cfg.parallel.gcn_order, cfg.parallel.block_rows or None,
-                      cfg.parallel.ring_chunks, m.super_nodes)
+                      cfg.parallel.ring_chunks, m.super_nodes, m.node_embedding > 0)
 
 
 def machine_profile(cfg: TrainConfig) -> dict[str, Any] | None:

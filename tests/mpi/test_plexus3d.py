@@ -238,6 +238,7 @@ def test_multilabel_loss_gradients_and_roc_auc_equal_reference(prepared, dist_ct
     out = model(data.x)
     loss = parallel_binary_cross_entropy(out, mine, data.masks["train"], last, comms)
     loss.backward()
+    sent = dict(ledger.by_name("sent"))
     scores = parallel_scores(out.detach(), mine, data.masks, last, comms)
     torch.testing.assert_close(loss, loss_ref.detach(), **TOL)
     for lay, w, lin in zip(lays, model.weights, ref.layers):
@@ -245,6 +246,9 @@ def test_multilabel_loss_gradients_and_roc_auc_equal_reference(prepared, dist_ct
         wt[: lay.d_in_true, : lay.d_out_true] = lin.weight.grad.t()
         wt = wt[:, lay.w_column_order]
         torch.testing.assert_close(w.grad, wt[slice(*lay.in_cols), slice(*lay.w_cols)], **TOL)
+    # the step's bytes (before the scores' gathers) are the formula's, binary loss included
+    assert sent == plexus_step_bytes(grid, dist_ctx.rank, N, [F, HIDDEN, HIDDEN, C], 8,
+                                     multilabel=True)
     for split in ("train", "valid", "test"):
         m = np.empty(N, dtype=bool)
         m[pp] = pg.read_mask(split, None, "P")
@@ -275,7 +279,8 @@ def test_node_embedding_block_and_its_gradient_equal_reference(prepared, dist_ct
     loss_ref = torch.nn.functional.cross_entropy(out_ref[train], labels[train])
     loss_ref.backward()
     lays = layer_layouts(grid, dist_ctx.rank, N, [F + d, HIDDEN, HIDDEN, C], "aggregate_first")
-    comms = plexus_comms(grid_groups(grid), CommLedger(), lays[-1])
+    ledger = CommLedger()
+    comms = plexus_comms(grid_groups(grid), ledger, lays[-1])
     data = read_plexus_inputs(pg, lays, DT)
     inner = Plexus3DGCN(lays, comms, data.adj, dtype=DT, node_ids=data.node_ids)
     inner.load_full([(lin.weight, lin.bias) for lin in ref.layers])
@@ -290,6 +295,9 @@ def test_node_embedding_block_and_its_gradient_equal_reference(prepared, dist_ct
     cols = slice(emb.col0, emb.col0 + emb.weight.shape[1])
     torch.testing.assert_close(start, table.weight.detach()[ids][:, cols], rtol=0, atol=0)
     torch.testing.assert_close(emb.weight.grad, table.weight.grad[ids][:, cols], **TOL)
+    # layer 0's input gradient now crosses ranks too, as the formula prices it
+    assert ledger.by_name("sent") == plexus_step_bytes(
+        grid, dist_ctx.rank, N, [F + d, HIDDEN, HIDDEN, C], 8, input_grad=True)
     for lay, w, lin in zip(lays, inner.weights, ref.layers):
         wt = torch.zeros(lay.d_in, lay.d_out, dtype=DT)
         wt[: lay.d_in_true, : lay.d_out_true] = lin.weight.grad.t()

@@ -136,3 +136,12 @@ def multilabel(g: GraphData, tasks: int = 4, seed: int = 0, unlabelled: float = 
     y[rng.random(y.shape) < unlabelled] = -1
     return GraphData(g.name, g.num_nodes, g.src, g.dst, g.features, y, dict(g.splits),
                      edge_attr=g.edge_attr)
+
+
+def sparsified(g: GraphData, density: float = 0.15, seed: int = 0) -> GraphData:
+    """``g`` with all but a ``density`` share of its feature values zeroed: a bag-of-words
+    shaped input for the sparse-feature paths."""
+    rng = np.random.default_rng(seed)
+    x = np.where(rng.random(g.features.shape) < density, g.features, 0).astype(g.features.dtype)
+    return GraphData(g.name, g.num_nodes, g.src, g.dst, x, g.labels, dict(g.splits),
+                     edge_attr=g.edge_attr)

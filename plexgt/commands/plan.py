@@ -168,7 +168,7 @@ def _plan_gcn(args: argparse.Namespace, sizes: GraphSizes, shape: ModelShape,
     dims = gcn_dims(sizes, shape)
     nnz = sizes.e  # the stored pattern, self loops included (what train's grid choice prices)
     ests = rank_grids(args.world_size, sizes.n, nnz, dims, shape.esize, coef, limit,
-                      input_grad=shape.trained_input)
+                      input_grad=shape.trained_input, input_density=sizes.feature_density)
     print(f"dims {dims}, nnz(Â) = {nnz}, layer orders {layer_orders(dims)}")
     print(f"{'grid':<10} {'time s':>9} {'comm s':>9} {'compute s':>9} {'MB/rank':>9} "
           f"{'mem GiB':>8} fits")

@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tiles", type=int, help="tiles per side T (default: ~8M nonzeros a tile)")
     p.add_argument("--symmetrize", action="store_true", help="add every reverse edge")
     p.add_argument("--no-self-loops", action="store_true", help="do not add self loops")
+    p.add_argument("--sparse-features", choices=("auto", "yes", "no"), default="auto",
+                   help="store features as CSR tiles that train sparse (X·W as SpMM): auto = "
+                   "when the source's density is known and below 10%% (bag-of-words)")
     p.add_argument("--features-dtype", choices=("float16", "float32"),
                    help="stored feature dtype (default: float16 sources stay float16, "
                    "others float32)")
@@ -186,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
     opts = PrepOptions(
         out=args.out, tiles=args.tiles, symmetrize=args.symmetrize,
         self_loops=not args.no_self_loops, features_dtype=args.features_dtype, seed=args.seed,
+        sparse_features=args.sparse_features,
         permutation=args.permutation, balance_blocks=args.balance_blocks,
         overwrite=args.overwrite, resume=args.resume, chunk_edges=args.chunk_edges,
         progress=not args.quiet, source_desc=_desc(args),

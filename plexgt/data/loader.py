@@ -33,6 +33,9 @@ from plexgt.data.prepared import (
     COL_ORDER,
     COUNTS,
     EDGE_FEAT,
+    FEATURES_DATA,
+    FEATURES_INDICES,
+    FEATURES_INDPTR,
     FEATURES_X,
     FORMAT,
     FORMAT_VERSION,
@@ -86,6 +89,9 @@ class PreparedGraph:
         except (TypeError, ValueError) as e:
             raise DataError(f"{mpath}: bad field FE ({e})") from None
         """F_e: edge feature columns kept beside every tile's indices (0: none)."""
+        self.sparse_features = m.get("feature_layout", "dense") == "csr"
+        """Feature blocks stored as CSR (bag-of-words inputs): read them with
+        :meth:`read_features_csr` and train them sparse."""
         self.multilabel = bool(m.get("multilabel", False))
         """Labels [N, T=C] of 0/1 per task (-1 unlabelled) rather than [N] class ids."""
         self.self_loops = bool(m.get("self_loops"))
@@ -240,7 +246,10 @@ class PreparedGraph:
 
     # -- node data --------------------------------------------------------------------
     def read_features(self, rows: Range | None = None, cols: Range | None = None) -> np.ndarray:
-        """[rows, cols] of the features, rows in Q order (the order A1 consumes)."""
+        """[rows, cols] of the features, rows in Q order (the order A1 consumes); dense
+        whatever the stored layout."""
+        if self.sparse_features:
+            return self.read_features_csr(rows, cols).toarray()
         r0, r1 = self._range(rows, self.N, "feature row")
         c0, c1 = self._range(cols, self.F, "feature column")
         dtype = np.dtype(self.manifest["dtypes"]["features"])
@@ -254,6 +263,36 @@ class PreparedGraph:
             out[lo + a - r0 : lo + z - r0] = self._read(feature_file(b), FEATURES_X,
                                                         np.s_[a:z, c0:c1])
         return out
+
+    def read_features_csr(self, rows: Range | None = None, cols: Range | None = None
+                          ) -> sp.csr_matrix:
+        """[rows, cols] of CSR-stored features (``feature_layout`` 'csr') as a scipy CSR
+        matrix, rows in Q order: per block an indptr slice, then one range of indices and
+        values (what a rank's rows hold, never the whole block)."""
+        if not self.sparse_features:
+            raise DataError(f"{self.path}: features are stored dense, not as CSR")
+        r0, r1 = self._range(rows, self.N, "feature row")
+        c0, c1 = self._range(cols, self.F, "feature column")
+        dtype = np.dtype(self.manifest["dtypes"]["features"])
+        fb = self.feature_block_rows
+        parts = []
+        for b in range(r0 // fb, math.ceil(r1 / fb)):
+            lo = b * fb
+            a, z = max(r0, lo) - lo, min(r1, lo + fb) - lo
+            ptr = self._read(feature_file(b), FEATURES_INDPTR, np.s_[a:z + 1]).astype(np.int64)
+            e0, e1 = int(ptr[0]), int(ptr[-1])
+            idx = self._read(feature_file(b), FEATURES_INDICES, np.s_[e0:e1])
+            val = self._read(feature_file(b), FEATURES_DATA, np.s_[e0:e1])
+            if val.dtype == np.float16:  # scipy's sparse matrices have no float16
+                val = val.astype(np.float32)
+            if idx.size and (idx.min() < 0 or idx.max() >= self.F):
+                raise DataError(f"{self.path / feature_file(b)}: feature column index outside "
+                                f"[0, F={self.F})")
+            parts.append(sp.csr_matrix((val, idx, ptr - e0), shape=(z - a, self.F)))
+        if not parts:
+            return sp.csr_matrix((r1 - r0, c1 - c0), dtype=np.promote_types(dtype, np.float32))
+        m = sp.vstack(parts, format="csr") if len(parts) > 1 else parts[0]
+        return m[:, c0:c1] if (c0, c1) != (0, self.F) else m
 
     def read_labels(self, rows: Range | None = None, order: str = "P") -> np.ndarray:
         """[rows] int64 class ids or, multi-label, [rows, C] int8 0/1 per task (-1
@@ -494,7 +533,8 @@ class PlexusArrays:
 
     blocks: list[tuple[sp.csr_matrix, np.ndarray, np.ndarray]]
     """(pattern, deg of rows, deg of columns) per layer."""
-    features: np.ndarray
+    features: np.ndarray | sp.csr_matrix
+    """Dense [cols_pad, d_0/(Gb·Gc)], or CSR [cols_pad, d_0/Gb] (gathered over c)."""
     targets: NodeTargets
     rows: Range
     """The last layer's output rows (over its role c) that the targets cover."""
@@ -515,7 +555,9 @@ def read_node_ids(pg: PreparedGraph, order: str, rows: Range, length: int) -> np
 
 
 def read_plexus_arrays(pg: PreparedGraph, layouts: Sequence[LayerLayout]) -> PlexusArrays:
-    """Read :class:`PlexusArrays` for this rank's ``layouts`` (one per layer)."""
+    """Read :class:`PlexusArrays` for this rank's ``layouts`` (one per layer). CSR-stored
+    features are read sparse and already gathered over layer 0's role c (its
+    ``gathered_cols``, [cols_pad, d_0/Gb]): a constant input needs no all-gather."""
     before = pg.bytes_read
     blocks, ids = [], []
     for lay in layouts:
@@ -524,8 +566,14 @@ def read_plexus_arrays(pg: PreparedGraph, layouts: Sequence[LayerLayout]) -> Ple
                        pg.read_degrees(lay.rows, out_o), pg.read_degrees(lay.cols, in_o)))
         ids.append(read_node_ids(pg, in_o, lay.cols, lay.cols_pad))
     first, last = layouts[0], layouts[-1]
-    width = first.in_cols[1] - first.in_cols[0]
-    feats = read_feature_block(pg, first.cols, first.in_cols, (first.cols_pad, width))
+    feats: np.ndarray | sp.csr_matrix
+    if pg.sparse_features:
+        g0, g1 = first.gathered_cols
+        feats = pg.read_features_csr(first.cols, (min(g0, pg.F), min(g1, pg.F)))
+        feats.resize((first.cols_pad, g1 - g0))  # padding rows and columns: empty
+    else:
+        width = first.in_cols[1] - first.in_cols[0]
+        feats = read_feature_block(pg, first.cols, first.in_cols, (first.cols_pad, width))
     targets = read_targets(pg, last.rows, last.out_order, last.rows_pad)
     return PlexusArrays(blocks, feats, targets, last.rows, last.out_order,
                         pg.bytes_read - before, ids)

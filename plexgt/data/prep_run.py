@@ -35,6 +35,9 @@ class PrepOptions:
     symmetrize: bool = False
     self_loops: bool = True
     features_dtype: str | None = None
+    sparse_features: str = "auto"
+    """Feature tiles as CSR ('yes'), dense ('no'), or 'auto': CSR when the source's feature
+    density is known and below :data:`SPARSE_DENSITY` (bag-of-words inputs)."""
     """'float16' | 'float32' | None (float16 sources stay float16, others become float32)."""
     seed: int = 0
     permutation: str = "random"
@@ -60,6 +63,23 @@ class PrepOptions:
         """Refuse a bad ``balance_blocks`` here: before the CLI opens (maybe counts) the input."""
         if self.balance_blocks is not None and self.balance_blocks < 1:
             raise DataError(f"--balance-blocks {self.balance_blocks}: must be at least 1")
+
+
+SPARSE_DENSITY = 0.1
+"""Auto layout: CSR feature tiles below this share of nonzeros. A sparse X·W costs about
+nnz·d multiply-adds against N·F·d dense, with index traffic on top: Coauthor Physics (0.4%)
+gains, Amazon Computers (35%) does not (perf/bench_sparse_features.py)."""
+
+
+def resolve_sparse(option: str, density: float | None, f: int) -> bool:
+    """Whether to store CSR feature tiles (:attr:`PrepOptions.sparse_features`)."""
+    if option not in ("auto", "yes", "no"):
+        raise DataError(f"--sparse-features {option}: expected auto|yes|no")
+    if f == 0:
+        return False
+    if option == "auto":
+        return density is not None and density < SPARSE_DENSITY
+    return option == "yes"
 
 
 def choose_tiles(n: int, e_hint: int, symmetrize: bool) -> int:
@@ -159,6 +179,8 @@ class PrepRun:
     """The permutation this run computes: the option, with 'auto' resolved."""
     balance_info: dict[str, Any] = field(default_factory=dict)
     """``balanced`` only, rank 0: what the refinement reports (recorded in the manifest)."""
+    sparse: bool = False
+    """Feature blocks are stored as CSR (:func:`resolve_sparse`)."""
 
     @classmethod
     def create(cls, source: GraphSource, opts: PrepOptions, comm: Comm) -> PrepRun:
@@ -202,11 +224,13 @@ class PrepRun:
             params["balance_blocks"] = balance_blocks
         if source.num_edge_features:
             params["FE"] = source.num_edge_features
+        sparse = resolve_sparse(opts.sparse_features, source.feature_density(), f)
+        params["feature_layout"] = "csr" if sparse else "dense"
         units = ([(k, i) for k in MATRICES for i in range(t)]
                  + [(FEATURE_UNIT, i) for i in range(nfb)])
         empty = np.empty(0, dtype=idx_dtype)
         run = cls(source, opts, comm, n, t, size, idx_dtype, f, fdtype, fb, nfb, balance_blocks,
-                  params, units, empty, empty, perm)
+                  params, units, empty, empty, perm, sparse=sparse)
         if perm == "random":
             run.set_perms(*permutations(n, opts.seed))
         return run

@@ -19,6 +19,7 @@ from typing import Any
 
 import h5py
 import numpy as np
+import scipy.sparse as sp
 
 from plexgt import __version__
 from plexgt.data.buckets import BucketReader, BucketWriter
@@ -42,6 +43,9 @@ from plexgt.data.prepared import (
     EDGE_FEAT,
     FEATURE_UNIT,
     FEATURES,
+    FEATURES_DATA,
+    FEATURES_INDICES,
+    FEATURES_INDPTR,
     FEATURES_X,
     FORMAT,
     FORMAT_VERSION,
@@ -417,12 +421,20 @@ def build_features(run: PrepRun, b: int, rec: dict[str, np.ndarray]) -> dict[str
     out = np.empty((hi - lo, run.f), dtype=run.fdtype)
     out[pos - lo] = x
     cr = max(1, min(hi - lo, (256 << 10) // (min(run.f, 64) * run.fdtype.itemsize)))
+    nnz = int(np.count_nonzero(out))
 
     def fill(f: h5py.File) -> None:
         f.attrs.update({"row_lo": lo, "row_hi": hi})
-        _ds(f, FEATURES_X, out, chunks=(cr, min(run.f, 64)))
+        if run.sparse:  # rows as CSR: a reader slices indptr, then one range of each array
+            m = sp.csr_matrix(out)
+            m.sort_indices()
+            _ds(f, FEATURES_INDPTR, m.indptr.astype(np.int64))
+            _ds(f, FEATURES_INDICES, m.indices.astype(np.int32))
+            _ds(f, FEATURES_DATA, m.data.astype(run.fdtype))
+        else:
+            _ds(f, FEATURES_X, out, chunks=(cr, min(run.f, 64)))
 
-    return _h5_write_atomic(run.unit_path(FEATURE_UNIT, b), fill)
+    return {**_h5_write_atomic(run.unit_path(FEATURE_UNIT, b), fill), "nnz": nnz}
 
 
 # -- stage 4: node arrays and the manifest (rank 0) ------------------------------------------
@@ -535,11 +547,14 @@ def manifest_of(run: PrepRun, nodes_rec: dict[str, Any], split_sizes: dict[str, 
     o = run.opts
     files = {NODES: nodes_rec}
     tile_nnz: dict[str, list[list[int]]] = {k: [] for k in MATRICES}
+    feature_nnz = 0
     for kind, i in run.units:
         rec = read_json(run.done_path(kind, i))
         files[rec["file"]] = {"bytes": rec["bytes"], "sha256": rec["sha256"]}
         if kind != FEATURE_UNIT:
             tile_nnz[kind].append(rec["nnz"])
+        else:
+            feature_nnz += int(rec.get("nnz", 0))
     e1 = int(np.sum(tile_nnz[A1]))
     e2 = int(np.sum(tile_nnz[A2]))
     if e1 != e2:
@@ -553,6 +568,7 @@ def manifest_of(run: PrepRun, nodes_rec: dict[str, Any], split_sizes: dict[str, 
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "plexgt_version": __version__, "name": run.src.name,
         "N": run.n, "E": e1, "F": run.f, "C": c, "FE": run.fe, "multilabel": multilabel,
+        "feature_layout": "csr" if run.sparse else "dense", "feature_nnz": feature_nnz,
         "dtypes": {"features": str(run.fdtype), "indices": str(run.idx_dtype),
                    "anchors": "int64", "labels": "int8" if multilabel else "int64",
                    "deg": "int64", "perm": "int64",

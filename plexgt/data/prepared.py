@@ -59,6 +59,11 @@ EDGE_FEAT = "edge_feat"
 """Per tile, beside its indices: [nnz, F_e] float32 features of its edges, in index order."""
 # the dataset of a feature file
 FEATURES_X = "x"
+# or, with feature_layout "csr" (bag-of-words inputs), its rows as CSR: indptr [rows + 1]
+# int64 (from 0 in every file), column indices [nnz] int32 (ascending per row), values [nnz]
+FEATURES_INDPTR = "x_indptr"
+FEATURES_INDICES = "x_indices"
+FEATURES_DATA = "x_data"
 
 STAGING = ".staging"
 PARAMS = f"{STAGING}/params.json"

@@ -82,6 +82,11 @@ class GraphSource:
     #: True when :meth:`feature_rows` works (prep then gathers rows, skipping the buckets)
     random_access_features: bool = False
 
+    def feature_density(self) -> float | None:
+        """The share of nonzero feature values, when the source can tell it without a pass
+        over the features (None: it cannot; prep's auto layout then stays dense)."""
+        return None
+
     def feature_rows(self, ids: np.ndarray) -> np.ndarray:
         """[len(ids), F] rows of the given original ids (only if random_access_features)."""
         raise NotImplementedError
@@ -256,6 +261,10 @@ class MemorySource(GraphSource):
 
     def num_edges_hint(self) -> int:
         return self.g.num_edges
+
+    def feature_density(self) -> float | None:
+        x = self.g.features
+        return None if x is None or x.size == 0 else float(np.count_nonzero(x)) / x.size
 
     def edge_chunks(self, part, nparts, chunk):  # noqa: ANN001, ANN201 - see base
         for lo, hi in parts_of(self.g.num_edges, chunk, part, nparts):

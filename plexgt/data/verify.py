@@ -27,6 +27,9 @@ from plexgt.data.prepared import (
     ANCHORS,
     COUNTS,
     EDGE_FEAT,
+    FEATURES_DATA,
+    FEATURES_INDICES,
+    FEATURES_INDPTR,
     FEATURES_X,
     INDICES,
     MATRICES,
@@ -212,6 +215,9 @@ def _check_features(pg: PreparedGraph, bad: _Problems) -> None:
         lo, hi = b * fb, min(pg.N, b * fb + fb)
         try:
             with h5py.File(path, "r") as f:
+                if pg.sparse_features:
+                    _check_csr_block(f, path, hi - lo, pg.F, bad)
+                    continue
                 x = f[FEATURES_X]
                 if x.shape != (hi - lo, pg.F):
                     bad.add(f"{path}: {FEATURES_X} has shape {x.shape}, expected {(hi - lo, pg.F)}")
@@ -223,6 +229,20 @@ def _check_features(pg: PreparedGraph, bad: _Problems) -> None:
                         break
         except (OSError, KeyError) as e:
             bad.add(f"{path}: unreadable features ({e})")
+
+
+def _check_csr_block(f: h5py.File, path: Path, rows: int, ncols: int, bad: _Problems) -> None:
+    """A CSR feature block: indptr [rows + 1] from 0, non-decreasing, ending at nnz; column
+    indices in [0, F); finite values."""
+    ptr, idx, val = f[FEATURES_INDPTR][()], f[FEATURES_INDICES][()], f[FEATURES_DATA][()]
+    if ptr.shape != (rows + 1,) or ptr[0] != 0 or np.any(np.diff(ptr) < 0) or \
+            ptr[-1] != idx.size or idx.size != val.size:
+        bad.add(f"{path}: CSR features are inconsistent (indptr {ptr.shape}, {idx.size} "
+                f"indices, {val.size} values for {rows} rows)")
+    elif idx.size and (idx.min() < 0 or idx.max() >= ncols):
+        bad.add(f"{path}: a feature column index is outside [0, F={ncols})")
+    elif not np.isfinite(val).all():
+        bad.add(f"{path}: non-finite feature value")
 
 
 def verify(path: str | Path, checksums: bool = True) -> dict[str, Any]:

@@ -166,12 +166,16 @@ def layer_orders(dims: list[int], order: str = "auto") -> list[str]:
 
 
 def layer_layouts(grid: Grid3D, rank: int, n: int, dims: list[int],
-                  order: str = "aggregate_first") -> list[LayerLayout]:
+                  order: str = "aggregate_first", first_order: str | None = None
+                  ) -> list[LayerLayout]:
     """One :class:`LayerLayout` per layer for ``rank`` (``len(dims) - 1`` layers); ``order``
-    as in :func:`layer_orders`."""
+    as in :func:`layer_orders`, layer 0's replaced by ``first_order`` when given (sparse
+    input features run gemm_first whatever the widths)."""
     coords = dict(zip("xyz", grid.coords(rank)))
     pd = padded_dims(grid, dims)
     orders = layer_orders(dims, order)
+    if first_order is not None:
+        orders[0] = layer_orders(dims[:2], first_order)[0]
     out = []
     for l in range(len(dims) - 1):
         roles = layer_roles(l)

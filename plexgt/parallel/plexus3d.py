@@ -49,7 +49,9 @@ from plexgt.distributed.collectives import (
     wait,
 )
 from plexgt.distributed.layout3d import LayerLayout, output_plane, row_blocks
-from plexgt.ops.gcn import inv_sqrt_degrees
+from plexgt.models.layers import Features, sparse_features
+from plexgt.ops.csr import CSRGraph
+from plexgt.ops.gcn import gcn_spmm, inv_sqrt_degrees
 from plexgt.ops.precision import autocast_dtype, full_precision
 from plexgt.ops.rng import CounterRNG
 
@@ -349,21 +351,38 @@ class Plexus3DGCN(nn.Module):
             out[f"biases.{l}"] = bp[slice(*lay.out_cols)].to(b.device)
         return out
 
-    def _dropout(self, h: torch.Tensor, lay: LayerLayout) -> torch.Tensor:
+    def _dropout(self, h: Features, lay: LayerLayout) -> Features:
         """Dropout at the reference GCN's site (the layer index), keyed on the block's node ids
-        and global columns: the entries the single-process model drops, on any grid."""
+        and global columns: the entries the single-process model drops, on any grid (sparse
+        input: its stored entries, at their gathered columns)."""
         p = self.input_dropout if lay.layer == 0 else self.dropout
         if not self.training or p <= 0:
             return h
         if self.num_id_layers != len(self.layouts):
             raise ValueError("dropout needs each layer's node ids (Plexus3DGCN(node_ids=...))")
         rng = CounterRNG(self.seed, self.step, getattr(self, f"node_ids_{lay.layer}"))
+        if isinstance(h, CSRGraph):
+            assert h.values is not None
+            cols = h.indices + lay.gathered_cols[0]
+            return h.with_values(rng.dropout_values(h.values, h.row, cols, p, lay.layer))
         return rng.dropout(h, p, lay.layer, col0=lay.in_cols[0])
 
-    def layer(self, h: torch.Tensor, l: int) -> torch.Tensor:
-        """[N/Ga, d_in/(Gb·Gc)] -> [N/Gc, d_out/(Ga·Gb)] in the layer's order (layout3d)."""
+    def layer(self, h: Features, l: int) -> torch.Tensor:
+        """[N/Ga, d_in/(Gb·Gc)] -> [N/Gc, d_out/(Ga·Gb)] in the layer's order (layout3d).
+
+        A sparse h (layer 0 of CSR-stored features) is read already gathered over c,
+        [N/Ga, d_in/Gb]: a constant input needs no all-gather, and H·W runs as an SpMM in the
+        gemm_first order (Â·H would be a sparse-sparse product)."""
         lay = self.layouts[l]
         a, b, c = lay.roles
+        if isinstance(h, CSRGraph):
+            if lay.order != "gemm_first":
+                raise ValueError("sparse input features need layer 0 in the gemm_first order")
+            w = all_gather(all_gather(self.weights[l], self.comms[c], dim=0), self.comms[a],
+                           dim=1)
+            t = reduce_scatter(gcn_spmm(h, w), self.comms[b], dim=1)
+            y = _AggregateReduceScatter.apply(t, self.adj[l], self.comms[a])
+            return y + replicated(self.biases[l], self.comms[c]).to(y.dtype)
         hg = all_gather(h, self.comms[c], dim=1)
         if lay.order == "gemm_first":
             # W [d_in/Gb, d_out] whole on every rank of the ac plane; T = H·W partial over b
@@ -388,8 +407,8 @@ class Plexus3DGCN(nn.Module):
             a.bwd = [fn(m) for m in a.bwd]
         return self
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x
+    def forward(self, x: Features) -> torch.Tensor:
+        h: Features = x
         for l, lay in enumerate(self.layouts):
             h = self.layer(self._dropout(h, lay), l)
             if l < len(self.layouts) - 1:
@@ -410,7 +429,9 @@ class PlexusInputs:
     """
 
     adj: list[sp.csr_matrix]
-    x: torch.Tensor
+    x: Features
+    """Dense, or (CSR-stored features) a weighted CSRGraph already gathered over layer 0's
+    role c: [ceil(N/Ga), d_0/Gb]."""
     labels: torch.Tensor
     masks: dict[str, torch.Tensor]
     rows: tuple[int, int]
@@ -425,7 +446,10 @@ class PlexusInputs:
     def from_arrays(cls, arrays: PlexusArrays, dtype: torch.dtype) -> PlexusInputs:
         adj = [gcn_block_values(a, dr, dc) for a, dr, dc in arrays.blocks]
         t = arrays.targets
-        return cls(adj, torch.from_numpy(arrays.features).to(dtype),
+        x = arrays.features
+        xt = (sparse_features(x, dtype=dtype) if sp.issparse(x)
+              else torch.from_numpy(x).to(dtype))
+        return cls(adj, xt,
                    torch.from_numpy(t.labels), {k: torch.from_numpy(m) for k, m in t.masks.items()},
                    arrays.rows, arrays.order, arrays.bytes_read,
                    [torch.from_numpy(i) for i in arrays.node_ids])

@@ -37,6 +37,7 @@ from plexgt.distributed.collectives import (
     all_reduce_,
 )
 from plexgt.distributed.grid import Grid3D, block_bounds
+from plexgt.models.layers import Features
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_norm
 from plexgt.parallel.attention.strategy import (
@@ -88,8 +89,8 @@ class RowData:
     """This rank's node data, padded to n = ceil(N/p) rows."""
 
     rows: Range
-    x: Tensor
-    """[n, F] features."""
+    x: Features
+    """[n, F] features (dense, or a weighted CSRGraph for CSR-stored ones)."""
     labels: Tensor
     """[n] int64 (-1: unlabelled or padding)."""
     masks: dict[str, Tensor]

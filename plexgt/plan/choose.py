@@ -43,6 +43,9 @@ class GraphSizes:
     """Classes C (at least 1 for planning)."""
     self_loops: bool = True
     """Whether E already holds one self loop per node (prep's default)."""
+    feature_density: float | None = None
+    """Share of nonzero input features when they are stored (and trained) sparse; None:
+    dense."""
 
     @property
     def gcn_path_nnz(self) -> int:
@@ -96,7 +99,8 @@ def choose_grid(sizes: GraphSizes, shape: ModelShape, world_size: int, coef: Coe
                 memory_per_rank: int | None = None) -> Grid3D:
     """gcn: the 3D planner's fastest factorisation of ``world_size`` that fits."""
     ests = rank_grids(world_size, sizes.n, sizes.e, gcn_dims(sizes, shape), shape.esize, coef,
-                      memory_per_rank, order=shape.gcn_order, input_grad=shape.trained_input)
+                      memory_per_rank, order=shape.gcn_order, input_grad=shape.trained_input,
+                      input_density=sizes.feature_density)
     return ests[0].grid
 
 

@@ -17,9 +17,10 @@ from plexgt.distributed.grid import Grid3D, factorizations
 from plexgt.distributed.layout3d import LayerLayout, layer_layouts, output_plane, row_blocks
 
 
-def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad: bool
-                ) -> list[tuple[str, str, int]]:
-    """(axis role, op, bytes sent) of one layer's forward and backward, in issue order."""
+def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad: bool,
+                gathered_input: bool = False) -> list[tuple[str, str, int]]:
+    """(axis role, op, bytes sent) of one layer's forward and backward, in issue order
+    (``gathered_input``: sparse input features, read already gathered over c)."""
     ga, gb, gc = lay.g
     a, b, c = lay.roles
     din_b, dout_a = lay.d_in // gb, lay.d_out // ga
@@ -44,7 +45,7 @@ def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad
         if input_grad:
             ops.append((c, "reduce_scatter",
                         reduce_scatter_bytes(lay.cols_pad * din_b * esize, gc)))
-        return ops
+        return ops[1:] if gathered_input else ops
     ops = [
         (c, "all_gather", all_gather_bytes(lay.cols_pad * (din_b // gc) * esize, gc)),
         *[(a, "all_reduce", all_reduce_bytes((r1 - r0) * din_b * esize, ga)) for r0, r1 in blocks],
@@ -80,14 +81,18 @@ def loss_bytes(last: LayerLayout, esize: int, multilabel: bool = False
 
 def plexus_step_bytes(grid: Grid3D, rank: int, n: int, dims: list[int], esize: int,
                       block_rows: int | None = None, order: str = "aggregate_first",
-                      input_grad: bool = False, multilabel: bool = False) -> dict[str, int]:
+                      input_grad: bool = False, multilabel: bool = False,
+                      sparse_input: bool = False) -> dict[str, int]:
     """Bytes ``rank`` sends per axis (and class plane) in one forward + loss + backward
     (``input_grad``: the input is trained, a node embedding, so layer 0's input gradient is
-    communicated too; ``multilabel``: the binary cross-entropy's loss)."""
+    communicated too; ``multilabel``: the binary cross-entropy's loss; ``sparse_input``:
+    CSR-stored features, layer 0 gemm_first on its input read already gathered)."""
     out: dict[str, int] = defaultdict(int)
-    lays = layer_layouts(grid, rank, n, dims, order)
+    lays = layer_layouts(grid, rank, n, dims, order,
+                         first_order="gemm_first" if sparse_input else None)
     for lay in lays:
-        for axis, _, nbytes in layer_bytes(lay, esize, block_rows, lay.layer > 0 or input_grad):
+        for axis, _, nbytes in layer_bytes(lay, esize, block_rows, lay.layer > 0 or input_grad,
+                                           sparse_input and lay.layer == 0):
             out[axis] += nbytes
     for axis, _, nbytes in loss_bytes(lays[-1], esize, multilabel):
         out[axis] += nbytes
@@ -151,16 +156,20 @@ class PlexusEstimate:
 
 def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
              coef: Coefficients, block_rows: int | None = None, order: str = "auto",
-             input_grad: bool = False) -> PlexusEstimate:
+             input_grad: bool = False, input_density: float | None = None) -> PlexusEstimate:
     """Predicted step time and memory of ``grid`` (nnz spread evenly: double permutation;
-    ``input_grad``: layer 0's input is trained, a node embedding)."""
+    ``input_grad``: layer 0's input is trained, a node embedding; ``input_density``: the
+    input is CSR-stored with this share of nonzeros, its layer-0 GEMM an SpMM priced by it)."""
     worst_b, worst_c, worst_t, worst_m = 0, 0.0, 0.0, 0
+    sparse = input_density is not None
     for r in range(grid.size):
-        lays = layer_layouts(grid, r, n, dims, order)
+        lays = layer_layouts(grid, r, n, dims, order,
+                             first_order="gemm_first" if sparse else None)
         nbytes, calls, flops_s, mem = 0, 0, 0.0, 0
         for lay in lays:
             ga, gb, gc = lay.g
-            ops = layer_bytes(lay, esize, block_rows, lay.layer > 0 or input_grad)
+            ops = layer_bytes(lay, esize, block_rows, lay.layer > 0 or input_grad,
+                              sparse and lay.layer == 0)
             nbytes += sum(o[2] for o in ops)
             calls += sum(1 for o in ops if o[2])
             blk_nnz = nnz / (ga * gc)
@@ -171,6 +180,8 @@ def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
                 # the SpMM runs forward and backward on d_out/Gb columns; GEMM on input rows
                 spmm = blk_nnz * (lay.d_out // gb) * 2
                 gemm = lay.cols_pad * (lay.d_in // gb) * lay.d_out * (3 if lay.layer else 2)
+                if sparse and lay.layer == 0:
+                    gemm *= input_density
                 # input shard (+ staging on layer 0), gathered input (staged twice), whole W
                 # block, H·W before and after its reduce-scatter, the aggregate
                 mem += (shard + 2 * lay.cols_pad * lay.d_in // gb
@@ -196,9 +207,11 @@ def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
 
 def rank_grids(world_size: int, n: int, nnz: int, dims: list[int], esize: int,
                coef: Coefficients, memory_limit: int | None = None, order: str = "auto",
-               input_grad: bool = False) -> list[PlexusEstimate]:
+               input_grad: bool = False, input_density: float | None = None
+               ) -> list[PlexusEstimate]:
     """Every factorisation of ``world_size``, fastest first (those over ``memory_limit`` last)."""
-    ests = [estimate(g, n, nnz, dims, esize, coef, order=order, input_grad=input_grad)
+    ests = [estimate(g, n, nnz, dims, esize, coef, order=order, input_grad=input_grad,
+                     input_density=input_density)
             for g in factorizations(world_size)]
     return sorted(ests, key=lambda e: (memory_limit is not None and e.memory_bytes > memory_limit,
                                        e.time_s))

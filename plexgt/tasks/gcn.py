@@ -78,7 +78,8 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
     dt = DTYPES[cfg.dtype]
     emb = cfg.model.node_embedding
     sizes, shape = graph_sizes(pg, emb), model_shape(cfg)
-    lays = layer_layouts(grid, ctx.rank, pg.N, gcn_dims(sizes, shape), cfg.parallel.gcn_order)
+    lays = layer_layouts(grid, ctx.rank, pg.N, gcn_dims(sizes, shape), cfg.parallel.gcn_order,
+                         first_order="gemm_first" if pg.sparse_features else None)
     groups = build_groups(grid, ctx.rank, ctx.world_size, ctx.timeout)
     comms = plexus_comms(groups, ledger, lays[-1])
     data = read_plexus_inputs(pg, lays, dt)

@@ -84,6 +84,9 @@ def check_inputs(cfg: TrainConfig, pg: PreparedGraph) -> None:
     if pg.F == 0 and cfg.model.node_embedding <= 0:
         raise ConfigError(f"{pg.path}: the prepared graph has no node features; train a node "
                           "embedding (--model.node_embedding=64) or prep with --features")
+    if pg.sparse_features and cfg.model.node_embedding > 0:
+        raise ConfigError(f"{pg.path}: a node embedding joins dense input features; these are "
+                          "stored sparse (prep with --sparse-features no to combine them)")
     if cfg.model.node_embedding < 0:
         raise ConfigError(f"config key 'model.node_embedding': {cfg.model.node_embedding} is "
                           "negative")
@@ -92,7 +95,9 @@ def check_inputs(cfg: TrainConfig, pg: PreparedGraph) -> None:
 def graph_sizes(pg: PreparedGraph, embedding: int = 0) -> GraphSizes:
     """The planners' view of a prepared graph: its manifest's numbers, the input widened by
     a node embedding of ``embedding`` columns."""
-    return GraphSizes(pg.N, pg.E, pg.F + embedding, max(1, pg.C), pg.self_loops)
+    density = (int(pg.manifest.get("feature_nnz", 0)) / max(1, pg.N * pg.F)
+               if pg.sparse_features else None)
+    return GraphSizes(pg.N, pg.E, pg.F + embedding, max(1, pg.C), pg.self_loops, density)
 
 
 def node_order(pg: PreparedGraph) -> str:

@@ -141,6 +141,37 @@ def test_featureless_graph_trains_a_node_embedding_on_the_one_rank_curve(tmp_pat
     assert last["train_acc"] > 0.5  # 4 classes: chance is 0.25
 
 
+def test_sparse_features_train_the_dense_one_rank_curve(tmp_path):
+    """Bag-of-words features prepped as CSR tiles (plexgt prep --sparse-features, gnn-benchmark
+    npz in) train sparse on n ranks — gcn on 1x2x2 (layer 0 an SpMM on the gathered input),
+    gt over GP-A2A's rows — the curve the dense prep trains on 1 rank (float64, dropout on)."""
+    from plexgt.cli import main
+    from plexgt.data.synthetic import sbm
+    from tests.datagen import sparsified, write_gnn_benchmark
+
+    g = sparsified(sbm(num_nodes=300, num_edges=3000, num_classes=4, num_features=60, seed=5),
+                   density=0.05)
+    src = write_gnn_benchmark(tmp_path / "bow.npz", g)
+    for layout in ("yes", "no"):
+        assert main(["prep", "--input", str(src), "--out", str(tmp_path / layout), "--quiet",
+                     "--tiles", "2", "--sparse-features", layout]) == 0
+    manifest = json.loads((tmp_path / "yes" / "manifest.json").read_text())
+    assert manifest["feature_layout"] == "csr"
+    for model, n, layout in (("gcn", 2, ["--grid", "1x1x2"]),
+                             ("gt", 2, ["--strategy", "gp_a2a", "--model.heads=2"])):
+        common = ["--model", model, "--epochs", "6", "--dtype=float64",
+                  *[a for a in layout if a.startswith("--model.heads")]]
+        one, many = tmp_path / f"{model}1.jsonl", tmp_path / f"{model}n.jsonl"
+        r = _train(tmp_path / "no", 1, *common, "--metrics", str(one))
+        assert r.returncode == 0, r.stderr
+        r = _train(tmp_path / "yes", n, *common, *layout, "--metrics", str(many))
+        assert r.returncode == 0, r.stderr
+        a, b = _losses(one), _losses(many)
+        assert list(b) == list(a) == list(range(1, 7))
+        for e in a:
+            assert b[e] == pytest.approx(a[e], rel=1e-6, abs=1e-9), (model, e)
+
+
 def test_deterministic_runs_repeat_bit_for_bit_with_dropout_on(data, tmp_path):
     """--deterministic: two gt runs on 2 ranks (dropout 0.5, the default) log the same loss
     and accuracy at every epoch, to the last bit (they differed by 1-2 ulp in 14 of 60

@@ -81,6 +81,15 @@ def _distributed(pg, dist_ctx, grid_groups, grid, block_rows=None, order="aggreg
     return lays, ledger, comms, data, model
 
 
+def _assert_weight_grads(lays, model, ref):
+    """Every weight shard's gradient is its block of the reference layer's."""
+    for lay, w, lin in zip(lays, model.weights, ref.layers):
+        wt = torch.zeros(lay.d_in, lay.d_out, dtype=DT)
+        wt[: lay.d_in_true, : lay.d_out_true] = lin.weight.grad.t()
+        wt = wt[:, lay.w_column_order]
+        torch.testing.assert_close(w.grad, wt[slice(*lay.in_cols), slice(*lay.w_cols)], **TOL)
+
+
 def _my_slice(t, lay, pp):
     """Reference rows of this rank's output block (output order) and its class columns."""
     r0, r1 = lay.rows
@@ -241,11 +250,7 @@ def test_multilabel_loss_gradients_and_roc_auc_equal_reference(prepared, dist_ct
     sent = dict(ledger.by_name("sent"))
     scores = parallel_scores(out.detach(), mine, data.masks, last, comms)
     torch.testing.assert_close(loss, loss_ref.detach(), **TOL)
-    for lay, w, lin in zip(lays, model.weights, ref.layers):
-        wt = torch.zeros(lay.d_in, lay.d_out, dtype=DT)
-        wt[: lay.d_in_true, : lay.d_out_true] = lin.weight.grad.t()
-        wt = wt[:, lay.w_column_order]
-        torch.testing.assert_close(w.grad, wt[slice(*lay.in_cols), slice(*lay.w_cols)], **TOL)
+    _assert_weight_grads(lays, model, ref)
     # the step's bytes (before the scores' gathers) are the formula's, binary loss included
     assert sent == plexus_step_bytes(grid, dist_ctx.rank, N, [F, HIDDEN, HIDDEN, C], 8,
                                      multilabel=True)
@@ -298,8 +303,46 @@ def test_node_embedding_block_and_its_gradient_equal_reference(prepared, dist_ct
     # layer 0's input gradient now crosses ranks too, as the formula prices it
     assert ledger.by_name("sent") == plexus_step_bytes(
         grid, dist_ctx.rank, N, [F + d, HIDDEN, HIDDEN, C], 8, input_grad=True)
-    for lay, w, lin in zip(lays, inner.weights, ref.layers):
-        wt = torch.zeros(lay.d_in, lay.d_out, dtype=DT)
-        wt[: lay.d_in_true, : lay.d_out_true] = lin.weight.grad.t()
-        wt = wt[:, lay.w_column_order]
-        torch.testing.assert_close(w.grad, wt[slice(*lay.in_cols), slice(*lay.w_cols)], **TOL)
+    _assert_weight_grads(lays, inner, ref)
+
+
+@pytest.fixture(scope="module")
+def prepared_sparse(tmp_path_factory):
+    from tests.datagen import sparsified
+
+    return prepare_on_rank0(tmp_path_factory, "plexus_csr", lambda: sparsified(sbm(
+        num_nodes=N, num_edges=360, num_classes=C, num_features=F, seed=3)), tiles=3, seed=5,
+        sparse_features="yes", feature_block_bytes=160)
+
+
+@pytest.mark.parametrize("grid", grids_for_world(every=False), ids=str)
+def test_sparse_features_step_equals_the_dense_reference(prepared_sparse, dist_ctx,
+                                                         grid_groups, grid):
+    """CSR-stored features, read already gathered over layer 0's c and multiplied as an
+    SpMM (layer 0 gemm_first), with input dropout on their stored entries: the loss and every
+    weight's gradient equal the single-process model's on the dense matrix, and the ledger is
+    the formula's without layer 0's input all-gather."""
+    pg = prepared_sparse
+    assert pg.sparse_features
+    ahat, x, labels, train, pp = _reference(pg)
+    ref = _reference_model(7, dropout=0.5)
+    out_ref = _reference_forward(ref, ahat, x)
+    loss_ref = torch.nn.functional.cross_entropy(out_ref[train], labels[train])
+    loss_ref.backward()
+    dims = [F, HIDDEN, HIDDEN, C]
+    lays = layer_layouts(grid, dist_ctx.rank, N, dims, "aggregate_first",
+                         first_order="gemm_first")
+    ledger = CommLedger()
+    comms = plexus_comms(grid_groups(grid), ledger, lays[-1])
+    data = read_plexus_inputs(pg, lays, DT)
+    model = Plexus3DGCN(lays, comms, data.adj, dtype=DT, dropout=0.5, seed=7,
+                        node_ids=data.node_ids)
+    model.load_full([(lin.weight, lin.bias) for lin in ref.layers])
+    loss = parallel_cross_entropy(model(data.x), data.labels, data.masks["train"], lays[-1],
+                                  comms)
+    loss.backward()
+    assert isinstance(data.x, CSRGraph) and lays[0].order == "gemm_first"
+    torch.testing.assert_close(loss, loss_ref.detach(), **TOL)
+    _assert_weight_grads(lays, model, ref)
+    assert ledger.by_name("sent") == plexus_step_bytes(grid, dist_ctx.rank, N, dims, 8,
+                                                       sparse_input=True)

@@ -444,3 +444,42 @@ def test_cli_generators_make_edge_features(tmp_path, capsys):
     assert "--edge-features generates edge features for the generators" in \
         capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_sparse_features_are_stored_as_csr_and_read_back_exactly(tmp_path):
+    """Bag-of-words features (auto: density below 10%) become CSR feature tiles: every row and
+    column range reads back as the dense prep's, verify checks them and names a damaged one,
+    and the planner sees their density."""
+    from plexgt.data.graph import GraphData
+    from plexgt.data.prepared import FEATURES_INDICES, feature_file
+    from plexgt.tasks.task import graph_sizes
+    from tests.datagen import sparsified
+
+    g = sparsified(small_graph(61, 300, f=40), density=0.05)
+    g = GraphData("bow", 61, g.src, g.dst, g.features, g.labels)
+    opts = dict(tiles=3, progress=False, feature_block_bytes=600)
+    m = prepare(MemorySource(g), PrepOptions(out=tmp_path / "csr", **opts))
+    d = prepare(MemorySource(g), PrepOptions(out=tmp_path / "dense", sparse_features="no",
+                                             **opts))
+    assert (m["feature_layout"], d["feature_layout"]) == ("csr", "dense")
+    assert m["feature_nnz"] == d["feature_nnz"] == np.count_nonzero(g.features)
+    assert m["num_feature_blocks"] > 2
+    with PreparedGraph(tmp_path / "csr") as a, PreparedGraph(tmp_path / "dense") as b:
+        assert a.sparse_features and not b.sparse_features
+        for rows, cols in (((0, 61), (0, 40)), ((7, 33), (5, 29)), ((12, 12), (0, 40))):
+            np.testing.assert_array_equal(a.read_features(rows, cols), b.read_features(rows, cols))
+            np.testing.assert_array_equal(a.read_features_csr(rows, cols).toarray(),
+                                          b.read_features(rows, cols))
+        assert graph_sizes(a).feature_density == pytest.approx(0.05, abs=0.02)
+        assert graph_sizes(b).feature_density is None
+    assert verify(tmp_path / "csr")["ok"]
+    with h5py.File(tmp_path / "csr" / feature_file(1), "r+") as f:
+        idx = f[FEATURES_INDICES][()]
+        del f[FEATURES_INDICES]
+        idx[0] = 40
+        f.create_dataset(FEATURES_INDICES, data=idx)
+    rep = verify(tmp_path / "csr", checksums=False)
+    assert not rep["ok"] and any("column index is outside [0, F=40)" in p
+                                 for p in rep["problems"])
+    with PreparedGraph(tmp_path / "csr") as a, pytest.raises(DataError, match="outside"):
+        a.read_features_csr()

@@ -295,7 +295,7 @@ def test_multilabel_loss_gradients_and_roc_auc_equal_reference(prepared, groups)
         assert task_roc_auc(sc.numpy(), lab.numpy()) == pytest.approx(want, rel=1e-9)
 
 
-@pytest.mark.parametrize("strategy", ["gp_ag", "gp_a2a"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_node_embedding_rows_and_gradients_equal_reference(prepared, groups, strategy):
     """A learnable node embedding over node rows: each rank's rows start as the reference
     table's; after one step through the train-loop wrapper, the loss, every replicated
@@ -340,7 +340,7 @@ def prepared_sparse(tmp_path_factory):
         seed=9, sparse_features="yes", feature_block_bytes=100)
 
 
-@pytest.mark.parametrize("strategy", ["gp_ag", "gp_a2a"])
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_sparse_features_step_equals_the_dense_reference(prepared_sparse, groups, strategy):
     """CSR-stored features stay sparse into the first layer (X·W as an SpMM over this rank's
     rows): forward, loss, gradients and ledger equal the dense single-process model's."""

@@ -247,3 +247,25 @@ def test_head_axis_must_tile_the_ranks_and_is_chosen_otherwise():
     assert fixed == ("gp_2d", None, 2)
     chosen = choose_attention(sizes, shape, 8, SystemModel(), "gp_2d")
     assert chosen.strategy == "gp_2d" and 8 % chosen.head_parallel == 0
+
+
+def test_plan_prices_a_node_embedding_and_a_sparse_input(tmp_path, capsys):
+    """--node-embedding D widens the input (a featureless graph plans with --features 0 only
+    with it) and prices layer 0's input gradient on the 3D grid; a sparse input's layer-0
+    GEMM is priced by its density and drops the input all-gather."""
+    from plexgt.distributed.grid import parse_grid
+    from plexgt.plan.plexus_cost import Coefficients, estimate
+
+    base = ["plan", "--model", "gcn", "--nodes", "20000", "--edges", "400000", "--classes",
+            "8", "--world-size", "4"]
+    assert main([*base, "--features", "0"]) == 2
+    assert "--features 0 needs --node-embedding" in capsys.readouterr().err
+    js = tmp_path / "p.json"
+    assert main([*base, "--features", "0", "--node-embedding", "64", "--json", str(js)]) == 0
+    assert "dims [64, 64, 8]" in capsys.readouterr().out
+    grid, dims, coef = parse_grid("1x2x2"), [500, 64, 8], Coefficients()
+    plain = estimate(grid, 20000, 400000, dims, 4, coef)
+    trained = estimate(grid, 20000, 400000, dims, 4, coef, input_grad=True)
+    sparse = estimate(grid, 20000, 400000, dims, 4, coef, input_density=0.01)
+    assert trained.bytes_per_rank > plain.bytes_per_rank
+    assert sparse.bytes_per_rank < plain.bytes_per_rank and sparse.compute_s < plain.compute_s

@@ -5,11 +5,14 @@ scales 1, 2, 4, ..., P, chosen by AGP (:mod:`plexgt.plan.agp`); for gps each sca
 priced with the GCN path in the 1D layout and 3D on the 3D planner's best grid of s ranks (as
 ``plexgt train`` with ``parallel.grid = "auto"`` decides), one row each, the path shown. gcn:
 every Gx x Gy x Gz of P ranked by the 3D tensor-parallel cost model
-(:func:`plexgt.plan.plexus_cost.rank_grids`). Sizes come from the prepared directory's
-manifest (``--data``) or from ``--nodes --edges --features --classes`` (plan papers100M
-before preparing it); machine coefficients from ``--profile`` (``plexgt profile``), from a
-machine description (``--machine perlmutter|frontier|dgx-a100|FILE.toml``,
-:mod:`plexgt.plan.machine`), or defaults. One process, no MPI.
+(:func:`plexgt.plan.plexus_cost.rank_grids`: what ``train --grid auto`` picks), then the
+search over every scale 1..P, grid, layer order and blocking
+(:func:`plexgt.plan.search.search_gcn`) with its fastest fitting configuration and
+time-memory frontier. Sizes come from the prepared directory's manifest (``--data``) or from
+``--nodes --edges --features --classes`` (plan papers100M before preparing it); machine
+coefficients from ``--profile`` (``plexgt profile``), from a machine description
+(``--machine perlmutter|frontier|dgx-a100|FILE.toml``, :mod:`plexgt.plan.machine`), or
+defaults. One process, no MPI.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from plexgt.plan.machine import MachineError, load_machine, merge_profile
 from plexgt.plan.pareto import frontier
 from plexgt.plan.plexus_cost import Coefficients, rank_grids
 from plexgt.plan.profile import read_profile
+from plexgt.plan.search import GcnConfig, search_gcn
 from plexgt.tasks.task import graph_sizes, plexus_coefficients_for, system_model_for
 
 HELP = "Predict time and memory of each strategy and scale; choose one (AGP / Plexus)."
@@ -189,7 +193,29 @@ def _plan_gcn(args: argparse.Namespace, sizes: GraphSizes, shape: ModelShape,
                      "frontier": i in front})
     choice = None if best is None else str(ests[best].grid)
     print("no grid fits the memory limit" if choice is None else f"choice: grid {choice}")
-    return {"model": "gcn", "rows": rows, "choice": choice}
+    found = search_gcn(sizes.n, nnz, dims, shape.esize, coef, args.world_size, limit,
+                       input_grad=shape.trained_input, input_density=sizes.feature_density)
+    print(f"search over every scale 1..{args.world_size}: {found.grids} grids, "
+          f"{found.priced} configurations (orders, blocking) priced in {found.seconds:.2f} s")
+    if found.chosen is not None:
+        c = found.chosen
+        print(f"fastest that fits at any scale: {c.label} on {c.scale} ranks, "
+              f"{c.est.time_s:.4g} s, {c.est.memory_bytes / 2**30:.3g} GiB")
+        print("frontier across scales: " + "; ".join(
+            f"{f.label} on {f.scale}: {f.est.time_s:.4g} s, "
+            f"{f.est.memory_bytes / 2**30:.3g} GiB" for f in found.frontier))
+
+    def cfg(c: GcnConfig) -> dict[str, Any]:
+        return {"scale": c.scale, "grid": str(c.grid), "order": c.order,
+                "block_rows": c.block_rows, "time_s": c.est.time_s, "comm_s": c.est.comm_s,
+                "compute_s": c.est.compute_s, "memory_bytes": c.est.memory_bytes,
+                "frontier": c in found.frontier}
+
+    return {"model": "gcn", "rows": rows, "choice": choice,
+            "search": {"grids": found.grids, "priced": found.priced,
+                       "seconds": found.seconds,
+                       "chosen": None if found.chosen is None else cfg(found.chosen),
+                       "best_per_scale": [cfg(c) for c in found.best_per_scale]}}
 
 
 def _plan_attention(args: argparse.Namespace, sizes: GraphSizes, shape: ModelShape,

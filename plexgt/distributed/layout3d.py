@@ -172,6 +172,7 @@ def layer_layouts(grid: Grid3D, rank: int, n: int, dims: list[int],
     as in :func:`layer_orders`, layer 0's replaced by ``first_order`` when given (sparse
     input features run gemm_first whatever the widths)."""
     coords = dict(zip("xyz", grid.coords(rank)))
+    ext = dict(zip("xyz", grid.shape))
     pd = padded_dims(grid, dims)
     orders = layer_orders(dims, order)
     if first_order is not None:
@@ -183,7 +184,7 @@ def layer_layouts(grid: Grid3D, rank: int, n: int, dims: list[int],
             LayerLayout(
                 layer=l,
                 roles=roles,
-                g=tuple(grid.dim(r) for r in roles),
+                g=(ext[roles[0]], ext[roles[1]], ext[roles[2]]),
                 i=tuple(coords[r] for r in roles),
                 n=n,
                 d_in=pd[l],

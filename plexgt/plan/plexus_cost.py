@@ -24,42 +24,43 @@ def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad
     ga, gb, gc = lay.g
     a, b, c = lay.roles
     din_b, dout_a = lay.d_in // gb, lay.d_out // ga
-    blocks = row_blocks(lay.rows_pad, block_rows)
+    rows_pad, cols_pad = lay.rows_pad, lay.cols_pad  # properties: computed once here
+    blocks = row_blocks(rows_pad, block_rows)
     if lay.order == "gemm_first":
         dout_b, dout_ab = lay.d_out // gb, lay.d_out // (ga * gb)
         ops = [
-            (c, "all_gather", all_gather_bytes(lay.cols_pad * (din_b // gc) * esize, gc)),
+            (c, "all_gather", all_gather_bytes(cols_pad * (din_b // gc) * esize, gc)),
             (c, "all_gather", all_gather_bytes((din_b // gc) * dout_a * esize, gc)),
             (a, "all_gather", all_gather_bytes(din_b * dout_a * esize, ga)),
-            (b, "reduce_scatter", reduce_scatter_bytes(lay.cols_pad * lay.d_out * esize, gb)),
+            (b, "reduce_scatter", reduce_scatter_bytes(cols_pad * lay.d_out * esize, gb)),
             *[(a, "reduce_scatter", reduce_scatter_bytes((r1 - r0) * dout_b * esize, ga))
               for r0, r1 in blocks],
             # backward
             (c, "all_reduce", all_reduce_bytes(dout_ab * esize, gc)),
             *[(a, "all_gather", all_gather_bytes((r1 - r0) * dout_ab * esize, ga))
               for r0, r1 in blocks],
-            (b, "all_gather", all_gather_bytes(lay.cols_pad * dout_b * esize, gb)),
+            (b, "all_gather", all_gather_bytes(cols_pad * dout_b * esize, gb)),
             (a, "reduce_scatter", reduce_scatter_bytes(din_b * lay.d_out * esize, ga)),
             (c, "reduce_scatter", reduce_scatter_bytes(din_b * dout_a * esize, gc)),
         ]
         if input_grad:
             ops.append((c, "reduce_scatter",
-                        reduce_scatter_bytes(lay.cols_pad * din_b * esize, gc)))
+                        reduce_scatter_bytes(cols_pad * din_b * esize, gc)))
         return ops[1:] if gathered_input else ops
     ops = [
-        (c, "all_gather", all_gather_bytes(lay.cols_pad * (din_b // gc) * esize, gc)),
+        (c, "all_gather", all_gather_bytes(cols_pad * (din_b // gc) * esize, gc)),
         *[(a, "all_reduce", all_reduce_bytes((r1 - r0) * din_b * esize, ga)) for r0, r1 in blocks],
         (c, "all_gather", all_gather_bytes((din_b // gc) * dout_a * esize, gc)),
-        (b, "reduce_scatter", reduce_scatter_bytes(lay.rows_pad * dout_a * esize, gb)),
+        (b, "reduce_scatter", reduce_scatter_bytes(rows_pad * dout_a * esize, gb)),
         # backward
-        (b, "all_gather", all_gather_bytes(lay.rows_pad * (dout_a // gb) * esize, gb)),
+        (b, "all_gather", all_gather_bytes(rows_pad * (dout_a // gb) * esize, gb)),
         (c, "all_reduce", all_reduce_bytes((dout_a // gb) * esize, gc)),
         (c, "reduce_scatter", reduce_scatter_bytes(din_b * dout_a * esize, gc)),
     ]
     if input_grad:
         ops += [(a, "all_reduce", all_reduce_bytes((r1 - r0) * din_b * esize, ga))
                 for r0, r1 in blocks]
-        ops.append((c, "reduce_scatter", reduce_scatter_bytes(lay.cols_pad * din_b * esize, gc)))
+        ops.append((c, "reduce_scatter", reduce_scatter_bytes(cols_pad * din_b * esize, gc)))
     return ops
 
 
@@ -160,49 +161,61 @@ def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
     """Predicted step time and memory of ``grid`` (nnz spread evenly: double permutation;
     ``input_grad``: layer 0's input is trained, a node embedding; ``input_density``: the
     input is CSR-stored with this share of nonzeros, its layer-0 GEMM an SpMM priced by it)."""
-    worst_b, worst_c, worst_t, worst_m = 0, 0.0, 0.0, 0
+    # every rank prices the same: blocks are padded to equal shapes (ceil(N/G) rows, padded
+    # widths), so bytes, calls, FMAs and memory depend on the grid's extents, not on which
+    # block a rank holds (the tests check rank_cost over every rank); one rank stands for
+    # all, which keeps a search over every factorisation of every scale fast
+    nbytes, calls, flops_s, mem = rank_cost(grid, 0, n, nnz, dims, esize, coef, block_rows,
+                                            order, input_grad, input_density)
+    comm = calls * coef.latency_s + nbytes * coef.s_per_byte
+    return PlexusEstimate(grid, nbytes, comm, flops_s, mem)
+
+
+def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: int,
+              coef: Coefficients, block_rows: int | None = None, order: str = "auto",
+              input_grad: bool = False, input_density: float | None = None
+              ) -> tuple[int, int, float, int]:
+    """(bytes sent, collective calls, compute seconds, memory bytes) of rank ``r``'s step,
+    as :func:`estimate` prices it."""
     sparse = input_density is not None
-    for r in range(grid.size):
-        lays = layer_layouts(grid, r, n, dims, order,
-                             first_order="gemm_first" if sparse else None)
-        nbytes, calls, flops_s, mem = 0, 0, 0.0, 0
-        for lay in lays:
-            ga, gb, gc = lay.g
-            ops = layer_bytes(lay, esize, block_rows, lay.layer > 0 or input_grad,
-                              sparse and lay.layer == 0)
-            nbytes += sum(o[2] for o in ops)
-            calls += sum(1 for o in ops if o[2])
-            blk_nnz = nnz / (ga * gc)
-            shard = lay.cols_pad * lay.d_in // (gb * gc) * (2 if lay.layer == 0 else 1)
-            mem += int(blk_nnz * 12 * 2)  # CSR + transpose: 8-byte index + 4-byte value
-            mem += (lay.d_in // gb) * (lay.d_out // ga) * esize * 4  # W shard, grad, Adam
-            if lay.order == "gemm_first":
-                # the SpMM runs forward and backward on d_out/Gb columns; GEMM on input rows
-                spmm = blk_nnz * (lay.d_out // gb) * 2
-                gemm = lay.cols_pad * (lay.d_in // gb) * lay.d_out * (3 if lay.layer else 2)
-                if sparse and lay.layer == 0:
-                    gemm *= input_density
-                # input shard (+ staging on layer 0), gathered input (staged twice), whole W
-                # block, H·W before and after its reduce-scatter, the aggregate
-                mem += (shard + 2 * lay.cols_pad * lay.d_in // gb
-                        + (lay.d_in // gb) * lay.d_out + lay.cols_pad * lay.d_out
-                        + lay.cols_pad * lay.d_out // gb + lay.rows_pad * lay.d_out // gb
-                        ) * esize
-            else:
-                spmm = blk_nnz * (lay.d_in // gb) * (2 if lay.layer > 0 else 1)
-                gemm = lay.rows_pad * (lay.d_in // gb) * (lay.d_out // ga) * 3
-                # input shard (and its staging copy on layer 0), gathered input (twice: the
-                # backend stages the gather), aggregate, partial product
-                mem += (shard + 2 * lay.cols_pad * lay.d_in // gb
-                        + lay.rows_pad * lay.d_in // gb + lay.rows_pad * lay.d_out // ga) * esize
-            flops_s += spmm * coef.spmm_s_per_nnz_col + gemm * coef.gemm_s_per_fma
-        mem += PROCESS_BASE_BYTES
-        comm = calls * coef.latency_s + nbytes * coef.s_per_byte
-        worst_b = max(worst_b, nbytes)
-        worst_c = max(worst_c, comm)
-        worst_t = max(worst_t, flops_s)
-        worst_m = max(worst_m, mem)
-    return PlexusEstimate(grid, worst_b, worst_c, worst_t, worst_m)
+    lays = layer_layouts(grid, r, n, dims, order,
+                         first_order="gemm_first" if sparse else None)
+    nbytes, calls, flops_s, mem = 0, 0, 0.0, 0
+    for lay in lays:
+        ga, gb, gc = lay.g
+        rows_pad, cols_pad = lay.rows_pad, lay.cols_pad
+        ops = layer_bytes(lay, esize, block_rows, lay.layer > 0 or input_grad,
+                          sparse and lay.layer == 0)
+        for o in ops:
+            if o[2]:
+                nbytes += o[2]
+                calls += 1
+        blk_nnz = nnz / (ga * gc)
+        shard = cols_pad * lay.d_in // (gb * gc) * (2 if lay.layer == 0 else 1)
+        mem += int(blk_nnz * 12 * 2)  # CSR + transpose: 8-byte index + 4-byte value
+        mem += (lay.d_in // gb) * (lay.d_out // ga) * esize * 4  # W shard, grad, Adam
+        if lay.order == "gemm_first":
+            # the SpMM runs forward and backward on d_out/Gb columns; GEMM on input rows
+            spmm = blk_nnz * (lay.d_out // gb) * 2
+            gemm = cols_pad * (lay.d_in // gb) * lay.d_out * (3 if lay.layer else 2)
+            if sparse and lay.layer == 0:
+                gemm *= input_density
+            # input shard (+ staging on layer 0), gathered input (staged twice), whole W
+            # block, H·W before and after its reduce-scatter, the aggregate
+            mem += (shard + 2 * cols_pad * lay.d_in // gb
+                    + (lay.d_in // gb) * lay.d_out + cols_pad * lay.d_out
+                    + cols_pad * lay.d_out // gb + rows_pad * lay.d_out // gb
+                    ) * esize
+        else:
+            spmm = blk_nnz * (lay.d_in // gb) * (2 if lay.layer > 0 else 1)
+            gemm = rows_pad * (lay.d_in // gb) * (lay.d_out // ga) * 3
+            # input shard (and its staging copy on layer 0), gathered input (twice: the
+            # backend stages the gather), aggregate, partial product
+            mem += (shard + 2 * cols_pad * lay.d_in // gb
+                    + rows_pad * lay.d_in // gb + rows_pad * lay.d_out // ga) * esize
+        flops_s += spmm * coef.spmm_s_per_nnz_col + gemm * coef.gemm_s_per_fma
+    mem += PROCESS_BASE_BYTES
+    return nbytes, calls, flops_s, mem
 
 
 def rank_grids(world_size: int, n: int, nnz: int, dims: list[int], esize: int,

@@ -269,3 +269,41 @@ def test_plan_prices_a_node_embedding_and_a_sparse_input(tmp_path, capsys):
     sparse = estimate(grid, 20000, 400000, dims, 4, coef, input_density=0.01)
     assert trained.bytes_per_rank > plain.bytes_per_rank
     assert sparse.bytes_per_rank < plain.bytes_per_rank and sparse.compute_s < plain.compute_s
+
+
+@pytest.mark.parametrize("grid", ["2x3x1", "1x2x4", "3x1x3", "5x1x1"])
+def test_every_rank_of_a_grid_prices_the_same_so_one_stands_for_all(grid):
+    """The 3D estimate prices one rank: blocks are padded to equal shapes, so every rank's
+    bytes, calls, compute and memory are the same (N, widths and nnz chosen uneven)."""
+    from plexgt.distributed.grid import parse_grid
+    from plexgt.plan.plexus_cost import Coefficients, rank_cost
+
+    g = parse_grid(grid)
+    for kw in ({}, {"block_rows": 7, "order": "gemm_first"},
+               {"input_grad": True}, {"input_density": 0.03}):
+        costs = {rank_cost(g, r, 1003, 17011, [37, 19, 5], 4, Coefficients(), **kw)
+                 for r in range(g.size)}
+        assert len(costs) == 1, (grid, kw)
+
+
+@pytest.mark.parametrize("n,nnz,dims", [(50_000, 2_000_000, [500, 64, 8]),
+                                        (2_000_000, 40_000_000, [128, 128, 128, 40])])
+def test_gcn_search_covers_every_scale_and_matches_full_enumeration(n, nnz, dims):
+    """Every factorisation of every scale 1..P is priced (non powers of two included); the
+    two-stage search finds the configuration full enumeration finds, and its frontier holds
+    the chosen one; a memory limit drops the scales whose ranks cannot hold their share."""
+    from plexgt.distributed.grid import factorizations
+    from plexgt.plan.search import search_gcn
+
+    coef = Coefficients()
+    fast = search_gcn(n, nnz, dims, 4, coef, 24)
+    full = search_gcn(n, nnz, dims, 4, coef, 24, refine=None)
+    assert fast.grids == full.grids == sum(len(factorizations(s)) for s in range(1, 25))
+    assert fast.priced < full.priced
+    assert [c.scale for c in fast.best_per_scale] == list(range(1, 25))
+    assert fast.chosen.label == full.chosen.label and fast.chosen.scale == full.chosen.scale
+    assert fast.chosen in fast.frontier
+    limit = int(sorted(c.est.memory_bytes for c in full.best_per_scale)[12])
+    capped = search_gcn(n, nnz, dims, 4, coef, 24, memory_limit=limit)
+    assert all(c.est.memory_bytes <= limit for c in capped.best_per_scale)
+    assert 1 not in {c.scale for c in capped.best_per_scale}

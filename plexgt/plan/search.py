@@ -1,0 +1,135 @@
+"""gcn's search over every configuration a run can take: every scale, grid, order, blocking.
+
+A job of P ranks can run gcn on any s <= P of them, on any factorisation Gx x Gy x Gz of s
+(not only powers of two), each layer aggregate_first or gemm_first, and the aggregation in row
+blocks or whole. :func:`search_gcn` prices them with the 3D cost model
+(:func:`plexgt.plan.plexus_cost.estimate`, one rank standing for all) and returns the fastest
+configuration that fits ``memory_limit`` and the Pareto frontier of predicted time against
+memory per rank (the best configuration of each scale on it).
+
+The search has two stages. First every grid of every scale is priced in the configured order
+(``auto``: per layer by its widths) with whole-block aggregation, and grids over the memory
+limit are dropped. Then, on the scales that can matter (the first stage's time-memory frontier
+and its :data:`REFINE_SCALES` fastest scales), the :data:`REFINE` fastest survivors are
+priced again for every uniform order, blocked (the cost model's block rows) and whole. Why
+not price every combination everywhere: at P = 2048 there are 72,003 grids, and five more
+variants of each would take minutes. The second stage is a heuristic: it assumes order and
+blocking reorder configurations within the leading grids and scales, not across the whole
+field. ``refine=None`` enumerates fully; the tests compare the two on small P, and
+perf/results/plan_search.json times P = 2048.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from plexgt.distributed.grid import Grid3D, factorizations
+from plexgt.distributed.layout3d import layer_layouts
+from plexgt.plan.pareto import frontier
+from plexgt.plan.plexus_cost import Coefficients, PlexusEstimate, default_block_rows, estimate
+
+REFINE = 4
+"""Grids per scale priced again in every order and blocking (the second stage)."""
+REFINE_SCALES = 16
+"""Scales refined beyond the first stage's frontier: its fastest this many."""
+ORDERS = ("auto", "aggregate_first", "gemm_first")
+
+
+@dataclass(frozen=True)
+class GcnConfig:
+    """One configuration of a gcn run and its prediction."""
+
+    grid: Grid3D
+    order: str
+    """'auto' (per layer by width), 'aggregate_first' or 'gemm_first'."""
+    block_rows: int | None
+    """Rows per aggregation block; None: whole blocks."""
+    est: PlexusEstimate
+
+    @property
+    def scale(self) -> int:
+        return self.grid.size
+
+    @property
+    def label(self) -> str:
+        return f"{self.grid} {self.order} block_rows={self.block_rows or 'whole'}"
+
+
+@dataclass
+class GcnSearch:
+    """What :func:`search_gcn` found."""
+
+    best_per_scale: list[GcnConfig]
+    """The fastest fitting configuration of each scale that has one, by scale."""
+    chosen: GcnConfig | None
+    """The fastest that fits at any scale (ties: fewer ranks); None when nothing fits."""
+    frontier: list[GcnConfig] = field(default_factory=list)
+    """Of ``best_per_scale``: those no other is both faster and smaller, fastest first."""
+    grids: int = 0
+    """Grids priced in the first stage."""
+    priced: int = 0
+    """Configurations priced in all."""
+    seconds: float = 0.0
+    """Wall time of the search."""
+
+
+def _block_rows(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
+                coef: Coefficients, order: str) -> int | None:
+    """The cost model's rows per block for ``grid`` (as train picks them)."""
+    lays = layer_layouts(grid, 0, n, dims, order)
+    picks = [default_block_rows(lay, nnz // (lay.g[0] * lay.g[2]), esize, coef) for lay in lays]
+    return min((p for p in picks if p), default=None)
+
+
+def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients,
+               world_size: int, memory_limit: int | None = None, order: str = "auto",
+               scales: list[int] | None = None, refine: int | None = REFINE,
+               input_grad: bool = False, input_density: float | None = None) -> GcnSearch:
+    """Search every factorisation of every scale in ``scales`` (default 1..world_size), the
+    layer orders (``order`` 'auto': all of :data:`ORDERS`; else that one) and blocked or whole
+    aggregation; see the module docstring. ``refine=None`` prices every combination."""
+    t0 = time.perf_counter()
+    orders = ORDERS if order == "auto" else (order,)
+    kw = dict(input_grad=input_grad, input_density=input_density)
+
+    def price(g: Grid3D, o: str, br: int | None) -> GcnConfig:
+        return GcnConfig(g, o, br, estimate(g, n, nnz, dims, esize, coef, br, o, **kw))
+
+    def fits(c: GcnConfig) -> bool:
+        return memory_limit is None or c.est.memory_bytes <= memory_limit
+
+    grids, priced = 0, 0
+    fitting: dict[int, list[GcnConfig]] = {}
+    for s in scales or range(1, world_size + 1):
+        first = []
+        for g in factorizations(s):
+            c = price(g, orders[0], None)
+            grids += 1
+            if fits(c):
+                first.append(c)
+        if first:
+            fitting[s] = sorted(first, key=lambda c: c.est.time_s)
+    priced = grids
+    # the second stage on the scales that can matter: the first stage's frontier and its
+    # fastest REFINE_SCALES scales (all of them with refine=None)
+    leaders = [v[0] for v in fitting.values()]
+    keep = {leaders[i].scale for i in frontier(leaders, lambda c: c.est.time_s,
+                                                lambda c: c.est.memory_bytes)}
+    keep |= {c.scale for c in sorted(leaders, key=lambda c: c.est.time_s)[:REFINE_SCALES]}
+    best = []
+    for s, first in fitting.items():
+        cands = list(first)
+        if refine is None or s in keep:
+            for c in first if refine is None else first[:refine]:
+                for o in orders:
+                    for br in {_block_rows(c.grid, n, nnz, dims, esize, coef, o), None}:
+                        if (o, br) != (c.order, c.block_rows):
+                            priced += 1
+                            cands.append(price(c.grid, o, br))
+        cands = [c for c in cands if fits(c)]
+        best.append(min(cands, key=lambda c: c.est.time_s))
+    chosen = min(best, key=lambda c: (c.est.time_s, c.scale), default=None)
+    front = [best[i] for i in frontier(best, lambda c: c.est.time_s,
+                                       lambda c: c.est.memory_bytes)]
+    return GcnSearch(best, chosen, front, grids, priced, time.perf_counter() - t0)

@@ -146,16 +146,18 @@ class Drop:
             return x
         return self.rng.dropout(x, self.p, self.site, col0)
 
-    def features(self, x: Features) -> Features:
-        """Dropout on node features; for sparse features only the stored entries are drawn
-        (zeros stay zeros either way, so this equals dense dropout on the same matrix)."""
+    def features(self, x: Features, col0: int = 0) -> Features:
+        """Dropout on node features (columns col0.. of the global input); for sparse features
+        only the stored entries are drawn (zeros stay zeros either way, so this equals dense
+        dropout on the same matrix)."""
         if self.rng is None or self.p <= 0.0:
             return x
         if isinstance(x, CSRGraph):
             assert x.values is not None
-            return x.with_values(self.rng.dropout_values(x.values, x.row, x.indices, self.p,
+            cols = x.indices + col0 if col0 else x.indices
+            return x.with_values(self.rng.dropout_values(x.values, x.row, cols, self.p,
                                                          self.site))
-        return self(x)
+        return self(x, col0)
 
 
 NO_DROP = Drop(None, 0.0)

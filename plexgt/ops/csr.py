@@ -19,6 +19,16 @@ import torch
 Tensor = torch.Tensor
 
 
+def sparse_csr(indptr: Tensor, indices: Tensor, values: Tensor, shape: tuple[int, int]
+               ) -> Tensor:
+    """A torch sparse CSR tensor of already-valid (sorted, in range) index arrays, without the
+    invariant check and without torch's "in beta" warning (printed once per process by every
+    rank otherwise; plexgt uses the format knowingly)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
+        return torch.sparse_csr_tensor(indptr, indices, values, shape, check_invariants=False)
+
+
 class CSRGraph:
     """A ``[num_rows, num_cols]`` sparse matrix in CSR form with int64 index arrays.
 
@@ -235,12 +245,7 @@ class CSRGraph:
         indices to int32 on every product otherwise, which costs as much as a small SpMM.
         """
         indptr, indices = self.compact_index()
-        with warnings.catch_warnings():
-            # torch calls sparse CSR "beta" once per process; used knowingly, so it is noise
-            warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta")
-            return torch.sparse_csr_tensor(
-                indptr, indices, values, (self.num_rows, self.num_cols), check_invariants=False
-            )
+        return sparse_csr(indptr, indices, values, (self.num_rows, self.num_cols))
 
     def weighted_csr(self, dtype: torch.dtype) -> Tensor:
         """The stored values as a torch sparse CSR tensor of ``dtype`` (cached per dtype)."""

@@ -49,8 +49,8 @@ from plexgt.distributed.collectives import (
     wait,
 )
 from plexgt.distributed.layout3d import LayerLayout, output_plane, row_blocks
-from plexgt.models.layers import Features, sparse_features
-from plexgt.ops.csr import CSRGraph
+from plexgt.models.layers import Drop, Features, sparse_features
+from plexgt.ops.csr import CSRGraph, sparse_csr
 from plexgt.ops.gcn import gcn_spmm, inv_sqrt_degrees
 from plexgt.ops.precision import autocast_dtype, full_precision
 from plexgt.ops.rng import CounterRNG
@@ -67,12 +67,11 @@ def gcn_block_values(adj: sp.csr_matrix, deg_rows: np.ndarray, deg_cols: np.ndar
 
 def _torch_csr(m: sp.csr_matrix, dtype: torch.dtype) -> torch.Tensor:
     m = m.tocsr()
-    return torch.sparse_csr_tensor(  # indices come sorted and in range from scipy
+    return sparse_csr(  # indices come sorted and in range from scipy
         torch.from_numpy(m.indptr.astype(np.int64)),
         torch.from_numpy(m.indices.astype(np.int64)),
         torch.from_numpy(m.data).to(dtype),
-        size=m.shape,
-        check_invariants=False,
+        m.shape,
     )
 
 
@@ -361,11 +360,8 @@ class Plexus3DGCN(nn.Module):
         if self.num_id_layers != len(self.layouts):
             raise ValueError("dropout needs each layer's node ids (Plexus3DGCN(node_ids=...))")
         rng = CounterRNG(self.seed, self.step, getattr(self, f"node_ids_{lay.layer}"))
-        if isinstance(h, CSRGraph):
-            assert h.values is not None
-            cols = h.indices + lay.gathered_cols[0]
-            return h.with_values(rng.dropout_values(h.values, h.row, cols, p, lay.layer))
-        return rng.dropout(h, p, lay.layer, col0=lay.in_cols[0])
+        col0 = lay.gathered_cols[0] if isinstance(h, CSRGraph) else lay.in_cols[0]
+        return Drop(rng, p, lay.layer).features(h, col0)
 
     def layer(self, h: Features, l: int) -> torch.Tensor:
         """[N/Ga, d_in/(Gb·Gc)] -> [N/Gc, d_out/(Ga·Gb)] in the layer's order (layout3d).

@@ -14,8 +14,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from plexgt.distributed.collectives import Comm, all_gather_uneven, all_reduce_
+from plexgt.distributed.collectives import Comm, all_reduce_
 from plexgt.distributed.layout3d import LayerLayout
+from plexgt.parallel.rows1d import gather_scores
 
 
 class _ParallelCrossEntropy(torch.autograd.Function):
@@ -158,11 +159,4 @@ def parallel_scores(z: torch.Tensor, target: torch.Tensor, masks: dict[str, torc
         score = ((z.double() * sign[None, :]).sum(dim=1) if z.shape[1] else
                  torch.zeros(z.shape[0], dtype=torch.float64, device=z.device))[:, None]
     all_reduce_(score, comms["plane"])
-    lab = target.double().reshape(target.shape[0], -1)
-    w = score.shape[1]
-    out = {}
-    for k, m in masks.items():
-        got = all_gather_uneven(torch.cat([score[m], lab[m]], dim=1), comms[lay.roles[2]])
-        s, y = got[:, :w], got[:, w:].long()
-        out[k] = (s, y) if multi else (s[:, 0], y[:, 0])
-    return out
+    return gather_scores(score, target, masks, comms[lay.roles[2]])

@@ -37,7 +37,7 @@ from plexgt.distributed.collectives import (
     all_reduce_,
 )
 from plexgt.distributed.grid import Grid3D, block_bounds
-from plexgt.models.layers import Features
+from plexgt.models.layers import Features, sparse_features
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_norm
 from plexgt.parallel.attention.strategy import (
@@ -101,10 +101,13 @@ class RowData:
                        {k: m.to(device) for k, m in self.masks.items()})
 
     @classmethod
-    def from_arrays(cls, rows: Range, x: np.ndarray, labels: np.ndarray,
+    def from_arrays(cls, rows: Range, x: np.ndarray | sp.spmatrix, labels: np.ndarray,
                     masks: dict[str, np.ndarray], dtype: torch.dtype) -> RowData:
-        """From a loader's padded arrays (features [n, F], labels [n], masks [n])."""
-        return cls(rows, torch.from_numpy(np.ascontiguousarray(x)).to(dtype),
+        """From a loader's padded arrays (features [n, F] dense, or scipy sparse: kept sparse
+        as a weighted CSRGraph; labels [n]; masks [n])."""
+        xt = (sparse_features(x, dtype=dtype) if sp.issparse(x)
+              else torch.from_numpy(np.ascontiguousarray(x)).to(dtype))
+        return cls(rows, xt,
                    torch.from_numpy(labels.astype(np.int64)),
                    {k: torch.from_numpy(m.astype(bool)) for k, m in masks.items()})
 
@@ -245,6 +248,16 @@ def row_scores(logits: Tensor, labels: Tensor, masks: dict[str, Tensor], comm: C
     [n, T]): scores [k, T] = the logits, labels [k, T] (-1 kept: the metric skips them)."""
     multi = labels.ndim == 2
     score = logits.double() if multi else (logits[:, 1] - logits[:, 0]).double()[:, None]
+    return gather_scores(score, labels, masks, comm)
+
+
+@torch.no_grad()
+def gather_scores(score: Tensor, labels: Tensor, masks: dict[str, Tensor], comm: Comm
+                  ) -> dict[str, tuple[Tensor, Tensor]]:
+    """score [n, w] float64 and labels [n] or [n, w] of this rank's rows -> per split the
+    masked rows of every rank over ``comm``, in rank order: (score [k], label [k]) for class
+    labels, [k, w] each for multi-label ones. One uneven all-gather per split."""
+    multi = labels.ndim == 2
     lab = labels.double().reshape(labels.shape[0], -1)
     t = score.shape[1]
     out = {}

@@ -23,7 +23,7 @@ from plexgt.errors import ConfigError
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionStrategy
 from plexgt.plan.agp import Plan, SystemModel, Workload, gcn_grid_for, plan
-from plexgt.plan.plexus_cost import Coefficients, default_block_rows, rank_grids
+from plexgt.plan.plexus_cost import Coefficients, layout_block_rows, rank_grids
 
 STRATEGIES = ("auto", "gp_ag", "gp_a2a", "gp_ring", "gp_2d")
 """What ``parallel.strategy`` and ``--strategy`` accept: the registry's names, or AGP's pick."""
@@ -111,9 +111,7 @@ def gcn_block_rows(layouts: list[LayerLayout], sizes: GraphSizes, shape: ModelSh
     cuts the same blocks."""
     if shape.block_rows:
         return shape.block_rows
-    picks = [default_block_rows(lay, sizes.e // (lay.g[0] * lay.g[2]), shape.esize, coef)
-             for lay in layouts]
-    return min((p for p in picks if p), default=None)
+    return layout_block_rows(layouts, sizes.e, shape.esize, coef)
 
 
 def workload(sizes: GraphSizes, shape: ModelShape, grid: Grid3D | None = None) -> Workload:

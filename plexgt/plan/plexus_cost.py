@@ -230,6 +230,16 @@ def rank_grids(world_size: int, n: int, nnz: int, dims: list[int], esize: int,
                                        e.time_s))
 
 
+def layout_block_rows(layouts: list[LayerLayout], nnz: int, esize: int, coef: Coefficients
+                      ) -> int | None:
+    """One rows-per-block for a model's layers: the cost model's pick for the layer with the
+    most to overlap (the smallest), from global sizes only, so every rank of an all-reduce
+    group cuts the same blocks."""
+    picks = [default_block_rows(lay, nnz // (lay.g[0] * lay.g[2]), esize, coef)
+             for lay in layouts]
+    return min((p for p in picks if p), default=None)
+
+
 def default_block_rows(lay: LayerLayout, block_nnz: int, esize: int, coef: Coefficients,
                        max_blocks: int = 64) -> int | None:
     """Rows per aggregation block that minimise the modelled layer-aggregation time.

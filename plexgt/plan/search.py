@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from plexgt.distributed.grid import Grid3D, factorizations
 from plexgt.distributed.layout3d import layer_layouts
 from plexgt.plan.pareto import frontier
-from plexgt.plan.plexus_cost import Coefficients, PlexusEstimate, default_block_rows, estimate
+from plexgt.plan.plexus_cost import Coefficients, PlexusEstimate, estimate, layout_block_rows
 
 REFINE = 4
 """Grids per scale priced again in every order and blocking (the second stage)."""
@@ -77,9 +77,7 @@ class GcnSearch:
 def _block_rows(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
                 coef: Coefficients, order: str) -> int | None:
     """The cost model's rows per block for ``grid`` (as train picks them)."""
-    lays = layer_layouts(grid, 0, n, dims, order)
-    picks = [default_block_rows(lay, nnz // (lay.g[0] * lay.g[2]), esize, coef) for lay in lays]
-    return min((p for p in picks if p), default=None)
+    return layout_block_rows(layer_layouts(grid, 0, n, dims, order), nnz, esize, coef)
 
 
 def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients,

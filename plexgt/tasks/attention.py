@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 from datetime import timedelta
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -36,7 +35,6 @@ from plexgt.distributed.bootstrap import DistContext
 from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.distributed.grid import Grid3D, block_bounds, build_groups
 from plexgt.errors import ConfigError
-from plexgt.models.layers import sparse_features
 from plexgt.models.node_embedding import NodeEmbedding
 from plexgt.parallel.attention.gp_2d import make_groups
 from plexgt.parallel.attention.registry import default_registry
@@ -117,13 +115,11 @@ def read_row_data(pg: PreparedGraph, p: int, i: int, dtype: torch.dtype = torch.
     n_loc = -(-pg.N // p)
     t = read_targets(pg, rows, "Q", n_loc)
     if pg.sparse_features:
-        m = pg.read_features_csr(rows)
-        m.resize((n_loc, pg.F))  # padding rows: empty
-        x = sparse_features(m, dtype=dtype)
-        return RowData(rows, x, torch.from_numpy(t.labels.astype(np.int64)),
-                       {k: torch.from_numpy(v.astype(bool)) for k, v in t.masks.items()})
-    w = pg.F + embedding
-    x = read_feature_block(pg, rows, (0, w), (n_loc, w))
+        x = pg.read_features_csr(rows)
+        x.resize((n_loc, pg.F))  # padding rows: empty
+    else:
+        w = pg.F + embedding
+        x = read_feature_block(pg, rows, (0, w), (n_loc, w))
     return RowData.from_arrays(rows, x, t.labels, t.masks, dtype)
 
 

@@ -1,16 +1,18 @@
-"""How long gcn's search over every configuration takes, and whether its shortcut loses anything.
+"""How long the search over every configuration takes, and whether its shortcut loses anything.
 
-    .venv/bin/python perf/plan_search.py                 # ~1 min on 2 cores
+    .venv/bin/python perf/plan_search.py                 # ~3 min on 2 cores
 
-For ogbn-papers100M's sizes (N = 111,059,956, E = 1,726,745,828 + N self loops; gcn 3 layers,
-hidden 128, as Plexus runs it; bfloat16 activations) on the Perlmutter and Frontier machine
-descriptions (a model projection, not a measurement): :func:`plexgt.plan.search.search_gcn`
-over every factorisation of every scale 1..2048 with the GPUs' memory as the limit — its wall
-time (the issue's target: under 10 s), grids and configurations priced, the chosen
-configuration and the frontier. Then, at P = 96, the two-stage search against full
-enumeration (every grid in every order, blocked and whole) on four graph shapes: whether both
-choose the same configuration and how much slower the two-stage choice is predicted to be.
-Writes perf/results/plan_search.json and ends with one RESULT line.
+For ogbn-papers100M's sizes (N = 111,059,956, E = 1,726,745,828 + N self loops; bfloat16
+activations) on the Perlmutter and Frontier machine descriptions (a model projection, not a
+measurement): :func:`plexgt.plan.choose.choose` over every scale 1..2048 with the GPUs'
+memory as the limit, for gcn (3 layers, hidden 128, as Plexus runs it: every factorisation
+of every scale, layer order, blocking) and gt and gps (3 blocks, hidden 128, 8 heads: every
+strategy, gp_2d head axis, ring pieces, attention row blocks, gps's GCN path 1D or 3D) — its
+wall time (the issue's target: under 10 s), configurations priced and dropped on memory
+before pricing, the chosen configuration and the frontier. Then the two-stage searches
+against full enumeration on four graph shapes (P = 96): whether
+both choose the same configuration and how much slower the two-stage choice is predicted to
+be. Writes perf/results/plan_search.json and ends with one RESULT line.
 """
 
 from __future__ import annotations
@@ -24,9 +26,14 @@ sys.path.insert(0, str(ROOT / "perf"))
 
 from common import hardware, result_line, today, write_json  # noqa: E402
 
+from plexgt.parallel.attention.registry import default_registry  # noqa: E402
+from plexgt.plan.agp import Workload, gcn_grid_for  # noqa: E402
+from plexgt.plan.choose import GraphSizes, ModelShape, choose  # noqa: E402
 from plexgt.plan.machine import load_machine  # noqa: E402
 from plexgt.plan.plexus_cost import Coefficients  # noqa: E402
 from plexgt.plan.search import search_gcn  # noqa: E402
+from plexgt.plan.search_attention import search_attention  # noqa: E402
+from plexgt.tasks.task import system_model_for  # noqa: E402
 
 N, E = 111_059_956, 1_726_745_828
 DIMS = [128, 128, 128, 172]
@@ -38,48 +45,86 @@ SHAPES = {  # name: (N, nnz, dims) for the shortcut check
 }
 
 
+ATTENTION_SHAPES = {  # name: (N, E, F, C) for the attention shortcut check
+    "papers100M": (N, E + N, 128, 172),
+    "products": (2_449_029, 123_718_280 + 2_449_029, 100, 47),
+    "physics": (34_493, 530_417, 8415, 5),
+    "reddit": (232_965, 114_615_892, 602, 41),
+}
+
+
+def _fields(rp, found) -> dict:
+    return {"seconds": found.seconds, "priced": found.priced,
+            "pruned": getattr(found, "pruned", 0), "grids": getattr(found, "grids", None),
+            "chosen": {"label": rp.label, "scale": rp.scale, "time_s": rp.time_s,
+                       "memory_gib": rp.memory_bytes / 2**30},
+            "frontier": [{"label": f.label, "scale": f.scale, "time_s": f.est.time_s,
+                          "memory_gib": (f.est.memory_bytes if hasattr(f.est, "memory_bytes")
+                                         else f.est.memory["total"]) / 2**30}
+                         for f in found.frontier]}
+
+
+def _check(fast, full, seconds: tuple[float, float]) -> dict:
+    return {"same_choice": (fast.chosen.label, fast.chosen.scale) ==
+            (full.chosen.label, full.chosen.scale),
+            "fast": f"{fast.chosen.label} on {fast.chosen.scale}",
+            "full": f"{full.chosen.label} on {full.chosen.scale}",
+            "slower": fast.chosen.est.time_s / full.chosen.est.time_s - 1,
+            "priced_fast": fast.priced, "priced_full": full.priced,
+            "seconds_fast": seconds[0], "seconds_full": seconds[1]}
+
+
 def main() -> None:
-    rows = {}
+    rows: dict = {}
+    sizes = GraphSizes(N, E + N, 128, 172)
     for machine in ("perlmutter", "frontier"):
         mach = load_machine(machine)
-        coef = Coefficients.from_profile(mach.profile(2048))
-        r = search_gcn(N, E + N, DIMS, 2, coef, 2048, mach.memory_per_gpu_bytes)
-        c = r.chosen
-        rows[machine] = {
-            "seconds": r.seconds, "grids": r.grids, "priced": r.priced,
-            "chosen": None if c is None else {"label": c.label, "scale": c.scale,
-                                              "time_s": c.est.time_s,
-                                              "memory_gib": c.est.memory_bytes / 2**30},
-            "frontier": [{"label": f.label, "scale": f.scale, "time_s": f.est.time_s,
-                          "memory_gib": f.est.memory_bytes / 2**30} for f in r.frontier]}
-        print(f"{machine}: {r.grids} grids, {r.priced} configurations in {r.seconds:.2f} s; "
-              f"chosen {c.label if c else None} on {c.scale if c else 0}", flush=True)
-    check = {}
-    coef = Coefficients.from_profile(load_machine("perlmutter").profile(96))
+        prof = mach.profile(2048)
+        sysm, coef = system_model_for(prof), Coefficients.from_profile(prof)
+        rows[machine] = {}
+        for model in ("gcn", "gt", "gps"):
+            shape = ModelShape(model, 128, 3, 8, esize=2)
+            rp, found = choose(sizes, shape, 2048, sysm, coef, mach.memory_per_gpu_bytes,
+                               any_scale=True)
+            rows[machine][model] = _fields(rp, found)
+            print(f"{machine} {model}: {found.priced} priced, "
+                  f"{getattr(found, 'pruned', 0)} pruned in {found.seconds:.2f} s; chosen "
+                  f"{rp.label} on {rp.scale}", flush=True)
+    check: dict = {"gcn_p96": {}, "gt_p96": {}, "gps_p96": {}}
+    prof = load_machine("perlmutter").profile(96)
+    sysm, coef = system_model_for(prof), Coefficients.from_profile(prof)
     for name, (n, nnz, dims) in SHAPES.items():
         fast = search_gcn(n, nnz, dims, 2, coef, 96)
         full = search_gcn(n, nnz, dims, 2, coef, 96, refine=None)
-        check[name] = {"same_choice": (fast.chosen.label, fast.chosen.scale) ==
-                       (full.chosen.label, full.chosen.scale),
-                       "fast": f"{fast.chosen.label} on {fast.chosen.scale}",
-                       "full": f"{full.chosen.label} on {full.chosen.scale}",
-                       "slower": fast.chosen.est.time_s / full.chosen.est.time_s - 1,
-                       "priced_fast": fast.priced, "priced_full": full.priced,
-                       "seconds_fast": fast.seconds, "seconds_full": full.seconds}
-        print(f"{name}: same={check[name]['same_choice']} slower "
-              f"{100 * check[name]['slower']:.2f}% ({fast.priced} vs {full.priced} priced)",
-              flush=True)
+        check["gcn_p96"][name] = _check(fast, full, (fast.seconds, full.seconds))
+    reg = list(default_registry())
+    for name, (n, e, f, c) in ATTENTION_SHAPES.items():
+        for model in ("gt", "gps"):
+            w = Workload(model, n, e, f, c, 128, 8, 3, esize=2)
+
+            def grid_at(s: int, w: Workload = w) -> object:
+                return gcn_grid_for(s, w.n, w.e, 128, 2, coef)
+
+            fast = search_attention(w, reg, 96, sysm, gcn_grid_at=grid_at)
+            full = search_attention(w, reg, 96, sysm, gcn_grid_at=grid_at, refine=False)
+            check[f"{model}_p96"][name] = _check(fast, full, (fast.seconds, full.seconds))
+    for key, block in check.items():
+        for name, v in block.items():
+            print(f"{key} {name}: same={v['same_choice']} slower {100 * v['slower']:.2f}% "
+                  f"({v['priced_fast']} vs {v['priced_full']} priced)", flush=True)
     write_json("plan_search.json", {
         "benchmark": "plan_search", "date": today(), "hardware": hardware(),
-        "workload": "ogbn-papers100M sizes, gcn 3 layers hidden 128, bfloat16 activations, "
-                    "scales 1..2048, memory limit = the machine's GPU memory",
-        "note": "predictions of the cost model on machine descriptions (a projection); the "
+        "workload": "ogbn-papers100M sizes; gcn 3 layers hidden 128; gt and gps 3 blocks "
+                    "hidden 128 8 heads; bfloat16 activations; scales 1..2048; memory limit "
+                    "= the machine's GPU memory",
+        "note": "predictions of the cost models on machine descriptions (a projection); the "
                 "seconds are the search's own wall time on this machine",
-        "machines": rows, "shortcut_vs_full_enumeration_p96": check})
-    result_line(perlmutter_s=rows["perlmutter"]["seconds"],
-                frontier_s=rows["frontier"]["seconds"],
-                same_choice=sum(v["same_choice"] for v in check.values()),
-                of=len(check), worst_slower=max(v["slower"] for v in check.values()))
+        "machines": rows, "shortcut_vs_full_enumeration": check})
+    allc = [v for block in check.values() for v in block.values()]
+    result_line(**{f"{m}_{k}_s": round(rows[m][k]["seconds"], 2) for m in rows
+                   for k in rows[m]},
+                same_choice=sum(v["same_choice"] for v in allc), of=len(allc),
+                worst_slower=max(v["slower"] for v in allc))
 
 
 if __name__ == "__main__":

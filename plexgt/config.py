@@ -80,11 +80,21 @@ class ParallelConfig:
     head_parallel: int = 0
     """gp_2d: ranks a of the head axis (a divisor of the world size; consecutive ranks, so a
     node's GPUs when a divides the GPUs per node); 0 = AGP's choice."""
-    ring_chunks: int = 1
+    ring_chunks: int = 0
     """gp_ring / gp_2d: pieces each rank's K/V block travels in; c pieces hold 1/c of the
-    block in flight for c times the messages."""
+    block in flight for c times the messages. 0 = the plan's (1, or more where the memory
+    per rank needs them)."""
+    attention_block_rows: int = 0
+    """gp_ag / gp_a2a: query rows per attention block; blocked, a layer keeps the [h, rows]
+    log-sum-exp instead of the [h, E] probabilities and rebuilds scores in backward (one
+    more SDDMM for [h, E_block] of memory). 0 = the plan's (whole, or blocks where the
+    memory per rank needs them)."""
     block_rows: int = 0
-    """Rows per aggregation block (overlap of SpMM and all-reduce); 0 = from the cost model."""
+    """Rows per aggregation block (overlap of SpMM and all-reduce); 0 = the plan's (the cost
+    model's rows, or whole)."""
+    memory_per_rank_gb: float = 0.0
+    """GiB one rank may use: what the plan predicts above it is never chosen. 0 = the GPU's
+    memory on GPUs, no limit on CPUs."""
     gcn_order: str = "auto"
     """GCN layer order: 'aggregate_first' (Â·H)·W, 'gemm_first' Â·(H·W), or 'auto' (GEMM
     first where a layer narrows, so the SpMM runs on the narrower width; same results)."""
@@ -295,9 +305,12 @@ def validate(cfg: TrainConfig) -> None:
                           "stop_after >= 0")
     if cfg.resume and not cfg.checkpoint_dir:
         raise ConfigError("config key 'resume' needs 'checkpoint_dir'")
-    if cfg.parallel.head_parallel < 0 or cfg.parallel.ring_chunks < 1:
-        raise ConfigError("config keys parallel.head_parallel must be >= 0 (0: the planner's "
-                          "choice), parallel.ring_chunks >= 1")
+    par = cfg.parallel
+    if min(par.head_parallel, par.ring_chunks, par.attention_block_rows, par.block_rows) < 0 \
+            or not (math.isfinite(par.memory_per_rank_gb) and par.memory_per_rank_gb >= 0):
+        raise ConfigError("config keys parallel.head_parallel, ring_chunks, "
+                          "attention_block_rows, block_rows, memory_per_rank_gb must be >= 0 "
+                          "(0: the plan's choice)")
     if cfg.parallel.grid != "auto":
         try:
             parse_grid(cfg.parallel.grid)

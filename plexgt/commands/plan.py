@@ -24,15 +24,24 @@ from typing import Any
 
 from plexgt.data.loader import PreparedGraph
 from plexgt.distributed.layout3d import layer_orders
-from plexgt.errors import DataError, UsageError
+from plexgt.errors import ConfigError, DataError, UsageError
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.plan.agp import format_plan, plan, scales_for
-from plexgt.plan.choose import GraphSizes, ModelShape, gcn_dims, gps_grid, workload
+from plexgt.plan.choose import (
+    GraphSizes,
+    ModelShape,
+    RunPlan,
+    choose,
+    gcn_dims,
+    gps_grid,
+    workload,
+)
 from plexgt.plan.machine import MachineError, load_machine, merge_profile
 from plexgt.plan.pareto import frontier
 from plexgt.plan.plexus_cost import Coefficients, rank_grids
 from plexgt.plan.profile import read_profile
-from plexgt.plan.search import GcnConfig, search_gcn
+from plexgt.plan.search import GcnConfig, GcnSearch
+from plexgt.plan.search_attention import AttentionConfig
 from plexgt.tasks.task import graph_sizes, plexus_coefficients_for, system_model_for
 
 HELP = "Predict time and memory of each strategy and scale; choose one (AGP / Plexus)."
@@ -60,8 +69,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=sorted(ESIZE))
     p.add_argument("--head-parallel", type=int, default=0,
                    help="gp_2d: the head axis a (default: every divisor of each scale)")
-    p.add_argument("--ring-chunks", type=int, default=1,
-                   help="gp_ring / gp_2d: pieces each K/V block travels in")
+    p.add_argument("--ring-chunks", type=int, default=0,
+                   help="gp_ring / gp_2d: pieces each K/V block travels in (default 0: "
+                        "the search's; the table prices 1)")
+    p.add_argument("--attention-block-rows", type=int, default=0,
+                   help="gp_ag / gp_a2a: query rows per attention block (default 0: the "
+                        "search's; the table prices whole)")
     p.add_argument("--super-nodes", type=int, default=0,
                    help="gt / gps: global super nodes (model.super_nodes)")
     p.add_argument("--node-embedding", type=int, default=0, metavar="D",
@@ -120,10 +133,12 @@ def _sizes(args: argparse.Namespace) -> tuple[GraphSizes, str]:
 def _check(args: argparse.Namespace) -> None:
     if args.node_embedding < 0:
         raise UsageError(f"--node-embedding {args.node_embedding} is negative")
-    if args.head_parallel < 0 or args.ring_chunks < 1 or args.super_nodes < 0:
-        raise UsageError(f"--head-parallel and --super-nodes must be >= 0 and --ring-chunks "
-                         f">= 1 (got {args.head_parallel}, {args.super_nodes}, "
-                         f"{args.ring_chunks})")
+    if min(args.head_parallel, args.ring_chunks, args.super_nodes,
+           args.attention_block_rows) < 0:
+        raise UsageError(f"--head-parallel, --ring-chunks, --attention-block-rows and "
+                         f"--super-nodes must be >= 0 (got {args.head_parallel}, "
+                         f"{args.ring_chunks}, {args.attention_block_rows}, "
+                         f"{args.super_nodes})")
     for name in ("world_size", "hidden", "layers", "heads", "ffn_mult"):
         v = getattr(args, name)
         if v < 1:
@@ -152,12 +167,14 @@ def run(args: argparse.Namespace) -> int:
                "measurement)" + (f", overridden by profile {args.profile}" if measured else ""))
     shape = ModelShape(args.model, args.hidden, args.layers, args.heads, args.ffn_mult,
                        ESIZE[args.dtype], ring_chunks=args.ring_chunks,
-                       super_nodes=args.super_nodes, trained_input=args.node_embedding > 0)
+                       super_nodes=args.super_nodes, trained_input=args.node_embedding > 0,
+                       attention_block_rows=args.attention_block_rows)
     print(f"{name}: {args.model} on up to {args.world_size} ranks, {src}")
     if args.model == "gcn":
         table = _plan_gcn(args, sizes, shape, prof, limit)
     else:
         table = _plan_attention(args, sizes, shape, prof, limit)
+    table["search"] = _search(args, sizes, shape, prof, limit)
     if args.json is not None:
         try:
             args.json.write_text(json.dumps(table, indent=1) + "\n")
@@ -193,29 +210,7 @@ def _plan_gcn(args: argparse.Namespace, sizes: GraphSizes, shape: ModelShape,
                      "frontier": i in front})
     choice = None if best is None else str(ests[best].grid)
     print("no grid fits the memory limit" if choice is None else f"choice: grid {choice}")
-    found = search_gcn(sizes.n, nnz, dims, shape.esize, coef, args.world_size, limit,
-                       input_grad=shape.trained_input, input_density=sizes.feature_density)
-    print(f"search over every scale 1..{args.world_size}: {found.grids} grids, "
-          f"{found.priced} configurations (orders, blocking) priced in {found.seconds:.2f} s")
-    if found.chosen is not None:
-        c = found.chosen
-        print(f"fastest that fits at any scale: {c.label} on {c.scale} ranks, "
-              f"{c.est.time_s:.4g} s, {c.est.memory_bytes / 2**30:.3g} GiB")
-        print("frontier across scales: " + "; ".join(
-            f"{f.label} on {f.scale}: {f.est.time_s:.4g} s, "
-            f"{f.est.memory_bytes / 2**30:.3g} GiB" for f in found.frontier))
-
-    def cfg(c: GcnConfig) -> dict[str, Any]:
-        return {"scale": c.scale, "grid": str(c.grid), "order": c.order,
-                "block_rows": c.block_rows, "time_s": c.est.time_s, "comm_s": c.est.comm_s,
-                "compute_s": c.est.compute_s, "memory_bytes": c.est.memory_bytes,
-                "frontier": c in found.frontier}
-
-    return {"model": "gcn", "rows": rows, "choice": choice,
-            "search": {"grids": found.grids, "priced": found.priced,
-                       "seconds": found.seconds,
-                       "chosen": None if found.chosen is None else cfg(found.chosen),
-                       "best_per_scale": [cfg(c) for c in found.best_per_scale]}}
+    return {"model": "gcn", "rows": rows, "choice": choice}
 
 
 def _plan_attention(args: argparse.Namespace, sizes: GraphSizes, shape: ModelShape,
@@ -273,3 +268,65 @@ def _gcn_fields(est: Any) -> dict[str, Any]:
     """The GCN path an estimate assumed: '1d' or '3d' and its grid."""
     return {"gcn_path": est.gcn_path,
             "gcn_grid": None if est.gcn_grid is None else str(est.gcn_grid)}
+
+
+def _search(args: argparse.Namespace, sizes: GraphSizes, shape: ModelShape,
+            prof: dict[str, Any] | None, limit: int | None) -> dict[str, Any]:
+    """The whole-space search (:func:`plexgt.plan.choose.choose`) over every scale 1..P, and
+    its choice on exactly P ranks (what ``plexgt train`` on P ranks runs); printed, and
+    returned for the JSON."""
+    sysm, coef = system_model_for(prof), plexus_coefficients_for(prof)
+    names = [s.strip() for s in args.strategies.split(",")] if args.strategies else []
+    strategy = names[0] if len(names) == 1 else "auto"
+    kw = dict(memory_per_rank=limit, strategy=strategy, head_parallel=args.head_parallel)
+    out: dict[str, Any] = {}
+    for key, any_scale in (("any_scale", True), ("at_world_size", False)):
+        try:
+            got = choose(sizes, shape, args.world_size, sysm, coef, any_scale=any_scale, **kw)
+        except ConfigError as e:
+            print(f"search ({key.replace('_', ' ')}): {e}")
+            out[key] = None
+            continue
+        rp, found = got
+        out[key] = _run_plan_fields(rp)
+        if any_scale:
+            what = (f"{found.grids} grids, " if isinstance(found, GcnSearch) else "")
+            print(f"search over every scale 1..{args.world_size}: {what}{found.priced} "
+                  f"configurations priced, {getattr(found, 'pruned', 0)} dropped on memory "
+                  f"before pricing, in {found.seconds:.2f} s")
+            print(f"fastest that fits at any scale: {rp.label} on {rp.scale} ranks, "
+                  f"{rp.time_s:.4g} s, {rp.memory_bytes / 2**30:.3g} GiB")
+            front = [_config_fields(c) for c in found.frontier]
+            print("frontier across scales (time vs memory per rank): " + "; ".join(
+                f"{f['label']} on {f['scale']}: {f['time_s']:.4g} s, "
+                f"{f['memory_bytes'] / 2**30:.3g} GiB" for f in front))
+            out.update(priced=found.priced, pruned=getattr(found, "pruned", 0),
+                       seconds=found.seconds, frontier=front,
+                       best_per_scale=[_config_fields(c) for c in found.best_per_scale])
+        else:
+            print(f"on {args.world_size} ranks (what train --grid auto --strategy auto runs): "
+                  f"{rp.label}, {rp.time_s:.4g} s, {rp.memory_bytes / 2**30:.3g} GiB")
+    return out
+
+
+def _run_plan_fields(rp: RunPlan) -> dict[str, Any]:
+    return {"label": rp.label, "scale": rp.scale,
+            "grid": None if rp.grid is None else str(rp.grid), "strategy": rp.strategy,
+            "head_parallel": rp.head_parallel, "ring_chunks": rp.ring_chunks,
+            "attention_block_rows": rp.attention_block_rows, "gcn_order": rp.gcn_order,
+            "block_rows": rp.block_rows, "time_s": rp.time_s, "memory_bytes": rp.memory_bytes}
+
+
+def _config_fields(c: GcnConfig | AttentionConfig) -> dict[str, Any]:
+    """One searched configuration: what it is and its prediction."""
+    if isinstance(c, GcnConfig):
+        return {"label": c.label, "scale": c.scale, "grid": str(c.grid), "order": c.order,
+                "block_rows": c.block_rows, "time_s": c.est.time_s, "comm_s": c.est.comm_s,
+                "compute_s": c.est.compute_s, "memory_bytes": c.est.memory_bytes}
+    e = c.est
+    return {"label": c.label, "scale": c.scale, "strategy": c.strategy,
+            "head_parallel": c.head_parallel, "ring_chunks": c.ring_chunks,
+            "attention_block_rows": c.block_rows,
+            "gcn_grid": None if c.gcn_grid is None else str(c.gcn_grid),
+            "time_s": e.time_s, "compute_s": e.compute_s, "comm_s": e.comm_s,
+            "overhead_s": e.overhead_s, "memory_bytes": c.memory_bytes}

@@ -60,8 +60,11 @@ def run(args: argparse.Namespace) -> int:
     ledger = CommLedger(device=ctx.device)
     task = agreed(lambda: build_task(cfg, ctx, ledger), ctx.device)
     if ctx.rank == 0:
+        rp = task.plan
+        planned = (f"; plan {rp.label}: predicted {rp.time_s:.4g} s a step, "
+                   f"{rp.memory_bytes / 2**30:.3g} GiB a rank" if rp is not None else "")
         print(f"plexgt train: {ctx.world_size} ranks ({ctx.backend}), grid {task.grid}, "
-              f"strategy {task.strategy}\n# resolved config\n{to_toml(cfg)}",
+              f"strategy {task.strategy}{planned}\n# resolved config\n{to_toml(cfg)}",
               file=sys.stderr, flush=True)
     summary = train(cfg, ctx, task, log=lambda m: print(m, file=sys.stderr, flush=True))
     if ctx.rank == 0:

@@ -67,6 +67,19 @@ class CommOp:
     """The group it runs over when not the caller's whole group (gp_2d's 'heads', 'ring')."""
     group_size: int = 0
     """That group's size (0: the caller's whole group)."""
+    count: int = 1
+    """The call repeated this many times with the same bytes (a ring's b-1 steps): one entry,
+    so a plan prices a 2048-rank ring in O(1), not O(p)."""
+
+    @property
+    def total_sent(self) -> int:
+        """Bytes sent over all :attr:`count` calls."""
+        return self.sent * self.count
+
+    @property
+    def total_recv(self) -> int:
+        """Bytes received over all :attr:`count` calls."""
+        return self.recv * self.count
 
 
 @dataclass

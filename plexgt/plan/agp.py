@@ -145,6 +145,9 @@ class Workload:
     super_nodes: int = 0
     """Global super nodes S (``model.super_nodes``): N·S more pattern entries for the real
     rows' kernels, and the super rows' merges (their own S·N/p scores are not priced)."""
+    attention_block_rows: int = 0
+    """gp_ag / gp_a2a: query rows per attention block (``parallel.attention_block_rows``;
+    0: whole)."""
 
     def __post_init__(self) -> None:
         if self.model not in ("gt", "gps"):
@@ -158,7 +161,8 @@ class Workload:
     def problem(self) -> AttentionProblem:
         return AttentionProblem(self.n, self.e + self.n * self.super_nodes, self.hidden,
                                 self.heads, self.esize, ring_chunks=self.ring_chunks,
-                                super_nodes=self.super_nodes)
+                                super_nodes=self.super_nodes,
+                                block_rows=self.attention_block_rows)
 
     @property
     def num_params(self) -> int:
@@ -261,12 +265,17 @@ class SystemModel:
     caches. Multiplies every kernel term (α·E and GP-AG's gathered columns) at every scale."""
     _memory_table: Any = field(init=False, repr=False, compare=False)
     _copy_table: Any = field(init=False, repr=False, compare=False)
+    _group_sizes: Any = field(init=False, repr=False, compare=False)
     """The curves' :func:`plexgt.plan.profile.memory_table` (logs taken once, not per size
     asked)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_memory_table", memory_table(self.memory_curve))
         object.__setattr__(self, "_copy_table", memory_table(self.copy_curve))
+        ops = set(self.collectives) | set(self.collective_curves)
+        object.__setattr__(self, "_group_sizes", {  # op -> profiled group sizes, ascending
+            op: tuple(sorted(set(self.collectives.get(op, {}))
+                             | set(self.collective_curves.get(op, {})))) for op in ops})
 
     @classmethod
     def from_profile(cls, prof: dict[str, Any]) -> SystemModel:
@@ -323,7 +332,7 @@ class SystemModel:
         """
         if p <= 1:
             return 0.0
-        sizes = set(self.collectives.get(op, {})) | set(self.collective_curves.get(op, {}))
+        sizes = self._group_sizes.get(op, ())
         if op == "send_recv" and not sizes:
             # a ring step is one exchange with each neighbour, whatever the ring's size: what
             # an all-gather over two ranks does with the same bytes
@@ -462,10 +471,21 @@ class Estimate:
         return self.compute_s + self.overhead_s
 
 
+def memory_of(strategy: AttentionStrategy, w: Workload, s: int, head_parallel: int = 1
+              ) -> dict[str, int]:
+    """Per-rank bytes of ``strategy``'s step on s ranks (:func:`~plexgt.plan.step_cost.
+    model_memory`): cheap, so a search drops what cannot fit before pricing its time."""
+    prob = replace(w.problem, head_parallel=head_parallel)
+    return model_memory(strategy, prob, s, w.layers, w.features, w.classes, w.num_params,
+                        w.ffn_mult, w.gcn, w.grid_at(s))
+
+
 def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel,
-             head_parallel: int = 1) -> Estimate:
+             head_parallel: int = 1, comm_ranks: Iterable[int] | None = None) -> Estimate:
     """t_iter(s, c) = α(s)·E + β_c(s)·N and the per-rank memory of ``strategy`` on s ranks
-    (``head_parallel``: gp_2d's head axis a, a divisor of s)."""
+    (``head_parallel``: gp_2d's head axis a, a divisor of s). With gps's 3D path the ranks'
+    collectives differ and the slowest rank's are priced: of every rank, or of
+    ``comm_ranks`` (a search's sample: pricing all s is O(s) per estimate)."""
     k = sysm.kernels
     prob = replace(w.problem, head_parallel=head_parallel)
     dh, d, L = prob.head_dim, w.hidden, w.layers
@@ -529,16 +549,16 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     kernels = kappa * sysm.compute_scale  # what a kernel term costs on this rank, calibrated
     copy += gathered * kernels
     comm, comm_rank, ops = -1.0, 0, []
-    for r in range(s) if grid is not None else (0,):
+    ranks = (range(s) if comm_ranks is None else comm_ranks) if grid is not None else (0,)
+    for r in ranks:
         ops_r = step_ops(strategy, w, s, r, head_parallel)
         t = comm_time(ops_r, s, grid, sysm)
         if t > comm:
             comm, comm_rank, ops = t, r, ops_r
     compute = (edge + node + dense) * kernels
-    mem = model_memory(strategy, prob, s, L, w.features, w.classes, w.num_params, w.ffn_mult,
-                       w.gcn, grid)
+    mem = memory_of(strategy, w, s, head_parallel)
     return Estimate(strategy.name, s, compute / max(1, w.e), (copy + calls + comm) / w.n,
-                    compute, copy, calls, comm, sum(o.sent for _, o in ops), mem,
+                    compute, copy, calls, comm, sum(o.total_sent for _, o in ops), mem,
                     ("3d" if grid is not None else "1d") if w.gcn else "", grid, comm_rank,
                     head_parallel)
 
@@ -589,9 +609,16 @@ def comm_time(ops: list[tuple[str, CommOp]], s: int, grid: Grid3D | None,
         t0 = sysm.collective_time(op, g, 0)
         return t0 + share * (t - t0)
 
-    t = sum(one(o.op, size(n, o), max(o.sent, o.recv)) for n, o in ops)
-    calls = Counter(size(n, o) for n, o in ops)
-    return t + sum(c * sysm.sync_time(g) for g, c in calls.items())
+    # identical calls (every layer repeats its block's) priced once: a search prices ~10^5
+    calls: Counter[tuple[str, int, int]] = Counter()
+    for n, o in ops:
+        calls[o.op, size(n, o), max(o.sent, o.recv)] += o.count
+    per_group: Counter[int] = Counter()
+    t = 0.0
+    for (op, g, b), c in calls.items():
+        t += c * one(op, g, b)
+        per_group[g] += c
+    return t + sum(c * sysm.sync_time(g) for g, c in per_group.items())
 
 
 @dataclass

@@ -1,15 +1,17 @@
-"""The one place a run's layout is chosen: grid, attention strategy, GPS's GCN path.
+"""The one place a run's layout is chosen: :func:`choose`.
 
-``plexgt train --grid auto / --strategy auto`` and ``plexgt plan`` both call these functions,
-so the two never disagree. They plan from sizes alone (:class:`GraphSizes`,
+``plexgt train`` (on its ranks) and ``plexgt plan`` (on any scale up to the job's) both call
+it, so the two never disagree. It plans from sizes alone (:class:`GraphSizes`,
 :class:`ModelShape`): a user plans papers100M before preparing it, and a prepared directory
-only contributes its manifest's numbers.
+only contributes its manifest's numbers. What the configuration leaves open is searched,
+what it fixes is kept:
 
-* gcn: the 3D planner's fastest Gx x Gy x Gz of the job (:func:`choose_grid`), priced on the
-  stored pattern's nonzeros E (prep stores the self loops GCN adds, unless told not to).
-* gt: AGP's fastest strategy at the job's size (:func:`choose_strategy`).
-* gps: the strategy joined with the GCN path, 1D or 3D on the 3D planner's grid of the job
-  (:func:`choose_gps_layout`), priced on the nonzeros of A + I (the path adds self loops).
+* gcn: grid, layer order and aggregation blocks (:func:`plexgt.plan.search.search_gcn`),
+  priced on the stored pattern's nonzeros E (prep stores the self loops GCN adds, unless
+  told not to).
+* gt / gps: strategy, gp_2d's head axis, ring pieces, attention row blocks and, for gps, the
+  GCN path 1D or 3D on the 3D planner's grid of each scale, priced on the nonzeros of A + I
+  (the path adds self loops) (:func:`plexgt.plan.search_attention.search_attention`).
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from plexgt.distributed.grid import Grid3D, check_world_size, parse_grid
-from plexgt.distributed.layout3d import LayerLayout
 from plexgt.errors import ConfigError
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionStrategy
-from plexgt.plan.agp import Plan, SystemModel, Workload, gcn_grid_for, plan
-from plexgt.plan.plexus_cost import Coefficients, layout_block_rows, rank_grids
+from plexgt.plan.agp import SystemModel, Workload, gcn_grid_for
+from plexgt.plan.plexus_cost import Coefficients
+from plexgt.plan.search import GcnSearch, search_gcn
+from plexgt.plan.search_attention import AttentionSearch, search_attention
 
 STRATEGIES = ("auto", "gp_ag", "gp_a2a", "gp_ring", "gp_2d")
 """What ``parallel.strategy`` and ``--strategy`` accept: the registry's names, or AGP's pick."""
@@ -74,11 +77,14 @@ class ModelShape:
     block_rows: int | None = None
     """Rows per aggregation block; None: from the cost model."""
     ring_chunks: int = 1
-    """Pieces a ring strategy's K/V blocks travel in."""
+    """Pieces a ring strategy's K/V blocks travel in; 0: the plan's."""
     super_nodes: int = 0
     """Global super nodes (gt, gps)."""
     trained_input: bool = False
     """The input is trained (a node embedding): gcn's layer 0 communicates its gradient."""
+    attention_block_rows: int = 0
+    """gp_ag / gp_a2a: query rows per attention block; 0: the plan's (whole unless the
+    memory needs blocks)."""
 
 
 def gcn_dims(sizes: GraphSizes, shape: ModelShape) -> list[int]:
@@ -95,33 +101,16 @@ def resolve_grid(text: str, world_size: int) -> Grid3D | None:
     return grid
 
 
-def choose_grid(sizes: GraphSizes, shape: ModelShape, world_size: int, coef: Coefficients,
-                memory_per_rank: int | None = None) -> Grid3D:
-    """gcn: the 3D planner's fastest factorisation of ``world_size`` that fits."""
-    ests = rank_grids(world_size, sizes.n, sizes.e, gcn_dims(sizes, shape), shape.esize, coef,
-                      memory_per_rank, order=shape.gcn_order, input_grad=shape.trained_input,
-                      input_density=sizes.feature_density)
-    return ests[0].grid
-
-
-def gcn_block_rows(layouts: list[LayerLayout], sizes: GraphSizes, shape: ModelShape,
-                   coef: Coefficients) -> int | None:
-    """Rows per aggregation block: the configured value, else the cost model's for the layer
-    with the most to overlap. From global sizes only, so every rank of an all-reduce group
-    cuts the same blocks."""
-    if shape.block_rows:
-        return shape.block_rows
-    return layout_block_rows(layouts, sizes.e, shape.esize, coef)
-
-
 def workload(sizes: GraphSizes, shape: ModelShape, grid: Grid3D | None = None) -> Workload:
-    """AGP's view of a gt / gps step (``grid``: gps's 3D GCN path, else 1D)."""
+    """AGP's view of a gt / gps step (``grid``: gps's 3D GCN path, else 1D; ring chunks 0,
+    'the plan's', as 1)."""
     gps = shape.name == "gps"
     return Workload(shape.name, sizes.n, sizes.e, sizes.features, max(1, sizes.classes),
                     shape.hidden, shape.heads, shape.layers, shape.ffn_mult, shape.esize,
                     gcn_grid=grid if gps else None,
                     gcn_block_rows=shape.block_rows if gps else None,
-                    ring_chunks=shape.ring_chunks, super_nodes=shape.super_nodes)
+                    ring_chunks=shape.ring_chunks or 1, super_nodes=shape.super_nodes,
+                    attention_block_rows=shape.attention_block_rows)
 
 
 def candidates(strategy: str) -> list[AttentionStrategy]:
@@ -144,15 +133,6 @@ class Layout(NamedTuple):
     head_parallel: int = 1
 
 
-def _fastest(pl: Plan) -> Layout:
-    """The fastest predicted row of a plan that fits."""
-    fits = [r for r in pl.rows if r.fits]
-    if not fits:
-        raise ConfigError("no attention strategy fits the memory per rank at this job's size")
-    best = min(fits, key=lambda r: r.est.time_s).est
-    return Layout(best.strategy, best.gcn_grid, best.head_parallel)
-
-
 def _head_axis(strategy: str, world_size: int, head_parallel: int) -> int:
     """gp_2d's a as configured (checked against the ranks), else 1."""
     if strategy != "gp_2d":
@@ -163,50 +143,105 @@ def _head_axis(strategy: str, world_size: int, head_parallel: int) -> int:
     return head_parallel
 
 
-def choose_attention(sizes: GraphSizes, shape: ModelShape, world_size: int,
-                     sysm: SystemModel, strategy: str = "auto", grid: Grid3D | None = None,
-                     memory_per_rank: int | None = None, head_parallel: int = 0) -> Layout:
-    """gt (and gps on a given ``grid``): the configured strategy, or AGP's fastest at the
-    job's size; gp_2d's head axis as configured (``head_parallel`` > 0) or AGP's."""
-    _head_axis("gp_2d", world_size, head_parallel)  # a head axis that cannot tile: an error
-    cands = candidates(strategy)
-    if len(cands) == 1 and (cands[0].head_axes is None or head_parallel):
-        return Layout(cands[0].name, grid, _head_axis(cands[0].name, world_size, head_parallel)
-                      or 1)
-    pl = plan(workload(sizes, shape, grid), cands, [world_size], sysm, memory_per_rank,
-              head_parallel=head_parallel)
-    return _fastest(pl)._replace(grid=grid)
-
-
-def choose_strategy(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemModel,
-                    strategy: str = "auto", grid: Grid3D | None = None,
-                    memory_per_rank: int | None = None) -> str:
-    """The strategy name of :func:`choose_attention`."""
-    return choose_attention(sizes, shape, world_size, sysm, strategy, grid,
-                            memory_per_rank).strategy
-
-
-def choose_gps_layout(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemModel,
-                      coef: Coefficients, strategy: str = "auto", grid: str = "auto",
-                      memory_per_rank: int | None = None, head_parallel: int = 0) -> Layout:
-    """gps: the strategy, the grid of the 3D GCN path (None for the 1D path), gp_2d's a.
-
-    An explicit ``grid`` is used as given (the strategy priced with it). With 'auto' on more
-    than one rank the 3D planner picks its best grid of the job's ranks for the path's d -> d
-    layer (:func:`~plexgt.plan.agp.gcn_grid_for`), and AGP prices the step with the path 1D
-    and 3D on that grid, with the given strategy or every strategy for 'auto'; the fastest
-    is taken."""
-    _head_axis("gp_2d", world_size, head_parallel)
-    fixed = resolve_grid(grid, world_size)
-    if fixed is not None or world_size == 1:
-        return choose_attention(sizes, shape, world_size, sysm, strategy, fixed,
-                                memory_per_rank, head_parallel)
-    g3 = gps_grid(sizes, shape, world_size, coef)
-    pl = plan(workload(sizes, shape), candidates(strategy), [world_size], sysm, memory_per_rank,
-              gcn_grids={world_size: g3}, head_parallel=head_parallel)
-    return _fastest(pl)
-
-
 def gps_grid(sizes: GraphSizes, shape: ModelShape, s: int, coef: Coefficients) -> Grid3D:
     """The 3D planner's grid of s ranks for GPS's GCN path (one d -> d layer)."""
     return gcn_grid_for(s, sizes.n, sizes.gcn_path_nnz, shape.hidden, shape.esize, coef)
+
+
+# -- the one choice -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunPlan:
+    """A run's whole layout, as :func:`choose` decides it for both ``plexgt train`` and
+    ``plexgt plan``."""
+
+    model: str
+    scale: int
+    """Ranks it runs on."""
+    grid: Grid3D | None = None
+    """gcn: its grid; gps: the 3D GCN path's (None: the 1D path); gt: None."""
+    strategy: str = ""
+    """gt / gps: the attention strategy."""
+    head_parallel: int = 1
+    """gp_2d: the head axis a."""
+    ring_chunks: int = 1
+    """gp_ring / gp_2d: pieces of each K/V block."""
+    attention_block_rows: int = 0
+    """gp_ag / gp_a2a: attention query rows per block (0: whole)."""
+    gcn_order: str = "auto"
+    """gcn: the layer order."""
+    block_rows: int | None = None
+    """gcn: aggregation rows per block (None: whole)."""
+    time_s: float = 0.0
+    """Predicted seconds per training step."""
+    memory_bytes: int = 0
+    """Predicted peak bytes per rank."""
+    label: str = ""
+    """The searched configuration's name ('2x2x4 gemm_first block_rows=whole',
+    'gp_2d 2x8 chunks=2 gcn 3d 2x2x4')."""
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(self.strategy, self.grid, self.head_parallel)
+
+
+class Choice(NamedTuple):
+    """:func:`choose`'s answer: the plan, and the search behind it (every scale's best, the
+    time-memory frontier, what was priced and pruned)."""
+
+    plan: RunPlan
+    search: GcnSearch | AttentionSearch
+
+
+def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemModel,
+           coef: Coefficients, memory_per_rank: int | None = None, strategy: str = "auto",
+           grid: str = "auto", head_parallel: int = 0, any_scale: bool = False) -> Choice:
+    """The fastest predicted configuration that fits ``memory_per_rank``, searched over what
+    the configuration leaves open ('auto' grid and strategy, head_parallel 0, gcn_order
+    'auto', block rows / ring chunks / attention block rows 0): on exactly ``world_size``
+    ranks (what a run of that many ranks can take), or on any s <= world_size with
+    ``any_scale`` (what ``plexgt plan`` reports). gcn: :func:`~plexgt.plan.search.
+    search_gcn`; gt / gps: :func:`~plexgt.plan.search_attention.search_attention`. A
+    configuration given whole is priced, not checked against the memory: the user's call.
+
+    Raises ConfigError when nothing fits."""
+    fixed = resolve_grid(grid, world_size)
+    scales = None if any_scale and fixed is None else [world_size]
+    if shape.name == "gcn":
+        open_ = fixed is None or shape.gcn_order == "auto" or not shape.block_rows
+        found = search_gcn(sizes.n, sizes.e, gcn_dims(sizes, shape), shape.esize, coef,
+                           world_size, memory_per_rank if open_ else None, shape.gcn_order,
+                           scales, input_grad=shape.trained_input,
+                           input_density=sizes.feature_density, grid=fixed,
+                           block_rows=shape.block_rows)
+        c = found.chosen
+        if c is None:
+            raise ConfigError(_none_fits(memory_per_rank, world_size, any_scale))
+        return Choice(RunPlan("gcn", c.scale, c.grid, gcn_order=c.order,
+                              block_rows=c.block_rows, time_s=c.est.time_s,
+                              memory_bytes=c.est.memory_bytes, label=c.label), found)
+    _head_axis("gp_2d", world_size, head_parallel)  # a head axis that cannot tile: an error
+    w = workload(sizes, shape)
+    cands = candidates(strategy)
+    vary = (shape.ring_chunks == 0, shape.attention_block_rows == 0)
+    gps3 = None
+    if shape.name == "gps" and world_size > 1:
+        gps3 = (lambda s: fixed) if fixed is not None else (
+            lambda s: gps_grid(sizes, shape, s, coef))
+    whole = (strategy != "auto" and (head_parallel or strategy != "gp_2d") and not any(vary)
+             and (shape.name != "gps" or fixed is not None))
+    found = search_attention(w, cands, world_size, sysm, None if whole else memory_per_rank,
+                             scales, head_parallel, gps3, refine=any_scale, vary=vary,
+                             only_3d=fixed is not None)
+    c = found.chosen
+    if c is None:
+        raise ConfigError(_none_fits(memory_per_rank, world_size, any_scale))
+    return Choice(RunPlan(shape.name, c.scale, c.gcn_grid, c.strategy, c.head_parallel,
+                          c.ring_chunks, c.block_rows, time_s=c.est.time_s,
+                          memory_bytes=c.memory_bytes, label=c.label), found)
+
+
+def _none_fits(limit: int | None, world_size: int, any_scale: bool) -> str:
+    where = f"on up to {world_size} ranks" if any_scale else f"on {world_size} ranks"
+    return (f"no configuration fits {limit / 2**30:.2f} GiB per rank {where} (the memory "
+            "model's prediction; parallel.memory_per_rank_gb sets the limit)"
+            if limit is not None else f"no configuration {where}")

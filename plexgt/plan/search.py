@@ -83,10 +83,12 @@ def _block_rows(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
 def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients,
                world_size: int, memory_limit: int | None = None, order: str = "auto",
                scales: list[int] | None = None, refine: int | None = REFINE,
-               input_grad: bool = False, input_density: float | None = None) -> GcnSearch:
-    """Search every factorisation of every scale in ``scales`` (default 1..world_size), the
-    layer orders (``order`` 'auto': all of :data:`ORDERS`; else that one) and blocked or whole
-    aggregation; see the module docstring. ``refine=None`` prices every combination."""
+               input_grad: bool = False, input_density: float | None = None,
+               grid: Grid3D | None = None, block_rows: int | None = None) -> GcnSearch:
+    """Search every factorisation of every scale in ``scales`` (default 1..world_size; only
+    ``grid`` when given), the layer orders (``order`` 'auto': all of :data:`ORDERS`; else
+    that one) and blocked or whole aggregation (``block_rows`` given: those rows only); see
+    the module docstring. ``refine=None`` prices every combination."""
     t0 = time.perf_counter()
     orders = ORDERS if order == "auto" else (order,)
     kw = dict(input_grad=input_grad, input_density=input_density)
@@ -99,10 +101,10 @@ def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients
 
     grids, priced = 0, 0
     fitting: dict[int, list[GcnConfig]] = {}
-    for s in scales or range(1, world_size + 1):
+    for s in [grid.size] if grid is not None else scales or range(1, world_size + 1):
         first = []
-        for g in factorizations(s):
-            c = price(g, orders[0], None)
+        for g in [grid] if grid is not None else factorizations(s):
+            c = price(g, orders[0], block_rows)
             grids += 1
             if fits(c):
                 first.append(c)
@@ -121,7 +123,9 @@ def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients
         if refine is None or s in keep:
             for c in first if refine is None else first[:refine]:
                 for o in orders:
-                    for br in {_block_rows(c.grid, n, nnz, dims, esize, coef, o), None}:
+                    rows = ({block_rows} if block_rows else
+                            {_block_rows(c.grid, n, nnz, dims, esize, coef, o), None})
+                    for br in rows:
                         if (o, br) != (c.order, c.block_rows):
                             priced += 1
                             cands.append(price(c.grid, o, br))

@@ -106,7 +106,7 @@ def step_bytes_named(strategy: AttentionStrategy, problem: AttentionProblem, ran
     out: dict[tuple[str, str], int] = defaultdict(int)
     for name, op in step_comm_named(strategy, problem, rank, p, layers, num_params, gcn,
                                     gcn_grid, block_rows):
-        out[name, op.op] += op.sent if kind == "sent" else op.recv
+        out[name, op.op] += op.total_sent if kind == "sent" else op.total_recv
     return {k: v for k, v in out.items() if v or keep_zero}
 
 

@@ -1,11 +1,11 @@
 """gt / gps for ``plexgt train``: node rows over the ranks, attention by a registered strategy.
 
-* Strategy: ``parallel.strategy`` 'gp_ag', 'gp_a2a', 'gp_ring' or 'gp_2d' (head axis
-  ``parallel.head_parallel``); 'auto' asks AGP for the fastest at the job's size
-  (:func:`plexgt.plan.choose.choose_attention`).
-* GPS GCN path: 3D (Plexus) on an explicit ``parallel.grid``; with 'auto' on more than one
-  rank, 1D or 3D on the 3D planner's grid of the job, whichever AGP predicts faster
-  (:func:`plexgt.plan.choose.choose_gps_layout`). The Task's grid and strategy name the
+* Layout (:func:`plexgt.tasks.task.run_plan`, :func:`plexgt.plan.choose.choose`): the
+  strategy ``parallel.strategy`` 'gp_ag', 'gp_a2a', 'gp_ring' or 'gp_2d' (head axis
+  ``parallel.head_parallel``), its ring pieces and attention row blocks, and gps's GCN path
+  (3D on an explicit ``parallel.grid``; with 'auto' on more than one rank, 1D or 3D on the
+  3D planner's grid of the job): as configured, and where left open ('auto', 0) AGP's
+  fastest on the job's ranks that fits the memory per rank. The Task's grid and strategy name the
   choice ('rows4', 'gp_ag'; '2x2x1', 'gp_ag+plexus3d').
 * Each rank reads its rows of Q A Qᵀ (all rows for a head-partitioned strategy) and its
   node rows (:mod:`plexgt.data.loader`); the distributed operators are built from those
@@ -53,18 +53,13 @@ from plexgt.parallel.rows1d import (
     row_cross_entropy,
     row_scores,
 )
-from plexgt.plan.choose import Layout, choose_attention, choose_gps_layout
 from plexgt.tasks.task import (
     AMP,
     DTYPES,
     Task,
     check_inputs,
-    graph_sizes,
-    machine_profile,
-    model_shape,
     node_order,
-    plexus_coefficients_for,
-    system_model_for,
+    run_plan,
     task_metric,
 )
 
@@ -123,21 +118,6 @@ def read_row_data(pg: PreparedGraph, p: int, i: int, dtype: torch.dtype = torch.
     return RowData.from_arrays(rows, x, t.labels, t.masks, dtype)
 
 
-def attention_layout(cfg: TrainConfig, pg: PreparedGraph, world_size: int) -> Layout:
-    """(strategy, grid of gps's 3D GCN path or None, gp_2d's head axis) of a gt / gps run on
-    ``world_size`` ranks: the same on every rank, since it reads only sizes, the config and
-    the profile."""
-    sizes, shape = graph_sizes(pg, cfg.model.node_embedding), model_shape(cfg)
-    prof = machine_profile(cfg)
-    sysm = system_model_for(prof)
-    if cfg.model.name == "gps":
-        return choose_gps_layout(sizes, shape, world_size, sysm, plexus_coefficients_for(prof),
-                                 cfg.parallel.strategy, cfg.parallel.grid,
-                                 head_parallel=cfg.parallel.head_parallel)
-    return choose_attention(sizes, shape, world_size, sysm, cfg.parallel.strategy,
-                            head_parallel=cfg.parallel.head_parallel)
-
-
 def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
                          ledger: CommLedger) -> Task:
     """A :class:`Task` for ``model.name`` 'gt' or 'gps'."""
@@ -150,7 +130,8 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
     metric = task_metric(cfg, pg)
     comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
     gps = cfg.model.name == "gps"
-    sname, grid, head_axis = attention_layout(cfg, pg, ctx.world_size)
+    rp = run_plan(cfg, pg, ctx.world_size, ctx.device)
+    sname, grid, head_axis = rp.layout
     axis = None
     if grid is not None:
         groups = build_groups(grid, ctx.rank, ctx.world_size, ctx.timeout)
@@ -159,7 +140,7 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
     graph = read_dist_graph(pg, comm, default_registry().get(sname), cfg.model.heads, gcn=gps,
                             dtype=dt, grid=grid, axis_comms=axis,
                             block_rows=cfg.parallel.block_rows or None,
-                            head_parallel=head_axis, ring_chunks=cfg.parallel.ring_chunks,
+                            head_parallel=head_axis, ring_chunks=rp.ring_chunks,
                             timeout=ctx.timeout,
                             super_nodes=cfg.model.super_nodes,
                             edge_bias=cfg.model.edge_bias).to(ctx.device)
@@ -171,7 +152,8 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
                 heads=cfg.model.heads, dropout=cfg.model.dropout,
                 input_dropout=cfg.model.input_dropout, ffn_mult=cfg.model.ffn_mult,
                 seed=cfg.seed, super_nodes=cfg.model.super_nodes,
-                edge_dim=pg.FE if cfg.model.edge_bias else 0).to(dt)
+                edge_dim=pg.FE if cfg.model.edge_bias else 0,
+                block_rows=rp.attention_block_rows or None).to(dt)
     lossf = row_binary_cross_entropy if pg.multilabel else row_cross_entropy
     wrapped: torch.nn.Module = RowParallel(model, graph, comm)
     if emb:
@@ -194,4 +176,5 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
         bytes_read=pg.bytes_read - before,
         amp=AMP.get(cfg.dtype),
         node_order=node_order(pg) if emb else "",
+        plan=rp,
     )

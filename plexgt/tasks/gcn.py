@@ -1,7 +1,9 @@
 """gcn for ``plexgt train``: 3D tensor parallelism (Plexus) on a Gx x Gy x Gz grid.
 
-The grid is the configured one, or the 3D planner's fastest factorisation of the job
-(:func:`plexgt.plan.choose.choose_grid`) when ``parallel.grid = "auto"``. Each rank reads
+The grid, layer order and aggregation blocks are the configured ones, or, where left open
+(``parallel.grid = "auto"``, ``gcn_order = "auto"``, ``block_rows = 0``), the plan's
+fastest on the job's ranks that fits the memory per rank (:func:`plexgt.tasks.task.
+run_plan`, :func:`plexgt.plan.choose.choose`). Each rank reads
 exactly its blocks (:func:`plexgt.data.loader.read_plexus_arrays`, driven by its layer
 layouts); parameters are sharded as the layouts say, initialised from the single-process
 :class:`~plexgt.models.gcn.GCN` of the same seed so every grid starts from the same model.
@@ -17,7 +19,7 @@ from plexgt.config import TrainConfig
 from plexgt.data.loader import PreparedGraph, check_grid, read_plexus_arrays
 from plexgt.distributed.bootstrap import DistContext
 from plexgt.distributed.collectives import CommLedger
-from plexgt.distributed.grid import Grid3D, build_groups
+from plexgt.distributed.grid import build_groups
 from plexgt.distributed.layout3d import LayerLayout, layer_layouts
 from plexgt.errors import ConfigError
 from plexgt.models.gcn import GCN
@@ -30,18 +32,16 @@ from plexgt.parallel.plexus_loss import (
     parallel_cross_entropy,
     parallel_scores,
 )
-from plexgt.plan.choose import choose_grid, gcn_block_rows, gcn_dims, resolve_grid
-from plexgt.plan.plexus_cost import Coefficients
+from plexgt.plan.choose import gcn_dims
 from plexgt.tasks.task import (
     AMP,
     DTYPES,
     Task,
     check_inputs,
     graph_sizes,
-    machine_profile,
     model_shape,
     node_order,
-    plexus_coefficients_for,
+    run_plan,
     task_metric,
 )
 
@@ -52,19 +52,6 @@ def read_plexus_inputs(pg: PreparedGraph, layouts: Sequence[LayerLayout], dtype:
     return PlexusInputs.from_arrays(read_plexus_arrays(pg, layouts), dtype)
 
 
-def gcn_grid(cfg: TrainConfig, pg: PreparedGraph, world_size: int,
-             coef: Coefficients | None = None) -> Grid3D:
-    """The configured grid, or the planner's choice (``coef``: the machine coefficients, read
-    from parallel.profile when not given)."""
-    grid = resolve_grid(cfg.parallel.grid, world_size)
-    if grid is not None:
-        return grid
-    if coef is None:
-        coef = plexus_coefficients_for(machine_profile(cfg))
-    return choose_grid(graph_sizes(pg, cfg.model.node_embedding), model_shape(cfg), world_size,
-                       coef)
-
-
 def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: CommLedger
                    ) -> Task:
     """A :class:`Task` for ``model.name = "gcn"``."""
@@ -72,20 +59,20 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
         raise ConfigError(f"{pg.path}: the prepared graph has no labels to train on")
     check_inputs(cfg, pg)
     metric = task_metric(cfg, pg)
-    coef = plexus_coefficients_for(machine_profile(cfg))
-    grid = gcn_grid(cfg, pg, ctx.world_size, coef)
+    rp = run_plan(cfg, pg, ctx.world_size, ctx.device)
+    grid = rp.grid  # gcn's plan always has one
     check_grid(pg, grid, cfg.model.layers)
     dt = DTYPES[cfg.dtype]
     emb = cfg.model.node_embedding
     sizes, shape = graph_sizes(pg, emb), model_shape(cfg)
-    lays = layer_layouts(grid, ctx.rank, pg.N, gcn_dims(sizes, shape), cfg.parallel.gcn_order,
+    lays = layer_layouts(grid, ctx.rank, pg.N, gcn_dims(sizes, shape), rp.gcn_order,
                          first_order="gemm_first" if pg.sparse_features else None)
     groups = build_groups(grid, ctx.rank, ctx.world_size, ctx.timeout)
     comms = plexus_comms(groups, ledger, lays[-1])
     data = read_plexus_inputs(pg, lays, dt)
     model = Plexus3DGCN(lays, comms, data.adj, dropout=cfg.model.dropout,
                         input_dropout=cfg.model.input_dropout,
-                        block_rows=gcn_block_rows(lays, sizes, shape, coef), dtype=dt,
+                        block_rows=rp.block_rows, dtype=dt,
                         seed=cfg.seed, node_ids=data.node_ids)
     torch.manual_seed(cfg.seed)
     ref = GCN(pg.F + emb, cfg.model.hidden, pg.C, num_layers=cfg.model.layers)
@@ -112,6 +99,7 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
         bytes_read=data.bytes_read,
         amp=AMP.get(cfg.dtype),
         node_order=node_order(pg) if emb else "",
+        plan=rp,
     )
 
 

@@ -20,7 +20,7 @@ from plexgt.data.loader import PreparedGraph
 from plexgt.distributed.collectives import CommLedger
 from plexgt.errors import ConfigError
 from plexgt.plan.agp import SystemModel
-from plexgt.plan.choose import GraphSizes, ModelShape
+from plexgt.plan.choose import GraphSizes, ModelShape, RunPlan, choose
 from plexgt.plan.plexus_cost import Coefficients
 from plexgt.plan.profile import read_profile
 from plexgt.tasks.metrics import resolve_metric
@@ -68,6 +68,8 @@ class Task:
     """Binary tasks' gathered scores (for ROC-AUC); None where the metric is accuracy."""
     node_order: str = ""
     """With a node embedding: :func:`node_order` of the data (checked on resume)."""
+    plan: RunPlan | None = None
+    """The layout :func:`run_plan` chose, with its predicted step time and memory."""
 
 
 def task_metric(cfg: TrainConfig, pg: PreparedGraph) -> str:
@@ -117,7 +119,30 @@ def model_shape(cfg: TrainConfig) -> ModelShape:
     m = cfg.model
     return ModelShape(m.name, m.hidden, m.layers, m.heads, m.ffn_mult, esize_of(cfg),
                       cfg.parallel.gcn_order, cfg.parallel.block_rows or None,
-                      cfg.parallel.ring_chunks, m.super_nodes, m.node_embedding > 0)
+                      cfg.parallel.ring_chunks, m.super_nodes, m.node_embedding > 0,
+                      cfg.parallel.attention_block_rows)
+
+
+def memory_limit(cfg: TrainConfig, device: torch.device | None = None) -> int | None:
+    """Bytes one rank may use: parallel.memory_per_rank_gb, else the GPU's memory, else (CPU
+    ranks) no limit."""
+    if cfg.parallel.memory_per_rank_gb > 0:
+        return int(cfg.parallel.memory_per_rank_gb * 2**30)
+    if device is not None and device.type == "cuda":
+        return int(torch.cuda.get_device_properties(device).total_memory)
+    return None
+
+
+def run_plan(cfg: TrainConfig, pg: PreparedGraph, world_size: int,
+             device: torch.device | None = None) -> RunPlan:
+    """The run's layout on ``world_size`` ranks (:func:`plexgt.plan.choose.choose`): the
+    configured values, the plan's where they are left open. The same on every rank, since it
+    reads only sizes, the config and the profile."""
+    prof = machine_profile(cfg)
+    return choose(graph_sizes(pg, cfg.model.node_embedding), model_shape(cfg), world_size,
+                  system_model_for(prof), plexus_coefficients_for(prof),
+                  memory_limit(cfg, device), cfg.parallel.strategy, cfg.parallel.grid,
+                  cfg.parallel.head_parallel).plan
 
 
 def machine_profile(cfg: TrainConfig) -> dict[str, Any] | None:

@@ -205,12 +205,12 @@ def test_gps_trains_on_the_gcn_path_agp_chooses(data, tmp_path):
     predicts fastest, named in the metrics; an explicit grid runs the 3D path as given."""
     from plexgt.config import load_config
     from plexgt.data.loader import PreparedGraph
-    from plexgt.tasks.attention import attention_layout
+    from plexgt.tasks.task import run_plan
 
     for grid_arg in ("auto", "1x1x2"):
         cfg = load_config(None, None, [f"--data={data}", "--model.name=gps",
                                        "--model.hidden=16", f"--parallel.grid={grid_arg}"])
-        sname, grid, _ = attention_layout(cfg, PreparedGraph(data), 2)
+        sname, grid, _ = run_plan(cfg, PreparedGraph(data), 2).layout
         want = (str(grid), f"{sname}+plexus3d") if grid else ("rows2", sname)
         m = tmp_path / f"{grid_arg}.jsonl"
         r = _train(data, 2, "--model", "gps", "--grid", grid_arg, "--epochs", "3",

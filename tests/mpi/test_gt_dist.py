@@ -132,7 +132,8 @@ def expected_bytes(strat, prob, comm, nparams, gcn, grid, kind):
     if gcn and grid is not None:
         for _ in range(LAYERS):
             for _, op in gcn3d_comm(grid, comm.rank, N, HIDDEN, 8, block_rows=4):
-                want[op.op] = want.get(op.op, 0) + (op.sent if kind == "sent" else op.recv)
+                b = op.total_sent if kind == "sent" else op.total_recv
+                want[op.op] = want.get(op.op, 0) + b
     return {k: v for k, v in want.items() if v}
 
 

@@ -105,7 +105,7 @@ def test_ring_attention_equals_single_process(world_groups, strategy, a, graph, 
     want = {}
     for op in strat.comm(prob, RANK, WORLD):
         key = (op.group or "rows", op.op)
-        want[key] = want.get(key, 0) + op.sent
+        want[key] = want.get(key, 0) + op.total_sent
     assert {k: v for k, v in ledger.sent.items() if v} == {k: v for k, v in want.items() if v}
 
 

@@ -154,7 +154,7 @@ def test_super_attention_equals_single_process(world_groups, strategy, a, graph,
     want = {}
     for op in strat.comm(prob, RANK, WORLD) + super_comm(prob, WORLD):
         key = (op.group or "rows", op.op)
-        want[key] = want.get(key, 0) + op.sent
+        want[key] = want.get(key, 0) + op.total_sent
     assert {k: v for k, v in ledger.sent.items() if v} == {k: v for k, v in want.items() if v}
 
 

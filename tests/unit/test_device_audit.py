@@ -13,6 +13,7 @@ import torch.distributed as dist
 from torch import nn
 
 from plexgt.config import load_config
+from plexgt.data.loader import PreparedGraph
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import sbm
@@ -126,3 +127,30 @@ def test_audit_catches_adjacency_left_on_the_host(prepared, world, monkeypatch, 
     monkeypatch.setattr(Plexus3DGCN, "_apply", nn.Module._apply)
     with pytest.raises(DeviceMismatch, match=r"_sparse_addmm.*plexus3d.py"):
         _audited_train("gcn", prepared, monkeypatch, tmp_path)
+
+
+def test_train_builds_the_layout_the_plan_chooses(prepared, world):
+    """What run_plan decides is what the task builds: attention row blocks (given, or the
+    plan's when a tight memory per rank needs them) reach the model, and a plan that fits
+    nothing is a one-line error."""
+    from plexgt.errors import ConfigError
+    from plexgt.tasks.task import run_plan
+
+    base = {"data": str(prepared), "model.name": "gt", "progress": False,
+            "model.hidden": 16, "model.heads": 2}
+    ctx = DistContext(0, 1, 0, 1, "gloo", torch.device("cpu"), "single")
+    cfg = load_config(None, {**base, "parallel.attention_block_rows": 7})
+    assert run_plan(cfg, PreparedGraph(prepared), 1).attention_block_rows == 7
+    assert build_task(cfg, ctx, CommLedger()).model.model.block_rows == 7
+    whole = load_config(None, base)
+    rp = run_plan(whole, PreparedGraph(prepared), 1)
+    assert rp.attention_block_rows == 0
+    tight = load_config(None, {**base, "parallel.memory_per_rank_gb":
+                               0.999 * rp.memory_bytes / 2**30})
+    rp2 = run_plan(tight, PreparedGraph(prepared), 1)
+    assert rp2.attention_block_rows > 0 and rp2.memory_bytes < rp.memory_bytes
+    assert build_task(tight, ctx, CommLedger()).model.model.block_rows == \
+        rp2.attention_block_rows
+    with pytest.raises(ConfigError, match="no configuration fits .* per rank on 1 ranks"):
+        run_plan(load_config(None, {**base, "parallel.memory_per_rank_gb": 1e-6}),
+                 PreparedGraph(prepared), 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -92,17 +93,16 @@ def test_training_config_plans_with_the_profile(prepared, profile_json, tmp_path
     """parallel.profile feeds --grid auto and --strategy auto; a bad one is a one-line error."""
     from plexgt.config import load_config
     from plexgt.errors import ConfigError
-    from plexgt.tasks.attention import attention_layout
-    from plexgt.tasks.gcn import gcn_grid
-    from plexgt.tasks.task import machine_profile, plexus_coefficients_for
+    from plexgt.tasks.task import machine_profile, plexus_coefficients_for, run_plan
 
     pg = PreparedGraph(prepared)
     cfg = load_config(None, None, [f"--data={prepared}", f"--parallel.profile={profile_json}",
                                    "--model.name=gt"])
     prof = json.loads(profile_json.read_text())
     assert plexus_coefficients_for(machine_profile(cfg)) == Coefficients(**prof["plexus"])
-    assert gcn_grid(cfg, pg, 4).size == 4
-    assert attention_layout(cfg, pg, 2)[0] in ("gp_ag", "gp_a2a")
+    assert run_plan(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name="gcn")),
+                    pg, 4).grid.size == 4
+    assert run_plan(cfg, pg, 2).strategy in ("gp_ag", "gp_a2a", "gp_ring", "gp_2d")
     bad = tmp_path / "bad.json"
     bad.write_text("[]")
     with pytest.raises(ConfigError, match=f"parallel.profile': {bad}: not a plexgt system"):
@@ -161,7 +161,8 @@ def test_plan_gps_shows_the_gcn_path_of_every_row(prepared, tmp_path, capsys):
     chosen = next(r for r in table["rows"] if r["chosen"])
     assert table["gcn"]["choice"] == {"gcn_path": chosen["gcn_path"],
                                       "gcn_grid": chosen["gcn_grid"]}
-    assert "GCN path" in out.splitlines()[-1]
+    assert "GCN path" in next(ln for ln in out.splitlines() if ln.startswith("choice:"))
+    assert table["search"]["at_world_size"]["scale"] == 4 and table["search"]["frontier"]
 
 
 @pytest.mark.parametrize("strategy", ["gp_ag", "gp_a2a", "auto"])
@@ -174,13 +175,13 @@ def test_gps_grid_auto_takes_the_faster_gcn_path(prepared, strategy):
     from plexgt.distributed.grid import Grid3D
     from plexgt.parallel.attention.registry import default_registry
     from plexgt.plan.agp import Workload, estimate, gcn_grid_for
-    from plexgt.tasks.attention import attention_layout
+    from plexgt.tasks.task import run_plan
 
     pg = PreparedGraph(prepared)
     cfg = load_config(None, None, [f"--data={prepared}", "--model.name=gps",
                                    "--model.hidden=16", f"--parallel.strategy={strategy}"])
-    assert attention_layout(cfg, pg, 1)[1] is None
-    sname, grid, _ = attention_layout(cfg, pg, 4)
+    assert run_plan(cfg, pg, 1).layout[1] is None
+    sname, grid, _ = run_plan(cfg, pg, 4).layout
     if strategy != "auto":
         assert sname == strategy
     g = gcn_grid_for(4, pg.N, pg.E + (0 if pg.manifest.get("self_loops") else pg.N), 16, 4)
@@ -195,7 +196,7 @@ def test_gps_grid_auto_takes_the_faster_gcn_path(prepared, strategy):
     cfg = load_config(None, None, [f"--data={prepared}", "--model.name=gps",
                                    "--model.hidden=16", "--parallel.grid=1x2x2",
                                    f"--parallel.strategy={strategy}"])
-    assert attention_layout(cfg, pg, 4)[1] == Grid3D(1, 2, 2)
+    assert run_plan(cfg, pg, 4).layout[1] == Grid3D(1, 2, 2)
 
 
 def test_plan_json_that_cannot_be_written_is_one_line_exit_2(prepared, tmp_path, capsys):
@@ -231,21 +232,22 @@ def test_plan_sizes_and_data_are_exclusive_and_complete(prepared, capsys):
                  "--world-size", "4"]) == 2
     assert "missing --features --classes" in capsys.readouterr().err
     assert main(["plan", *PAPERS, "--world-size", "4", "--head-parallel", "-1"]) == 2
-    assert "--head-parallel and --super-nodes must be >= 0" in capsys.readouterr().err
+    assert "--attention-block-rows and --super-nodes must be >= 0" in capsys.readouterr().err
     assert main(["plan", *PAPERS, "--world-size", "4", "--super-nodes", "-2"]) == 2
-    assert "(got 0, -2, 1)" in capsys.readouterr().err
+    assert "(got 0, 0, 0, -2)" in capsys.readouterr().err
 
 
 def test_head_axis_must_tile_the_ranks_and_is_chosen_otherwise():
     from plexgt.errors import ConfigError
-    from plexgt.plan.choose import GraphSizes, ModelShape, choose_attention
+    from plexgt.plan.choose import GraphSizes, ModelShape, choose
 
     sizes, shape = GraphSizes(5000, 80_000, 16, 4), ModelShape("gt", 32, 2, 4)
+    coef = Coefficients()
     with pytest.raises(ConfigError, match="head_parallel: 2 does not divide the 3 ranks"):
-        choose_attention(sizes, shape, 3, SystemModel(), "gp_2d", head_parallel=2)
-    fixed = choose_attention(sizes, shape, 4, SystemModel(), "gp_2d", head_parallel=2)
-    assert fixed == ("gp_2d", None, 2)
-    chosen = choose_attention(sizes, shape, 8, SystemModel(), "gp_2d")
+        choose(sizes, shape, 3, SystemModel(), coef, strategy="gp_2d", head_parallel=2)
+    fixed = choose(sizes, shape, 4, SystemModel(), coef, strategy="gp_2d", head_parallel=2)
+    assert fixed.plan.layout == ("gp_2d", None, 2) and fixed.plan.scale == 4
+    chosen = choose(sizes, shape, 8, SystemModel(), coef, strategy="gp_2d").plan
     assert chosen.strategy == "gp_2d" and 8 % chosen.head_parallel == 0
 
 

@@ -41,7 +41,7 @@ from plexgt.parallel.attention.strategy import (
     KernelWork,
     MemoryEstimate,
     SuperKV,
-    head_splits,
+    heads_of,
 )
 
 Tensor = torch.Tensor
@@ -138,7 +138,7 @@ def gp_2d_comm(problem: AttentionProblem, rank: int, p: int) -> list[CommOp]:
     check_factor(p, a)
     b, k = p // a, rank % a
     n_loc = problem.rows(p)
-    hk = head_splits(problem.heads, a)[k]
+    hk = heads_of(problem.heads, a, k)
     ops: list[CommOp] = []
     if a > 1:
         row = n_loc * problem.head_dim * problem.esize
@@ -146,7 +146,7 @@ def gp_2d_comm(problem: AttentionProblem, rank: int, p: int) -> list[CommOp]:
         to_nodes = (to_heads[1], to_heads[0])
         ops += [CommOp("all_to_all", s, r, "forward", "heads", a)
                 for s, r in [to_heads] * 3 + [to_nodes]]
-    ring = [CommOp(o.op, o.sent, o.recv, o.phase, "ring", b)
+    ring = [CommOp(o.op, o.sent, o.recv, o.phase, "ring", b, o.count)
             for o in ring_comm(a * n_loc, hk, problem.head_dim, b, problem.ring_chunks,
                                problem.esize)]
     ops += ring
@@ -164,7 +164,7 @@ def gp_2d_memory(problem: AttentionProblem, p: int) -> MemoryEstimate:
     b = p // a
     n_loc = problem.rows(p)
     m = a * n_loc
-    hk = head_splits(problem.heads, a)[0]
+    hk = heads_of(problem.heads, a, 0)
     dh = problem.head_dim
     e_grp = -(-problem.e // b)
     pieces = len(chunk_bounds(m, problem.ring_chunks)) or 1
@@ -183,7 +183,7 @@ def gp_2d_work(problem: AttentionProblem, p: int) -> KernelWork:
     check_factor(p, a)
     b = p // a
     m = a * problem.rows(p)
-    hk = head_splits(problem.heads, a)[0]
+    hk = heads_of(problem.heads, a, 0)
     blocks = b * (len(chunk_bounds(m, problem.ring_chunks)) or 1)
     per = m * hk * problem.head_dim
     return KernelWork(hk, problem.e / b, m, b * m, m, launches=blocks, recompute=1,

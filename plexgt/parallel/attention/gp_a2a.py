@@ -19,8 +19,6 @@ E·h/p; the price is the whole graph (N + E) on every rank.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from plexgt.distributed.collectives import CommOp
@@ -34,7 +32,8 @@ from plexgt.parallel.attention.strategy import (
     MemoryEstimate,
     SuperKV,
     graph_bytes,
-    head_splits,
+    heads_of,
+    score_terms,
 )
 
 Tensor = torch.Tensor
@@ -56,8 +55,6 @@ def gp_a2a_forward(shard: AttentionShard, q: Tensor, k: Tensor, v: Tensor,
     return heads_to_nodes(y, comm, n_loc, h)
 
 
-_head_splits = functools.lru_cache(maxsize=64)(head_splits)
-"""head_splits, kept: the cost model asks each of p ranks for its share (O(p) to build)."""
 
 
 def gp_a2a_comm(problem: AttentionProblem, rank: int, p: int) -> list[CommOp]:
@@ -69,7 +66,7 @@ def gp_a2a_comm(problem: AttentionProblem, rank: int, p: int) -> list[CommOp]:
     """
     if p == 1:
         return []
-    hj = _head_splits(problem.heads, p)[rank]
+    hj = heads_of(problem.heads, p, rank)
     row = problem.rows(p) * problem.head_dim * problem.esize
     to_heads = ((problem.heads - hj) * row, (p - 1) * hj * row)
     to_nodes = (to_heads[1], to_heads[0])
@@ -81,20 +78,25 @@ def gp_a2a_comm(problem: AttentionProblem, rank: int, p: int) -> list[CommOp]:
 
 
 def gp_a2a_memory(problem: AttentionProblem, p: int) -> MemoryEstimate:
-    """4·N·d/p (Q, K, V, Y of this rank's heads over all nodes) + E·h/p (its heads' scores)."""
+    """4·N·d/p (Q, K, V, Y of this rank's heads over all nodes) + E·h/p (its heads' scores;
+    blocked: their [h/p, N] log-sum-exp, :func:`score_terms`)."""
     n_pad = p * problem.rows(p)
-    h_max = head_splits(problem.heads, p)[0]
-    act = 4 * n_pad * h_max * problem.head_dim + problem.e * h_max
+    h_max = heads_of(problem.heads, p, 0)
+    kept, scores, _ = score_terms(problem, n_pad, problem.e, h_max)
+    act = 4 * n_pad * h_max * problem.head_dim + kept
     return MemoryEstimate(act, act * problem.esize, graph_bytes(n_pad, n_pad, problem.e),
-                          problem.e * h_max)
+                          scores)
 
 
 def gp_a2a_work(problem: AttentionProblem, p: int) -> KernelWork:
-    """ceil(h/p) heads on all E edges, N rows and columns, and the layout permutes."""
+    """ceil(h/p) heads on all E edges, N rows and columns, and the layout permutes; blocked,
+    a launch per block and head and the SDDMM redone in backward."""
     n_pad = p * problem.rows(p)
-    h_max = head_splits(problem.heads, p)[0]
+    h_max = heads_of(problem.heads, p, 0)
     copies = n_pad * h_max * problem.head_dim if p > 1 else 0
-    return KernelWork(h_max, problem.e, n_pad, n_pad, n_pad, copy_elems=copies)
+    blocks = score_terms(problem, n_pad, problem.e, h_max)[2]
+    return KernelWork(h_max, problem.e, n_pad, n_pad, n_pad, launches=blocks,
+                      recompute=int(blocks > 1), copy_elems=copies)
 
 
 GP_A2A = AttentionStrategy(

@@ -34,6 +34,7 @@ from plexgt.parallel.attention.strategy import (
     MemoryEstimate,
     SuperKV,
     graph_bytes,
+    score_terms,
 )
 
 Tensor = torch.Tensor
@@ -68,18 +69,23 @@ def gp_ag_comm(problem: AttentionProblem, rank: int, p: int) -> list[CommOp]:
 
 
 def gp_ag_memory(problem: AttentionProblem, p: int) -> MemoryEstimate:
-    """4·N·d (gathered K, V and their full-size gradients) + E·h/p (scores of local rows)."""
+    """4·N·d (gathered K, V and their full-size gradients) + E·h/p (scores of local rows;
+    blocked: the [h, N/p] log-sum-exp, :func:`score_terms`)."""
     n_pad = p * problem.rows(p)
     e_loc = -(-problem.e // p)
-    act = 4 * n_pad * problem.d + e_loc * problem.heads
+    kept, scores, _ = score_terms(problem, problem.rows(p), e_loc, problem.heads)
+    act = 4 * n_pad * problem.d + kept
     return MemoryEstimate(act, act * problem.esize, graph_bytes(problem.rows(p), n_pad, e_loc),
-                          e_loc * problem.heads)
+                          scores)
 
 
 def gp_ag_work(problem: AttentionProblem, p: int) -> KernelWork:
-    """Every head on E/p edges; the kernel streams all N gathered columns (N/p of them its own)."""
+    """Every head on E/p edges; the kernel streams all N gathered columns (N/p of them its
+    own); blocked, a launch per block and head and the SDDMM redone in backward."""
     n_loc = problem.rows(p)
-    return KernelWork(problem.heads, problem.e / p, n_loc, p * n_loc, n_loc)
+    blocks = score_terms(problem, n_loc, -(-problem.e // p), problem.heads)[2]
+    return KernelWork(problem.heads, problem.e / p, n_loc, p * n_loc, n_loc, launches=blocks,
+                      recompute=int(blocks > 1))
 
 
 GP_AG = AttentionStrategy(

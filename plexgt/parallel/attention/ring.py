@@ -388,7 +388,8 @@ def ring_comm(m: int, heads: int, head_dim: int, members: int, chunks: int, esiz
               ) -> list[CommOp]:
     """One ring attention's point-to-point steps on a member, forward then backward: per
     non-empty chunk of r rows, b-1 K/V sends of 2·r·h·d' elements forward, and in backward
-    b-1 again plus b-1 of the dK/dV accumulators (float32 at least, like the sums)."""
+    b-1 again plus b-1 of the dK/dV accumulators (float32 at least, like the sums); each
+    b-1 repeated sends as one op of ``count`` b-1."""
     if members == 1 or heads == 0:
         return []
     ops: list[CommOp] = []
@@ -396,9 +397,10 @@ def ring_comm(m: int, heads: int, head_dim: int, members: int, chunks: int, esiz
     for c0, c1 in chunk_bounds(m, chunks):
         kv = 2 * (c1 - c0) * heads * head_dim * esize
         acc = 2 * (c1 - c0) * heads * head_dim * acc_esize
-        ops += [CommOp("send_recv", kv, kv)] * (members - 1)
-        ops += [CommOp("send_recv", kv, kv, "backward")] * (members - 1)
-        ops += [CommOp("send_recv", acc, acc, "backward")] * (members - 1)
+        k = members - 1
+        ops += [CommOp("send_recv", kv, kv, count=k),
+                CommOp("send_recv", kv, kv, "backward", count=k),
+                CommOp("send_recv", acc, acc, "backward", count=k)]
     return ops
 
 

@@ -45,7 +45,15 @@ def head_splits(heads: int, p: int) -> tuple[int, ...]:
     """
     if heads < 1 or p < 1:
         raise ValueError(f"cannot split {heads} heads over {p} ranks")
-    return tuple(heads // p + (1 if j < heads % p else 0) for j in range(p))
+    return tuple(heads_of(heads, p, j) for j in range(p))
+
+
+def heads_of(heads: int, p: int, j: int) -> int:
+    """Rank j's entry of :func:`head_splits` without building all p (a plan asks at
+    p = 2048, for every scale)."""
+    if heads < 1 or p < 1:
+        raise ValueError(f"cannot split {heads} heads over {p} ranks")
+    return heads // p + (1 if j < heads % p else 0)
 
 
 @dataclass(frozen=True)
@@ -68,6 +76,11 @@ class AttentionProblem:
     """gp_ring / gp_2d: pieces c each rank's K/V block travels in (memory in flight 1/c)."""
     super_nodes: int = 0
     """Global super nodes S (every real row gains S columns; S dense super rows)."""
+    block_rows: int = 0
+    """gp_ag / gp_a2a: query rows per attention block (0: whole). Blocked, a layer keeps the
+    [h, rows] log-sum-exp instead of the [h, E] probabilities and rebuilds the scores block
+    by block in backward: one more SDDMM for memory [h, E_block] (``parallel.
+    attention_block_rows``)."""
 
     @property
     def head_dim(self) -> int:
@@ -76,6 +89,20 @@ class AttentionProblem:
     def rows(self, p: int) -> int:
         """Padded rows per rank, ceil(N/p)."""
         return -(-self.n // p)
+
+
+def score_terms(problem: AttentionProblem, rows: int, edges: int, heads: int
+                ) -> tuple[int, int, int]:
+    """(kept elements, score elements, blocks) of a node-local attention over ``rows`` query
+    rows and ``edges`` edges of ``heads`` heads: whole, the [h, E] probabilities kept and one
+    [h, E] array per backward temporary; blocked by ``problem.block_rows``, the [h, rows]
+    log-sum-exp kept and the temporaries one block's, E·(block rows)/rows edges on average
+    (a skewed degree makes some blocks bigger: a model, not a bound)."""
+    br = problem.block_rows
+    if not br or br >= rows:
+        return edges * heads, edges * heads, 1
+    blocks = -(-rows // br)
+    return rows * heads, -(-edges // blocks) * heads, blocks
 
 
 @dataclass(frozen=True)
@@ -256,7 +283,7 @@ class AttentionStrategy:
         """Bytes sent per operation name by ``rank`` in one block (forward + backward)."""
         out: dict[str, int] = {}
         for op in self.comm(problem, rank, p):
-            out[op.op] = out.get(op.op, 0) + op.sent
+            out[op.op] = out.get(op.op, 0) + op.total_sent
         return out
 
 

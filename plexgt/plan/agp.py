@@ -148,6 +148,9 @@ class Workload:
     attention_block_rows: int = 0
     """gp_ag / gp_a2a: query rows per attention block (``parallel.attention_block_rows``;
     0: whole)."""
+    feature_density: float | None = None
+    """Share of nonzero input features when they are stored and trained sparse (CSR): the
+    input projection is then an SpMM over the nonzeros; None: dense."""
 
     def __post_init__(self) -> None:
         if self.model not in ("gt", "gps"):
@@ -477,7 +480,7 @@ def memory_of(strategy: AttentionStrategy, w: Workload, s: int, head_parallel: i
     model_memory`): cheap, so a search drops what cannot fit before pricing its time."""
     prob = replace(w.problem, head_parallel=head_parallel)
     return model_memory(strategy, prob, s, w.layers, w.features, w.classes, w.num_params,
-                        w.ffn_mult, w.gcn, w.grid_at(s))
+                        w.ffn_mult, w.gcn, w.grid_at(s), w.feature_density)
 
 
 def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel,
@@ -520,6 +523,11 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
         gemm3 = lay.rows_pad * (lay.d_in // gb) * (lay.d_out // ga) - n_loc * d * d
     elif w.gcn:  # the 1D GCN path: the rank's own rows' edges, both ways
         edge += L * 2 * (w.e / s) * d * k["spmm_s_per_nnz_col"]
+    # the input projection X·W and its weight gradient Xᵀ·dY (the input is not trained): a
+    # GEMM over F columns, or an SpMM over a sparse input's F·density nonzeros a row
+    dense_in = 0 if w.feature_density is not None else w.features
+    sparse_in = (2 * w.features * w.feature_density * d * k["spmm_s_per_nnz_col"]
+                 if w.feature_density is not None else 0.0)
     if k["dense_s_per_row_d2"] or k["dense_s_per_row_d"]:
         # the profiled row-local block (ffn_mult 2), scaled to this FFN and, for gps, the GCN
         # path's linear layer and LayerNorm; its row·d passes at this rank's array size
@@ -527,12 +535,12 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
         per_row = L * (k["dense_s_per_row_d2"] * d * d * scale
                        + k["dense_s_per_row_d"] * d * (1.5 if w.gcn else 1.0)
                        * sysm.memory_factor(n_loc * d, s))
-        per_row += (w.features * d * 2 + d * w.classes * 3) * k["gemm_s_per_fma"]
+        per_row += (dense_in * d * 2 + d * w.classes * 3) * k["gemm_s_per_fma"] + sparse_in
         gcn_gemm = L * gemm3 * k["dense_s_per_row_d2"] / 8  # its share of the block (1 of 8)
     else:
-        fma = w.features * d * 2 + (L * (4 + 2 * w.ffn_mult + (1 if w.gcn else 0)) * d * d
-                                    + d * w.classes) * 3
-        per_row = (fma * k["gemm_s_per_fma"]
+        fma = dense_in * d * 2 + (L * (4 + 2 * w.ffn_mult + (1 if w.gcn else 0)) * d * d
+                                  + d * w.classes) * 3
+        per_row = (fma * k["gemm_s_per_fma"] + sparse_in
                    + L * ELEMENTWISE_PER_NODE_DIM[w.model] * d * k["elementwise_s_per_elem"])
         gcn_gemm = L * gemm3 * 3 * k["gemm_s_per_fma"]
     dense = n_loc * per_row + gcn_gemm

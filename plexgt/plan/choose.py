@@ -110,7 +110,8 @@ def workload(sizes: GraphSizes, shape: ModelShape, grid: Grid3D | None = None) -
                     gcn_grid=grid if gps else None,
                     gcn_block_rows=shape.block_rows if gps else None,
                     ring_chunks=shape.ring_chunks or 1, super_nodes=shape.super_nodes,
-                    attention_block_rows=shape.attention_block_rows)
+                    attention_block_rows=shape.attention_block_rows,
+                    feature_density=sizes.feature_density)
 
 
 def candidates(strategy: str) -> list[AttentionStrategy]:

@@ -201,11 +201,16 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
             if sparse and lay.layer == 0:
                 gemm *= input_density
             # input shard (+ staging on layer 0), gathered input (staged twice), whole W
-            # block, H·W before and after its reduce-scatter, the aggregate
-            mem += (shard + 2 * cols_pad * lay.d_in // gb
-                    + (lay.d_in // gb) * lay.d_out + cols_pad * lay.d_out
-                    + cols_pad * lay.d_out // gb + rows_pad * lay.d_out // gb
-                    ) * esize
+            # block, H·W before and after its reduce-scatter, the aggregate; a sparse input
+            # is read already gathered over c: its CSR block alone (value, int64 index per
+            # nonzero, row pointers), no staging and no gathered copies
+            inputs = (shard + 2 * cols_pad * lay.d_in // gb) * esize
+            if sparse and lay.layer == 0:
+                inputs = (int(cols_pad * (lay.d_in // gb) * input_density) * (esize + 8)
+                          + (cols_pad + 1) * 8)
+            mem += inputs + ((lay.d_in // gb) * lay.d_out + cols_pad * lay.d_out
+                             + cols_pad * lay.d_out // gb + rows_pad * lay.d_out // gb
+                             ) * esize
         else:
             spmm = blk_nnz * (lay.d_in // gb) * (2 if lay.layer > 0 else 1)
             gemm = rows_pad * (lay.d_in // gb) * (lay.d_out // ga) * 3

@@ -123,14 +123,15 @@ def dense_activation_elems(n_rows: int, d: int, ffn_mult: int, gcn: bool) -> int
 
 def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int, layers: int,
                  features: int, classes: int, num_params: int, ffn_mult: int = 2,
-                 gcn: bool = False, gcn_grid: Grid3D | None = None) -> dict[str, int]:
+                 gcn: bool = False, gcn_grid: Grid3D | None = None,
+                 feature_density: float | None = None) -> dict[str, int]:
     """Per-rank bytes of a training step: attention (Table 1 per layer, plus the backward's
     three [h, E/p] temporaries of one layer), dense activations, graphs, features, and
     parameters with gradients and two AdamW moments (4 copies).
 
     For gps the GCN operator is this rank's Â rows [N/p, N] (1D) or, on ``gcn_grid``, its Â
     block [N/Gz, N/Gx] of E/(Gx·Gz) entries, whose layer also keeps the aggregate
-    [N/Gz, d/Gy] for the weight gradient."""
+    [N/Gz, d/Gy] for the weight gradient. ``feature_density``: the input stored CSR."""
     e = problem.esize
     att = strategy.memory(problem, p)
     n_loc = problem.rows(p)
@@ -152,7 +153,9 @@ def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int,
                                   + 3 * att.score_elems * e),
         "dense_activations": dense,
         "graph": graphs,
-        "features": n_loc * features * e,
+        # dense [N/p, F], or CSR: a value and an int64 column index per nonzero, row pointers
+        "features": (n_loc * features * e if feature_density is None else
+                     int(n_loc * features * feature_density) * (e + 8) + (n_loc + 1) * 8),
         "parameters": 4 * num_params * e,
     }
     out["total"] = sum(out.values())

@@ -132,3 +132,19 @@ def test_choose_keeps_what_is_given_and_searches_the_rest():
     assert rp.grid == Grid3D(2, 2, 2)
     with pytest.raises(ConfigError, match="no configuration fits 0.00 GiB per rank on 8"):
         choose(sizes, gt, 8, sysm, coef, memory_per_rank=1000)
+
+
+def test_sparse_input_is_priced_by_its_nonzeros():
+    """A CSR input (prep's sparse features): the input projection is an SpMM over F·density
+    nonzeros a row, and the features' memory a value and an index per nonzero."""
+    sysm = SystemModel()
+    c = default_registry().get("gp_ag")
+    dense = Workload("gt", 30_000, 500_000, 8000, 5, 64, 4, 2)
+    sparse = replace(dense, feature_density=0.004)
+    ed, es = estimate(c, dense, 2, sysm), estimate(c, sparse, 2, sysm)
+    k = sysm.kernels
+    n_loc = 15_000
+    want = n_loc * 8000 * 64 * 2 * (k["gemm_s_per_fma"] - 0.004 * k["spmm_s_per_nnz_col"])
+    assert ed.compute_s - es.compute_s == pytest.approx(want)
+    assert es.memory["features"] == int(n_loc * 8000 * 0.004) * 12 + (n_loc + 1) * 8
+    assert ed.memory["features"] == n_loc * 8000 * 4

@@ -1,0 +1,398 @@
+"""The planner scored on this machine: predicted against measured step time and memory.
+
+    .venv/bin/python perf/validate_plan.py                    # ~30 min on 2 cores
+    .venv/bin/python perf/validate_plan.py --cases physics-gcn --keep   # rerun one case
+
+Coauthor Physics (34,493 nodes, 8,415 features, 0.39% nonzero: CSR input) and Amazon
+Computers (13,752 nodes, 767 features, dense input) from ../shared/datasets/gnn-benchmark,
+prepared by ``plexgt prep`` (auto layout), are trained on p = 1, 2, 3, 4 ranks (3 and 4
+oversubscribe the 2 cores) in every configuration the search can run there: gcn on Physics
+(2 layers, hidden 64) on every grid of p; gt (hidden 64, 4 heads, 2 blocks) on both graphs
+with every strategy and gp_2d head axis; gps (the same) with every strategy, its GCN path as
+the search picks it (grid 'auto') and 3D on the planner's grid. What a configuration leaves
+open (order, block rows, ring pieces, attention row blocks) the plan fills, as train does;
+the configuration with everything 'auto' is the choice. Each is built by the task builder
+``plexgt train`` uses and stepped by its training step (AdamW), one configuration after the
+other in one mpiexec per (case, p): 2 warm-up steps, ``--steps`` timed (a step = the slowest
+rank), the **median** kept; then the peak resident set of each rank during one more step
+above its level before the configuration was built (glibc made to return freed memory).
+
+Predictions are :func:`plexgt.plan.choose.choose`'s for the same configuration (the plan
+``train`` would run) from the stored system profile of this machine (``--profile``; default
+perf/results/bench_agp_system.json, measured by ``plexgt profile`` under ``mpiexec -n 4``).
+Scored: MAPE of predicted against the median step, overall and by p; per (case, p) with more
+than one configuration, whether the choice's median step is within 10% of the fastest
+measured; per case, the any-scale choice (p <= 4) against the fastest at any p; memory,
+predicted over measured per configuration (median, range). Writes
+perf/results/validate_plan.json and ends with one RESULT line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "perf"))
+
+from common import DATASETS_DIR, hardware, result_line, today, write_json  # noqa: E402
+
+VENV = ROOT / ".venv" / "bin"
+DATASETS = {"physics": "ms_academic_phy.npz", "computers": "amazon_electronics_computers.npz"}
+CASES = {"physics-gcn": ("physics", "gcn"), "physics-gt": ("physics", "gt"),
+         "computers-gt": ("computers", "gt"), "physics-gps": ("physics", "gps"),
+         "computers-gps": ("computers", "gps")}
+MODEL = {"gcn": {"model.name": "gcn", "model.hidden": 64, "model.layers": 2},
+         "gt": {"model.name": "gt", "model.hidden": 64, "model.heads": 4, "model.layers": 2},
+         "gps": {"model.name": "gps", "model.hidden": 64, "model.heads": 4,
+                 "model.layers": 2}}
+COMMON = {"progress": False, "model.dropout": 0.0, "model.input_dropout": 0.0,
+          "optim.warmup_epochs": 0}
+SCALES = (1, 2, 3, 4)
+WITHIN = 0.10
+
+
+# -- configurations and predictions -------------------------------------------------------
+def _cfg(data: Path, model: str, over: dict, profile: Path):  # noqa: ANN202 - TrainConfig
+    from plexgt.config import load_config
+
+    return load_config(None, {"data": str(data), **COMMON, **MODEL[model],
+                              "parallel.profile": str(profile), **over})
+
+
+def configurations(data: Path, model: str, p: int, profile: Path) -> list[dict]:
+    """Every configuration of ``model`` the search can run on p ranks, as config overrides,
+    with the plan train makes of it: {'over', 'label', 'predicted_s', 'predicted_bytes',
+    'chosen'}, one per distinct plan; the all-'auto' one marked chosen."""
+    from plexgt.data.loader import PreparedGraph
+    from plexgt.distributed.grid import factorizations
+    from plexgt.parallel.attention.registry import default_registry
+    from plexgt.plan.choose import gps_grid
+    from plexgt.tasks.task import (
+        graph_sizes,
+        machine_profile,
+        model_shape,
+        plexus_coefficients_for,
+        run_plan,
+    )
+
+    pg = PreparedGraph(data)
+    cfg = _cfg(data, model, {}, profile)
+    prof = machine_profile(cfg)
+    grid3 = gps_grid(graph_sizes(pg), model_shape(cfg), p, plexus_coefficients_for(prof))
+    overs: list[dict] = [{}]
+    if model == "gcn":
+        overs += [{"parallel.grid": str(g)} for g in factorizations(p)]
+    else:
+        for c in default_registry():
+            for a in c.layouts(p) if p > 1 else [1]:
+                base = {"parallel.strategy": c.name, "parallel.head_parallel": a}
+                overs.append(base)
+                if model == "gps" and p > 1:  # and the GCN path 3D on the planner's grid
+                    overs.append({**base, "parallel.grid": str(grid3)})
+            if p == 1:
+                break  # one rank: every strategy is the same step
+    out: dict[str, dict] = {}
+    for over in overs:
+        rp = run_plan(_cfg(data, model, over, profile), pg, p)
+        key = f"{rp.label} on {rp.scale}"
+        row = out.setdefault(key, {"over": over, "label": rp.label, "scale": rp.scale,
+                                   "predicted_s": rp.time_s,
+                                   "predicted_bytes": rp.memory_bytes, "chosen": False})
+        row["chosen"] = row["chosen"] or not over
+    pg.close()
+    return list(out.values())
+
+
+def any_scale_choice(data: Path, model: str, profile: Path) -> str:
+    """The search's choice over every scale up to 4 ranks, as '<label> on <scale>'."""
+    from plexgt.data.loader import PreparedGraph
+    from plexgt.plan.choose import choose
+    from plexgt.tasks.task import (
+        graph_sizes,
+        machine_profile,
+        model_shape,
+        plexus_coefficients_for,
+        system_model_for,
+    )
+
+    cfg = _cfg(data, model, {}, profile)
+    pg = PreparedGraph(data)
+    prof = machine_profile(cfg)
+    rp = choose(graph_sizes(pg), model_shape(cfg), 4, system_model_for(prof),
+                plexus_coefficients_for(prof), any_scale=True).plan
+    pg.close()
+    return f"{rp.label} on {rp.scale}"
+
+
+# -- the worker (under mpiexec) -----------------------------------------------------------
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _trim() -> None:
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except OSError:
+        pass
+
+
+class PeakRSS:
+    """This process's largest resident set while inside (sampled every 2 ms)."""
+
+    def __init__(self) -> None:
+        self.peak, self._stop = 0, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, _rss())
+            time.sleep(0.002)
+
+    def __enter__(self) -> PeakRSS:
+        self.peak = _rss()
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, _rss())
+
+
+def _one(data: Path, model: str, over: dict, profile: Path, steps: int, ctx) -> dict:  # noqa: ANN001
+    """Build, warm up, time and measure one configuration on this rank; freed on return."""
+    import torch
+    import torch.distributed as dist
+
+    from plexgt.distributed.collectives import CommLedger
+    from plexgt.tasks import build_task
+    from plexgt.training import loop
+
+    cfg = _cfg(data, model, over, profile)
+    _trim()
+    base = _rss()
+    task = build_task(cfg, ctx, CommLedger())
+    opt = torch.optim.AdamW(task.model.parameters(), lr=1e-3)
+    for e in range(2):
+        loop.step(cfg, task, opt, e)
+    times = []
+    for e in range(steps):
+        times.append(loop.step(cfg, task, opt, 2 + e)[1])
+    with PeakRSS() as mem:
+        loop.step(cfg, task, opt, 2 + steps)
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a step: the slowest rank's
+    peaks = [None] * ctx.world_size
+    dist.all_gather_object(peaks, mem.peak - base)
+    return {"step_s": t.tolist(), "median_s": float(statistics.median(t.tolist())),
+            "measured_bytes": [int(x) for x in peaks], "label": task.plan.label}
+
+
+def worker(args: argparse.Namespace) -> None:
+    from plexgt.distributed.bootstrap import init_distributed, shutdown
+
+    job = json.loads(Path(args.worker).read_text())
+    ctx = init_distributed("gloo", timeout_s=900)
+    rows = []
+    for c in job["configs"]:
+        r = _one(Path(job["data"]), job["model"], c["over"], Path(job["profile"]),
+                 job["steps"], ctx)
+        rows.append({**c, **r})
+        if ctx.rank == 0:
+            print(f"  p={ctx.world_size} {c['label']:<40} median {r['median_s']:.4f} s "
+                  f"(predicted {c['predicted_s']:.4f})", flush=True)
+    if ctx.rank == 0:
+        Path(job["out"]).write_text(json.dumps(rows, indent=1) + "\n")
+    shutdown(ctx)
+
+
+# -- the driver -----------------------------------------------------------------------------
+def prep(name: str, work: Path) -> Path:
+    out = work / name
+    if not (out / "manifest.json").exists():
+        subprocess.run([str(VENV / "plexgt"), "prep", "--input",
+                        str(DATASETS_DIR / "gnn-benchmark" / DATASETS[name]), "--out", str(out),
+                        "--overwrite", "--quiet"], check=True)
+    return out
+
+
+def measure(data: Path, model: str, p: int, configs: list[dict], profile: Path,
+            steps: int) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
+        job.write_text(json.dumps({"data": str(data), "model": model, "configs": configs,
+                                   "profile": str(profile), "steps": steps,
+                                   "out": str(out)}))
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "0",
+               "OMP_NUM_THREADS": "1" if p > 1 else "2"}
+        subprocess.run([str(VENV / "mpiexec"), "-n", str(p), sys.executable, __file__,
+                        "--worker", str(job)], check=True, env=env, cwd=ROOT, timeout=3600)
+        return json.loads(out.read_text())
+
+
+def _model_bytes(row: dict) -> int:
+    """A row's predicted bytes beyond the process's own (the 3D model adds a fixed
+    :data:`~plexgt.plan.plexus_cost.PROCESS_BASE_BYTES` for the interpreter and libraries,
+    which the measurement, taken above the level before the build, does not see)."""
+    from plexgt.plan.plexus_cost import PROCESS_BASE_BYTES
+
+    return row["predicted_bytes"] - (PROCESS_BASE_BYTES if row["model"] == "gcn" else 0)
+
+
+def score(rows: list[dict], any_choice: dict[str, str]) -> dict:
+    err = [abs(r["predicted_s"] / r["median_s"] - 1) for r in rows]
+    by_p = {p: [abs(r["predicted_s"] / r["median_s"] - 1) for r in rows if r["p"] == p]
+            for p in SCALES}
+    decisions = []
+    for case in {r["case"] for r in rows}:
+        mine = [r for r in rows if r["case"] == case]
+        for p in SCALES:
+            opts = [r for r in mine if r["p"] == p]
+            if len(opts) < 2:
+                continue
+            best = min(opts, key=lambda r: r["median_s"])
+            pick = next(r for r in opts if r["chosen"])
+            slower = pick["median_s"] / best["median_s"] - 1
+            decisions.append({"case": case, "p": p, "pick": pick["label"],
+                              "best": best["label"], "slower": slower,
+                              "within": slower <= WITHIN, "options": len(opts)})
+        best = min(mine, key=lambda r: r["median_s"])
+        pick = next((r for r in mine if f"{r['label']} on {r['p']}" == any_choice[case]),
+                    None)
+        if pick is not None:
+            slower = pick["median_s"] / best["median_s"] - 1
+            decisions.append({"case": case, "p": "any<=4", "pick": any_choice[case],
+                              "best": f"{best['label']} on {best['p']}", "slower": slower,
+                              "within": slower <= WITHIN, "options": len(mine)})
+    mem = [_model_bytes(r) / max(r["measured_bytes"]) for r in rows
+           if max(r["measured_bytes"]) > 0]
+    within = [d["within"] for d in decisions]
+    return {
+        "mape": statistics.mean(err),
+        "mape_by_p": {str(p): statistics.mean(v) for p, v in by_p.items() if v},
+        "mape_by_model": {m: statistics.mean(abs(r["predicted_s"] / r["median_s"] - 1)
+                                             for r in rows if r["model"] == m)
+                          for m in sorted({r["model"] for r in rows})},
+        "decisions": decisions,
+        "choice_within_10pct": sum(within) / max(1, len(within)),
+        "decisions_scored": len(within),
+        "memory_ratio_median": statistics.median(mem) if mem else None,
+        "memory_ratio_min": min(mem) if mem else None,
+        "memory_ratio_max": max(mem) if mem else None,
+        "worst_time_misses": sorted(({"case": r["case"], "p": r["p"], "label": r["label"],
+                                      "predicted_s": r["predicted_s"],
+                                      "median_s": r["median_s"]} for r in rows),
+                                    key=lambda r: -abs(r["predicted_s"] / r["median_s"] - 1)
+                                    )[:8],
+    }
+
+
+def _rel(path: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(ROOT) if path.is_relative_to(ROOT) else path)
+
+
+def repredict(rows: list[dict], profile: Path, work: Path) -> dict[str, str]:
+    """The stored measurements priced again from ``profile``: each row's prediction, which
+    configuration is the choice at each (case, p), and the any-scale choices; nothing is
+    measured."""
+    from plexgt.data.loader import PreparedGraph
+    from plexgt.tasks.task import run_plan
+
+    any_choice = {}
+    for case in sorted({r["case"] for r in rows}):
+        name, model = CASES[case]
+        data = work / name
+        pg = PreparedGraph(data)
+        any_choice[case] = any_scale_choice(data, model, profile)
+        for p in SCALES:
+            mine = [r for r in rows if r["case"] == case and r["p"] == p]
+            if not mine:
+                continue
+            pick = run_plan(_cfg(data, model, {}, profile), pg, p).label
+            for r in mine:
+                rp = run_plan(_cfg(data, model, r["over"], profile), pg, p)
+                r["predicted_s"], r["predicted_bytes"] = rp.time_s, rp.memory_bytes
+                r["chosen"] = r["label"] == pick
+        pg.close()
+    return any_choice
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--profile", type=Path,
+                    default=ROOT / "perf" / "results" / "bench_agp_system.json")
+    ap.add_argument("--work", type=Path, default=Path("/tmp/plexgt-validate-plan"))
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the stored result's rows of the cases not run now")
+    ap.add_argument("--repredict", action="store_true",
+                    help="measure nothing: price the stored run's configurations again "
+                         "from --profile (and score them)")
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    if args.repredict:
+        stored = json.loads((ROOT / "perf" / "results" / "validate_plan.json").read_text())
+        rows = stored["rows"]
+        any_choice = repredict(rows, args.profile, args.work)
+        s = score(rows, any_choice)
+        stored.update(profile=_rel(args.profile), any_scale_choices=any_choice, summary=s,
+                      rows=rows, repredicted=today())
+        write_json("validate_plan.json", stored)
+        result_line(mape=s["mape"], choice_within_10pct=s["choice_within_10pct"],
+                    decisions=s["decisions_scored"],
+                    memory_ratio_median=s["memory_ratio_median"], configurations=len(rows))
+        return
+    args.work.mkdir(parents=True, exist_ok=True)
+    rows, any_choice = [], {}
+    t0 = time.perf_counter()
+    for case in args.cases.split(","):
+        name, model = CASES[case]
+        data = prep(name, args.work)
+        any_choice[case] = any_scale_choice(data, model, args.profile)
+        for p in SCALES:
+            configs = configurations(data, model, p, args.profile)
+            print(f"{case} p={p}: {len(configs)} configurations", flush=True)
+            for r in measure(data, model, p, configs, args.profile, args.steps):
+                rows.append({"case": case, "graph": name, "model": model, "p": p, **r})
+    stored = ROOT / "perf" / "results" / "validate_plan.json"
+    if args.keep and stored.exists():  # the other cases' rows of the stored run
+        old = json.loads(stored.read_text())
+        ran = set(args.cases.split(","))
+        rows += [r for r in old["rows"] if r["case"] not in ran]
+        any_choice.update({k: v for k, v in old["any_scale_choices"].items()
+                           if k not in ran})
+    s = score(rows, any_choice)
+    write_json("validate_plan.json", {
+        "benchmark": "validate_plan", "date": today(), "hardware": hardware(),
+        "profile": _rel(args.profile),
+        "notes": "2-core VM shared with other jobs; p = 3, 4 oversubscribe the cores; a step "
+                 "is the slowest rank's; median of the timed steps; memory = peak resident "
+                 "set during a step above the level before the configuration was built",
+        "steps": args.steps, "seconds": time.perf_counter() - t0,
+        "any_scale_choices": any_choice, "summary": s, "rows": rows})
+    result_line(mape=s["mape"], choice_within_10pct=s["choice_within_10pct"],
+                decisions=s["decisions_scored"], memory_ratio_median=s["memory_ratio_median"],
+                configurations=len(rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -51,7 +51,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -60,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "perf"))
 
 import numpy as np  # noqa: E402
+from common import PeakRSS, rss  # noqa: E402
 
 REAL = {
     "computers": "amazon_electronics_computers.npz",
@@ -118,34 +118,6 @@ def prepare_all(names: list[str], work: Path, datasets: Path) -> dict[str, Path]
 
 
 # -- the per-rank worker (under mpiexec) ------------------------------------------------------
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-class PeakRSS:
-    """Samples this process's resident set every ``every`` seconds (a daemon thread)."""
-
-    def __init__(self, every: float = 0.002) -> None:
-        self.every, self.peak, self._stop = every, 0, threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, _rss())
-            time.sleep(self.every)
-
-    def __enter__(self) -> PeakRSS:
-        self.peak = _rss()
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, _rss())
-
-
 def _setup(pg, sname: str, p: int, rank: int):  # noqa: ANN001, ANN202
     """(one training step, its ledger, the graph's resident bytes) of the distributed gt
     with strategy ``sname`` on this rank; the step is not yet warmed up."""
@@ -161,10 +133,10 @@ def _setup(pg, sname: str, p: int, rank: int):  # noqa: ANN001, ANN202
     ledger = CommLedger()
     comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
     gc.collect()
-    rss0 = _rss()
+    rss0 = rss()
     graph = read_dist_graph(pg, comm, default_registry().get(sname), MODEL["heads"])
     data = read_row_data(pg, p, rank)
-    graph_rss = _rss() - rss0
+    graph_rss = rss() - rss0
     torch.manual_seed(0)
     model = DistGraphTransformer(pg.F, MODEL["hidden"], pg.C, MODEL["layers"], MODEL["heads"],
                                  dropout=0.0, ffn_mult=MODEL["ffn_mult"])
@@ -211,7 +183,7 @@ def _measure(pg, name: str, group: list[str], p: int, rank: int, steps: int,  # 
     if memory_pass:
         (sname,) = group
         with PeakRSS() as mem:
-            base = _rss()
+            base = rss()
             times[sname].append(_timed(built[sname][0]))
         peak = mem.peak
     else:

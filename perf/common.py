@@ -8,6 +8,8 @@ import os
 import platform
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +73,33 @@ def prep_sbm(out: Path, nodes: int, edges: int, classes: int, features: int) -> 
                     "--features", str(features), "--out", str(out), "--quiet"], check=True,
                    cwd=Path(__file__).resolve().parents[1])
     return out
+
+
+def rss() -> int:
+    """This process's resident set, bytes."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class PeakRSS:
+    """This process's largest resident set while inside (a daemon thread samples it every
+    ``every`` seconds)."""
+
+    def __init__(self, every: float = 0.002) -> None:
+        self.every, self.peak, self._stop = every, 0, threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss())
+            time.sleep(self.every)
+
+    def __enter__(self) -> PeakRSS:
+        self.peak = rss()
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, rss())

@@ -38,7 +38,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -46,7 +45,15 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "perf"))
 
-from common import DATASETS_DIR, hardware, result_line, today, write_json  # noqa: E402
+from common import (  # noqa: E402
+    DATASETS_DIR,
+    PeakRSS,
+    hardware,
+    result_line,
+    rss,
+    today,
+    write_json,
+)
 
 VENV = ROOT / ".venv" / "bin"
 DATASETS = {"physics": "ms_academic_phy.npz", "computers": "amazon_electronics_computers.npz"}
@@ -137,40 +144,13 @@ def any_scale_choice(data: Path, model: str, profile: Path) -> str:
 
 
 # -- the worker (under mpiexec) -----------------------------------------------------------
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def _trim() -> None:
+    """Collect garbage and hand freed heap back to the OS, so RSS counts live memory."""
     gc.collect()
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except OSError:
         pass
-
-
-class PeakRSS:
-    """This process's largest resident set while inside (sampled every 2 ms)."""
-
-    def __init__(self) -> None:
-        self.peak, self._stop = 0, threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.peak = max(self.peak, _rss())
-            time.sleep(0.002)
-
-    def __enter__(self) -> PeakRSS:
-        self.peak = _rss()
-        self._t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, _rss())
 
 
 def _one(data: Path, model: str, over: dict, profile: Path, steps: int, ctx) -> dict:  # noqa: ANN001
@@ -184,7 +164,7 @@ def _one(data: Path, model: str, over: dict, profile: Path, steps: int, ctx) -> 
 
     cfg = _cfg(data, model, over, profile)
     _trim()
-    base = _rss()
+    base = rss()
     task = build_task(cfg, ctx, CommLedger())
     opt = torch.optim.AdamW(task.model.parameters(), lr=1e-3)
     for e in range(2):

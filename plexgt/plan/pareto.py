@@ -26,3 +26,12 @@ def frontier(items: Sequence[T], time: Callable[[T], float], memory: Callable[[T
             out.append(i)
             best_mem = m
     return out
+
+
+def chosen_and_frontier(best: Sequence[T], time: Callable[[T], float],
+                        memory: Callable[[T], float], scale: Callable[[T], int]
+                        ) -> tuple[T | None, list[T]]:
+    """Of each scale's best configuration: the fastest (ties: fewer ranks; None when there is
+    none) and the frontier, fastest first: what a search reports."""
+    chosen = min(best, key=lambda c: (time(c), scale(c)), default=None)
+    return chosen, [best[i] for i in frontier(best, time, memory)]

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 from plexgt.distributed.grid import Grid3D, factorizations
 from plexgt.distributed.layout3d import layer_layouts
-from plexgt.plan.pareto import frontier
+from plexgt.plan.pareto import chosen_and_frontier, frontier
 from plexgt.plan.plexus_cost import Coefficients, PlexusEstimate, estimate, layout_block_rows
 
 REFINE = 4
@@ -131,7 +131,6 @@ def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients
                             cands.append(price(c.grid, o, br))
         cands = [c for c in cands if fits(c)]
         best.append(min(cands, key=lambda c: c.est.time_s))
-    chosen = min(best, key=lambda c: (c.est.time_s, c.scale), default=None)
-    front = [best[i] for i in frontier(best, lambda c: c.est.time_s,
-                                       lambda c: c.est.memory_bytes)]
+    chosen, front = chosen_and_frontier(best, lambda c: c.est.time_s,
+                                        lambda c: c.est.memory_bytes, lambda c: c.scale)
     return GcnSearch(best, chosen, front, grids, priced, time.perf_counter() - t0)

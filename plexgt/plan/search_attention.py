@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from plexgt.distributed.grid import Grid3D
 from plexgt.parallel.attention.strategy import AttentionStrategy
 from plexgt.plan.agp import Estimate, SystemModel, Workload, estimate, memory_of
-from plexgt.plan.pareto import frontier
+from plexgt.plan.pareto import chosen_and_frontier, frontier
 
 REFINE_SCALES = 16
 """Scales priced in every variant beyond the first stage's frontier: its fastest this many."""
@@ -143,11 +143,6 @@ def variants(c: AttentionStrategy, w: Workload, s: int, vary: tuple[bool, bool] 
     return out
 
 
-def default_strategy(strategies: list[AttentionStrategy], name: str) -> AttentionStrategy:
-    """The strategy of that name among ``strategies``."""
-    return next(c for c in strategies if c.name == name)
-
-
 def thin(items: list, k: int) -> list:
     """At most k of ``items``, evenly spread (first and last kept): a frontier of hundreds of
     scales, each a little smaller and slower, is refined at k of them."""
@@ -201,6 +196,7 @@ def search_attention(w: Workload, strategies: list[AttentionStrategy], world_siz
         out = c.layouts(s, head_parallel)
         return out if every or head_parallel else [a for a in out if a <= w.heads] or out[:1]
 
+    by_name = {c.name: c for c in strategies}
     by_scale: dict[int, list[AttentionConfig]] = {}
     all_scales = sorted(set(scales or range(1, world_size + 1)))
     for s in all_scales:
@@ -214,7 +210,7 @@ def search_attention(w: Workload, strategies: list[AttentionStrategy], world_siz
                         found.append(got)
                 if refine and not any(f.est.strategy == c.name and f.head_parallel == a
                                       for f in found):
-                    for chunks, br in variants(c, w, s, vary)[1:]:  # the base did not fit
+                    for chunks, br in vs[1:]:  # the base did not fit
                         got = price(c, s, a, chunks, br, None)
                         if got is not None:
                             found.append(got)
@@ -228,13 +224,13 @@ def search_attention(w: Workload, strategies: list[AttentionStrategy], world_siz
         grid = gcn_grid_at(s)
         ranked = sorted(by_scale[s], key=lambda x: x.est.time_s)
         for x in ranked[:k]:
-            got = price(default_strategy(strategies, x.strategy), s, x.head_parallel,
-                        x.ring_chunks, x.block_rows, grid)
+            got = price(by_name[x.strategy], s, x.head_parallel, x.ring_chunks,
+                        x.block_rows, grid)
             if got is not None:
                 by_scale[s].append(got)
 
     if refine:  # gps: the 3D path at spread scales, so they can lead into the second stage
-        for s in {x for x in thin(all_scales, SAMPLE_3D)} | {1 << i for i in range(31)}:
+        for s in set(thin(all_scales, SAMPLE_3D)) | {1 << i for i in range(31)}:
             if s in by_scale:
                 with_3d(s, 1)
 
@@ -263,6 +259,6 @@ def search_attention(w: Workload, strategies: list[AttentionStrategy], world_siz
                         by_scale[s].append(got)
         with_3d(s, REFINE_3D if refine else None)
     best = [x for x in leaders() if eligible(x)]
-    chosen = min(best, key=lambda x: (x.est.time_s, x.scale), default=None)
-    front = [best[i] for i in frontier(best, lambda x: x.est.time_s, lambda x: x.memory_bytes)]
+    chosen, front = chosen_and_frontier(best, lambda x: x.est.time_s,
+                                        lambda x: x.memory_bytes, lambda x: x.scale)
     return AttentionSearch(best, chosen, front, priced, pruned, time.perf_counter() - t0)

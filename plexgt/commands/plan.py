@@ -36,6 +36,7 @@ from plexgt.plan.choose import (
     gps_grid,
     workload,
 )
+from plexgt.plan.host import Host
 from plexgt.plan.machine import MachineError, load_machine, merge_profile
 from plexgt.plan.pareto import frontier
 from plexgt.plan.plexus_cost import Coefficients, rank_grids
@@ -170,6 +171,9 @@ def run(args: argparse.Namespace) -> int:
                        super_nodes=args.super_nodes, trained_input=args.node_embedding > 0,
                        attention_block_rows=args.attention_block_rows)
     print(f"{name}: {args.model} on up to {args.world_size} ranks, {src}")
+    node = Host.from_profile(prof)
+    if node.device == "cpu":
+        print(describe_node(node))
     if args.model == "gcn":
         table = _plan_gcn(args, sizes, shape, prof, limit)
     else:
@@ -181,6 +185,15 @@ def run(args: argparse.Namespace) -> int:
         except OSError as e:
             raise UsageError(f"--json {args.json}: {e.strerror or e}") from None
     return 0 if table.get("choice") else 1
+
+
+def describe_node(node: Host) -> str:
+    """One line on how the planner shares a CPU node among its ranks."""
+    speed = ", ".join(f"{t} threads {x:.2f}x" for t, x in sorted(node.thread_speedup.items()))
+    kappa = ", ".join(f"{p} ranks {k:.2f}" for p, k in sorted(node.contention.items()) if p > 1)
+    return (f"node: {node.cores} CPU cores shared by the ranks; ranks fewer than the cores "
+            f"run cores/ranks threads each (measured speedup over {node.threads}: "
+            f"{speed or 'none measured'}); slowdown of ranks at once: {kappa or 'none measured'}")
 
 
 def _plan_gcn(args: argparse.Namespace, sizes: GraphSizes, shape: ModelShape,

@@ -180,6 +180,9 @@ def init_distributed(
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
+        threads = cpu_threads(local_size, os.environ)
+        if threads is not None:
+            torch.set_num_threads(threads)
     if node is not None:
         node.Free()
 
@@ -198,6 +201,19 @@ def init_distributed(
         install_abort_on_error(rank, comm)
     return DistContext(rank, world, local_rank, local_size, name, device, launcher, comm,
                        timeout)
+
+
+def cpu_threads(local_size: int, env: Any, cores: int | None = None) -> int | None:
+    """Threads for each of ``local_size`` CPU ranks on a node: its cores shared out (at least
+    one), unless ``OMP_NUM_THREADS`` in ``env`` says otherwise (then None: torch already
+    follows it). torch's own default, every core for every rank, oversubscribes a node with
+    more than one rank; the planner prices this split (:class:`plexgt.plan.host.Host`)."""
+    if env.get("OMP_NUM_THREADS"):
+        return None
+    if cores is None:
+        cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                 else os.cpu_count() or 1)
+    return max(1, cores // max(1, local_size))
 
 
 def _mpi_store(comm: Any | None, rank: int, world: int, timeout: datetime.timedelta) -> Any:

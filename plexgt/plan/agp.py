@@ -20,7 +20,9 @@ measured time-vs-bytes curves.
   training steps over what their kernels add up to in isolation, as the paper fits α on
   profiled iterations. κ(s) >= 1 is the profiled slowdown of s ranks sharing a node; with
   more CPU ranks than cores it is at least κ(full)·s/full (time-sharing,
-  :meth:`SystemModel.slowdown`); 1 with one GPU per rank.
+  :meth:`SystemModel.slowdown`); 1 with one GPU per rank. CPU ranks fewer than the cores
+  run cores/s threads each, at the profile's measured speedup of that many threads
+  (:meth:`plexgt.plan.host.Host.thread_factor`): one rank on two cores is not two ranks.
 * β_c(s)·N: what parallelism adds and does not split. The strategy's collectives, each at its
   exact per-rank bytes (:mod:`plexgt.plan.step_cost`) on the profiled curve of that
   operation and group size (the byte-proportional part time-shared, ×p·threads/cores, when
@@ -60,11 +62,10 @@ GCN path too.
 
 from __future__ import annotations
 
-import bisect
 import math
 import statistics
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -73,6 +74,7 @@ from plexgt.distributed.grid import Grid3D
 from plexgt.distributed.layout3d import layer_layouts
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionProblem, AttentionStrategy
+from plexgt.plan.host import Host, by_group_size
 from plexgt.plan.plexus_cost import Coefficients, rank_grids
 from plexgt.plan.profile import (
     GT_STEP_SHAPE,
@@ -218,22 +220,6 @@ def curve_time(curve: tuple[tuple[float, float], ...], x: float) -> float:
     return t1 + (t1 - t0) / (b1 - b0) * (x - b1)
 
 
-def _by_group_size(sizes: Iterable[int], p: int, at: Callable[[int], float],
-                   outside: Callable[[int], float]) -> float:
-    """A quantity profiled at some group sizes, at p ranks: ``at(p)`` where p was profiled,
-    linear between the two profiled neighbours, and ``outside(q)`` below the smallest or
-    beyond the largest, q that size (each quantity has its own extrapolation)."""
-    sizes = sorted(sizes)
-    if p in sizes:
-        return at(p)
-    if p < sizes[0] or p > sizes[-1]:
-        return outside(sizes[0] if p < sizes[0] else sizes[-1])
-    i = bisect.bisect(sizes, p)
-    lo, hi = sizes[i - 1], sizes[i]
-    w = (p - lo) / (hi - lo)
-    return at(lo) * (1 - w) + at(hi) * w
-
-
 @dataclass(frozen=True)
 class SystemModel:
     """Coefficients read from a system profile (:mod:`plexgt.plan.profile`), or defaults."""
@@ -260,6 +246,9 @@ class SystemModel:
     """Threads per rank in the profiled runs."""
     device: str = "unspecified"
     """'cpu' (ranks share cores: κ > 1 when oversubscribed), 'cuda', or 'unspecified' (κ = 1)."""
+    thread_speedup: dict[int, float] = field(default_factory=dict)
+    """Threads -> one rank's step speedup over ``threads`` (:attr:`plexgt.plan.host.Host.
+    thread_speedup`)."""
     name: str = "defaults"
     compute_scale: float = 1.0
     """Measured over predicted compute of whole one-rank training steps (the profile's
@@ -269,10 +258,14 @@ class SystemModel:
     _memory_table: Any = field(init=False, repr=False, compare=False)
     _copy_table: Any = field(init=False, repr=False, compare=False)
     _group_sizes: Any = field(init=False, repr=False, compare=False)
+    _host: Any = field(init=False, repr=False, compare=False)
     """The curves' :func:`plexgt.plan.profile.memory_table` (logs taken once, not per size
     asked)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "_host", Host(self.device, self.cores, self.threads,
+                                               self.contention, self.sync,
+                                               self.thread_speedup))
         object.__setattr__(self, "_memory_table", memory_table(self.memory_curve))
         object.__setattr__(self, "_copy_table", memory_table(self.copy_curve))
         ops = set(self.collectives) | set(self.collective_curves)
@@ -300,18 +293,11 @@ class SystemModel:
                 for op, by in prof.get("collective_fits", {}).items()}
         curves = {op: {int(s): monotone_curve(pts) for s, pts in by.items() if pts}
                   for op, by in prof.get("collectives", {}).items()}
-        cont = {int(s): float(v) for s, v in prof.get("contention", {}).items()}
-        sync = {}
-        for s, v in (prof.get("loaded") or {}).items():
-            # sustained (back-to-back) contention prices a step's long compute better than
-            # the fastest of a few short calls
-            cont[int(s)] = float(v["contention"])
-            sync[int(s)] = float(v["sync_s"])
+        host = Host.from_profile(prof)
         hw = prof.get("hardware", {})
         name = hw.get("gpu") or hw.get("cpu") or "profile"
-        threads = int(prof.get("software", {}).get("threads_per_rank") or 1)
-        sysm = cls(kern, coll, curves, mem, cpy, cont, sync, int(hw.get("cores") or 1),
-                   threads, str(hw.get("device", "cpu")), str(name))
+        sysm = cls(kern, coll, curves, mem, cpy, host.contention, host.sync, host.cores,
+                   host.threads, host.device, host.thread_speedup, str(name))
         if mem and raw.get("gt_step"):  # refitted kernels: calibrate their sums on whole steps
             sysm = replace(sysm, compute_scale=step_calibration(sysm, raw["gt_step"]))
         return sysm
@@ -350,22 +336,20 @@ class SystemModel:
             lat = self._call_time(op, q, 0)  # the largest's, plus a latency per extra step
             return self._call_time(op, q, sent) + lat * ((p - 1) / max(1, q - 1) - 1)
 
-        return _by_group_size(sizes, p, lambda q: self._call_time(op, q, sent), outside)
+        return by_group_size(sizes, p, lambda q: self._call_time(op, q, sent), outside)
+
+    @property
+    def host(self) -> Host:
+        """The node's sharing (threads, κ, oversubscription, loaded sync costs)."""
+        return self._host
 
     def sync_time(self, p: int) -> float:
-        """Extra seconds per collective call on p ranks busy between calls (interpolated in p;
-        beyond the largest profiled group it grows with the p-1 peers to wait for)."""
-        if p <= 1 or not self.sync:
-            return 0.0
-        return _by_group_size(self.sync, p, self.sync.__getitem__,
-                             lambda q: self.sync[q] * (p - 1) / max(1, q - 1))
+        """:meth:`plexgt.plan.host.Host.sync_time`."""
+        return self._host.sync_time(p)
 
     def sharing(self, p: int) -> int:
-        """Ranks of p whose arrays share one cache hierarchy at a time: on CPUs those running
-        at once (p, up to the cores); a GPU per rank shares nothing."""
-        if self.device != "cpu":
-            return 1
-        return max(1, min(p, self.cores // max(1, self.threads)))
+        """:meth:`plexgt.plan.host.Host.sharing`."""
+        return self._host.sharing(p)
 
     def memory_factor(self, elems: float, p: int = 1) -> float:
         """Per-element slowdown of a pass over arrays of ``elems`` elements on each of p
@@ -383,45 +367,12 @@ class SystemModel:
                                                             elems * self.sharing(p))
 
     def oversubscription(self, p: int) -> float:
-        """p·threads/cores where the threads of p CPU ranks outnumber the cores, else 1 (the
-        ranks on one node, as :meth:`slowdown` assumes: a CPU profile prices one node).
-
-        What a collective moves, it moves with CPU work (copies, reductions, the socket
-        stack) that, inside a step, competes with the peers' compute for time-shared cores;
-        the profile's fastest call, ranks in lock-step and mostly waiting on each other, did
-        not. Measured on 2 cores, 4 ranks: a collective looped back to back takes 2-2.6x its
-        fastest call (all-gather, reduce-scatter, all-to-all alike).
-        """
-        if self.device != "cpu":
-            return 1.0
-        return max(1.0, p * self.threads / max(1, self.cores))
+        """:meth:`plexgt.plan.host.Host.oversubscription`."""
+        return self._host.oversubscription(p)
 
     def slowdown(self, p: int) -> float:
-        """κ(p): how much slower each of p busy ranks computes than one rank alone.
-
-        On CPUs, ranks that fit the cores (p·threads <= cores) slow each other through shared
-        caches and memory: the profiled κ(p). Beyond, the cores are time-shared: p ranks get at
-        most full/p of the throughput of the ``full`` ranks that fill the cores, each of those
-        already at κ(full), so κ(p) >= κ(full)·p/full whatever a short kernel mix, which one
-        scheduler slice can cover, measured at p. Between and beyond profiled sizes κ grows
-        with the rank count once cores are shared.
-        """
-        if self.device != "cpu":
-            return max(1.0, self.contention.get(p, 1.0))
-        full = max(1, self.cores // max(1, self.threads))
-        bound = self.oversubscription(p)
-        if p > full:
-            at_full = [s for s in self.contention if s <= full]
-            k_full = self.contention[max(at_full)] if at_full else 1.0
-            bound = max(bound, k_full * p / full)
-        if p in self.contention:
-            return max(1.0, bound, self.contention[p])
-        below = [s for s in self.contention if s < p]
-        if below:
-            s0 = max(below)
-            if self.contention[s0] > 1.0:  # already sharing cores: grows with the rank count
-                bound = max(bound, self.contention[s0] * p / s0)
-        return max(1.0, bound)
+        """κ(p), :meth:`plexgt.plan.host.Host.slowdown`."""
+        return self._host.slowdown(p)
 
 
 @dataclass(frozen=True)
@@ -554,7 +505,9 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     copy = 0.0
     if wk.copy_elems:  # the all-to-all strategies' permutes (none on one rank)
         copy = L * A2A_COPIES * sysm.copy_time(wk.copy_elems, s) * kappa
-    kernels = kappa * sysm.compute_scale  # what a kernel term costs on this rank, calibrated
+    # what a kernel term costs on this rank, calibrated: κ(s) and, for CPU ranks fewer than
+    # the cores, the speedup of the threads each then runs
+    kernels = kappa * sysm.host.thread_factor(s) * sysm.compute_scale
     copy += gathered * kernels
     comm, comm_rank, ops = -1.0, 0, []
     ranks = (range(s) if comm_ranks is None else comm_ranks) if grid is not None else (0,)
@@ -579,7 +532,8 @@ def step_calibration(sysm: SystemModel, steps: Iterable[list[float]]) -> float:
     a disturbed one, would rescale every kernel term at every scale."""
 
     one_rank = default_registry().get("gp_ag")  # on one rank every strategy is the same step
-    base = sysm if sysm.compute_scale == 1.0 else replace(sysm, compute_scale=1.0)
+    # the samples ran at the profiled thread count: priced without the thread speedup
+    base = replace(sysm, compute_scale=1.0, thread_speedup={})
     ratios = []
     for n, e, f, c, hidden, heads, layers, t in steps:
         w = Workload("gt", int(n), int(e), int(f), int(c), int(hidden), int(heads), int(layers),
@@ -602,20 +556,24 @@ def comm_time(ops: list[tuple[str, CommOp]], s: int, grid: Grid3D | None,
               sysm: SystemModel) -> float:
     """Seconds of a rank's collectives: each on its group's profiled curve ('rows': s ranks,
     an axis: its extent in ``grid``), its byte-proportional part times
-    :meth:`SystemModel.oversubscription`, plus the loaded per-call cost of that group size."""
+    :meth:`SystemModel.oversubscription`, plus the loaded per-call cost; the per-call parts
+    at :meth:`plexgt.plan.host.Host.call_group` (the job's ranks when they time-share
+    cores)."""
     def size(name: str, o: CommOp) -> int:
         if o.group_size:  # a strategy's own sub-group (gp_2d's heads and ring axes)
             return o.group_size
         return s if name == "rows" or grid is None else grid.dim(name)
 
     share = sysm.oversubscription(s)
+    host = sysm.host
 
     def one(op: str, g: int, sent: int) -> float:
         t = sysm.collective_time(op, g, sent)
-        if share == 1.0:  # GPUs, and CPU ranks that fit the cores: the curve as profiled
+        q = host.call_group(g, s)
+        if share == 1.0 and q == g:  # GPUs, and CPU ranks that fit the cores: as profiled
             return t
         t0 = sysm.collective_time(op, g, 0)
-        return t0 + share * (t - t0)
+        return sysm.collective_time(op, q, 0) + share * (t - t0)
 
     # identical calls (every layer repeats its block's) priced once: a search prices ~10^5
     calls: Counter[tuple[str, int, int]] = Counter()
@@ -625,7 +583,7 @@ def comm_time(ops: list[tuple[str, CommOp]], s: int, grid: Grid3D | None,
     t = 0.0
     for (op, g, b), c in calls.items():
         t += c * one(op, g, b)
-        per_group[g] += c
+        per_group[host.call_group(g, s)] += c
     return t + sum(c * sysm.sync_time(g) for g, c in per_group.items())
 
 

@@ -13,11 +13,14 @@ Run under ``mpiexec -n P plexgt profile --out system.json``. Measured:
   streaming elementwise op and a [N, h, d'] -> [h, N, d'] layout copy (per element, over sizes
   from cache-resident to DRAM-bound: the model reads the per-element cost as a curve), and the
   row-local part of a transformer block (projections, LayerNorms, FFN; forward + backward,
-  per row·d² and per row·d, up to tens of thousands of rows), and two whole one-rank gt
-  training steps (forward, loss, backward, AdamW), which calibrate what the kernel fits add
-  up to (:func:`plexgt.plan.agp.step_calibration`); every kernel sample is the
+  per row·d² and per row·d, up to tens of thousands of rows), and whole one-rank gt and GCN
+  training steps (forward, loss, backward, AdamW), which calibrate what each planner's kernel
+  fits add up to (:func:`plexgt.plan.agp.step_calibration`,
+  :func:`plexgt.plan.plexus_cost.gcn_step_calibration`); every kernel sample is the
   fastest of three (``--quick``: two) interleaved passes over all of them, so a disturbance
   of a few seconds spoils one pass, not the fits;
+* threads (CPU): the smallest steps again with 2, 4, ... threads up to the cores
+  (``thread_speedup``), for ranks fewer than the cores, which each run cores/ranks threads;
 * under load ("loaded"): the kernel mix run back to back on s ranks against rank 0 alone (a
   sustained contention, which time-slicing cannot hide from: s CPU ranks on fewer cores share
   them; one GPU per rank shares nothing; also stored as ``contention``), and alternated with
@@ -33,7 +36,6 @@ the hardware (CPU model, cores, GPU) and the libraries (torch, MPI, backend), an
 
 from __future__ import annotations
 
-import math
 import os
 import platform
 import time
@@ -42,15 +44,22 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 import torch.distributed as dist
 
 from plexgt.distributed import collectives as c
 from plexgt.distributed.collectives import Comm, CommLedger
-from plexgt.models.gt import GraphTransformer, GTBlock
-from plexgt.models.layers import ModelGraph, ffn, residual_norm
+from plexgt.distributed.grid import Grid3D
+from plexgt.distributed.layout3d import layer_layouts
+from plexgt.models.gt import GTBlock
+from plexgt.models.layers import ffn, residual_norm, sparse_features
 from plexgt.ops.attention import sddmm, sparse_attention, spmm
 from plexgt.ops.csr import CSRGraph
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.parallel.gt_dist import DistGraphTransformer
+from plexgt.parallel.plexus3d import Plexus3DGCN, gcn_block_values
+from plexgt.parallel.rows1d import RowParallel, build_dist_graph
 from plexgt.plan.profile import (
     FORMAT,
     GT_STEP_SHAPE,
@@ -105,13 +114,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timeit(fn: Callable[[], Any], device: torch.device, repeats: int, min_time: float = 0.0
-           ) -> float:
-    """Fastest of at least ``repeats`` calls (after one warm-up call), in seconds.
-
-    The minimum, not the median: on a shared machine the other jobs only ever add time, so the
-    fastest call is the best estimate of the kernel's own cost.
-    """
+def timings(fn: Callable[[], Any], device: torch.device, repeats: int, min_time: float = 0.0
+            ) -> list[float]:
+    """Seconds of at least ``repeats`` calls (after one warm-up call; at most 50)."""
     fn()
     _sync(device)
     times = []
@@ -123,7 +128,17 @@ def timeit(fn: Callable[[], Any], device: torch.device, repeats: int, min_time: 
         times.append(time.perf_counter() - t0)
         if len(times) >= 50:
             break
-    return float(np.min(times))
+    return times
+
+
+def timeit(fn: Callable[[], Any], device: torch.device, repeats: int, min_time: float = 0.0
+           ) -> float:
+    """Fastest of at least ``repeats`` calls (after one warm-up call), in seconds.
+
+    The minimum, not the median: on a shared machine the other jobs only ever add time, so the
+    fastest call is the best estimate of the kernel's own cost.
+    """
+    return float(np.min(timings(fn, device, repeats, min_time)))
 
 
 def group_sizes(world: int) -> list[int]:
@@ -220,23 +235,77 @@ input features, 8 classes): what calibrates the kernel sums of :mod:`plexgt.plan
 
 def gt_step(n: int, deg: int, hidden: int, heads: int, device: torch.device
             ) -> tuple[int, Callable[[], Any]]:
-    """(E, one training step of a one-rank gt: forward, loss, backward, AdamW) on a uniform
-    random graph of n nodes, ``deg`` neighbours a node."""
+    """(E, one training step of the row-parallel gt on one rank: forward, loss, backward,
+    AdamW) on a uniform random graph of n nodes, ``deg`` neighbours a node: the code
+    ``plexgt train`` runs (GP-AG, whose collectives are the identity on one rank), not the
+    single-process model, whose layout shortcuts make it faster."""
 
     shape = GT_STEP_SHAPE
-    graph = ModelGraph(adj=random_graph(n, deg, 200 + n, device))
-    model = GraphTransformer(shape["features"], hidden, shape["classes"], shape["layers"],
-                             heads, dropout=0.0, ffn_mult=shape["ffn_mult"]).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    pattern = random_graph(n, deg, 200 + n, torch.device("cpu")).to_scipy()
+    comm = Comm.single("rows", CommLedger())
+    graph = build_dist_graph(n, pattern, comm, default_registry().get("gp_ag"), heads)
+    model = DistGraphTransformer(shape["features"], hidden, shape["classes"], shape["layers"],
+                                 heads, dropout=0.0, ffn_mult=shape["ffn_mult"])
+    step = RowParallel(model, graph.to(device), comm).to(device)
+    opt = torch.optim.AdamW(step.parameters(), lr=1e-3)
     x = torch.randn(n, shape["features"], device=device)
     y = torch.randint(0, shape["classes"], (n,), device=device)
 
     def run() -> None:
         opt.zero_grad(set_to_none=True)
-        torch.nn.functional.cross_entropy(model(x, graph), y).backward()
+        torch.nn.functional.cross_entropy(step(x), y).backward()
         opt.step()
 
-    return graph.adj.num_edges, run
+    return pattern.nnz, run
+
+
+GCN_STEPS = ((8000, 16, 256, 64, 0.0), (16000, 16, 4096, 64, 0.005),
+             (32768, 16, 512, 128, 0.0), (32768, 16, 8192, 64, 0.004))
+"""[N, degree, F, hidden, input density (0: dense)] of the whole one-rank GCN steps (2 layers,
+8 classes) that calibrate the 3D model's SpMM + GEMM sums
+(:func:`plexgt.plan.plexus_cost.gcn_step_calibration`): dense inputs, and wide sparse ones
+whose layer 0 is an SpMM both ways."""
+
+
+def gcn_step(n: int, deg: int, features: int, hidden: int, density: float,
+             device: torch.device) -> tuple[list[float], Callable[[], Any]]:
+    """(the sample's sizes [N, E, F, C, hidden, layers, density], one training step of the
+    3D GCN on a one-rank grid: forward, loss, backward, AdamW) on a uniform random graph with
+    self loops and a dense or CSR input: the code ``plexgt train`` runs, its collectives the
+    identity."""
+
+    classes, layers = GT_STEP_SHAPE["classes"], GT_STEP_SHAPE["layers"]
+    rng = np.random.default_rng(300 + n)
+    rows = np.repeat(np.arange(n), deg)
+    a = sp.csr_matrix((np.ones(n * deg + n), (np.concatenate([rows, np.arange(n)]),
+                                              np.concatenate([rng.integers(0, n, n * deg),
+                                                              np.arange(n)]))), (n, n))
+    a.sum_duplicates()
+    a.data[:] = 1.0
+    d = np.diff(a.indptr)
+    adj = gcn_block_values(a, d, d)
+    if density:
+        xs = sp.random(n, features, density=density, format="csr", random_state=rng,
+                       dtype=np.float32)
+        x: Any = sparse_features(xs, device)
+        nnz_density = xs.nnz / (n * features)
+    else:
+        x, nnz_density = torch.randn(n, features, device=device), 0.0
+    dims = [features, hidden, classes]
+    lays = layer_layouts(Grid3D(1, 1, 1), 0, n, dims,
+                         first_order="gemm_first" if density else None)
+    ledger = CommLedger()
+    comms = {name: Comm.single(name, ledger) for name in ("x", "y", "z", "plane")}
+    model = Plexus3DGCN(lays, comms, [adj] * layers).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    y = torch.randint(0, classes, (n,), device=device)
+
+    def run() -> None:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x)[:n], y).backward()
+        opt.step()
+
+    return [n, adj.nnz, features, classes, hidden, layers, nnz_density], run
 
 
 def kernel_mix(device: torch.device) -> Callable[[], Any]:
@@ -334,7 +403,38 @@ def kernel_samples(device: torch.device, quick: bool) -> list[Sample]:
         e, step = gt_step(n, deg, hidden, heads, device)
         out.append(Sample("gt_step", [n, e, sh["features"], sh["classes"], hidden, heads,
                                 sh["layers"]], step))
+    for n, deg, f, hidden, density in GCN_STEPS[:2] if quick else GCN_STEPS:
+        sizes, step = gcn_step(n, deg, f, hidden, density, device)
+        out.append(Sample("gcn_step", sizes, step))
     return out
+
+
+def thread_speedup(device: torch.device, threads: int, cores: int, quick: bool
+                   ) -> dict[str, float]:
+    """{t: how much faster one rank runs whole training steps (a gt step of 8,000 nodes and
+    the sparse-input GCN step of 32,768; ``quick``: small ones) with t threads than with
+    ``threads``}, for t doubling
+    up to the cores (and the cores): what a CPU rank gains when fewer ranks than cores run
+    and each takes cores/ranks threads. Empty on GPUs and where one thread fills the cores.
+    Medians of three calls per count and step over two passes, the counts interleaved."""
+    if device.type != "cpu" or cores <= threads:
+        return {}
+    counts = sorted({*(t for t in (threads * 2 ** i for i in range(1, 12)) if t < cores),
+                     cores})
+    steps = [gt_step(2000, 10, 32, 4, device)[1], gcn_step(*GCN_STEPS[0], device)[1]] if quick \
+        else [gt_step(8000, 16, 64, 4, device)[1], gcn_step(*GCN_STEPS[3], device)[1]]
+    runs: dict[int, list[list[float]]] = {t: [[] for _ in steps] for t in [threads, *counts]}
+    try:
+        for _ in range(2):
+            for t in runs:
+                torch.set_num_threads(t)
+                for i, step in enumerate(steps):
+                    runs[t][i] += timings(step, device, 3)
+    finally:
+        torch.set_num_threads(threads)
+    med = {t: [float(np.median(x)) for x in by] for t, by in runs.items()}
+    return {str(t): float(np.median([b / x for b, x in zip(med[threads], med[t])]))
+            for t in counts}
 
 
 def profile_kernels(device: torch.device, quick: bool, rounds: int | None = None
@@ -344,21 +444,25 @@ def profile_kernels(device: torch.device, quick: bool, rounds: int | None = None
     [elements, s], dense_block [rows, d, s] (forward + backward), gt_step [N, E, F, C,
     hidden, heads, layers, s] (a whole one-rank training step).
 
-    Each sample is the fastest call over ``rounds`` passes through all of them (3, 2 when
-    ``quick``), a few calls each: a disturbance lasting seconds then spoils one pass of a
-    sample, not all its calls, so the fits, which weigh samples against each other, see the
+    Each kernel sample is the fastest call over ``rounds`` passes through all of them (3, 2
+    when ``quick``), a few calls each: a disturbance lasting seconds then spoils one pass of
+    a sample, not all its calls, so the fits, which weigh samples against each other, see the
     same machine state throughout. All samples' operands are alive at once for that (a few
-    hundred MB on the full profile's sizes).
+    hundred MB on the full profile's sizes). A whole step is the **median** of its calls over
+    the passes: the calibration it feeds sets what a typical step costs against the kernels'
+    fastest calls, which is what a training run's epochs (and the planner's validation, by
+    median step) see on a shared machine; their fastest step would price a quiet moment.
     """
     reps = 3
     rounds = rounds or (2 if quick else 3)
     samples = kernel_samples(device, quick)
-    best = [math.inf] * len(samples)
+    times: list[list[float]] = [[] for _ in samples]
     for _ in range(rounds):
         for i, smp in enumerate(samples):
-            best[i] = min(best[i], timeit(smp.fn, device, reps))
+            times[i] += timings(smp.fn, device, reps)
     out: dict[str, list[list[float]]] = {k: [] for k in KERNEL_KINDS + STEP_KINDS}
-    for smp, t in zip(samples, best):
+    for smp, ts in zip(samples, times):
+        t = float(np.median(ts) if smp.kind in STEP_KINDS else np.min(ts))
         out[smp.kind].append([*smp.sizes, t, *smp.tail])
     return out
 
@@ -467,6 +571,8 @@ def run_profile(ctx: Any, quick: bool = False) -> dict[str, Any] | None:
     else:
         coll = {op: {} for op in OPS}
     raw = profile_kernels(ctx.device, quick) if ctx.rank == 0 else {}
+    speed = (thread_speedup(ctx.device, torch.get_num_threads(), prof["hardware"]["cores"],
+                            quick) if ctx.rank == 0 else {})
     loaded: dict[str, dict[str, float]] = {}
     if ctx.world_size > 1:
         dist.barrier()
@@ -478,7 +584,7 @@ def run_profile(ctx: Any, quick: bool = False) -> dict[str, Any] | None:
     kfits = fit_kernels(raw)
     cfits = {op: {s: fit_linear(rows) for s, rows in by.items()} for op, by in coll.items()}
     prof.update(collectives=coll, collective_fits=cfits, kernels=raw, kernel_fits=kfits,
-                contention=cont, loaded=loaded)
+                contention=cont, loaded=loaded, thread_speedup=speed)
     prof["plexus"] = fit_plexus_coefficients(kfits, cfits)
     prof["seconds"] = round(time.perf_counter() - t0, 2)
     return prof

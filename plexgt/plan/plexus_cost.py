@@ -8,13 +8,15 @@ axis a latency and a seconds-per-byte (see :class:`Coefficients`).
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
 
 from plexgt.distributed.collectives import all_gather_bytes, all_reduce_bytes, reduce_scatter_bytes
 from plexgt.distributed.grid import Grid3D, factorizations
 from plexgt.distributed.layout3d import LayerLayout, layer_layouts, output_plane, row_blocks
+from plexgt.plan.host import Host, by_group_size
 
 
 def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad: bool,
@@ -126,14 +128,95 @@ class Coefficients:
     gemm_s_per_fma: float = 1e-10
     """GEMM seconds per multiply-add."""
     latency_s: float = 2e-5
-    """Seconds per collective call."""
+    """Seconds per collective call (at group sizes the profile did not measure)."""
     s_per_byte: float = 1e-9
-    """Seconds per byte sent by one rank."""
+    """Seconds per byte sent by one rank (at group sizes the profile did not measure)."""
+    collectives: tuple[tuple[str, int, float, float], ...] = ()
+    """(operation, group size, latency s, seconds per byte) as the profile fitted them: each
+    call of a step is priced on its own operation's fit at its group's size (a reduce-scatter
+    over 2 ranks is not an all-gather over the whole node)."""
+    host: Host = field(default_factory=Host)
+    """The node's sharing: κ(s), the threads of CPU ranks fewer than the cores, time-shared
+    collectives and the per-call cost of a collective between busy phases."""
+    compute_scale: float = 1.0
+    """Measured over predicted compute of whole one-rank GCN training steps (the profile's
+    ``gcn_step`` samples, :func:`gcn_step_calibration`): what the SpMM and GEMM rates, timed
+    alone on hot caches, leave out of a step (its elementwise passes, the loss, AdamW, the
+    sparse products' transposes on cold operands)."""
+    _fits: Any = field(init=False, repr=False, compare=False)
+    _prices: Any = field(init=False, repr=False, compare=False)
 
     @classmethod
     def from_profile(cls, prof: dict[str, Any] | None) -> Coefficients:
-        """A system profile's (``plexgt profile``) coefficients, or the defaults without one."""
-        return cls(**prof["plexus"]) if prof else cls()
+        """A system profile's (``plexgt profile``) coefficients, or the defaults without one:
+        its four fitted numbers, the per-group-size collective fits, the node's sharing and
+        the whole-step calibration."""
+        if not prof:
+            return cls()
+        table = tuple((op, int(g), float(f["latency_s"]), float(f["s_per_byte"]))
+                      for op, by in sorted((prof.get("collective_fits") or {}).items())
+                      if op in LAYER_OPS for g, f in sorted(by.items(), key=lambda x: int(x[0])))
+        coef = cls(**prof["plexus"], collectives=table, host=Host.from_profile(prof))
+        steps = (prof.get("kernels") or {}).get("gcn_step")
+        return replace(coef, compute_scale=gcn_step_calibration(coef, steps or []))
+
+    def __post_init__(self) -> None:
+        fits: dict[str, dict[int, tuple[str, int, float, float]]] = {}
+        for row in self.collectives:
+            fits.setdefault(row[0], {})[row[1]] = row
+        object.__setattr__(self, "_fits", fits)
+        object.__setattr__(self, "_prices", {})
+
+    def price(self, op: str, g: int, p: int) -> tuple[float, float]:
+        """(seconds per call, seconds per byte) of one ``op`` over g of a job's p ranks: the
+        per-call parts (latency, the loaded wait) at :meth:`~plexgt.plan.host.Host.
+        call_group`, the bytes at g's rate time-shared when the ranks outnumber the cores.
+        Remembered per (op, g, p): a search prices ~10^6 calls over a few dozen of them."""
+        key = (op, g, p)
+        got = self._prices.get(key)
+        if got is None:
+            q = self.host.call_group(g, p)
+            got = (self.call(op, q)[0] + self.host.sync_time(q),
+                   self.call(op, g)[1] * self.host.oversubscription(p))
+            self._prices[key] = got
+        return got
+
+    def call(self, op: str, g: int) -> tuple[float, float]:
+        """(latency s, seconds per byte) of one ``op`` over g ranks: its profiled fits
+        interpolated in g (below the smallest group, its; beyond the largest, its latency
+        growing with the g-1 steps of a ring), else the global pair."""
+        if g <= 1:
+            return 0.0, 0.0
+        rows = self._fits.get(op)
+        if not rows:
+            return self.latency_s, self.s_per_byte
+
+        def part(i: int) -> float:
+            return by_group_size(rows, g, lambda q: rows[q][i],
+                                 lambda q: rows[q][i] * (max(1, g - 1) / max(1, q - 1)
+                                                         if i == 2 and g > q else 1.0))
+
+        return part(2), part(3)
+
+
+def gcn_step_calibration(coef: Coefficients, steps: list[list[float]]) -> float:
+    """Median over ``steps`` ([N, E, F, C, hidden, layers, density, seconds]: one-rank GCN
+    training steps, density 0 for a dense input) of measured over predicted compute on
+    ``coef`` uncalibrated, at the profiled thread count. 1.0 with fewer than two samples: one
+    step alone, a disturbed one, would rescale every term at every scale."""
+    base = replace(coef, compute_scale=1.0, host=Host())
+    ratios = []
+    for n, e, f, c, hidden, layers, density, t in steps:
+        dims = [int(f)] + [int(hidden)] * (int(layers) - 1) + [int(c)]
+        pred = rank_cost(Grid3D(1, 1, 1), 0, int(n), int(e), dims, 4, base,
+                         input_density=density or None).compute_s
+        if pred > 0:
+            ratios.append(t / pred)
+    return float(statistics.median(ratios)) if len(ratios) >= 2 else 1.0
+
+
+LAYER_OPS = ("all_gather", "reduce_scatter", "all_reduce")
+"""The collectives a 3D layer and its loss issue (the profile's other fits are not read)."""
 
 
 #: resident bytes of a rank before any data (interpreter, torch, MPI, gloo buffers)
@@ -165,31 +248,48 @@ def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
     # widths), so bytes, calls, FMAs and memory depend on the grid's extents, not on which
     # block a rank holds (the tests check rank_cost over every rank); one rank stands for
     # all, which keeps a search over every factorisation of every scale fast
-    nbytes, calls, flops_s, mem = rank_cost(grid, 0, n, nnz, dims, esize, coef, block_rows,
-                                            order, input_grad, input_density)
-    comm = calls * coef.latency_s + nbytes * coef.s_per_byte
-    return PlexusEstimate(grid, nbytes, comm, flops_s, mem)
+    rc = rank_cost(grid, 0, n, nnz, dims, esize, coef, block_rows, order, input_grad,
+                   input_density)
+    return PlexusEstimate(grid, rc.nbytes, rc.comm_s, rc.compute_s, rc.mem)
+
+
+class RankCost(NamedTuple):
+    """One rank's step as :func:`estimate` prices it."""
+
+    nbytes: int
+    """Bytes sent."""
+    calls: int
+    """Collective calls (of any bytes)."""
+    compute_s: float
+    """SpMM and GEMM seconds, calibrated, at this scale's κ and threads."""
+    mem: int
+    """Peak bytes."""
+    comm_s: float
+    """Collective seconds: each call at its group's latency, the loaded per-call cost and
+    its bytes (time-shared when CPU ranks outnumber the cores)."""
 
 
 def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: int,
               coef: Coefficients, block_rows: int | None = None, order: str = "auto",
-              input_grad: bool = False, input_density: float | None = None
-              ) -> tuple[int, int, float, int]:
-    """(bytes sent, collective calls, compute seconds, memory bytes) of rank ``r``'s step,
-    as :func:`estimate` prices it."""
+              input_grad: bool = False, input_density: float | None = None) -> RankCost:
+    """Rank ``r``'s step (:class:`RankCost`), as :func:`estimate` prices it."""
     sparse = input_density is not None
     lays = layer_layouts(grid, r, n, dims, order,
                          first_order="gemm_first" if sparse else None)
-    nbytes, calls, flops_s, mem = 0, 0, 0.0, 0
+    host, p = coef.host, grid.size
+    nbytes, calls, flops_s, mem, comm = 0, 0, 0.0, 0, 0.0
     for lay in lays:
         ga, gb, gc = lay.g
         rows_pad, cols_pad = lay.rows_pad, lay.cols_pad
         ops = layer_bytes(lay, esize, block_rows, lay.layer > 0 or input_grad,
                           sparse and lay.layer == 0)
-        for o in ops:
-            if o[2]:
-                nbytes += o[2]
+        extent = dict(zip(lay.roles, lay.g))
+        for role, op, b in ops:
+            if b:
+                nbytes += b
                 calls += 1
+                per_call, per_byte = coef.price(op, extent[role], p)
+                comm += per_call + b * per_byte
         blk_nnz = nnz / (ga * gc)
         shard = cols_pad * lay.d_in // (gb * gc) * (2 if lay.layer == 0 else 1)
         mem += int(blk_nnz * 12 * 2)  # CSR + transpose: 8-byte index + 4-byte value
@@ -199,7 +299,9 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
             spmm = blk_nnz * (lay.d_out // gb) * 2
             gemm = cols_pad * (lay.d_in // gb) * lay.d_out * (3 if lay.layer else 2)
             if sparse and lay.layer == 0:
-                gemm *= input_density
+                # a CSR input's X·W and Xᵀ·dY are SpMMs over its nonzeros, d_out columns
+                spmm += 2 * cols_pad * (lay.d_in // gb) * input_density * lay.d_out
+                gemm = 0
             # input shard (+ staging on layer 0), gathered input (staged twice), whole W
             # block, H·W before and after its reduce-scatter, the aggregate; a sparse input
             # is read already gathered over c: its CSR block alone (value, int64 index per
@@ -220,7 +322,8 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
                     + rows_pad * lay.d_in // gb + rows_pad * lay.d_out // ga) * esize
         flops_s += spmm * coef.spmm_s_per_nnz_col + gemm * coef.gemm_s_per_fma
     mem += PROCESS_BASE_BYTES
-    return nbytes, calls, flops_s, mem
+    flops_s *= coef.compute_scale * host.compute_factor(p)
+    return RankCost(nbytes, calls, flops_s, mem, comm)
 
 
 def rank_grids(world_size: int, n: int, nnz: int, dims: list[int], esize: int,

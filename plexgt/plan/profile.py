@@ -42,9 +42,10 @@ GT_STEP_SHAPE = {"features": 128, "classes": 8, "layers": 2, "ffn_mult": 2}
 KERNEL_KINDS = ("spmm", "sddmm", "gemm", "attention", "elementwise", "copy", "dense_block")
 """The kinds of raw kernel sample a profile holds; :meth:`plexgt.plan.agp.SystemModel.
 from_profile` refits them when all are there."""
-STEP_KINDS = ("gt_step",)
-"""Whole training steps [N, E, F, C, hidden, heads, layers, s] (profiles since the
-calibration; optional for :meth:`~plexgt.plan.agp.SystemModel.from_profile`)."""
+STEP_KINDS = ("gt_step", "gcn_step")
+"""Whole one-rank training steps: gt [N, E, F, C, hidden, heads, layers, s] and gcn
+[N, E, F, C, hidden, layers, density, s] (density 0: a dense input), which calibrate the two
+planners' kernel sums (optional: profiles before the calibration have neither or only gt's)."""
 
 
 def per_element_curve(samples: list[list[float]]) -> list[tuple[float, float]]:

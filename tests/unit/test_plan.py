@@ -78,15 +78,23 @@ def test_profile_file_is_complete_and_feeds_both_planners(prepared, profile_json
     assert prof["hardware"]["cpu"] and prof["hardware"]["cores"] >= 1
     assert prof["software"]["torch"] and "mpi" in prof["software"]
     assert set(prof["kernels"]) == {"spmm", "sddmm", "gemm", "attention", "elementwise", "copy",
-                                   "dense_block", "gt_step"}
-    steps = prof["kernels"]["gt_step"]
-    assert len(steps) == 2 and all(r[-1] > 0 for r in steps)
+                                   "dense_block", "gt_step", "gcn_step"}
+    for kind in ("gt_step", "gcn_step"):
+        steps = prof["kernels"][kind]
+        assert len(steps) == 2 and all(r[-1] > 0 for r in steps)
     assert SystemModel.from_profile(prof).compute_scale != 1.0  # calibrated on the steps
-    Coefficients(**prof["plexus"])  # the 3D planner's coefficients
+    coef = Coefficients.from_profile(prof)  # the 3D planner's coefficients, calibrated too
+    assert coef.compute_scale != 1.0 and coef.host.cores == prof["hardware"]["cores"]
+    assert sorted(g for op, g, _, _ in coef.collectives if op == "all_gather") == sorted(
+        int(g) for g in prof["collective_fits"]["all_gather"])
+    if prof["hardware"]["cores"] > prof["software"]["threads_per_rank"]:
+        assert all(v > 0 for v in prof["thread_speedup"].values())
     for model in ("gt", "gcn"):
         assert main(["plan", "--data", str(prepared), "--model", model, "--world-size", "2",
                      "--profile", str(profile_json)]) == 0
-    assert f"profile {profile_json}" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"profile {profile_json}" in out
+    assert f"node: {prof['hardware']['cores']} CPU cores shared by the ranks" in out
 
 
 def test_training_config_plans_with_the_profile(prepared, profile_json, tmp_path):
@@ -99,7 +107,7 @@ def test_training_config_plans_with_the_profile(prepared, profile_json, tmp_path
     cfg = load_config(None, None, [f"--data={prepared}", f"--parallel.profile={profile_json}",
                                    "--model.name=gt"])
     prof = json.loads(profile_json.read_text())
-    assert plexus_coefficients_for(machine_profile(cfg)) == Coefficients(**prof["plexus"])
+    assert plexus_coefficients_for(machine_profile(cfg)) == Coefficients.from_profile(prof)
     assert run_plan(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name="gcn")),
                     pg, 4).grid.size == 4
     assert run_plan(cfg, pg, 2).strategy in ("gp_ag", "gp_a2a", "gp_ring", "gp_2d")

@@ -1,6 +1,6 @@
 """The planner scored on this machine: predicted against measured step time and memory.
 
-    .venv/bin/python perf/validate_plan.py                    # ~30 min on 2 cores
+    .venv/bin/python perf/validate_plan.py --profile SYSTEM.json   # ~45 min on 2 cores
     .venv/bin/python perf/validate_plan.py --cases physics-gcn --keep   # rerun one case
 
 Coauthor Physics (34,493 nodes, 8,415 features, 0.39% nonzero: CSR input) and Amazon
@@ -13,9 +13,16 @@ the search picks it (grid 'auto') and 3D on the planner's grid. What a configura
 open (order, block rows, ring pieces, attention row blocks) the plan fills, as train does;
 the configuration with everything 'auto' is the choice. Each is built by the task builder
 ``plexgt train`` uses and stepped by its training step (AdamW), one configuration after the
-other in one mpiexec per (case, p): 2 warm-up steps, ``--steps`` timed (a step = the slowest
-rank), the **median** kept; then the peak resident set of each rank during one more step
-above its level before the configuration was built (glibc made to return freed memory).
+other in one mpiexec per (case, p), in two passes (the second in reverse order, so the VM's
+drift weighs on all alike): 2 warm-up steps, ``--steps`` timed per pass (a step = the slowest
+rank), the **median** of both passes' steps kept. Memory, in the first pass: the peak
+resident set of each rank during the third step above its level before the configuration
+was built, glibc made to map every block over 128 KiB on its own and to return freed memory
+(so the resident set counts live memory); then glibc as a training run has it (blocks reused
+from the heap) for 2 more warm-up steps and the timed ones: timed under the memory mode, a
+step paid a page fault per fresh tensor and took up to 1.6x as long as ``plexgt train``'s.
+Ranks run cores/p threads each (p = 1: 2 threads on this VM), as ``plexgt train`` sets them
+and the planner prices them.
 
 Predictions are :func:`plexgt.plan.choose.choose`'s for the same configuration (the plan
 ``train`` would run) from the stored system profile of this machine (``--profile``; default
@@ -144,6 +151,24 @@ def any_scale_choice(data: Path, model: str, profile: Path) -> str:
 
 
 # -- the worker (under mpiexec) -----------------------------------------------------------
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+
+
+def _malloc(memory: bool) -> None:
+    """glibc's allocator in one of two modes. Memory (before the build and for the measured
+    step): every block over 128 KiB its own mapping and freed memory handed back, so the
+    resident set counts live memory. Time (the timed steps): blocks up to 32 MiB reused from
+    the heap, where glibc's adaptive threshold settles in a training loop, so a step is timed
+    as ``plexgt train`` runs it, without the page faults of a fresh mapping per tensor (which
+    made the memory mode's steps up to 1.6x slower)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.mallopt(M_MMAP_THRESHOLD, 128 << 10 if memory else 32 << 20)
+    libc.mallopt(M_TRIM_THRESHOLD, 0 if memory else 64 << 20)
+
+
 def _trim() -> None:
     """Collect garbage and hand freed heap back to the OS, so RSS counts live memory."""
     gc.collect()
@@ -153,8 +178,10 @@ def _trim() -> None:
         pass
 
 
-def _one(data: Path, model: str, over: dict, profile: Path, steps: int, ctx) -> dict:  # noqa: ANN001
-    """Build, warm up, time and measure one configuration on this rank; freed on return."""
+def _one(data: Path, model: str, over: dict, profile: Path, steps: int, ctx,  # noqa: ANN001
+         memory: bool = True) -> dict:
+    """Build, warm up, time (and, with ``memory``, measure) one configuration on this rank;
+    freed on return."""
     import torch
     import torch.distributed as dist
 
@@ -163,34 +190,55 @@ def _one(data: Path, model: str, over: dict, profile: Path, steps: int, ctx) -> 
     from plexgt.training import loop
 
     cfg = _cfg(data, model, over, profile)
+    _malloc(memory=True)
     _trim()
     base = rss()
     task = build_task(cfg, ctx, CommLedger())
     opt = torch.optim.AdamW(task.model.parameters(), lr=1e-3)
-    for e in range(2):
+    for e in range(2):  # warm-up (the optimizer's state appears in the first)
         loop.step(cfg, task, opt, e)
+    peak = 0
+    if memory:
+        with PeakRSS() as mem:
+            loop.step(cfg, task, opt, 2)
+        peak = mem.peak - base
+    _malloc(memory=False)
+    for e in range(2):  # warm-up of the time mode's heap
+        loop.step(cfg, task, opt, 3 + e)
     times = []
     for e in range(steps):
-        times.append(loop.step(cfg, task, opt, 2 + e)[1])
-    with PeakRSS() as mem:
-        loop.step(cfg, task, opt, 2 + steps)
+        times.append(loop.step(cfg, task, opt, 5 + e)[1])
     t = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a step: the slowest rank's
     peaks = [None] * ctx.world_size
-    dist.all_gather_object(peaks, mem.peak - base)
-    return {"step_s": t.tolist(), "median_s": float(statistics.median(t.tolist())),
-            "measured_bytes": [int(x) for x in peaks], "label": task.plan.label}
+    dist.all_gather_object(peaks, peak)
+    return {"step_s": t.tolist(), "measured_bytes": [int(x) for x in peaks],
+            "label": task.plan.label}
 
 
 def worker(args: argparse.Namespace) -> None:
+    """Two passes over the configurations, the second in reverse order, each timing
+    ``steps`` steps of every one: the VM's speed drifts by tens of percent over minutes,
+    and a drift then weighs on every configuration alike instead of on whichever was
+    measured during it. A configuration's median is over both passes' steps."""
     from plexgt.distributed.bootstrap import init_distributed, shutdown
 
     job = json.loads(Path(args.worker).read_text())
     ctx = init_distributed("gloo", timeout_s=900)
+    configs = job["configs"]
+    runs: list[dict] = [{} for _ in configs]
+    for rnd in range(2):
+        order = range(len(configs)) if rnd == 0 else reversed(range(len(configs)))
+        for i in order:
+            r = _one(Path(job["data"]), job["model"], configs[i]["over"],
+                     Path(job["profile"]), job["steps"], ctx, memory=rnd == 0)
+            if rnd == 0:
+                runs[i] = r
+            else:
+                runs[i]["step_s"] += r["step_s"]
     rows = []
-    for c in job["configs"]:
-        r = _one(Path(job["data"]), job["model"], c["over"], Path(job["profile"]),
-                 job["steps"], ctx)
+    for c, r in zip(configs, runs):
+        r["median_s"] = float(statistics.median(r["step_s"]))
         rows.append({**c, **r})
         if ctx.rank == 0:
             print(f"  p={ctx.world_size} {c['label']:<40} median {r['median_s']:.4f} s "
@@ -217,8 +265,7 @@ def measure(data: Path, model: str, p: int, configs: list[dict], profile: Path,
         job.write_text(json.dumps({"data": str(data), "model": model, "configs": configs,
                                    "profile": str(profile), "steps": steps,
                                    "out": str(out)}))
-        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072", "MALLOC_TRIM_THRESHOLD_": "0",
-               "OMP_NUM_THREADS": "1" if p > 1 else "2"}
+        env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // p))}
         subprocess.run([str(VENV / "mpiexec"), "-n", str(p), sys.executable, __file__,
                         "--worker", str(job)], check=True, env=env, cwd=ROOT, timeout=3600)
         return json.loads(out.read_text())
@@ -245,7 +292,12 @@ def score(rows: list[dict], any_choice: dict[str, str]) -> dict:
             if len(opts) < 2:
                 continue
             best = min(opts, key=lambda r: r["median_s"])
-            pick = next(r for r in opts if r["chosen"])
+            pick = next((r for r in opts if r["chosen"]), None)
+            if pick is None:  # repriced: the choice is a configuration nobody measured
+                decisions.append({"case": case, "p": p, "pick": "(not measured)",
+                                  "best": best["label"], "slower": None, "within": None,
+                                  "options": len(opts)})
+                continue
             slower = pick["median_s"] / best["median_s"] - 1
             decisions.append({"case": case, "p": p, "pick": pick["label"],
                               "best": best["label"], "slower": slower,
@@ -260,7 +312,7 @@ def score(rows: list[dict], any_choice: dict[str, str]) -> dict:
                               "within": slower <= WITHIN, "options": len(mine)})
     mem = [_model_bytes(r) / max(r["measured_bytes"]) for r in rows
            if max(r["measured_bytes"]) > 0]
-    within = [d["within"] for d in decisions]
+    within = [d["within"] for d in decisions if d["within"] is not None]
     return {
         "mape": statistics.mean(err),
         "mape_by_p": {str(p): statistics.mean(v) for p, v in by_p.items() if v},
@@ -316,7 +368,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--cases", default=",".join(CASES))
-    ap.add_argument("--steps", type=int, default=7)
+    ap.add_argument("--steps", type=int, default=4,
+                    help="timed steps per configuration in each of the two passes")
     ap.add_argument("--profile", type=Path,
                     default=ROOT / "perf" / "results" / "bench_agp_system.json")
     ap.add_argument("--work", type=Path, default=Path("/tmp/plexgt-validate-plan"))

@@ -255,10 +255,10 @@ class SystemModel:
     ``gt_step`` samples, :func:`step_calibration`): a step runs its kernels back to back on
     data the previous one evicted, where each microbenchmark repeated one kernel on hot
     caches. Multiplies every kernel term (α·E and GP-AG's gathered columns) at every scale."""
+    _host: Any = field(init=False, repr=False, compare=False)
     _memory_table: Any = field(init=False, repr=False, compare=False)
     _copy_table: Any = field(init=False, repr=False, compare=False)
     _group_sizes: Any = field(init=False, repr=False, compare=False)
-    _host: Any = field(init=False, repr=False, compare=False)
     """The curves' :func:`plexgt.plan.profile.memory_table` (logs taken once, not per size
     asked)."""
 

@@ -276,11 +276,8 @@ def gcn_step(n: int, deg: int, features: int, hidden: int, density: float,
 
     classes, layers = GT_STEP_SHAPE["classes"], GT_STEP_SHAPE["layers"]
     rng = np.random.default_rng(300 + n)
-    rows = np.repeat(np.arange(n), deg)
-    a = sp.csr_matrix((np.ones(n * deg + n), (np.concatenate([rows, np.arange(n)]),
-                                              np.concatenate([rng.integers(0, n, n * deg),
-                                                              np.arange(n)]))), (n, n))
-    a.sum_duplicates()
+    a = (random_graph(n, deg, 300 + n, torch.device("cpu")).to_scipy()
+         + sp.identity(n, format="csr")).tocsr()  # A + I, as prep stores it
     a.data[:] = 1.0
     d = np.diff(a.indptr)
     adj = gcn_block_values(a, d, d)

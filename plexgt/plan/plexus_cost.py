@@ -161,9 +161,9 @@ class Coefficients:
         return replace(coef, compute_scale=gcn_step_calibration(coef, steps or []))
 
     def __post_init__(self) -> None:
-        fits: dict[str, dict[int, tuple[str, int, float, float]]] = {}
-        for row in self.collectives:
-            fits.setdefault(row[0], {})[row[1]] = row
+        fits: dict[str, dict[int, tuple[float, float]]] = {}  # op -> g -> (latency, s/byte)
+        for op, g, lat, spb in self.collectives:
+            fits.setdefault(op, {})[g] = (lat, spb)
         object.__setattr__(self, "_fits", fits)
         object.__setattr__(self, "_prices", {})
 
@@ -187,16 +187,12 @@ class Coefficients:
         growing with the g-1 steps of a ring), else the global pair."""
         if g <= 1:
             return 0.0, 0.0
-        rows = self._fits.get(op)
-        if not rows:
+        fits = self._fits.get(op)
+        if not fits:
             return self.latency_s, self.s_per_byte
-
-        def part(i: int) -> float:
-            return by_group_size(rows, g, lambda q: rows[q][i],
-                                 lambda q: rows[q][i] * (max(1, g - 1) / max(1, q - 1)
-                                                         if i == 2 and g > q else 1.0))
-
-        return part(2), part(3)
+        lat = by_group_size(fits, g, lambda q: fits[q][0],
+                            lambda q: fits[q][0] * (max(1, g - 1) / (q - 1) if g > q else 1.0))
+        return lat, by_group_size(fits, g, lambda q: fits[q][1], lambda q: fits[q][1])
 
 
 def gcn_step_calibration(coef: Coefficients, steps: list[list[float]]) -> float:

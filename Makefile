@@ -15,6 +15,9 @@ MPI ?= wheel
 MPI_SIZES ?= 1 2 3 4 6 8
 PY := $(VENV)/bin/python
 MPIEXEC ?= $(VENV)/bin/mpiexec
+# each rank's report of the multi-rank suite (rank 0's is the terminal) and, after a hang, its
+# stacks (*.hang), which a failed run prints
+MPI_LOGS ?= out/mpi-logs
 export OMP_NUM_THREADS ?= 1
 
 .PHONY: install demo test lint clean
@@ -56,10 +59,14 @@ test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -n 2 tests/unit tests/data
 	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -n 2 --dist loadfile \
 		tests/integration tests/slurm
+	@mkdir -p $(MPI_LOGS)
 	@for n in $(MPI_SIZES); do \
 		echo "== multi-rank suite on $$n ranks"; \
-		timeout 900 $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest -q -p no:cacheprovider \
-			--durations=5 -o timeout_method=thread tests/mpi || exit 1; \
+		PLEXGT_TEST_LOGDIR=$(MPI_LOGS) timeout 900 $(MPIEXEC) -n $$n $(PY) -m mpi4py -m pytest \
+			-q -p no:cacheprovider --durations=5 -o timeout_method=thread tests/mpi || { \
+			for f in $(MPI_LOGS)/plexgt-mpi-n$$n-rank*.hang; do \
+				if [ -s $$f ]; then echo "== stacks of a hung rank: $$f"; cat $$f; fi; \
+			done; exit 1; }; \
 	done
 
 clean:

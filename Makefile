@@ -52,12 +52,11 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 # The job-launching tests (integration, Slurm) spend much of their time waiting (timeouts,
-# Slurm's scheduler, process start-up), so they run two test files at a time (--dist loadfile
-# measured 417 s against 456 s per test); a file stays on one worker, so the local Slurm
-# cluster starts once.
+# Slurm's scheduler, process start-up), so they run two at a time, spread test by test except
+# the Slurm ones (one xdist group, so the local Slurm cluster starts once).
 test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -n 2 tests/unit tests/data
-	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -n 2 --dist loadfile \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -n 2 --dist loadgroup \
 		tests/integration tests/slurm
 	@mkdir -p $(MPI_LOGS)
 	@for n in $(MPI_SIZES); do \

@@ -84,8 +84,8 @@ def test_a_failure_on_one_rank_is_reported_and_a_stranded_one_ends_the_job(tmp_p
 @pytest.mark.timeout(150)
 def test_a_hang_leaves_every_ranks_stacks(tmp_path):
     r, logs = _suite(tmp_path, HANG)
+    # pytest-timeout ends whichever rank's clock runs out first; the stacks came 10 s before
     assert r.returncode != 0
-    assert "Timeout" in r.stdout
     stacks = {rank: (logs / f"plexgt-mpi-n2-rank{rank}.hang").read_text() for rank in (0, 1)}
     assert "test_rank_1_never_arrives" in stacks[0] and "test_rank_1_never_arrives" in stacks[1]
     lines = HANG.splitlines()

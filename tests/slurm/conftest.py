@@ -52,6 +52,7 @@ MpiDefault=pmi2
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=1
 ReturnToService=2
 SlurmdParameters=config_overrides
 JobRequeue=1

@@ -14,7 +14,8 @@ from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import sbm
 
-pytestmark = pytest.mark.timeout(600)
+# one xdist worker runs them all (make test: --dist loadgroup), so the local Slurm starts once
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("slurm")]
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "jobscripts" / "generic" / "train.sbatch"
 
@@ -34,14 +35,27 @@ def _sbatch(slurm, tmp: Path, data: Path, epochs: int, wait: bool, model: str = 
                VENV=str(ROOT / ".venv"), MODEL=model,
                EXTRA="--model.hidden=16 --model.heads=2 --eval_every=1", OMP_NUM_THREADS="1")
     cmd = ["sbatch", "--parsable", "-n", "4", "-o", str(tmp / "job-%j.out"), "--open-mode=append",
-           *(["--wait"] if wait else []), str(SCRIPT)]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=400)
+           str(SCRIPT)]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
     job = int(re.match(r"\d+", r.stdout.strip()).group(0)) if r.stdout.strip() else -1
     assert job > 0, r.stderr
-    if wait:
+    if wait:  # polled here: sbatch --wait's own polling backs off to tens of seconds
+        state = _wait_done(slurm, job, 400)
         out = (tmp / f"job-{job}.out").read_text()
-        assert r.returncode == 0, out[-3000:]
+        assert state == "COMPLETED", out[-3000:]
     return job, run
+
+
+def _wait_done(slurm, job: int, timeout_s: float) -> str:
+    """The job's final state, polled twice a second (or its state at the deadline)."""
+    deadline = time.time() + timeout_s
+    state = ""
+    while time.time() < deadline:
+        state = _job_field(slurm, job, "JobState")
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+            break
+        time.sleep(0.5)
+    return state
 
 
 def _epochs(run: Path) -> list[dict]:

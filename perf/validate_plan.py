@@ -32,6 +32,15 @@ than one configuration, whether the choice's median step is within 10% of the fa
 measured; per case, the any-scale choice (p <= 4) against the fastest at any p; memory,
 predicted over measured per configuration (median, range). Writes
 perf/results/validate_plan.json and ends with one RESULT line.
+
+The VM's speed drifts by tens of percent over minutes, between the (case, p) runs as well as
+within them, and no prediction can know it. So the driver times a fixed one-thread probe (a
+GEMM and a memory-bound pass, median of five) before and after each mpiexec: each row keeps
+its run's mean (``probe_s``), and the summary gives the probe's spread over the whole
+validation and, beside the raw MAPE, the MAPE with each measurement scaled to the run's median
+probe speed (``mape_drift_corrected``), which says how much of the error the drift explains.
+Choices compare configurations of one run, which one probe scales alike; they use the raw
+medians.
 """
 
 from __future__ import annotations
@@ -258,8 +267,34 @@ def prep(name: str, work: Path) -> Path:
     return out
 
 
+def speed_probe(repeats: int = 5) -> float:
+    """Median seconds of a fixed one-thread workload (a 384^3 GEMM and a pass over 32 MiB,
+    each four times): how fast the VM runs now, compared between the runs of a validation."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        g = torch.Generator().manual_seed(0)
+        a = torch.randn(384, 384, generator=g)
+        v = torch.randn(8 << 20, generator=g)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            for _ in range(4):
+                (a @ a).sum()
+                (v * 1.0001).sum()
+            times.append(time.perf_counter() - t0)
+        return float(statistics.median(times))
+    finally:
+        torch.set_num_threads(threads)
+
+
 def measure(data: Path, model: str, p: int, configs: list[dict], profile: Path,
             steps: int) -> list[dict]:
+    """Every configuration's steps on p ranks (one mpiexec), and the run's ``probe_s``: the
+    mean of :func:`speed_probe` before and after it."""
+    before = speed_probe()
     with tempfile.TemporaryDirectory() as tmp:
         job, out = Path(tmp) / "job.json", Path(tmp) / "out.json"
         job.write_text(json.dumps({"data": str(data), "model": model, "configs": configs,
@@ -268,7 +303,23 @@ def measure(data: Path, model: str, p: int, configs: list[dict], profile: Path,
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // p))}
         subprocess.run([str(VENV / "mpiexec"), "-n", str(p), sys.executable, __file__,
                         "--worker", str(job)], check=True, env=env, cwd=ROOT, timeout=3600)
-        return json.loads(out.read_text())
+        rows = json.loads(out.read_text())
+    probe = (before + speed_probe()) / 2
+    return [{**r, "probe_s": probe} for r in rows]
+
+
+def drift(rows: list[dict]) -> dict | None:
+    """The probe over the validation's runs, and the MAPE with every measurement scaled to the
+    median probe speed; None when the rows have no probe (a run before it existed)."""
+    if not rows or any("probe_s" not in r for r in rows):
+        return None
+    probes = [r["probe_s"] for r in rows]
+    ref = statistics.median(probes)
+    return {"probe_median_s": ref, "probe_min_s": min(probes), "probe_max_s": max(probes),
+            "probe_spread": max(probes) / min(probes) - 1,
+            "mape_drift_corrected": statistics.mean(
+                abs(r["predicted_s"] / (r["median_s"] * ref / r["probe_s"]) - 1)
+                for r in rows)}
 
 
 def _model_bytes(row: dict) -> int:
@@ -315,6 +366,7 @@ def score(rows: list[dict], any_choice: dict[str, str]) -> dict:
     within = [d["within"] for d in decisions if d["within"] is not None]
     return {
         "mape": statistics.mean(err),
+        "drift": drift(rows),
         "mape_by_p": {str(p): statistics.mean(v) for p, v in by_p.items() if v},
         "mape_by_model": {m: statistics.mean(abs(r["predicted_s"] / r["median_s"] - 1)
                                              for r in rows if r["model"] == m)
@@ -364,6 +416,14 @@ def repredict(rows: list[dict], profile: Path, work: Path) -> dict[str, str]:
     return any_choice
 
 
+def _result(s: dict, configurations: int) -> None:
+    drift_fields = ({"mape_drift_corrected": s["drift"]["mape_drift_corrected"],
+                     "probe_spread": s["drift"]["probe_spread"]} if s["drift"] else {})
+    result_line(mape=s["mape"], **drift_fields, choice_within_10pct=s["choice_within_10pct"],
+                decisions=s["decisions_scored"], memory_ratio_median=s["memory_ratio_median"],
+                configurations=configurations)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
@@ -390,9 +450,7 @@ def main() -> None:
         stored.update(profile=_rel(args.profile), any_scale_choices=any_choice, summary=s,
                       rows=rows, repredicted=today())
         write_json("validate_plan.json", stored)
-        result_line(mape=s["mape"], choice_within_10pct=s["choice_within_10pct"],
-                    decisions=s["decisions_scored"],
-                    memory_ratio_median=s["memory_ratio_median"], configurations=len(rows))
+        _result(s, len(rows))
         return
     args.work.mkdir(parents=True, exist_ok=True)
     rows, any_choice = [], {}
@@ -422,9 +480,7 @@ def main() -> None:
                  "set during a step above the level before the configuration was built",
         "steps": args.steps, "seconds": time.perf_counter() - t0,
         "any_scale_choices": any_choice, "summary": s, "rows": rows})
-    result_line(mape=s["mape"], choice_within_10pct=s["choice_within_10pct"],
-                decisions=s["decisions_scored"], memory_ratio_median=s["memory_ratio_median"],
-                configurations=len(rows))
+    _result(s, len(rows))
 
 
 if __name__ == "__main__":

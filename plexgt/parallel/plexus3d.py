@@ -185,7 +185,9 @@ class TunedMatmul:
     """Chooses, per GEMM shape, between ``a @ b`` and ``(bᵀ @ aᵀ)ᵀ`` by timing both once.
 
     BLAS speed depends on the operands' memory order and aspect ratio; which form wins differs
-    between forward (Z·W), input-gradient (dP·Wᵀ) and weight-gradient (Zᵀ·dP) shapes.
+    between forward (Z·W), input-gradient (dP·Wᵀ) and weight-gradient (Zᵀ·dP) shapes. The two
+    forms round differently and the choice is timed, so a loaded machine can choose otherwise
+    in a resumed run: ``enabled=False`` (deterministic runs) always takes ``a @ b``.
     """
 
     def __init__(self, enabled: bool = True, repeats: int = 2) -> None:

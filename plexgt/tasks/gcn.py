@@ -73,6 +73,9 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
     model = Plexus3DGCN(lays, comms, data.adj, dropout=cfg.model.dropout,
                         input_dropout=cfg.model.input_dropout,
                         block_rows=rp.block_rows, dtype=dt,
+                        # the tuned GEMM form is chosen by timing, which load can flip between
+                        # a run and its resume: deterministic runs keep the plain product
+                        tune_gemm=not cfg.deterministic,
                         seed=cfg.seed, node_ids=data.node_ids)
     torch.manual_seed(cfg.seed)
     ref = GCN(pg.F + emb, cfg.model.hidden, pg.C, num_layers=cfg.model.layers)

@@ -65,7 +65,7 @@ def _suite(tmp_path: Path, body: str, **env: str):
 
 @pytest.mark.timeout(150)
 def test_a_failure_on_one_rank_is_reported_and_a_stranded_one_ends_the_job(tmp_path):
-    r, _ = _suite(tmp_path, FAILURES, PLEXGT_TEST_FAILED_RANK_WAIT_S="3")
+    r, logs = _suite(tmp_path, FAILURES, PLEXGT_TEST_FAILED_RANK_WAIT_S="3")
     out = r.stdout + r.stderr
     assert r.returncode != 0
     # rank 0 passed the first test itself and reports rank 1's failure as its own error;
@@ -75,9 +75,11 @@ def test_a_failure_on_one_rank_is_reported_and_a_stranded_one_ends_the_job(tmp_p
             "rank 1 disagrees") in r.stderr
     # the collectives of the next test met their partners
     assert "test_the_next_test_meets_its_partners PASSED" in r.stdout
-    # rank 0 waits in the barrier for rank 1, which ends the job with its error
+    # rank 0 waits in the barrier for rank 1, which ends the job with its error (in its log;
+    # on stderr too, unless the abort beats mpiexec's forwarding of the line)
     assert ("rank 1: test_sample.py::test_rank_1_fails_before_a_collective failed here while "
-            "the other ranks have not finished it in 3 s") in r.stderr
+            "the other ranks have not finished it in 3 s") in (
+        logs / "plexgt-mpi-n2-rank1.log").read_text()
     assert "test_never_reached" not in out
 
 

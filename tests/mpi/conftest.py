@@ -92,9 +92,12 @@ def _meet(mine: list, config, nodeid: str) -> list:
     t0, pause = time.monotonic(), 5e-5
     while not req.Test():
         if mine and time.monotonic() - t0 > _FAILED_RANK_WAIT_S:
-            _to_stderr(config, f"rank {RANK}: {nodeid} failed here while the other ranks have "
-                               f"not finished it in {_FAILED_RANK_WAIT_S:.0f} s (they wait in "
-                               "one of its collectives for this rank?): ending the job\n")
+            msg = (f"rank {RANK}: {nodeid} failed here while the other ranks have not finished "
+                   f"it in {_FAILED_RANK_WAIT_S:.0f} s (they wait in one of its collectives for "
+                   "this rank?): ending the job")
+            config.get_terminal_writer().line(msg)  # rank > 0: its log, kept
+            _to_stderr(config, msg + "\n")
+            time.sleep(1.0)  # for mpiexec to pass the line on before the abort kills the job
             MPI.COMM_WORLD.Abort(1)
         time.sleep(pause)
         pause = min(0.005, pause * 2)

@@ -37,10 +37,11 @@ The VM's speed drifts by tens of percent over minutes, between the (case, p) run
 within them, and no prediction can know it. So the driver times a fixed one-thread probe (a
 GEMM and a memory-bound pass, median of five) before and after each mpiexec: each row keeps
 its run's mean (``probe_s``), and the summary gives the probe's spread over the whole
-validation and, beside the raw MAPE, the MAPE with each measurement scaled to the run's median
-probe speed (``mape_drift_corrected``), which says how much of the error the drift explains.
-Choices compare configurations of one run, which one probe scales alike; they use the raw
-medians.
+validation and, beside the raw MAPE, the MAPE with each measurement scaled to the median of the
+rows' probes (``mape_drift_corrected``), which says how much of the error the drift explains.
+The choices are scored on the raw medians: one at a (case, p) compares configurations of one
+run, which one probe would scale alike; the any-scale choice compares runs, which drift can
+reorder (uncorrected here, so that a choice is never scored on a corrected measurement).
 """
 
 from __future__ import annotations

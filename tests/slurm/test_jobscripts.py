@@ -41,20 +41,26 @@ def _sbatch(slurm, tmp: Path, data: Path, epochs: int, wait: bool, model: str = 
     assert job > 0, r.stderr
     if wait:  # polled here: sbatch --wait's own polling backs off to tens of seconds
         state = _wait_done(slurm, job, 400)
-        out = (tmp / f"job-{job}.out").read_text()
-        assert state == "COMPLETED", out[-3000:]
+        log = tmp / f"job-{job}.out"
+        assert state == "COMPLETED", (state, log.read_text()[-3000:] if log.exists() else "")
     return job, run
 
 
+FINAL_STATES = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+                "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+
+
 def _wait_done(slurm, job: int, timeout_s: float) -> str:
-    """The job's final state, polled twice a second (or its state at the deadline)."""
+    """The job's final state, polled twice a second; at the deadline the job is cancelled
+    (the next tests need the one node) and its state then returned."""
     deadline = time.time() + timeout_s
     state = ""
     while time.time() < deadline:
         state = _job_field(slurm, job, "JobState")
-        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
-            break
+        if state in FINAL_STATES:
+            return state
         time.sleep(0.5)
+    subprocess.run(["scancel", str(job)], env=slurm, check=False)
     return state
 
 

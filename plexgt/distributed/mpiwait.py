@@ -23,8 +23,16 @@ def arrive(comm: Any, max_sleep_s: float = 0.005) -> None:
     """
     if comm is None or comm.Get_size() == 1:
         return
-    req = comm.Ibarrier()
+    wait_request(comm.Ibarrier(), max_sleep_s)
+
+
+def wait_request(req: Any, max_sleep_s: float = 0.005, deadline: float | None = None) -> bool:
+    """Poll the mpi4py request ``req`` with sleeps growing from 50 µs to ``max_sleep_s`` until
+    it completes (True) or ``time.monotonic()`` passes ``deadline`` (False; it stays pending)."""
     pause = 5e-5
     while not req.Test():
+        if deadline is not None and time.monotonic() > deadline:
+            return False
         time.sleep(pause)
         pause = min(max_sleep_s, pause * 2)
+    return True

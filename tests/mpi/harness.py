@@ -33,6 +33,8 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from plexgt.distributed.mpiwait import wait_request
+
 WORLD = MPI.COMM_WORLD.Get_size()
 RANK = MPI.COMM_WORLD.Get_rank()
 LOGDIR = os.environ.get("PLEXGT_TEST_LOGDIR") or tempfile.gettempdir()
@@ -146,19 +148,14 @@ def _meet(item: pytest.Item, s: _Session, mine: list[str]) -> list[list[str]]:
     # cores the spinning ranks delay the ones still on their way; messages only on a failure
     counts = np.zeros(WORLD, dtype=np.int64)
     req = s.sync.Iallgather(np.array([len(mine)], dtype=np.int64), counts)
-    deadline = _wait_deadline(item) if mine else float("inf")
-    pause = 5e-5
-    while not req.Test():
-        if time.monotonic() > deadline:
-            msg = (f"rank {RANK}: {item.nodeid} failed here ({'; '.join(mine)}) and the other "
-                   "ranks have not finished it (they wait in one of its collectives for this "
-                   "rank?): ending the job")
-            item.config.get_terminal_writer().line(msg)  # rank > 0: its log, kept
-            _to_stderr(item.config, msg + "\n")
-            time.sleep(1.0)  # for mpiexec to pass the line on before the abort kills the job
-            MPI.COMM_WORLD.Abort(1)
-        time.sleep(pause)
-        pause = min(0.005, pause * 2)
+    if not wait_request(req, deadline=_wait_deadline(item) if mine else None):
+        msg = (f"rank {RANK}: {item.nodeid} failed here ({'; '.join(mine)}) and the other "
+               "ranks have not finished it (they wait in one of its collectives for this "
+               "rank?): ending the job")
+        item.config.get_terminal_writer().line(msg)  # rank > 0: its log, kept
+        _to_stderr(item.config, msg + "\n")
+        time.sleep(1.0)  # for mpiexec to pass the line on before the abort kills the job
+        MPI.COMM_WORLD.Abort(1)
     if not counts.any():
         return [[] for _ in range(WORLD)]
     return s.sync.allgather(mine)

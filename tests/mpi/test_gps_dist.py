@@ -64,10 +64,10 @@ def test_gps_step_equals_reference(prepared, groups, p, strategy):
     check_one_step(prepared, groups, p, strategy, GPS, DistGPS, True)
 
 
-# the gps curves are the slowest model tests at 6 and 8 ranks: there only the 3D path's runs
-# (PLEXGT_ALL_GRIDS=1: all); below, GP-AG and GP-A2A (the rings' curves are gt's, in
-# test_gt_dist and test_ring_dist: gps adds nothing to their attention), and every strategy
-# in the one-step tests
+# the gps curves are the slowest model tests at 6 and 8 ranks: they run up to 4 ranks
+# (PLEXGT_ALL_GRIDS=1: everywhere), GP-AG's and GP-A2A's only (the rings' curves are gt's, in
+# test_gt_dist and test_ring_dist: gps adds nothing to their attention); the one-step tests
+# run every strategy at every size
 CURVE_STRATEGIES = (STRATEGIES if ALL_GRIDS else ["gp_ag", "gp_a2a"] if WORLD < 6 else [])
 PATH_STRATEGIES = STRATEGIES if ALL_GRIDS else ["gp_ag", "gp_a2a"]
 """The 3D GCN path is independent of the attention strategy: its tests run the node- and
@@ -87,9 +87,9 @@ def test_gps_3d_path_step_equals_reference(prepared, groups, axis_groups, p, gri
                    axis_groups=axis_groups[grid])
 
 
-@pytest.mark.parametrize("p", _gt.CURVE_SIZES if WORLD != 6 or ALL_GRIDS else [
-    pytest.param(6, marks=pytest.mark.skip(reason="the 3D path's curve runs at 8 and up to 4 "
-                                           "ranks; its steps at 6"))])
+@pytest.mark.parametrize("p", _gt.CURVE_SIZES if WORLD <= 4 or ALL_GRIDS else [
+    pytest.param(WORLD, marks=pytest.mark.skip(reason="the 3D path's curve runs up to 4 ranks; "
+                                               "its steps at every size"))])
 def test_gps_3d_path_training_follows_reference(prepared, groups, axis_groups, p):
     grid = GRIDS.get(p, [f"{p}x1x1"])[0]
     check_training(prepared, groups, p, "gp_ag", GPS, DistGPS, True, grid=_grid(grid),

@@ -49,6 +49,9 @@ def test_bad_file(tmp_path):
     bad.write_text("epochs = = 3\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_config(bad)
+    bad.write_text("epochs = 'many'\n")  # valid TOML, a value of the wrong type
+    with pytest.raises(ConfigError, match="config key 'epochs'"):
+        load_config(bad)
 
 
 def test_hash_ignores_bookkeeping_but_not_the_model():

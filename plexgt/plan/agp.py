@@ -67,6 +67,7 @@ import statistics
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from plexgt.distributed.collectives import CommOp
@@ -74,7 +75,7 @@ from plexgt.distributed.grid import Grid3D
 from plexgt.distributed.layout3d import layer_layouts
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionProblem, AttentionStrategy
-from plexgt.plan.host import Host, by_group_size
+from plexgt.plan.host import Host, across_group_sizes
 from plexgt.plan.plexus_cost import Coefficients, rank_grids
 from plexgt.plan.profile import (
     GT_STEP_SHAPE,
@@ -237,25 +238,15 @@ class SystemModel:
     memory_factor`)."""
     copy_curve: tuple[tuple[float, float], ...] = ()
     """(elements, seconds per element) of the [N, h, d'] -> [h, N, d'] layout copy."""
-    contention: dict[int, float] = field(default_factory=dict)
-    sync: dict[int, float] = field(default_factory=dict)
-    """Group size -> extra seconds per collective call when the ranks compute between calls
-    (the profile's "loaded" measurement; 0 where it has none)."""
-    cores: int = 1
-    threads: int = 1
-    """Threads per rank in the profiled runs."""
-    device: str = "unspecified"
-    """'cpu' (ranks share cores: κ > 1 when oversubscribed), 'cuda', or 'unspecified' (κ = 1)."""
-    thread_speedup: dict[int, float] = field(default_factory=dict)
-    """Threads -> one rank's step speedup over ``threads`` (:attr:`plexgt.plan.host.Host.
-    thread_speedup`)."""
+    host: Host = field(default_factory=Host)
+    """The node's sharing (device, cores, threads, κ, the loaded per-call cost, thread
+    speedups): the 3D model's :class:`~plexgt.plan.plexus_cost.Coefficients` hold the same."""
     name: str = "defaults"
     compute_scale: float = 1.0
     """Measured over predicted compute of whole one-rank training steps (the profile's
     ``gt_step`` samples, :func:`step_calibration`): a step runs its kernels back to back on
     data the previous one evicted, where each microbenchmark repeated one kernel on hot
     caches. Multiplies every kernel term (α·E and GP-AG's gathered columns) at every scale."""
-    _host: Any = field(init=False, repr=False, compare=False)
     _memory_table: Any = field(init=False, repr=False, compare=False)
     _copy_table: Any = field(init=False, repr=False, compare=False)
     _group_sizes: Any = field(init=False, repr=False, compare=False)
@@ -263,9 +254,6 @@ class SystemModel:
     asked)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_host", Host(self.device, self.cores, self.threads,
-                                               self.contention, self.sync,
-                                               self.thread_speedup))
         object.__setattr__(self, "_memory_table", memory_table(self.memory_curve))
         object.__setattr__(self, "_copy_table", memory_table(self.copy_curve))
         ops = set(self.collectives) | set(self.collective_curves)
@@ -296,8 +284,7 @@ class SystemModel:
         host = Host.from_profile(prof)
         hw = prof.get("hardware", {})
         name = hw.get("gpu") or hw.get("cpu") or "profile"
-        sysm = cls(kern, coll, curves, mem, cpy, host.contention, host.sync, host.cores,
-                   host.threads, host.device, host.thread_speedup, str(name))
+        sysm = cls(kern, coll, curves, mem, cpy, host, str(name))
         if mem and raw.get("gt_step"):  # refitted kernels: calibrate their sums on whole steps
             sysm = replace(sysm, compute_scale=step_calibration(sysm, raw["gt_step"]))
         return sysm
@@ -315,9 +302,8 @@ class SystemModel:
 
         At a profiled group size: the profiled time-vs-bytes curve at ``sent`` (piecewise
         linear between the measured sizes, the last segment's slope beyond them), or the
-        latency + bytes fit where the profile kept no curve. Between profiled group sizes the
-        two neighbours are interpolated; below the smallest, its time; beyond the largest, its
-        time plus latency growing with the p-1 steps of a ring.
+        latency + bytes fit where the profile kept no curve; across group sizes
+        :func:`~plexgt.plan.host.across_group_sizes` (the 3D model's rule too).
         """
         if p <= 1:
             return 0.0
@@ -330,32 +316,14 @@ class SystemModel:
             c = Coefficients()
             return c.latency_s + c.s_per_byte * sent
 
-        def outside(q: int) -> float:
-            if p < q:  # the smallest profiled group's time
-                return self._call_time(op, q, sent)
-            lat = self._call_time(op, q, 0)  # the largest's, plus a latency per extra step
-            return self._call_time(op, q, sent) + lat * ((p - 1) / max(1, q - 1) - 1)
-
-        return by_group_size(sizes, p, lambda q: self._call_time(op, q, sent), outside)
-
-    @property
-    def host(self) -> Host:
-        """The node's sharing (threads, κ, oversubscription, loaded sync costs)."""
-        return self._host
-
-    def sync_time(self, p: int) -> float:
-        """:meth:`plexgt.plan.host.Host.sync_time`."""
-        return self._host.sync_time(p)
-
-    def sharing(self, p: int) -> int:
-        """:meth:`plexgt.plan.host.Host.sharing`."""
-        return self._host.sharing(p)
+        return across_group_sizes(sizes, p, lambda q: self._call_time(op, q, sent),
+                                  lambda q: self._call_time(op, q, 0))
 
     def memory_factor(self, elems: float, p: int = 1) -> float:
         """Per-element slowdown of a pass over arrays of ``elems`` elements on each of p
         ranks (1 in cache): the profiled curve at the size the ranks running at once stream."""
 
-        return table_factor(self._memory_table, elems * self.sharing(p))
+        return table_factor(self._memory_table, elems * self.host.sharing(p))
 
     def copy_time(self, elems: float, p: int = 1) -> float:
         """Seconds of one layout copy of ``elems`` elements on each of p ranks (the profiled
@@ -364,15 +332,7 @@ class SystemModel:
             return elems * self.kernels["copy_s_per_elem"]
 
         return elems * self.copy_curve[0][1] * table_factor(self._copy_table,
-                                                            elems * self.sharing(p))
-
-    def oversubscription(self, p: int) -> float:
-        """:meth:`plexgt.plan.host.Host.oversubscription`."""
-        return self._host.oversubscription(p)
-
-    def slowdown(self, p: int) -> float:
-        """κ(p), :meth:`plexgt.plan.host.Host.slowdown`."""
-        return self._host.slowdown(p)
+                                                            elems * self.host.sharing(p))
 
 
 @dataclass(frozen=True)
@@ -443,7 +403,7 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     k = sysm.kernels
     prob = replace(w.problem, head_parallel=head_parallel)
     dh, d, L = prob.head_dim, w.hidden, w.layers
-    kappa = sysm.slowdown(s)
+    kappa = sysm.host.slowdown(s)
     n_loc = prob.rows(s)  # N at s = 1
     # the attention kernel the busiest rank runs (the strategy's own account of it): its
     # heads, edges, query rows and key columns; the columns that do not shrink with s (GP-AG's
@@ -533,7 +493,7 @@ def step_calibration(sysm: SystemModel, steps: Iterable[list[float]]) -> float:
 
     one_rank = default_registry().get("gp_ag")  # on one rank every strategy is the same step
     # the samples ran at the profiled thread count: priced without the thread speedup
-    base = replace(sysm, compute_scale=1.0, thread_speedup={})
+    base = replace(sysm, compute_scale=1.0, host=replace(sysm.host, thread_speedup={}))
     ratios = []
     for n, e, f, c, hidden, heads, layers, t in steps:
         w = Workload("gt", int(n), int(e), int(f), int(c), int(hidden), int(heads), int(layers),
@@ -555,36 +515,19 @@ def step_ops(strategy: AttentionStrategy, w: Workload, s: int, rank: int = 0,
 def comm_time(ops: list[tuple[str, CommOp]], s: int, grid: Grid3D | None,
               sysm: SystemModel) -> float:
     """Seconds of a rank's collectives: each on its group's profiled curve ('rows': s ranks,
-    an axis: its extent in ``grid``), its byte-proportional part times
-    :meth:`SystemModel.oversubscription`, plus the loaded per-call cost; the per-call parts
-    at :meth:`plexgt.plan.host.Host.call_group` (the job's ranks when they time-share
-    cores)."""
+    an axis: its extent in ``grid``) as :meth:`plexgt.plan.host.Host.collective_time` shares
+    a node among the job's s ranks (the 3D model's rule too)."""
     def size(name: str, o: CommOp) -> int:
         if o.group_size:  # a strategy's own sub-group (gp_2d's heads and ring axes)
             return o.group_size
         return s if name == "rows" or grid is None else grid.dim(name)
 
-    share = sysm.oversubscription(s)
-    host = sysm.host
-
-    def one(op: str, g: int, sent: int) -> float:
-        t = sysm.collective_time(op, g, sent)
-        q = host.call_group(g, s)
-        if share == 1.0 and q == g:  # GPUs, and CPU ranks that fit the cores: as profiled
-            return t
-        t0 = sysm.collective_time(op, g, 0)
-        return sysm.collective_time(op, q, 0) + share * (t - t0)
-
     # identical calls (every layer repeats its block's) priced once: a search prices ~10^5
     calls: Counter[tuple[str, int, int]] = Counter()
     for n, o in ops:
         calls[o.op, size(n, o), max(o.sent, o.recv)] += o.count
-    per_group: Counter[int] = Counter()
-    t = 0.0
-    for (op, g, b), c in calls.items():
-        t += c * one(op, g, b)
-        per_group[host.call_group(g, s)] += c
-    return t + sum(c * sysm.sync_time(g) for g, c in per_group.items())
+    return sum(c * sysm.host.collective_time(partial(sysm.collective_time, op), g, s, b)
+               for (op, g, b), c in calls.items())
 
 
 @dataclass

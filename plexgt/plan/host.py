@@ -39,6 +39,20 @@ def by_group_size(sizes: Iterable[int], p: int, at: Callable[[int], float],
     return at(lo) * (1 - w) + at(hi) * w
 
 
+def across_group_sizes(sizes: Iterable[int], g: int, t: Callable[[int], float],
+                       per_call: Callable[[int], float]) -> float:
+    """A collective's time (or one of its parts) over g ranks from ``t(q)`` profiled at group
+    sizes q in ``sizes``: linear between them, the smallest's below, and beyond the largest
+    its time plus ``per_call(q)`` for each extra step of a ring over g ranks. One rule for
+    both planners' collectives: the attention model's measured curves and the 3D model's
+    latency and bandwidth fits."""
+    def outside(q: int) -> float:
+        extra = (g - 1) / max(1, q - 1) - 1 if g > q else 0.0
+        return t(q) + per_call(q) * extra
+
+    return by_group_size(sizes, g, t, outside)
+
+
 @dataclass(frozen=True)
 class Host:
     """One node's sharing, from a system profile (defaults: nothing shared)."""
@@ -157,6 +171,23 @@ class Host:
         if self.device == "cpu" and p > g and self.oversubscription(p) > 1.0:
             return p
         return g
+
+    def per_call_time(self, latency: Callable[[int], float], g: int, p: int) -> float:
+        """Seconds a collective over g of a job's p ranks pays per call, ``latency(q)`` its
+        profiled latency over q ranks: both the latency and the loaded wait at
+        :meth:`call_group`."""
+        q = self.call_group(g, p)
+        return latency(q) + self.sync_time(q)
+
+    def collective_time(self, t: Callable[[int, float], float], g: int, p: int,
+                        sent: float) -> float:
+        """Seconds of one collective over g of a job's p ranks sending ``sent`` bytes each,
+        ``t(q, bytes)`` its profiled time over q ranks: :meth:`per_call_time`, and the bytes'
+        part at g, t(g, sent) - t(g, 0), time-shared by :meth:`oversubscription`."""
+        share, q = self.oversubscription(p), self.call_group(g, p)
+        if share == 1.0 and q == g:  # GPUs, and CPU ranks that fit the cores: as profiled
+            return t(g, sent) + self.sync_time(g)  # (one lookup: a search prices ~10^5)
+        return self.per_call_time(lambda q: t(q, 0.0), g, p) + share * (t(g, sent) - t(g, 0.0))
 
     def compute_factor(self, p: int) -> float:
         """What a kernel's profiled time becomes on each of p ranks: κ(p) times the thread

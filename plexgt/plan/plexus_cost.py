@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from plexgt.distributed.collectives import all_gather_bytes, all_reduce_bytes, reduce_scatter_bytes
 from plexgt.distributed.grid import Grid3D, factorizations
 from plexgt.distributed.layout3d import LayerLayout, layer_layouts, output_plane, row_blocks
-from plexgt.plan.host import Host, by_group_size
+from plexgt.plan.host import Host, across_group_sizes
 
 
 def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad: bool,
@@ -175,24 +175,23 @@ class Coefficients:
         key = (op, g, p)
         got = self._prices.get(key)
         if got is None:
-            q = self.host.call_group(g, p)
-            got = (self.call(op, q)[0] + self.host.sync_time(q),
+            got = (self.host.per_call_time(lambda q: self.call(op, q)[0], g, p),
                    self.call(op, g)[1] * self.host.oversubscription(p))
             self._prices[key] = got
         return got
 
     def call(self, op: str, g: int) -> tuple[float, float]:
         """(latency s, seconds per byte) of one ``op`` over g ranks: its profiled fits
-        interpolated in g (below the smallest group, its; beyond the largest, its latency
-        growing with the g-1 steps of a ring), else the global pair."""
+        across group sizes (:func:`~plexgt.plan.host.across_group_sizes`: the latency grows
+        with a ring's steps beyond the largest group, the bandwidth does not), else the
+        global pair."""
         if g <= 1:
             return 0.0, 0.0
         fits = self._fits.get(op)
         if not fits:
             return self.latency_s, self.s_per_byte
-        lat = by_group_size(fits, g, lambda q: fits[q][0],
-                            lambda q: fits[q][0] * (max(1, g - 1) / (q - 1) if g > q else 1.0))
-        return lat, by_group_size(fits, g, lambda q: fits[q][1], lambda q: fits[q][1])
+        lat = across_group_sizes(fits, g, lambda q: fits[q][0], lambda q: fits[q][0])
+        return lat, across_group_sizes(fits, g, lambda q: fits[q][1], lambda q: 0.0)
 
 
 def gcn_step_calibration(coef: Coefficients, steps: list[list[float]]) -> float:

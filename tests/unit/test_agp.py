@@ -45,6 +45,7 @@ from plexgt.plan.agp import (
     step_calibration,
     step_ops,
 )
+from plexgt.plan.host import Host
 from plexgt.plan.measure import loaded_sync_cost, paired_medians, sustained
 from plexgt.plan.plexus_cost import Coefficients
 from plexgt.plan.profile import (
@@ -146,7 +147,7 @@ def test_registry_is_extensible_and_local():
 def _sysm(latency: float = 1e-4, spb: float = 1e-9, cores: int = 64) -> SystemModel:
     coll = {op: {2: (latency, spb), 8: (latency * 2, spb)}
             for op in ("all_gather", "reduce_scatter", "all_to_all", "all_reduce")}
-    return SystemModel(collectives=coll, cores=cores, device="cpu")
+    return SystemModel(collectives=coll, host=Host("cpu", cores=cores))
 
 
 def test_collective_time_interpolates_and_extrapolates():
@@ -159,11 +160,11 @@ def test_collective_time_interpolates_and_extrapolates():
 
 
 def test_slowdown_oversubscribed_cpu_only():
-    assert _sysm(cores=2).slowdown(4) == 2.0
-    assert _sysm(cores=64).slowdown(4) == 1.0
-    assert SystemModel().slowdown(64) == 1.0
-    assert SystemModel(contention={2: 1.3}, cores=4, device="cpu").slowdown(2) == 1.3
-    assert SystemModel(contention={4: 1.0}, cores=2, device="cpu").slowdown(4) == 2.0
+    assert _sysm(cores=2).host.slowdown(4) == 2.0
+    assert _sysm(cores=64).host.slowdown(4) == 1.0
+    assert SystemModel().host.slowdown(64) == 1.0
+    assert SystemModel(host=Host("cpu", contention={2: 1.3}, cores=4)).host.slowdown(2) == 1.3
+    assert SystemModel(host=Host("cpu", contention={4: 1.0}, cores=2)).host.slowdown(4) == 2.0
 
 
 def _work(n=100_000, e=3_000_000, heads=4) -> Workload:
@@ -291,11 +292,11 @@ def test_memory_factor_follows_the_profiled_curve_and_shared_caches():
     assert memory_factor(curve, 1 << 21) == pytest.approx(3.0)  # halfway in log(size)
     assert memory_factor(curve, 1 << 30) == pytest.approx(4.0)
     assert memory_factor((), 1 << 30) == 1.0
-    s = SystemModel(memory_curve=tuple(curve), cores=2, device="cpu")
+    s = SystemModel(memory_curve=tuple(curve), host=Host("cpu", cores=2))
     # ranks running at once share the cache: 4 ranks on 2 cores stream twice a rank's arrays
     assert s.memory_factor(1 << 20, 4) == pytest.approx(memory_factor(curve, 1 << 21))
     assert s.memory_factor(1 << 20, 1) == pytest.approx(2.0)
-    gpu = SystemModel(memory_curve=tuple(curve), device="cuda")
+    gpu = SystemModel(memory_curve=tuple(curve), host=Host("cuda"))
     assert gpu.memory_factor(1 << 20, 8) == pytest.approx(2.0)
 
 
@@ -355,9 +356,9 @@ def test_from_profile_refits_raw_samples_and_reads_loaded_measurements():
     s = SystemModel.from_profile(prof)
     assert s.kernels["attention_s_per_edge_head"] == pytest.approx(pr["c"]["eh"], rel=1e-3)
     assert s.collective_time("all_to_all", 2, 1e6) == pytest.approx(1e-3)
-    assert s.slowdown(2) == pytest.approx(1.3) and s.sync_time(2) == 2e-4
-    assert s.slowdown(4) == pytest.approx(2.6)  # 4 ranks time-share the 2 cores
-    assert s.sync_time(4) == pytest.approx(2e-4 * 3)
+    assert s.host.slowdown(2) == pytest.approx(1.3) and s.host.sync_time(2) == 2e-4
+    assert s.host.slowdown(4) == pytest.approx(2.6)  # 4 ranks time-share the 2 cores
+    assert s.host.sync_time(4) == pytest.approx(2e-4 * 3)
 
 
 def test_whole_step_calibration_scales_the_kernel_terms():
@@ -387,10 +388,11 @@ def test_whole_step_calibration_scales_the_kernel_terms():
 
 
 def test_oversubscribed_cpu_ranks_time_share_the_fully_loaded_cores():
-    s = SystemModel(contention={2: 1.25, 4: 2.1}, cores=2, device="cpu")
-    assert s.slowdown(2) == 1.25
-    assert s.slowdown(4) == pytest.approx(2.5)  # not the 2.1 a short mix measured
-    assert SystemModel(contention={2: 1.25, 4: 2.1}, cores=8, device="cpu").slowdown(4) == 2.1
+    s = SystemModel(host=Host("cpu", contention={2: 1.25, 4: 2.1}, cores=2))
+    assert s.host.slowdown(2) == 1.25
+    assert s.host.slowdown(4) == pytest.approx(2.5)  # not the 2.1 a short mix measured
+    eight = SystemModel(host=Host("cpu", contention={2: 1.25, 4: 2.1}, cores=8))
+    assert eight.host.slowdown(4) == 2.1
 
 
 def test_oversubscribed_cpu_ranks_time_share_what_collectives_move():
@@ -398,22 +400,22 @@ def test_oversubscribed_cpu_ranks_time_share_what_collectives_move():
 
     fits = {"all_gather": {g: (1e-4, 1e-9) for g in (2, 4, 8)}}
     op = [("rows", CommOp("all_gather", 10**6, 10**6))]
-    cpu = SystemModel(collectives=fits, sync={2: 3e-4, 4: 5e-4}, cores=2, device="cpu")
-    assert cpu.oversubscription(2) == 1.0 and cpu.oversubscription(8) == 4.0
+    cpu = SystemModel(collectives=fits, host=Host("cpu", sync={2: 3e-4, 4: 5e-4}, cores=2))
+    assert cpu.host.oversubscription(2) == 1.0 and cpu.host.oversubscription(8) == 4.0
     assert comm_time(op, 2, None, cpu) == pytest.approx(1e-4 + 1e-3 + 3e-4)
     # 4 ranks on 2 cores: the bytes take twice as long, the latency and the loaded wait do not
     assert comm_time(op, 4, None, cpu) == pytest.approx(1e-4 + 2e-3 + 5e-4)
-    two_threads = SystemModel(collectives=fits, cores=8, threads=2, device="cpu")
+    two_threads = SystemModel(collectives=fits, host=Host("cpu", cores=8, threads=2))
     assert comm_time(op, 8, None, two_threads) == pytest.approx(1e-4 + 2e-3)
-    gpu = SystemModel(collectives=fits, cores=2, device="cuda")
-    assert gpu.oversubscription(8) == 1.0
+    gpu = SystemModel(collectives=fits, host=Host("cuda", cores=2))
+    assert gpu.host.oversubscription(8) == 1.0
     assert comm_time(op, 8, None, gpu) == pytest.approx(1e-4 + 1e-3)
 
 
 def test_gp_ag_pays_the_gathered_columns_gp_a2a_splits_them():
     kern = {k: 0.0 for k in SystemModel().kernels}
     kern["attention_s_per_col_head_dim"] = 1e-8
-    s = SystemModel(kernels=kern, cores=64, device="cpu")
+    s = SystemModel(kernels=kern, host=Host("cpu", cores=64))
     w = _work(n=8000, e=80_000)
     reg = default_registry()
     one = estimate(reg.get("gp_ag"), w, 1, s)
@@ -429,13 +431,14 @@ def test_loaded_collective_cost_is_added_per_call():
     assert loaded_sync_cost(1.0, 1.5, 0.2) == pytest.approx(0.3)
     assert loaded_sync_cost(1.0, 1.1, 0.2) == 0.0
     base = _sysm()
-    busy = SystemModel(collectives=base.collectives, sync={4: 1e-3}, cores=64, device="cpu")
+    busy = SystemModel(collectives=base.collectives, host=Host("cpu", sync={4: 1e-3}, cores=64))
     w = _work()
     for c in default_registry():
         calls = sum(o.count for o in step_comm(c, w.problem, 0, 4, w.layers, w.num_params))
         extra = estimate(c, w, 4, busy).comm_s - estimate(c, w, 4, base).comm_s
         assert extra == pytest.approx(calls * 1e-3)
-    assert busy.sync_time(1) == 0.0 and busy.sync_time(2) == pytest.approx(1e-3 / 3)
+    assert busy.host.sync_time(1) == 0.0
+    assert busy.host.sync_time(2) == pytest.approx(1e-3 / 3)
 
 
 def test_paired_medians_cancel_drift_and_drop_a_disturbed_pair():
@@ -530,7 +533,7 @@ def test_gps_3d_gcn_path_prices_gcn3d_comm_with_its_redistribution(grid, block_r
 def test_gps_3d_gcn_path_compute_splits_the_spmm_and_gemm_over_the_grid():
     kern = {k: 0.0 for k in SystemModel().kernels}
     kern["spmm_s_per_nnz_col"] = 1e-9
-    s = SystemModel(kernels=kern, cores=64, device="cpu")
+    s = SystemModel(kernels=kern, host=Host("cpu", cores=64))
     ag = default_registry().get("gp_ag")
     for g in (Grid3D(2, 2, 1), Grid3D(1, 1, 4), Grid3D(4, 1, 1)):
         # 2 layers x forward and backward x E/(Gx·Gz) entries x d/Gy columns = 2·2·E·d/4
@@ -539,7 +542,7 @@ def test_gps_3d_gcn_path_compute_splits_the_spmm_and_gemm_over_the_grid():
         assert estimate(ag, _gps(), 4, s).compute_s == pytest.approx(want)
     kern = {k: 0.0 for k in SystemModel().kernels}
     kern["gemm_s_per_fma"] = 1e-9
-    s = SystemModel(kernels=kern, cores=64, device="cpu")
+    s = SystemModel(kernels=kern, host=Host("cpu", cores=64))
     one = estimate(ag, _gps(), 4, s).compute_s
     for g in (Grid3D(2, 2, 1), Grid3D(1, 2, 2)):
         # N divisible by the grid, d by its axes: the same GEMM work per rank as the 1D path

@@ -4,9 +4,10 @@ model's per-group collectives and its whole-step calibration."""
 import pytest
 
 from plexgt.distributed.bootstrap import cpu_threads
+from plexgt.distributed.collectives import CommOp
 from plexgt.distributed.grid import parse_grid
 from plexgt.parallel.attention.registry import default_registry
-from plexgt.plan.agp import SystemModel, Workload, estimate
+from plexgt.plan.agp import SystemModel, Workload, comm_time, estimate
 from plexgt.plan.host import Host
 from plexgt.plan.plexus_cost import Coefficients, gcn_step_calibration, rank_cost
 from plexgt.plan.plexus_cost import estimate as plexus_estimate
@@ -33,8 +34,8 @@ def test_fewer_cpu_ranks_than_cores_run_faster_by_the_measured_thread_speedup():
 def test_agp_prices_one_rank_on_two_cores_with_its_threads():
     w = Workload("gt", 20_000, 400_000, 128, 8, 64, 4, 2)
     c = default_registry().get("gp_ag")
-    plain = SystemModel(cores=2, device="cpu")
-    fast = SystemModel(cores=2, device="cpu", thread_speedup={2: 1.25})
+    plain = SystemModel(host=Host("cpu", cores=2))
+    fast = SystemModel(host=Host("cpu", cores=2, thread_speedup={2: 1.25}))
     one, one_fast = estimate(c, w, 1, plain), estimate(c, w, 1, fast)
     assert one_fast.compute_s == pytest.approx(one.compute_s / 1.25)
     assert one_fast.calls_s == one.calls_s  # per-call costs do not thread
@@ -114,3 +115,23 @@ def test_calls_of_small_groups_wait_on_every_time_sharing_rank():
     calls = rank_cost(g22, 0, n, nnz, dims, 4, Coefficients()).calls
     assert alone.comm_s == pytest.approx(calls * 1e-4)
     assert shared.comm_s == pytest.approx(calls * (1e-3 + 1e-3))  # 4-rank latency and wait
+
+
+@pytest.mark.parametrize("host", [Host("cpu", cores=2, sync={2: 1e-4, 4: 3e-4}),
+                                  Host("cpu", cores=64, sync={2: 1e-4, 4: 3e-4}),
+                                  Host("cuda", cores=2)], ids=["2-cores", "64-cores", "gpu"])
+def test_both_planners_price_a_collective_the_same_way(host):
+    """The same latency and bandwidth fits priced by the attention model (time curves) and the
+    3D model (per call + per byte) give one time for a call over g of a job's p ranks: one
+    rule (:meth:`Host.collective_time`) for call groups, loaded waits, time-shared bytes and
+    groups beyond the profiled ones."""
+    fits = {2: (1e-4, 1e-9), 4: (1e-3, 2e-9)}
+    sysm = SystemModel(collectives={"all_gather": fits}, host=host)
+    coef = Coefficients(collectives=tuple(("all_gather", g, lat, spb)
+                                          for g, (lat, spb) in fits.items()), host=host)
+    for g, p in ((2, 2), (2, 4), (3, 4), (4, 8), (8, 8), (2, 16)):
+        sent = 1 << 20
+        per_call, per_byte = coef.price("all_gather", g, p)
+        op = CommOp("all_gather", sent, sent, group="heads", group_size=g)
+        assert comm_time([("heads", op)], p, None, sysm) == pytest.approx(
+            per_call + per_byte * sent, rel=1e-12), (g, p)

@@ -19,6 +19,12 @@ from plexgt.models.layers import (
 )
 
 
+def layer_widths(in_dim: int, hidden: int, out_dim: int, num_layers: int) -> list[int]:
+    """Widths of a GCN's layers, input to output: [F, d, ..., d, C] (the model, the planner's
+    search and its calibration on whole steps all read the layers this way)."""
+    return [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
+
+
 class GCN(nn.Module):
     """Plain nn.Linear per layer (weights + bias), so a distributed copy can shard them as is."""
 
@@ -28,7 +34,7 @@ class GCN(nn.Module):
         super().__init__()
         if num_layers < 1:
             raise ValueError("num_layers must be >= 1")
-        dims = [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
+        dims = layer_widths(in_dim, hidden, out_dim, num_layers)
         self.layers = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
         self.dropout = dropout
         self.input_dropout = dropout if input_dropout is None else input_dropout

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 from plexgt.distributed.grid import Grid3D, check_world_size, parse_grid
 from plexgt.errors import ConfigError
+from plexgt.models.gcn import layer_widths
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionStrategy
 from plexgt.plan.agp import SystemModel, Workload, gcn_grid_for
@@ -89,7 +90,7 @@ class ModelShape:
 
 def gcn_dims(sizes: GraphSizes, shape: ModelShape) -> list[int]:
     """Widths of a GCN's layers, input to output: [F, d, ..., d, C]."""
-    return [sizes.features] + [shape.hidden] * (shape.layers - 1) + [max(1, sizes.classes)]
+    return layer_widths(sizes.features, shape.hidden, max(1, sizes.classes), shape.layers)
 
 
 def resolve_grid(text: str, world_size: int) -> Grid3D | None:

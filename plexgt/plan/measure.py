@@ -19,8 +19,9 @@ Run under ``mpiexec -n P plexgt profile --out system.json``. Measured:
   :func:`plexgt.plan.plexus_cost.gcn_step_calibration`); every kernel sample is the
   fastest of three (``--quick``: two) interleaved passes over all of them, so a disturbance
   of a few seconds spoils one pass, not the fits;
-* threads (CPU): the smallest steps again with 2, 4, ... threads up to the cores
-  (``thread_speedup``), for ranks fewer than the cores, which each run cores/ranks threads;
+* threads (CPU): two of those steps (the first gt, the last GCN) again with 2, 4, ...
+  threads up to the cores (``thread_speedup``), for ranks fewer than the cores, which each
+  run cores/ranks threads;
 * under load ("loaded"): the kernel mix run back to back on s ranks against rank 0 alone (a
   sustained contention, which time-slicing cannot hide from: s CPU ranks on fewer cores share
   them; one GPU per rank shares nothing; also stored as ``contention``), and alternated with
@@ -406,20 +407,25 @@ def kernel_samples(device: torch.device, quick: bool) -> list[Sample]:
     return out
 
 
-def thread_speedup(device: torch.device, threads: int, cores: int, quick: bool
-                   ) -> dict[str, float]:
-    """{t: how much faster one rank runs whole training steps (a gt step of 8,000 nodes and
-    the sparse-input GCN step of 32,768; ``quick``: small ones) with t threads than with
-    ``threads``}, for t doubling
-    up to the cores (and the cores): what a CPU rank gains when fewer ranks than cores run
-    and each takes cores/ranks threads. Empty on GPUs and where one thread fills the cores.
-    Medians of three calls per count and step over two passes, the counts interleaved."""
-    if device.type != "cpu" or cores <= threads:
+def speedup_steps(samples: list[Sample]) -> list[Callable[[], Any]]:
+    """The whole steps :func:`thread_speedup` times, taken from the profile's samples (built
+    once): its first gt step and its last GCN step (the widest sparse input)."""
+    gt = [x.fn for x in samples if x.kind == "gt_step"]
+    gcn = [x.fn for x in samples if x.kind == "gcn_step"]
+    return gt[:1] + gcn[-1:]
+
+
+def thread_speedup(device: torch.device, threads: int, cores: int,
+                   steps: list[Callable[[], Any]]) -> dict[str, float]:
+    """{t: how much faster one rank runs whole training ``steps`` (:func:`speedup_steps`)
+    with t threads than with ``threads``}, for t doubling up to the cores (and the cores):
+    what a CPU rank gains when fewer ranks than cores run and each takes cores/ranks threads.
+    Empty on GPUs and where one thread fills the cores. Medians of three calls per count and
+    step over two passes, the counts interleaved."""
+    if device.type != "cpu" or cores <= threads or not steps:
         return {}
     counts = sorted({*(t for t in (threads * 2 ** i for i in range(1, 12)) if t < cores),
                      cores})
-    steps = [gt_step(2000, 10, 32, 4, device)[1], gcn_step(*GCN_STEPS[0], device)[1]] if quick \
-        else [gt_step(8000, 16, 64, 4, device)[1], gcn_step(*GCN_STEPS[3], device)[1]]
     runs: dict[int, list[list[float]]] = {t: [[] for _ in steps] for t in [threads, *counts]}
     try:
         for _ in range(2):
@@ -434,25 +440,24 @@ def thread_speedup(device: torch.device, threads: int, cores: int, quick: bool
             for t in counts}
 
 
-def profile_kernels(device: torch.device, quick: bool, rounds: int | None = None
+def profile_kernels(samples: list[Sample], device: torch.device, rounds: int
                     ) -> dict[str, list[list[float]]]:
     """Raw samples: spmm [nnz, cols, s], sddmm [nnz, cols, s], gemm [m, k, n, s],
     attention [E, h, d', s, rows, cols] (forward + backward), elementwise and copy
     [elements, s], dense_block [rows, d, s] (forward + backward), gt_step [N, E, F, C,
     hidden, heads, layers, s] (a whole one-rank training step).
 
-    Each kernel sample is the fastest call over ``rounds`` passes through all of them (3, 2
-    when ``quick``), a few calls each: a disturbance lasting seconds then spoils one pass of
-    a sample, not all its calls, so the fits, which weigh samples against each other, see the
-    same machine state throughout. All samples' operands are alive at once for that (a few
-    hundred MB on the full profile's sizes). A whole step is the **median** of its calls over
+    ``samples``: :func:`kernel_samples`. Each kernel sample is the fastest call over
+    ``rounds`` passes through all of them (3, 2 for a quick profile), a few calls each: a
+    disturbance lasting seconds then spoils one pass of a sample, not all its calls, so the
+    fits, which weigh samples against each other, see the same machine state throughout. All
+    samples' operands are alive at once for that (a few hundred MB on the full profile's
+    sizes). A whole step is the **median** of its calls over
     the passes: the calibration it feeds sets what a typical step costs against the kernels'
     fastest calls, which is what a training run's epochs (and the planner's validation, by
     median step) see on a shared machine; their fastest step would price a quiet moment.
     """
     reps = 3
-    rounds = rounds or (2 if quick else 3)
-    samples = kernel_samples(device, quick)
     times: list[list[float]] = [[] for _ in samples]
     for _ in range(rounds):
         for i, smp in enumerate(samples):
@@ -567,9 +572,14 @@ def run_profile(ctx: Any, quick: bool = False) -> dict[str, Any] | None:
         coll = profile_collectives(ctx, sizes, reps)
     else:
         coll = {op: {} for op in OPS}
-    raw = profile_kernels(ctx.device, quick) if ctx.rank == 0 else {}
-    speed = (thread_speedup(ctx.device, torch.get_num_threads(), prof["hardware"]["cores"],
-                            quick) if ctx.rank == 0 else {})
+    raw: dict[str, list[list[float]]] = {}
+    speed: dict[str, float] = {}
+    if ctx.rank == 0:
+        samples = kernel_samples(ctx.device, quick)
+        raw = profile_kernels(samples, ctx.device, 2 if quick else 3)
+        speed = thread_speedup(ctx.device, torch.get_num_threads(),
+                               prof["hardware"]["cores"], speedup_steps(samples))
+        del samples  # the operands, a few hundred MB, before the loaded run
     loaded: dict[str, dict[str, float]] = {}
     if ctx.world_size > 1:
         dist.barrier()

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from plexgt.distributed.collectives import all_gather_bytes, all_reduce_bytes, reduce_scatter_bytes
 from plexgt.distributed.grid import Grid3D, factorizations
 from plexgt.distributed.layout3d import LayerLayout, layer_layouts, output_plane, row_blocks
+from plexgt.models.gcn import layer_widths
 from plexgt.plan.host import Host, across_group_sizes
 
 
@@ -202,7 +203,7 @@ def gcn_step_calibration(coef: Coefficients, steps: list[list[float]]) -> float:
     base = replace(coef, compute_scale=1.0, host=Host())
     ratios = []
     for n, e, f, c, hidden, layers, density, t in steps:
-        dims = [int(f)] + [int(hidden)] * (int(layers) - 1) + [int(c)]
+        dims = layer_widths(int(f), int(hidden), int(c), int(layers))
         pred = rank_cost(Grid3D(1, 1, 1), 0, int(n), int(e), dims, 4, base,
                          input_density=density or None).compute_s
         if pred > 0:

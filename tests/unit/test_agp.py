@@ -458,7 +458,7 @@ def test_profile_kernels_keep_the_fastest_call_of_interleaved_rounds(monkeypatch
     times = {"x": iter([[3.0], [1.0], [2.0]]), "y": iter([[5.0], [6.0], [4.0]]),
              "z": iter([[9.0, 1.0], [2.0, 8.0], [3.0, 7.0]])}
 
-    def fake_samples(device, quick):
+    def fake_samples():
         return [profile_module.Sample("gemm", [1, 2, 3], "x"),
                 profile_module.Sample("attention", [10, 2, 16], "y", (4, 8)),
                 profile_module.Sample("gt_step", [7], "z")]
@@ -467,9 +467,8 @@ def test_profile_kernels_keep_the_fastest_call_of_interleaved_rounds(monkeypatch
         order.append(fn)
         return next(times[fn])
 
-    monkeypatch.setattr(profile_module, "kernel_samples", fake_samples)
     monkeypatch.setattr(profile_module, "timings", fake_timings)
-    raw = profile_module.profile_kernels(torch.device("cpu"), quick=False, rounds=3)
+    raw = profile_module.profile_kernels(fake_samples(), torch.device("cpu"), rounds=3)
     assert order == ["x", "y", "z"] * 3  # passes through all samples, not one at a time
     assert raw["gemm"] == [[1, 2, 3, 1.0]]
     assert raw["attention"] == [[10, 2, 16, 4.0, 4, 8]]  # [E, h, d', s, rows, cols]

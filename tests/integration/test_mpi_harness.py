@@ -6,6 +6,7 @@ with that rank's error; a real hang leaves every rank's stacks in its ``.hang`` 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -52,11 +53,13 @@ def test_rank_1_never_arrives():
 '''
 
 
-def _suite(tmp_path: Path, body: str, **env: str):
+def _suite(tmp_path: Path, body: str, kill_after: int = 0, **env: str):
+    """The suite ``body`` on 2 ranks (``kill_after``: under ``timeout``, as make test runs)."""
     (tmp_path / "test_sample.py").write_text(body)
     logs = tmp_path / "logs"
     logs.mkdir()
-    r = run_job([mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "pytest", "-v",
+    outer = ["timeout", str(kill_after)] if kill_after else []
+    r = run_job([*outer, mpiexec(), "-n", "2", sys.executable, "-m", "mpi4py", "-m", "pytest", "-v",
                  "-p", "no:cacheprovider", "-p", "tests.mpi.harness", "--rootdir",
                  str(tmp_path), "-o", "timeout_method=thread", str(tmp_path / "test_sample.py")],
                 timeout=120, PLEXGT_TEST_LOGDIR=str(logs), PYTHONPATH=str(REPO), **env)
@@ -83,9 +86,18 @@ def test_a_failure_on_one_rank_is_reported_and_a_stranded_one_ends_the_job(tmp_p
 
 
 @pytest.mark.timeout(150)
-def test_a_hang_leaves_every_ranks_stacks(tmp_path):
-    r, logs = _suite(tmp_path, HANG)
-    # pytest-timeout ends whichever rank's clock runs out first; the stacks came 10 s before
+@pytest.mark.parametrize("late", [False, True], ids=["test-limit", "job-deadline"])
+def test_a_hang_leaves_every_ranks_stacks(tmp_path, late):
+    """pytest-timeout ends whichever rank's clock runs out first, the stacks dumped 10 s
+    before; or (``late``) the test's limit lies past the job's, which kills it from outside
+    at its deadline, and the stacks came 10 s before that."""
+    if late:
+        body = HANG.replace("timeout(12)", "timeout(300)")
+        r, logs = _suite(tmp_path, body, kill_after=14,
+                         PLEXGT_TEST_DEADLINE=str(int(time.time()) + 14))
+        assert r.returncode == 124  # timeout's: the job's deadline ended it
+    else:
+        r, logs = _suite(tmp_path, HANG)
     assert r.returncode != 0
     stacks = {rank: (logs / f"plexgt-mpi-n2-rank{rank}.hang").read_text() for rank in (0, 1)}
     assert "test_rank_1_never_arrives" in stacks[0] and "test_rank_1_never_arrives" in stacks[1]

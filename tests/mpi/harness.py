@@ -13,7 +13,8 @@ the tests' collectives cannot match. A failure anywhere then fails the test on r
 naming the rank and its error; a failed rank that the others do not join before the stack
 dump below (they wait for it in a collective) ends the job at once with its error on stderr.
 A real hang leaves each rank's stacks in ``plexgt-mpi-n{N}-rank{R}.hang``, dumped 10 s before
-pytest-timeout ends the job (``make test`` prints them).
+pytest-timeout ends the job, or before ``PLEXGT_TEST_DEADLINE`` (when the job's own time limit
+kills it: ``make test`` runs each size under one and prints the files).
 
 The multi-rank suite's conftest takes these hooks; ``-p tests.mpi.harness`` adds them to any
 other pytest run.
@@ -42,6 +43,9 @@ LOG = os.path.join(LOGDIR, f"plexgt-mpi-n{WORLD}-rank{RANK}.log")
 HANG = os.path.join(LOGDIR, f"plexgt-mpi-n{WORLD}-rank{RANK}.hang")
 DUMP_BEFORE_S = 10.0
 """How long before pytest-timeout's limit (which exits the rank) the stacks are dumped."""
+DEADLINE_ENV = "PLEXGT_TEST_DEADLINE"
+"""Unix time at which something outside kills the whole job (``make test``'s ``timeout``): a
+hang late in the run, whose own test limit lies beyond it, is dumped before it too."""
 FAILED_RANK_WAIT_ENV = "PLEXGT_TEST_FAILED_RANK_WAIT_S"
 """Seconds a failed rank waits for the others before it ends the job (default: until the
 stack dump); the harness's own tests shorten it."""
@@ -59,6 +63,7 @@ _SESSION = pytest.StashKey[_Session]()
 _FAILURES = pytest.StashKey[list[str]]()
 _OTHERS = pytest.StashKey[list[str]]()
 _STARTED = pytest.StashKey[float]()
+_LIMIT = pytest.StashKey[float]()
 
 
 @pytest.hookimpl(trylast=True)
@@ -101,6 +106,17 @@ def timeout_s(item: pytest.Item) -> float:
     return float(value or 0)
 
 
+def time_left_s(item: pytest.Item) -> float:
+    """Seconds until this test is ended from outside: its pytest-timeout limit, or the job's
+    deadline (:data:`DEADLINE_ENV`) if sooner; 0: neither."""
+    limit = timeout_s(item)
+    deadline = os.environ.get(DEADLINE_ENV)
+    if deadline:
+        left = max(float(deadline) - time.time(), DUMP_BEFORE_S + 1.0)
+        limit = min(limit, left) if limit > 0 else left
+    return limit
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # noqa: ANN201
     """Arm the stack dump of this test: the file holds the test's name and, once the dump
@@ -108,7 +124,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  #
     leaves one (not a slow test that then passed)."""
     s = item.config.stash.get(_SESSION, None)
     item.stash[_STARTED] = time.monotonic()
-    limit = timeout_s(item)
+    limit = item.stash[_LIMIT] = time_left_s(item)
     if s is not None and limit > 0:
         s.hang.seek(0)
         s.hang.truncate()
@@ -135,7 +151,7 @@ def _wait_deadline(item: pytest.Item) -> float:
     would end a job whose other ranks are only slow), or after the environment's seconds."""
     if os.environ.get(FAILED_RANK_WAIT_ENV):
         return time.monotonic() + float(os.environ[FAILED_RANK_WAIT_ENV])
-    limit = timeout_s(item)
+    limit = item.stash.get(_LIMIT, 0.0)
     if limit <= 0:
         return time.monotonic() + 60.0
     return item.stash[_STARTED] + limit - DUMP_BEFORE_S - 1.0

@@ -45,7 +45,7 @@ DT = torch.float64
 TOL = dict(rtol=1e-6, atol=1e-9)
 SIZES = sorted({WORLD} | ({WORLD - 1} if 2 < WORLD <= 4 else set()))
 """Group sizes: the world, and up to 4 ranks also a group of all but the last rank (which
-skips, as a rank outside a sub-communicator does); the 1- and 2-rank runs cover 1 and 2."""
+skips, as a rank outside a sub-communicator does): 2 in the 3-rank run, 1 in the 1-rank run."""
 STRATEGIES = default_registry().names()
 
 

@@ -17,6 +17,7 @@ from plexgt.distributed.collectives import all_gather_bytes, all_reduce_bytes, r
 from plexgt.distributed.grid import Grid3D, factorizations
 from plexgt.distributed.layout3d import LayerLayout, layer_layouts, output_plane, row_blocks
 from plexgt.models.gcn import layer_widths
+from plexgt.parallel.attention.strategy import graph_bytes
 from plexgt.plan.host import Host, across_group_sizes
 
 
@@ -300,12 +301,13 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
                 gemm = 0
             # input shard (+ staging on layer 0), gathered input (staged twice), whole W
             # block, H·W before and after its reduce-scatter, the aggregate; a sparse input
-            # is read already gathered over c: its CSR block alone (value, int64 index per
-            # nonzero, row pointers), no staging and no gathered copies
+            # is read already gathered over c: its CSR block alone, no staging and no
+            # gathered copies, but used both ways (X·W, Xᵀ·dY), so with its transpose and
+            # index caches as a graph keeps them, and both value arrays
             inputs = (shard + 2 * cols_pad * lay.d_in // gb) * esize
             if sparse and lay.layer == 0:
-                inputs = (int(cols_pad * (lay.d_in // gb) * input_density) * (esize + 8)
-                          + (cols_pad + 1) * 8)
+                nnz_in = int(cols_pad * (lay.d_in // gb) * input_density)
+                inputs = graph_bytes(cols_pad, lay.d_in // gb, nnz_in) + 2 * nnz_in * esize
             mem += inputs + ((lay.d_in // gb) * lay.d_out + cols_pad * lay.d_out
                              + cols_pad * lay.d_out // gb + rows_pad * lay.d_out // gb
                              ) * esize

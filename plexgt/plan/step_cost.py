@@ -135,6 +135,7 @@ def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int,
     e = problem.esize
     att = strategy.memory(problem, p)
     n_loc = problem.rows(p)
+    nnz_in = int(n_loc * features * (feature_density or 0.0))
     dense = layers * dense_activation_elems(n_loc, problem.d, ffn_mult, gcn) * e
     # input projection and classifier (2·d), logits and their gradient (2·C), and the
     # gradients of one block in flight during backward (4·d)
@@ -153,9 +154,10 @@ def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int,
                                   + 3 * att.score_elems * e),
         "dense_activations": dense,
         "graph": graphs,
-        # dense [N/p, F], or CSR: a value and an int64 column index per nonzero, row pointers
+        # dense [N/p, F], or CSR used both ways (X·W, Xᵀ·dY): a graph with its transpose
+        # and index caches, and both value arrays
         "features": (n_loc * features * e if feature_density is None else
-                     int(n_loc * features * feature_density) * (e + 8) + (n_loc + 1) * 8),
+                     graph_bytes(n_loc, features, nnz_in) + 2 * nnz_in * e),
         "parameters": 4 * num_params * e,
     }
     out["total"] = sum(out.values())

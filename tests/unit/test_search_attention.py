@@ -10,7 +10,7 @@ from plexgt.distributed.grid import Grid3D
 from plexgt.errors import ConfigError
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.ring import ring_comm
-from plexgt.parallel.attention.strategy import AttentionProblem, score_terms
+from plexgt.parallel.attention.strategy import AttentionProblem, graph_bytes, score_terms
 from plexgt.plan.agp import SystemModel, Workload, estimate, gcn_grid_for, memory_of
 from plexgt.plan.choose import GraphSizes, ModelShape, choose
 from plexgt.plan.machine import load_machine
@@ -136,7 +136,8 @@ def test_choose_keeps_what_is_given_and_searches_the_rest():
 
 def test_sparse_input_is_priced_by_its_nonzeros():
     """A CSR input (prep's sparse features): the input projection is an SpMM over F·density
-    nonzeros a row, and the features' memory a value and an index per nonzero."""
+    nonzeros a row, and the features' memory what a graph used both ways keeps
+    (test_agp.test_a_sparse_input_costs_what_its_graph_keeps)."""
     sysm = SystemModel()
     c = default_registry().get("gp_ag")
     dense = Workload("gt", 30_000, 500_000, 8000, 5, 64, 4, 2)
@@ -146,5 +147,6 @@ def test_sparse_input_is_priced_by_its_nonzeros():
     n_loc = 15_000
     want = n_loc * 8000 * 64 * 2 * (k["gemm_s_per_fma"] - 0.004 * k["spmm_s_per_nnz_col"])
     assert ed.compute_s - es.compute_s == pytest.approx(want)
-    assert es.memory["features"] == int(n_loc * 8000 * 0.004) * 12 + (n_loc + 1) * 8
+    nnz = int(n_loc * 8000 * 0.004)  # a graph's bytes and both value arrays
+    assert es.memory["features"] == graph_bytes(n_loc, 8000, nnz) + 2 * nnz * 4
     assert ed.memory["features"] == n_loc * 8000 * 4

@@ -23,7 +23,7 @@ from plexgt.plan.step_cost import step_bytes_named
 from tests.parallel_helpers import build_axis_groups
 
 from . import test_gt_dist as _gt
-from .conftest import ALL_GRIDS, RANK, WORLD
+from .conftest import ALL_GRIDS, RANK, ROW_PARTITIONED, WORLD
 from .test_gt_dist import (
     F_IN,
     HEADS,
@@ -58,6 +58,7 @@ def axis_groups(groups):
 pytestmark = pytest.mark.timeout(600)
 
 
+@ROW_PARTITIONED
 @pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("p", SIZES)
 def test_gps_step_equals_reference(prepared, groups, p, strategy):

@@ -36,9 +36,9 @@ from plexgt.plan.step_cost import step_bytes
 from plexgt.tasks.attention import read_dist_graph, read_row_data
 from plexgt.tasks.metrics import roc_auc, task_roc_auc
 
-from .conftest import ALL_GRIDS, RANK, WORLD, prepare_on_rank0
+from .conftest import ALL_GRIDS, RANK, ROW_PARTITIONED, WORLD, prepare_on_rank0
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), ROW_PARTITIONED]
 N, F_IN, C = 29, 5, 3
 HIDDEN, HEADS, LAYERS = 8, 4, 2
 DT = torch.float64

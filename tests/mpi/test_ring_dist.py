@@ -27,9 +27,9 @@ from plexgt.parallel.gps_dist import DistGPS
 from plexgt.parallel.gt_dist import DistGraphTransformer
 
 from . import test_gt_dist as _gt
-from .conftest import ALL_GRIDS, RANK, WORLD
+from .conftest import ALL_GRIDS, RANK, ROW_PARTITIONED, WORLD
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), ROW_PARTITIONED]
 prepared = _gt.prepared
 groups = _gt.groups
 H = 4

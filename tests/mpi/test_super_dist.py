@@ -34,9 +34,9 @@ from plexgt.parallel.gt_dist import DistGraphTransformer
 
 from . import test_gt_dist as _gt
 from . import test_ring_dist as _ring
-from .conftest import ALL_GRIDS, RANK, WORLD, prepare_on_rank0
+from .conftest import ALL_GRIDS, RANK, ROW_PARTITIONED, WORLD, prepare_on_rank0
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), ROW_PARTITIONED]
 groups = _gt.groups
 H, S = 4, 2
 TOL = dict(rtol=1e-6, atol=1e-10)

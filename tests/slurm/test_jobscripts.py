@@ -118,13 +118,8 @@ def test_gpu_job_scripts_run_under_slurm(slurm, data, tmp_path):
                            capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
         assert r.returncode == 0, r.stderr
         jobs[machine] = int(re.match(r"\d+", r.stdout.strip()).group(0))
-    deadline = time.time() + 240
-    states = {}
-    while time.time() < deadline:
-        states = {m: _job_field(slurm, j, "JobState") for m, j in jobs.items()}
-        if all(s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") for s in states.values()):
-            break
-        time.sleep(0.5)
+    deadline = time.time() + 240  # both jobs run at once: waited for one after the other
+    states = {m: _wait_done(slurm, j, max(1.0, deadline - time.time())) for m, j in jobs.items()}
     for machine, job in jobs.items():
         d = tmp_path / machine
         out = (d / f"job-{job}.out").read_text()

@@ -10,8 +10,10 @@ measured time-vs-bytes curves.
 * α(s)·E: the work s ranks split, on the busiest rank, times κ(s). The sparse-attention
   kernel's forward + backward on the rank's edges and heads (GP-AG: E/s edges x h heads;
   GP-A2A: E edges x ceil(h/s) heads): per edge·head·d' and per edge·head, plus its passes over
-  the [h, rows, d'] and [h, cols, d'] arrays (per row·head·d' and per column·head·d'); for gps
-  the GCN SpMM both ways; the row-local part of the blocks (the profiled dense block: per
+  the [h, rows, d'] and [h, cols, d'] arrays (per row·head·d' and per column·head·d'); what
+  rebuilding the scores in backward adds (the rings, blocked rows: the profiled recomputing
+  kernel over the fused one, :func:`~plexgt.plan.profile.fit_recompute`); for gps the GCN
+  SpMM both ways; the row-local part of the blocks (the profiled dense block: per
   row·d², its GEMMs, and per row·d, its memory-bound passes) with the input and output GEMMs.
   Node-proportional passes are priced at the per-element speed the profile's elementwise curve
   gives for the arrays the ranks running at once stream (:meth:`SystemModel.memory_factor`:
@@ -81,6 +83,7 @@ from plexgt.plan.profile import (
     GT_STEP_SHAPE,
     KERNEL_KINDS,
     fit_kernels,
+    fit_recompute,
     memory_table,
     per_element_curve,
     table_factor,
@@ -110,6 +113,8 @@ DEFAULT_KERNELS = {
     "dense_s_per_row_d2": 0.0, "dense_s_per_row_d": 0.0, "dense_s_per_block": 0.0,
     "attention_s_per_edge_head_dim": 1.2e-8, "attention_s_per_edge_head": 2e-8,
     "attention_s_per_row_head_dim": 4e-9, "attention_s_per_col_head_dim": 4e-9,
+    "recompute_s_per_edge_head_dim": 2e-9, "recompute_s_per_edge_head": 0.0,
+    "recompute_s_per_row_head_dim": 0.0,
 }
 
 
@@ -269,6 +274,10 @@ class SystemModel:
 
         kern = dict(DEFAULT_KERNELS)
         kern.update({k: float(v) for k, v in prof.get("kernel_fits", {}).items()})
+        if "recompute_s_per_edge_head_dim" not in prof.get("kernel_fits", {}):
+            # a profile from before the recompute samples: its attention fit's sixth, the
+            # rule it was priced by (not the defaults' CPU numbers)
+            kern.update(fit_recompute({}, kern))
         raw = prof.get("kernels") or {}
         mem: tuple[tuple[float, float], ...] = ()
         cpy: tuple[tuple[float, float], ...] = ()
@@ -416,11 +425,15 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
         x = n * h_r * dh
         return k[coef] * x * sysm.memory_factor(x, s)
 
-    # a recomputed SDDMM is about one of the kernel's six per-edge passes (2 forward, 4 back)
-    edge = L * e_r * h_r * (k["attention_s_per_edge_head_dim"] * dh * (1 + wk.recompute / 6)
-                            + k["attention_s_per_edge_head"])
+    # scores rebuilt in backward (the rings, blocked rows): the profiled recomputation
+    # (:func:`~plexgt.plan.profile.fit_recompute`) on the same edges, heads and rows
+    edge = L * e_r * h_r * (
+        k["attention_s_per_edge_head_dim"] * dh + k["attention_s_per_edge_head"]
+        + wk.recompute * (k["recompute_s_per_edge_head_dim"] * dh
+                          + k["recompute_s_per_edge_head"]))
     node = L * (side("attention_s_per_row_head_dim", rows)
-                + side("attention_s_per_col_head_dim", wk.own_cols))
+                + side("attention_s_per_col_head_dim", wk.own_cols)
+                + wk.recompute * side("recompute_s_per_row_head_dim", rows))
     gathered = L * (side("attention_s_per_col_head_dim", wk.cols)
                     - side("attention_s_per_col_head_dim", wk.own_cols))
     gathered += L * RING_MERGE_PASSES * wk.merge_elems * k["elementwise_s_per_elem"]

@@ -75,7 +75,7 @@ class Machine:
         """AGP's kernel coefficients: the attention's six per-edge passes (forward SDDMM and
         SpMM; backward one SDDMM and three SpMM) from the measured kernels, its [h, E] softmax
         passes (6 float32 reads and writes) and [n, h, d'] row passes (4) from the bandwidth,
-        GEMMs from the peak rate."""
+        what recomputing the scores adds likewise, GEMMs from the peak rate."""
         bw = self.hbm_bytes_per_s
         return {
             "spmm_s_per_nnz_col": self.spmm_s_per_edge_col,
@@ -85,6 +85,11 @@ class Machine:
             "attention_s_per_edge_head": 6 * 8 / bw,
             "attention_s_per_row_head_dim": 4 * 8 / bw,
             "attention_s_per_col_head_dim": 4 * 8 / bw,
+            # scores rebuilt in backward: one more SDDMM, the exponentials and the rescale
+            # (3 [h, E] float32 passes), the block's Q and dY rows gathered (2 row passes)
+            "recompute_s_per_edge_head_dim": self.sddmm_s_per_edge_col,
+            "recompute_s_per_edge_head": 3 * 8 / bw,
+            "recompute_s_per_row_head_dim": 2 * 8 / bw,
             "elementwise_s_per_elem": 8 / bw,
             "copy_s_per_elem": 8 / bw,
             "gemm_s_per_fma": 2 / self.fp32_flops,

@@ -9,7 +9,8 @@ Run under ``mpiexec -n P plexgt profile --out system.json``. Measured:
   the sparse-attention kernel forward + backward (per edge·head·d', per edge·head, and per
   row·head·d' and column·head·d' of the pattern: square graphs of several N/E ratios,
   rectangular [N/2, N] and [N/4, N] ones like GP-AG's local rows against the gathered
-  columns, and sparse ones both ways, where the per-node costs dominate), a
+  columns, and sparse ones both ways, where the per-node costs dominate) and, on the square
+  patterns, the ring's block kernel that rebuilds the scores in backward instead, a
   streaming elementwise op and a [N, h, d'] -> [h, N, d'] layout copy (per element, over sizes
   from cache-resident to DRAM-bound: the model reads the per-element cost as a curve), and the
   row-local part of a transformer block (projections, LayerNorms, FFN; forward + backward,
@@ -58,6 +59,7 @@ from plexgt.models.layers import ffn, residual_norm, sparse_features
 from plexgt.ops.attention import sddmm, sparse_attention, spmm
 from plexgt.ops.csr import CSRGraph
 from plexgt.parallel.attention.registry import default_registry
+from plexgt.parallel.attention.ring import Ring, column_blocks, ring_attention
 from plexgt.parallel.gt_dist import DistGraphTransformer
 from plexgt.parallel.plexus3d import Plexus3DGCN, gcn_block_values
 from plexgt.parallel.rows1d import RowParallel, build_dist_graph
@@ -66,6 +68,7 @@ from plexgt.plan.profile import (
     GT_STEP_SHAPE,
     KERNEL_KINDS,
     OPS,
+    OPTIONAL_KINDS,
     STEP_KINDS,
     VERSION,
     fit_kernels,
@@ -333,11 +336,19 @@ class Sample(NamedTuple):
     versions appended them)."""
 
 
-def _attention_samples(g: Any, rows: int, cols: int, device: torch.device) -> list[Sample]:
+def _attention_samples(g: Any, rows: int, cols: int, device: torch.device,
+                       recompute: bool = False) -> list[Sample]:
     """Forward + backward of the attention kernel on ``g`` for three (h, d'): rows
-    [E, h, d', seconds, rows, cols]."""
+    [E, h, d', seconds, rows, cols]; with ``recompute``, the same of the ring's block kernel
+    on the whole pattern as one block (kind 'recompute'): what the ring strategies and blocked
+    rows pay over the fused kernel (scores rebuilt in backward from the saved log-sum-exp,
+    the block's rows gathered and merged)."""
 
     out: list[Sample] = []
+    ring = None
+    if recompute:
+        whole = ((0, cols),)
+        ring = Ring(Comm.single("ring", CommLedger()), column_blocks(g, 1, cols, whole), whole)
     for h, dh in ((2, 16), (4, 16), (4, 32)):
         q = torch.randn(rows, h, dh, device=device, requires_grad=True)
         k = torch.randn(cols, h, dh, device=device, requires_grad=True)
@@ -346,6 +357,11 @@ def _attention_samples(g: Any, rows: int, cols: int, device: torch.device) -> li
             sparse_attention(g, q, k, k).sum().backward()
 
         out.append(Sample("attention", [g.num_edges, h, dh], att, (rows, cols)))
+        if ring is not None:
+            def rc(q: torch.Tensor = q, k: torch.Tensor = k, ring: Ring = ring) -> None:
+                ring_attention(q, k, k, ring).sum().backward()
+
+            out.append(Sample("recompute", [g.num_edges, h, dh], rc, (rows, cols)))
     return out
 
 
@@ -371,7 +387,7 @@ def kernel_samples(device: torch.device, quick: bool) -> list[Sample]:
             out.append(Sample("spmm", [e, d], lambda g=g, v=vals, x=x: spmm(g, v, x)))
             xn = x.transpose(0, 1)  # sddmm takes node-major [N, h, d]
             out.append(Sample("sddmm", [e, d], lambda g=g, x=xn: sddmm(g, x, x)))
-        out += _attention_samples(g, n, n, device)
+        out += _attention_samples(g, n, n, device, recompute=True)
     for i, (rows, cols, deg) in enumerate(rect):
         g = random_graph(rows, deg, 100 + i, device, cols)
         out += _attention_samples(g, rows, cols, device)
@@ -443,7 +459,7 @@ def thread_speedup(device: torch.device, threads: int, cores: int,
 def profile_kernels(samples: list[Sample], device: torch.device, rounds: int
                     ) -> dict[str, list[list[float]]]:
     """Raw samples: spmm [nnz, cols, s], sddmm [nnz, cols, s], gemm [m, k, n, s],
-    attention [E, h, d', s, rows, cols] (forward + backward), elementwise and copy
+    attention and recompute [E, h, d', s, rows, cols] (forward + backward), elementwise and copy
     [elements, s], dense_block [rows, d, s] (forward + backward), gt_step [N, E, F, C,
     hidden, heads, layers, s] (a whole one-rank training step).
 
@@ -462,7 +478,8 @@ def profile_kernels(samples: list[Sample], device: torch.device, rounds: int
     for _ in range(rounds):
         for i, smp in enumerate(samples):
             times[i] += timings(smp.fn, device, reps)
-    out: dict[str, list[list[float]]] = {k: [] for k in KERNEL_KINDS + STEP_KINDS}
+    out: dict[str, list[list[float]]] = {k: [] for k in KERNEL_KINDS + OPTIONAL_KINDS
+                                         + STEP_KINDS}
     for smp, ts in zip(samples, times):
         t = float(np.median(ts) if smp.kind in STEP_KINDS else np.min(ts))
         out[smp.kind].append([*smp.sizes, t, *smp.tail])

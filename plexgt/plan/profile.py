@@ -42,6 +42,11 @@ GT_STEP_SHAPE = {"features": 128, "classes": 8, "layers": 2, "ffn_mult": 2}
 KERNEL_KINDS = ("spmm", "sddmm", "gemm", "attention", "elementwise", "copy", "dense_block")
 """The kinds of raw kernel sample a profile holds; :meth:`plexgt.plan.agp.SystemModel.
 from_profile` refits them when all are there."""
+OPTIONAL_KINDS = ("recompute",)
+"""Kinds later profiles added, refitted when present: 'recompute' [E, h, d', s, rows, cols],
+the ring's block kernel (scores rebuilt in backward) on the square attention samples'
+patterns; without them the planner prices a recomputation as one more of the fused kernel's
+six per-edge passes (:func:`fit_recompute`)."""
 STEP_KINDS = ("gt_step", "gcn_step")
 """Whole one-rank training steps: gt [N, E, F, C, hidden, heads, layers, s] and gcn
 [N, E, F, C, hidden, layers, density, s] (density 0: a dense input), which calibrate the two
@@ -149,7 +154,43 @@ def fit_kernels(raw: dict[str, list[list[float]]]) -> dict[str, float]:
     fits["attention_s_per_head"] = float(coef[0])
     fits["attention_s_per_edge_head_dim"] = float(coef[1])
     fits["attention_s_per_edge_head"] = float(coef[2])
+    fits.update(fit_recompute(raw, fits))
     return fits
+
+
+def fit_recompute(raw: dict[str, list[list[float]]], fits: dict[str, float]
+                  ) -> dict[str, float]:
+    """What recomputing the scores adds per edge·head·d', edge·head and row·head·d': the
+    profile's 'recompute' samples less the fused attention sample of the same pattern and
+    (h, d'), fitted on error relative to the fused kernel's time (non-negative least squares;
+    the row term against size x memory factor, as the fused kernel's). Without them (an older
+    profile), one more of the fused kernel's six per-edge passes, as the planner priced it
+    before the samples existed.
+
+    Why a measurement: the ring rebuilds each block's scores (an SDDMM and the exponentials)
+    and gathers and merges its rows, which on the 2-core VM cost ~45% of the fused kernel's
+    per-edge time, not the sixth that counting passes gives (the exponentials dominate)."""
+    old = {"recompute_s_per_edge_head_dim": fits["attention_s_per_edge_head_dim"] / 6,
+           "recompute_s_per_edge_head": 0.0, "recompute_s_per_row_head_dim": 0.0}
+    fused = {(r[0], r[1], r[2], r[4], r[5]): r[3] for r in raw.get("attention", [])
+             if len(r) >= 6}
+    pairs = [(r, fused[r[0], r[1], r[2], r[4], r[5]]) for r in raw.get("recompute", [])
+             if len(r) >= 6 and (r[0], r[1], r[2], r[4], r[5]) in fused]
+    if len(pairs) < 3:
+        return old
+    mem = memory_table(per_element_curve(raw["elementwise"]))
+
+    def side(r: list[float]) -> float:
+        x = r[4] * r[1] * r[2]  # the [h, rows, d'] arrays gathered and merged
+        return x * table_factor(mem, x)
+
+    a = np.array([[r[0] * r[1] * r[2], r[0] * r[1], side(r)] for r, _ in pairs])
+    base = np.array([t for _, t in pairs])
+    extra = np.array([max(0.0, r[3] - t) for r, t in pairs])
+    coef, _ = nnls(a / base[:, None], extra / base)
+    return {"recompute_s_per_edge_head_dim": float(coef[0]),
+            "recompute_s_per_edge_head": float(coef[1]),
+            "recompute_s_per_row_head_dim": float(coef[2])}
 
 
 def fit_plexus_coefficients(kfits: dict[str, float], cfits: dict[str, dict[str, dict[str, float]]]

@@ -36,6 +36,7 @@ from plexgt.parallel.redistribute import (
     row_layout,
 )
 from plexgt.plan.agp import (
+    DEFAULT_KERNELS,
     SystemModel,
     Workload,
     comm_time,
@@ -342,6 +343,36 @@ def test_fit_kernels_separates_rows_and_columns_of_attention():
                                                               rel=1e-3)
 
 
+def test_fit_recompute_recovers_what_the_ring_kernel_adds_and_old_profiles_keep_the_sixth():
+    pr = _raw_profile(rect=True)
+    raw, add = dict(pr["raw"]), {"ehd": 2e-10, "eh": 1.5e-8, "row": 8e-9}
+    raw["recompute"] = [[e, h, dh, t + e * h * (add["ehd"] * dh + add["eh"])
+                         + add["row"] * rows * h * dh, rows, cols]
+                        for e, h, dh, t, rows, cols in raw["attention"] if rows == cols]
+    f = fit_kernels(raw)
+    assert f["recompute_s_per_edge_head_dim"] == pytest.approx(add["ehd"], rel=1e-3)
+    assert f["recompute_s_per_edge_head"] == pytest.approx(add["eh"], rel=1e-3)
+    assert f["recompute_s_per_row_head_dim"] == pytest.approx(add["row"], rel=1e-3)
+    # without the samples: one more of the fused kernel's six per-edge·head·d' passes
+    old = fit_kernels(pr["raw"])
+    assert old["recompute_s_per_edge_head_dim"] == pytest.approx(
+        old["attention_s_per_edge_head_dim"] / 6)
+    assert old["recompute_s_per_edge_head"] == old["recompute_s_per_row_head_dim"] == 0.0
+    # and a profile holding only fits from before them is priced by the same rule
+    fits = {k: v for k, v in f.items() if not k.startswith("recompute")}
+    k = SystemModel.from_profile({"kernel_fits": fits}).kernels
+    assert k["recompute_s_per_edge_head_dim"] == pytest.approx(
+        fits["attention_s_per_edge_head_dim"] / 6)
+    # the recomputing configurations pay it: the ring over GP-A2A on one rank, exactly
+    w = Workload("gt", 4000, 40000, 32, 4, 64, 4, 2, 2)
+    sysm = SystemModel(kernels={**DEFAULT_KERNELS, **f})
+    reg = default_registry()
+    ring, fused = (estimate(reg.get(c), w, 1, sysm) for c in ("gp_ring", "gp_a2a"))
+    extra = w.layers * w.e * w.heads * (add["ehd"] * 16 + add["eh"])
+    assert ring.compute_s - fused.compute_s == pytest.approx(
+        extra + w.layers * add["row"] * w.n * w.heads * 16, rel=1e-6)
+
+
 def test_fit_kernels_without_pattern_sizes_prices_calls_and_edges_only():
     raw = dict(_raw_profile(rect=False)["raw"])
     # the first profiler's [E, h, d', s] rows: no rows and columns to fit node terms on
@@ -479,7 +510,8 @@ def test_profile_kernels_keep_the_fastest_call_of_interleaved_rounds(monkeypatch
     assert raw["gemm"] == [[1, 2, 3, 1.0]]
     assert raw["attention"] == [[10, 2, 16, 4.0, 4, 8]]  # [E, h, d', s, rows, cols]
     assert raw["gt_step"] == [[7, 5.0]]  # the median of 9, 1, 2, 8, 3, 7
-    assert set(raw) == set(profile_module.KERNEL_KINDS + profile_module.STEP_KINDS)
+    assert set(raw) == set(profile_module.KERNEL_KINDS + profile_module.OPTIONAL_KINDS
+                           + profile_module.STEP_KINDS)
 
 
 def test_sustained_timing_without_a_group():

@@ -77,8 +77,14 @@ def test_profile_file_is_complete_and_feeds_both_planners(prepared, profile_json
     assert prof["format"] == "plexgt-system-profile"
     assert prof["hardware"]["cpu"] and prof["hardware"]["cores"] >= 1
     assert prof["software"]["torch"] and "mpi" in prof["software"]
-    assert set(prof["kernels"]) == {"spmm", "sddmm", "gemm", "attention", "elementwise", "copy",
-                                   "dense_block", "gt_step", "gcn_step"}
+    assert set(prof["kernels"]) == {"spmm", "sddmm", "gemm", "attention", "recompute",
+                                   "elementwise", "copy", "dense_block", "gt_step", "gcn_step"}
+    # the ring's block kernel beside the fused one on every square pattern and (h, d')
+    square = [r[:3] + r[4:] for r in prof["kernels"]["attention"] if r[4] == r[5]]
+    assert [r[:3] + r[4:] for r in prof["kernels"]["recompute"]] == square
+    assert all(k in prof["kernel_fits"] for k in (
+        "recompute_s_per_edge_head_dim", "recompute_s_per_edge_head",
+        "recompute_s_per_row_head_dim"))
     for kind in ("gt_step", "gcn_step"):
         steps = prof["kernels"][kind]
         assert len(steps) == 2 and all(r[-1] > 0 for r in steps)

@@ -82,8 +82,8 @@ from plexgt.plan.plexus_cost import Coefficients, rank_grids
 from plexgt.plan.profile import (
     GT_STEP_SHAPE,
     KERNEL_KINDS,
+    counted_recompute,
     fit_kernels,
-    fit_recompute,
     memory_table,
     per_element_curve,
     table_factor,
@@ -107,15 +107,14 @@ RING_MERGE_PASSES = 6
 one (log-add-exp of the lse, two weights, scale, add; a count, not a measurement)."""
 OPTIMIZER_PASSES = 16
 """AdamW reads and writes ~16 parameter-sized arrays a step, on every rank (replicated)."""
-DEFAULT_KERNELS = {
+_KERNELS = {
     "spmm_s_per_nnz_col": 2e-9, "sddmm_s_per_nnz_col": 2e-9, "gemm_s_per_fma": 1e-10,
     "elementwise_s_per_elem": 1e-9, "copy_s_per_elem": 1e-9, "attention_s_per_head": 0.0,
     "dense_s_per_row_d2": 0.0, "dense_s_per_row_d": 0.0, "dense_s_per_block": 0.0,
     "attention_s_per_edge_head_dim": 1.2e-8, "attention_s_per_edge_head": 2e-8,
     "attention_s_per_row_head_dim": 4e-9, "attention_s_per_col_head_dim": 4e-9,
-    "recompute_s_per_edge_head_dim": 2e-9, "recompute_s_per_edge_head": 0.0,
-    "recompute_s_per_row_head_dim": 0.0,
 }
+DEFAULT_KERNELS = _KERNELS | counted_recompute(_KERNELS)
 
 
 def count_params(model: str, features: int, hidden: int, classes: int, layers: int,
@@ -277,7 +276,7 @@ class SystemModel:
         if "recompute_s_per_edge_head_dim" not in prof.get("kernel_fits", {}):
             # a profile from before the recompute samples: its attention fit's sixth, the
             # rule it was priced by (not the defaults' CPU numbers)
-            kern.update(fit_recompute({}, kern))
+            kern.update(counted_recompute(kern))
         raw = prof.get("kernels") or {}
         mem: tuple[tuple[float, float], ...] = ()
         cpy: tuple[tuple[float, float], ...] = ()
@@ -432,8 +431,9 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
         + wk.recompute * (k["recompute_s_per_edge_head_dim"] * dh
                           + k["recompute_s_per_edge_head"]))
     node = L * (side("attention_s_per_row_head_dim", rows)
-                + side("attention_s_per_col_head_dim", wk.own_cols)
-                + wk.recompute * side("recompute_s_per_row_head_dim", rows))
+                + side("attention_s_per_col_head_dim", wk.own_cols))
+    if wk.recompute:  # (a search prices ~10^5 estimates: no lookup for nothing)
+        node += L * wk.recompute * side("recompute_s_per_row_head_dim", rows)
     gathered = L * (side("attention_s_per_col_head_dim", wk.cols)
                     - side("attention_s_per_col_head_dim", wk.own_cols))
     gathered += L * RING_MERGE_PASSES * wk.merge_elems * k["elementwise_s_per_elem"]

@@ -92,6 +92,13 @@ def _attention_nodes(r: list[float]) -> tuple[float, float] | None:
     return (float(r[4]), float(r[5])) if len(r) >= 6 else None
 
 
+def streamed(mem: tuple[np.ndarray, np.ndarray] | None, r: list[float], n: float) -> float:
+    """Elements of the [h, n, d'] arrays an attention sample r = [E, h, d', ...] streams,
+    times their memory factor: what its per-row and per-column terms are fitted against."""
+    x = n * r[1] * r[2]
+    return x * table_factor(mem, x)
+
+
 def fit_kernels(raw: dict[str, list[list[float]]]) -> dict[str, float]:
     """Per-unit coefficients (non-negative least squares on relative error).
 
@@ -137,12 +144,9 @@ def fit_kernels(raw: dict[str, list[list[float]]]) -> dict[str, float]:
         a = np.array([[r[1], r[0] * r[1] * r[2], r[0] * r[1]] for r in rows], dtype=np.float64)
         coef = rel_nnls(a, t)
     else:
-        def side(r: list[float], n: float) -> float:
-            x = n * r[1] * r[2]  # a [h, n, d'] array
-            return x * table_factor(mem, x)
-
-        a = np.array([[r[1], r[0] * r[1] * r[2], r[0] * r[1], side(r, nd[0]), side(r, nd[1])]
-                      for r, nd in zip(rows, nodes)], dtype=np.float64)
+        a = np.array([[r[1], r[0] * r[1] * r[2], r[0] * r[1], streamed(mem, r, nd[0]),
+                       streamed(mem, r, nd[1])] for r, nd in zip(rows, nodes)],
+                     dtype=np.float64)
         if all(nd[0] == nd[1] for nd in nodes):
             # square patterns only: rows and columns cannot be told apart; half each
             coef = rel_nnls(np.column_stack([a[:, :3], a[:, 3] + a[:, 4]]), t)
@@ -154,37 +158,37 @@ def fit_kernels(raw: dict[str, list[list[float]]]) -> dict[str, float]:
     fits["attention_s_per_head"] = float(coef[0])
     fits["attention_s_per_edge_head_dim"] = float(coef[1])
     fits["attention_s_per_edge_head"] = float(coef[2])
-    fits.update(fit_recompute(raw, fits))
+    fits.update(fit_recompute(raw, fits, mem))
     return fits
 
 
-def fit_recompute(raw: dict[str, list[list[float]]], fits: dict[str, float]
-                  ) -> dict[str, float]:
+def counted_recompute(fits: dict[str, float]) -> dict[str, float]:
+    """Recomputation counted, not measured: one more of the fused kernel's six per-edge·
+    head·d' passes (2 forward, 4 backward). How the planner priced it before profiles held
+    'recompute' samples, and still prices a profile without them."""
+    return {"recompute_s_per_edge_head_dim": fits["attention_s_per_edge_head_dim"] / 6,
+            "recompute_s_per_edge_head": 0.0, "recompute_s_per_row_head_dim": 0.0}
+
+
+def fit_recompute(raw: dict[str, list[list[float]]], fits: dict[str, float],
+                  mem: tuple[np.ndarray, np.ndarray] | None) -> dict[str, float]:
     """What recomputing the scores adds per edge·head·d', edge·head and row·head·d': the
     profile's 'recompute' samples less the fused attention sample of the same pattern and
     (h, d'), fitted on error relative to the fused kernel's time (non-negative least squares;
-    the row term against size x memory factor, as the fused kernel's). Without them (an older
-    profile), one more of the fused kernel's six per-edge passes, as the planner priced it
-    before the samples existed.
+    the row term against size x memory factor ``mem``, as the fused kernel's). Without them
+    (an older profile), :func:`counted_recompute`.
 
     Why a measurement: the ring rebuilds each block's scores (an SDDMM and the exponentials)
     and gathers and merges its rows, which on the 2-core VM cost ~45% of the fused kernel's
     per-edge time, not the sixth that counting passes gives (the exponentials dominate)."""
-    old = {"recompute_s_per_edge_head_dim": fits["attention_s_per_edge_head_dim"] / 6,
-           "recompute_s_per_edge_head": 0.0, "recompute_s_per_row_head_dim": 0.0}
     fused = {(r[0], r[1], r[2], r[4], r[5]): r[3] for r in raw.get("attention", [])
              if len(r) >= 6}
     pairs = [(r, fused[r[0], r[1], r[2], r[4], r[5]]) for r in raw.get("recompute", [])
              if len(r) >= 6 and (r[0], r[1], r[2], r[4], r[5]) in fused]
     if len(pairs) < 3:
-        return old
-    mem = memory_table(per_element_curve(raw["elementwise"]))
-
-    def side(r: list[float]) -> float:
-        x = r[4] * r[1] * r[2]  # the [h, rows, d'] arrays gathered and merged
-        return x * table_factor(mem, x)
-
-    a = np.array([[r[0] * r[1] * r[2], r[0] * r[1], side(r)] for r, _ in pairs])
+        return counted_recompute(fits)
+    # the row term: the [h, rows, d'] arrays gathered and merged
+    a = np.array([[r[0] * r[1] * r[2], r[0] * r[1], streamed(mem, r, r[4])] for r, _ in pairs])
     base = np.array([t for _, t in pairs])
     extra = np.array([max(0.0, r[3] - t) for r, t in pairs])
     coef, _ = nnls(a / base[:, None], extra / base)

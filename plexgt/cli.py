@@ -13,7 +13,12 @@ import importlib
 import sys
 
 from plexgt import __version__
-from plexgt.distributed.launch import end_job, install_abort_on_error, launch_rank
+from plexgt.distributed.launch import (
+    end_job,
+    install_abort_on_error,
+    launch_rank,
+    release_process_group,
+)
 from plexgt.errors import PeerFailed, PlexgtError
 
 #: subcommand name -> module under plexgt.commands (and its one-line help)
@@ -67,12 +72,12 @@ def main(argv: list[str] | None = None) -> int:
         return int(_module(args._module).run(args) or 0)
     except PlexgtError as e:
         origin = rank if e.origin is None else e.origin
-        if isinstance(e, PeerFailed) or origin != rank:
-            return 2  # the ranks agreed on the failure; the failing rank prints it
-        who = f"rank {rank}: " if size > 1 else ""
-        print(f"plexgt {args.command}: error: {who}{e}", file=sys.stderr, flush=True)
-        if size > 1 and not e.agreed:
-            end_job(2)  # this rank alone: the others would wait for it in a collective
+        if not (isinstance(e, PeerFailed) or origin != rank):  # the failing rank prints it
+            who = f"rank {rank}: " if size > 1 else ""
+            print(f"plexgt {args.command}: error: {who}{e}", file=sys.stderr, flush=True)
+            if size > 1 and not e.agreed:
+                end_job(2)  # this rank alone: the others would wait for it in a collective
+        release_process_group()  # the ranks agreed on the failure: each ends on its own
         return 2
 
 

@@ -51,6 +51,17 @@ def end_job(code: int) -> None:
     os._exit(code)
 
 
+def release_process_group() -> None:
+    """Destroy torch.distributed's default group, if this process made one, without waiting
+    for peers: the exit of a job whose ranks agreed on an error. Left to the interpreter's
+    exit, gloo's threads are torn down in no set order and sometimes call std::terminate
+    (measured: 2 exits in 6 of a 3-rank job ended by SIGABRT instead of status 2). Imports
+    nothing: a command that never loaded torch has no group."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def install_abort_on_error(rank: int, comm: Any | None) -> None:
     """Make an uncaught exception on this rank end the whole job (MPI Abort), not hang it.
     ``comm``: the job's MPI communicator, or None to find it (if any) when it is needed."""

@@ -2,8 +2,14 @@
 
 import subprocess
 import sys
+import types
 
+import pytest
+import torch.distributed as dist
+
+from plexgt import cli
 from plexgt.cli import main
+from plexgt.errors import ConfigError, PeerFailed, mark_agreed
 
 
 def test_info_dry_run_plans_without_mpi(capsys):
@@ -27,3 +33,30 @@ def test_bad_grid_is_one_line_error_exit_2(capsys):
 def test_python_dash_m_plexgt_is_the_same_cli():
     r = subprocess.run([sys.executable, "-m", "plexgt", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "info" in r.stdout
+
+
+@pytest.mark.parametrize("failure", ["this rank's", "a peer's"])
+def test_an_agreed_error_ends_the_rank_with_no_process_group_left(monkeypatch, capsys, failure):
+    """Every rank of a job that agreed on an error destroys its group before exiting: left to
+    the interpreter's exit, gloo's threads sometimes end the rank by std::terminate (a job
+    status of 6 or 15 instead of 2)."""
+    if dist.is_initialized():
+        pytest.skip("this test process already holds a process group")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+
+    def run(args: object) -> int:  # a command failing after its group exists
+        if failure == "a peer's":
+            raise PeerFailed("rank 1 failed")
+        err = ConfigError("grid 2x2x1 does not fit")
+        mark_agreed(err, 0)
+        raise err
+
+    fake = types.SimpleNamespace(add_arguments=lambda parser: None, run=run)
+    monkeypatch.setattr(cli, "_module", lambda name: fake)
+    try:
+        assert main(["train"]) == 2
+        assert not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert capsys.readouterr().err.count("error:") == (failure == "this rank's")

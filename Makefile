@@ -53,8 +53,9 @@ lint: install
 
 # The job-launching tests (integration, Slurm) spend much of their time waiting (timeouts,
 # Slurm's scheduler, process start-up), so they run two at a time, spread test by test except
-# the Slurm ones (one xdist group, so the local Slurm cluster starts once): --dist loadfile
-# kept test_train.py, about 550 s of tests, on one worker.
+# the Slurm ones (on one worker, so the local Slurm cluster starts once: tests/conftest.py's
+# scheduler, which --dist loadgroup selects): --dist loadfile kept test_train.py, about 550 s
+# of tests, on one worker.
 test: install lint
 	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -n 2 tests/unit tests/data
 	$(PY) -m pytest -q -p no:cacheprovider --durations=8 -n 2 --dist loadgroup \

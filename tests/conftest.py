@@ -7,7 +7,34 @@ kernel is decorated, so it is set here, before any test module imports
 
 import os
 
+import pytest
 import torch
+from xdist.scheduler import LoadScopeScheduling
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+# The Slurm tests share one local Slurm cluster (a session fixture per xdist worker), so they
+# must all run on one worker. pytest-xdist's --dist loadgroup groups by rewriting node ids,
+# which pytest 9.2 ignores (pytest-dev/pytest-xdist#1386): its groups silently spread over the
+# workers, two clusters with the same node name started at once, and the Slurm jobs of both
+# failed. The scheduler below groups by path, which needs nothing from the node id's suffix.
+ONE_WORKER_DIRS = ("tests/slurm/",)
+
+
+class _GroupByDirectory(LoadScopeScheduling):
+    """Every test under one of ONE_WORKER_DIRS in one unit of work (in file order, on one
+    worker); every other test a unit of its own (spread test by test, as --dist load)."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        path = nodeid.split("::", 1)[0]
+        return next((d for d in ONE_WORKER_DIRS if path.startswith(d)), nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LoadScopeScheduling | None:
+    """--dist loadgroup (make test) takes the path-grouping scheduler; other modes stay."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    return _GroupByDirectory(config, log)

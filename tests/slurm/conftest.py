@@ -1,7 +1,9 @@
 """A real one-node Slurm (slurmctld + slurmd + munged) on loopback, for the job-script tests.
 
 Everything lives in a temporary directory: configuration, state, spool, logs, the munge key and
-socket; ports are picked free; the daemons are stopped by pid at the end. ``cred_expire=10``
+socket; ports are picked free; at the end the jobs still running are cancelled and waited for,
+then the daemons are stopped by pid. One such cluster runs on a host at a time (a lock file), and
+its job ids start at a number of its own. ``cred_expire=10``
 because a requeued job may not start before that delay has passed (120 s by default). Skipped
 (with the reason) where the Slurm and munge binaries are missing or not running as root; ``.ci/run``
 installs Debian's slurm-wlm and munge first.
@@ -9,11 +11,13 @@ installs Debian's slurm-wlm and munge first.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -56,6 +60,7 @@ SchedulerParameters=sched_interval=1
 ReturnToService=2
 SlurmdParameters=config_overrides
 JobRequeue=1
+FirstJobId={1000 + os.getpid() % 100000}
 MinJobAge=600
 KillWait=5
 GresTypes=gpu
@@ -83,6 +88,20 @@ def _stop(pidfile: Path) -> None:
         pass
 
 
+def _end_jobs(env: dict, timeout_s: float = 30.0) -> None:
+    """Cancel what a failed test left running and wait until it has ended: stopping the
+    daemons leaves a job's slurmstepd and ranks running, and such a leftover once broke the
+    MPI start-up of the next test run's job of the same id."""
+    subprocess.run(["scancel", "--full", "--user=root"], env=env, check=False,
+                   capture_output=True)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        r = subprocess.run(["squeue", "-h"], capture_output=True, text=True, env=env)
+        if r.returncode != 0 or not r.stdout.strip():
+            return
+        time.sleep(0.5)
+
+
 @pytest.fixture(scope="session")
 def slurm(tmp_path_factory):
     missing = [b for b in BINARIES if shutil.which(b) is None]
@@ -91,21 +110,30 @@ def slurm(tmp_path_factory):
                     "apt-get install slurm-wlm munge (.ci/run does)")
     if os.geteuid() != 0:
         pytest.skip("the local Slurm of the tests runs its daemons as root")
-    d = tmp_path_factory.mktemp("slurm")
-    for sub in ("state", "spool"):
-        (d / sub).mkdir()
-    host = socket.gethostname().split(".")[0]
-    conf = _write_conf(d, host)
-    key = d / "munge.key"
-    key.write_bytes(os.urandom(1024))
-    key.chmod(0o400)
-    env = dict(os.environ, SLURM_CONF=str(conf))
-    subprocess.run(["munged", "--force", f"--socket={d / 'munge.sock'}", f"--key-file={key}",
-                    f"--pid-file={d / 'munged.pid'}", f"--log-file={d / 'munged.log'}",
-                    f"--seed-file={d / 'munge.seed'}"], check=True, env=env)
-    subprocess.run(["slurmctld", "-f", str(conf), "-i"], check=True, env=env)
-    subprocess.run(["slurmd", "-f", str(conf), "-N", host], check=True, env=env)
+    # one local cluster per host at a time: a second one (another xdist worker, another test
+    # run) would start a node of the same name and both clusters' jobs would fail obscurely
+    lock = open(Path(tempfile.gettempdir()) / "plexgt-test-slurm.lock", "w")  # noqa: SIM115
     try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.close()
+        pytest.fail("another local Slurm of the tests is running on this host (another xdist "
+                    "worker or test run): the Slurm tests must run on one worker")
+    d = tmp_path_factory.mktemp("slurm")
+    env = dict(os.environ, SLURM_CONF=str(d / "slurm.conf"))
+    try:
+        for sub in ("state", "spool"):
+            (d / sub).mkdir()
+        host = socket.gethostname().split(".")[0]
+        conf = _write_conf(d, host)  # d / "slurm.conf"
+        key = d / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        subprocess.run(["munged", "--force", f"--socket={d / 'munge.sock'}", f"--key-file={key}",
+                        f"--pid-file={d / 'munged.pid'}", f"--log-file={d / 'munged.log'}",
+                        f"--seed-file={d / 'munge.seed'}"], check=True, env=env)
+        subprocess.run(["slurmctld", "-f", str(conf), "-i"], check=True, env=env)
+        subprocess.run(["slurmd", "-f", str(conf), "-N", host], check=True, env=env)
         deadline = time.time() + 60
         while time.time() < deadline:
             r = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
@@ -119,5 +147,7 @@ def slurm(tmp_path_factory):
             pytest.fail(f"local Slurm did not come up within 60 s:\n{logs}")
         yield env
     finally:
+        _end_jobs(env)
         for pidfile in ("slurmd.pid", "slurmctld.pid", "munged.pid"):
             _stop(d / pidfile)
+        lock.close()

@@ -14,8 +14,8 @@ from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import sbm
 
-# one xdist worker runs them all (make test: --dist loadgroup), so the local Slurm starts once
-pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("slurm")]
+# one xdist worker runs them all (tests/conftest.py's scheduler), so the local Slurm starts once
+pytestmark = pytest.mark.timeout(600)
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "jobscripts" / "generic" / "train.sbatch"
 
@@ -72,6 +72,18 @@ def _job_field(slurm, job: int, key: str) -> str:
     return m.group(1) if m else ""
 
 
+def _diagnosis(slurm, job: int, out: Path) -> str:
+    """What a job that did not train left behind: its record in slurmctld, its output, and the
+    tails of the daemons' logs (a CI run only prints the assertion)."""
+    show = subprocess.run(["scontrol", "show", "job", str(job)], capture_output=True, text=True,
+                          env=slurm).stdout
+    logs = Path(slurm["SLURM_CONF"]).parent
+    tails = "\n".join(f"--- {f}\n" + (logs / f).read_text()[-1500:]
+                      for f in ("slurmctld.log", "slurmd.log") if (logs / f).exists())
+    text = out.read_text()[-3000:] if out.exists() else "(no output file)"
+    return f"the job did not start training\n{show}\n--- job output\n{text}\n{tails}"
+
+
 def test_sbatch_srun_trains_then_usr1_checkpoints_requeues_and_resumes(slurm, data, tmp_path):
     """The generic job script trains on 4 ranks through srun --mpi=pmi2; its signal,
     checkpoint, requeue and resume, with a graph transformer (whose first checkpoint once
@@ -81,7 +93,7 @@ def test_sbatch_srun_trains_then_usr1_checkpoints_requeues_and_resumes(slurm, da
     deadline = time.time() + 240
     while time.time() < deadline and len(_epochs(run)) < 3:
         time.sleep(0.3)
-    assert len(_epochs(run)) >= 3, "the job did not start training"
+    assert len(_epochs(run)) >= 3, _diagnosis(slurm, job, tmp_path / f"job-{job}.out")
     subprocess.run(["scancel", "--signal=USR1", str(job)], check=True, env=slurm)
     state = _wait_done(slurm, job, 400)
     out = (tmp_path / f"job-{job}.out").read_text()

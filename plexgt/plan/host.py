@@ -187,7 +187,14 @@ class Host:
         share, q = self.oversubscription(p), self.call_group(g, p)
         if share == 1.0 and q == g:  # GPUs, and CPU ranks that fit the cores: as profiled
             return t(g, sent) + self.sync_time(g)  # (one lookup: a search prices ~10^5)
-        return self.per_call_time(lambda q: t(q, 0.0), g, p) + share * (t(g, sent) - t(g, 0.0))
+        return self.per_call_time(lambda q: t(q, 0.0), g, p) + self.bytes_time(
+            t(g, sent) - t(g, 0.0), p)
+
+    def bytes_time(self, seconds: float, p: int) -> float:
+        """What ``seconds`` of a collective's bytes, as profiled with the peers idle, take in a
+        step of p ranks: time-shared by :meth:`oversubscription` (the one rule both the
+        attention and the 3D grid planners price bytes by)."""
+        return self.oversubscription(p) * seconds
 
     def compute_factor(self, p: int) -> float:
         """What a kernel's profiled time becomes on each of p ranks: κ(p) times the thread

@@ -172,13 +172,14 @@ class Coefficients:
     def price(self, op: str, g: int, p: int) -> tuple[float, float]:
         """(seconds per call, seconds per byte) of one ``op`` over g of a job's p ranks: the
         per-call parts (latency, the loaded wait) at :meth:`~plexgt.plan.host.Host.
-        call_group`, the bytes at g's rate time-shared when the ranks outnumber the cores.
+        call_group`, the bytes at g's rate time-shared (:meth:`~plexgt.plan.host.Host.
+        bytes_time`).
         Remembered per (op, g, p): a search prices ~10^6 calls over a few dozen of them."""
         key = (op, g, p)
         got = self._prices.get(key)
         if got is None:
             got = (self.host.per_call_time(lambda q: self.call(op, q)[0], g, p),
-                   self.call(op, g)[1] * self.host.oversubscription(p))
+                   self.host.bytes_time(self.call(op, g)[1], p))
             self._prices[key] = got
         return got
 

@@ -2,11 +2,11 @@
 
 Everything lives in a temporary directory: configuration, state, spool, logs, the munge key and
 socket; ports are picked free; at the end the jobs still running are cancelled and waited for,
-then the daemons are stopped by pid. One such cluster runs on a host at a time (a lock file), and
-its job ids start at a number of its own. ``cred_expire=10``
-because a requeued job may not start before that delay has passed (120 s by default). Skipped
-(with the reason) where the Slurm and munge binaries are missing or not running as root; ``.ci/run``
-installs Debian's slurm-wlm and munge first.
+then the daemons are stopped by pid. One such cluster runs on a host at a time (a lock file),
+and its job ids start at a number of its own. ``cred_expire=10`` because a requeued job may not
+start before that delay has passed (120 s by default). Skipped (with the reason) where the Slurm
+and munge binaries are missing or not running as root; ``.ci/run`` installs Debian's slurm-wlm
+and munge first.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _write_conf(d: Path, host: str) -> Path:
-    conf = d / "slurm.conf"
+def _write_conf(conf: Path, host: str) -> None:
+    d = conf.parent
     conf.write_text(f"""\
 ClusterName=plexgt-test
 SlurmctldHost={host}(127.0.0.1)
@@ -73,7 +73,6 @@ PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
         (d / f"gpu{i}").touch()
     (d / "gres.conf").write_text(f"AutoDetect=off\nName=gpu File={d}/gpu[0-7]\n")
     (d / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nIgnoreSystemd=yes\n")
-    return conf
 
 
 def _stop(pidfile: Path) -> None:
@@ -86,6 +85,14 @@ def _stop(pidfile: Path) -> None:
         os.kill(pid, signal.SIGKILL)
     except (OSError, ValueError):
         pass
+
+
+def daemon_logs(env: dict, tail: int = 2000) -> str:
+    """The last ``tail`` characters of slurmctld's and slurmd's logs of the cluster whose
+    ``SLURM_CONF`` is in ``env``: what a cluster or job that failed to start left behind."""
+    d = Path(env["SLURM_CONF"]).parent
+    return "\n".join(f"--- {f}\n" + (d / f).read_text()[-tail:]
+                     for f in ("slurmctld.log", "slurmd.log") if (d / f).exists())
 
 
 def _end_jobs(env: dict, timeout_s: float = 30.0) -> None:
@@ -120,12 +127,13 @@ def slurm(tmp_path_factory):
         pytest.fail("another local Slurm of the tests is running on this host (another xdist "
                     "worker or test run): the Slurm tests must run on one worker")
     d = tmp_path_factory.mktemp("slurm")
-    env = dict(os.environ, SLURM_CONF=str(d / "slurm.conf"))
+    conf = d / "slurm.conf"
+    env = dict(os.environ, SLURM_CONF=str(conf))
     try:
         for sub in ("state", "spool"):
             (d / sub).mkdir()
         host = socket.gethostname().split(".")[0]
-        conf = _write_conf(d, host)  # d / "slurm.conf"
+        _write_conf(conf, host)
         key = d / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o400)
@@ -142,9 +150,7 @@ def slurm(tmp_path_factory):
                 break
             time.sleep(0.5)
         else:
-            logs = "\n".join((d / f).read_text()[-2000:] for f in ("slurmctld.log", "slurmd.log")
-                             if (d / f).exists())
-            pytest.fail(f"local Slurm did not come up within 60 s:\n{logs}")
+            pytest.fail(f"local Slurm did not come up within 60 s:\n{daemon_logs(env)}")
         yield env
     finally:
         _end_jobs(env)

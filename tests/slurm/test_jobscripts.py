@@ -13,6 +13,7 @@ import pytest
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import sbm
+from tests.slurm.conftest import daemon_logs
 
 # one xdist worker runs them all (tests/conftest.py's scheduler), so the local Slurm starts once
 pytestmark = pytest.mark.timeout(600)
@@ -65,23 +66,23 @@ def _epochs(run: Path) -> list[dict]:
     return [json.loads(l) for l in path.read_text().splitlines()] if path.exists() else []
 
 
+def _show_job(slurm, job: int) -> str:
+    """slurmctld's record of the job (``scontrol show job``)."""
+    return subprocess.run(["scontrol", "show", "job", str(job)], capture_output=True, text=True,
+                          env=slurm).stdout
+
+
 def _job_field(slurm, job: int, key: str) -> str:
-    r = subprocess.run(["scontrol", "show", "job", str(job)], capture_output=True, text=True,
-                       env=slurm)
-    m = re.search(rf"\b{key}=(\S+)", r.stdout)
+    m = re.search(rf"\b{key}=(\S+)", _show_job(slurm, job))
     return m.group(1) if m else ""
 
 
 def _diagnosis(slurm, job: int, out: Path) -> str:
     """What a job that did not train left behind: its record in slurmctld, its output, and the
     tails of the daemons' logs (a CI run only prints the assertion)."""
-    show = subprocess.run(["scontrol", "show", "job", str(job)], capture_output=True, text=True,
-                          env=slurm).stdout
-    logs = Path(slurm["SLURM_CONF"]).parent
-    tails = "\n".join(f"--- {f}\n" + (logs / f).read_text()[-1500:]
-                      for f in ("slurmctld.log", "slurmd.log") if (logs / f).exists())
     text = out.read_text()[-3000:] if out.exists() else "(no output file)"
-    return f"the job did not start training\n{show}\n--- job output\n{text}\n{tails}"
+    return (f"the job did not start training\n{_show_job(slurm, job)}\n--- job output\n{text}\n"
+            f"{daemon_logs(slurm, 1500)}")
 
 
 def test_sbatch_srun_trains_then_usr1_checkpoints_requeues_and_resumes(slurm, data, tmp_path):

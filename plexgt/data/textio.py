@@ -37,6 +37,37 @@ GZIP_MAX_RATIO = 1032
 
 LineRef = int | Callable[[], int]
 """A 1-based line number, or a function computing it (called only when an error needs it)."""
+Comments = str | tuple[str, ...] | None
+"""What starts a comment (to the end of its line): one marker, several, or None (no comments)."""
+
+BOM = b"\xef\xbb\xbf"
+"""The UTF-8 byte order mark some editors and spreadsheet exports put before the first line."""
+MTX_BANNER = b"%%matrixmarket"
+"""How a MatrixMarket file's first line starts (any case): the file says what it is."""
+
+
+def has_mtx_banner(head: bytes) -> bool:
+    """Whether ``head`` (a file's first bytes) opens with the MatrixMarket banner; a reader of
+    another format refuses such a file rather than read its size line as an edge."""
+    return head.removeprefix(BOM).lstrip()[: len(MTX_BANNER)].lower() == MTX_BANNER
+
+
+def _markers(comments: Comments) -> tuple[bytes, ...]:
+    if not comments:
+        return ()
+    return (comments.encode(),) if isinstance(comments, str) else \
+        tuple(c.encode() for c in comments)
+
+
+def strip_comment(raw: bytes, comments: Comments) -> bytes:
+    """``raw`` up to its first comment marker (the whole line when it holds none), as
+    ``np.loadtxt`` cuts it: full-line and trailing comments alike."""
+    cut = len(raw)
+    for m in _markers(comments):
+        k = raw.find(m, 0, cut)
+        if k >= 0:
+            cut = k
+    return raw[:cut]
 
 
 def open_text(path: Path):  # noqa: ANN201 - a binary file object
@@ -88,7 +119,7 @@ class Block:
             self.line = line_at(self.path, self.offset)
         return self.line
 
-    def data_line(self, row: int, comments: str | None = "#") -> int:
+    def data_line(self, row: int, comments: Comments = "#") -> int:
         """Line number of the ``row``-th (0-based) data row: blank and comment lines skipped."""
         return data_line(self.data, self.first_line(), row, comments)
 
@@ -106,19 +137,16 @@ def line_at(path: Path, offset: int) -> int:
     return count + 1
 
 
-def _is_data(raw: bytes, comments: bytes | None) -> bool:
-    if comments:
-        raw = raw.split(comments, 1)[0]
-    return bool(raw.strip())
+def _is_data(raw: bytes, comments: Comments) -> bool:
+    return bool(strip_comment(raw, comments).strip())
 
 
-def data_line(block: bytes, first_line: int, row: int, comments: str | None = "#") -> int:
+def data_line(block: bytes, first_line: int, row: int, comments: Comments = "#") -> int:
     """Line number of the ``row``-th (0-based) data row of ``block`` (which starts at
     ``first_line``); blank and comment lines are not rows, as for ``np.loadtxt``."""
-    c = comments.encode() if comments else None
     seen = 0
     for k, raw in enumerate(block.split(b"\n")):
-        if _is_data(raw, c):
+        if _is_data(raw, comments):
             if seen == row:
                 return first_line + k
             seen += 1
@@ -215,15 +243,14 @@ def read_head(path: Path, nbytes: int) -> bytes:
         return f.read(nbytes)
 
 
-def first_data_line(path: Path, comments: str | None = "#", limit: int = 64 << 20) -> bytes:
+def first_data_line(path: Path, comments: Comments = "#", limit: int = 64 << 20) -> bytes:
     """The first non-blank, non-comment line of ``path`` (b"" if there is none)."""
-    c = comments.encode() if comments else None
     with read_errors(path), open_text(path) as f:
         while True:
             raw = f.readline(limit)
             if not raw:
                 return b""
-            if _is_data(raw, c):
+            if _is_data(raw, comments):
                 return raw
 
 
@@ -235,13 +262,12 @@ def max_data_lines(path: Path, min_line_bytes: int = 4) -> int:
     return size // min_line_bytes + 1
 
 
-def estimate_data_lines(path: Path, comments: str = "#", sample: int = 4 << 20) -> int:
+def estimate_data_lines(path: Path, comments: Comments = "#", sample: int = 4 << 20) -> int:
     """Data lines of ``path`` estimated from its first ``sample`` bytes (exact if smaller)."""
-    c = comments.encode()
     with read_errors(path), open_text(path) as f:
         head = f.read(sample)
         consumed = f.fileobj.tell() if isinstance(f, gzip.GzipFile) else len(head)
-    rows = sum(1 for raw in head.split(b"\n") if _is_data(raw, c))
+    rows = sum(1 for raw in head.split(b"\n") if _is_data(raw, comments))
     if len(head) < sample or not head:
         return rows
     total = path.stat().st_size * (len(head) / max(1, consumed))
@@ -252,51 +278,75 @@ def _resolve(first_line: LineRef) -> int:
     return first_line if isinstance(first_line, int) else first_line()
 
 
+def _loadtxt(block: bytes, dtype: type, delimiter: str | None, comments: Comments
+             ) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return np.loadtxt(io.BytesIO(block), dtype=dtype, delimiter=delimiter,
+                          comments=comments, ndmin=2, encoding="latin-1")
+
+
+def _number(field: bytes, conv: type) -> bool:
+    if b"_" in field:  # 1_000: Python's int() and float() take it, np.loadtxt does not
+        return False
+    try:
+        conv(field)
+    except ValueError:
+        return False
+    return True
+
+
 def _first_bad_line(
-    path: Path, block: bytes, first_line: LineRef, ncols: int | None, delimiter: bytes | None,
-    comments: bytes, conv: type,
+    path: Path, block: bytes, first_line: LineRef, ncols: int | None, delimiter: str | None,
+    comments: Comments, dtype: type,
 ) -> str:
-    """Line-by-line rescan of a block that the fast parser rejected: the error text."""
-    for k, raw in enumerate(block.split(b"\n")):
-        s = raw.split(comments, 1)[0].strip() if comments else raw.strip()
+    """The error text of a block that the fast parser rejected: a rescan line by line names
+    the line and the field; what it cannot explain, a bisection of the block with the fast
+    parser itself pins to its line (a prefix that fails stays failing when it grows)."""
+    conv = int if np.issubdtype(dtype, np.integer) else float
+    sep = delimiter.encode() if delimiter else None
+    lines = block.split(b"\n")
+    want = ncols
+    for k, raw in enumerate(lines):
+        s = strip_comment(raw, comments).strip()
         if not s:
             continue
-        fields = s.split(delimiter) if delimiter else s.split()
+        fields = [f.strip() for f in s.split(sep)] if sep else s.split()
         where = f"{path}: line {_resolve(first_line) + k}"
-        if ncols is not None and len(fields) != ncols:
-            return f"{where}: expected {ncols} fields, found {len(fields)}"
+        if want is None:
+            want = len(fields)  # the first row fixes the width, as for np.loadtxt
+        if len(fields) != want:
+            return f"{where}: expected {want} fields, found {len(fields)}"
         for fld in fields:
-            try:
-                conv(fld.strip())
-            except ValueError:
+            if not _number(fld, conv):
                 text = fld.decode(errors="replace")[:40]
                 return f"{where}: non-numeric field {text!r}"
-    return f"{path}: unparseable block starting at line {_resolve(first_line)}"
+    ok, bad = 0, len(lines)  # lines[:ok] parse, lines[:bad] do not
+    while bad - ok > 1:
+        mid = (ok + bad) // 2
+        try:
+            _loadtxt(b"\n".join(lines[:mid]) + b"\n", dtype, delimiter, comments)
+            ok = mid
+        except ValueError:
+            bad = mid
+    text = lines[bad - 1].strip(b" \t").decode(errors="replace")
+    shown = text if len(text) <= 60 else text[:57] + "..."
+    return f"{path}: line {_resolve(first_line) + bad - 1}: cannot parse {shown!r}"
 
 
 def parse_block(
     path: Path, block: bytes, first_line: LineRef, *, ncols: int | None, dtype: type,
-    delimiter: str | None = None, comments: str = "#",
+    delimiter: str | None = None, comments: Comments = "#",
 ) -> np.ndarray:
     """Parse one block of whole lines into an array [lines, ncols] (comment lines skipped).
 
     ``first_line`` may be a function: it is called only to name the line of an error.
     """
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            arr = np.loadtxt(
-                io.BytesIO(block), dtype=dtype, delimiter=delimiter, comments=comments, ndmin=2,
-                encoding="latin-1",
-            )
+        arr = _loadtxt(block, dtype, delimiter, comments)
     except ValueError:
-        conv = int if np.issubdtype(dtype, np.integer) else float
-        raise DataError(
-            _first_bad_line(
-                path, block, first_line, ncols, delimiter.encode() if delimiter else None,
-                comments.encode(), conv,
-            )
-        ) from None
+        raise DataError(_first_bad_line(path, block, first_line, ncols, delimiter, comments,
+                                        dtype)) from None
     if arr.size == 0:
         return np.empty((0, ncols or 0), dtype=dtype)
     if ncols is not None and arr.shape[1] != ncols:
@@ -306,7 +356,7 @@ def parse_block(
 
 
 def parse(blk: Block, *, ncols: int | None, dtype: type, delimiter: str | None = None,
-          comments: str = "#") -> np.ndarray:
+          comments: Comments = "#") -> np.ndarray:
     """:func:`parse_block` of a :class:`Block` (its line number counted only for errors)."""
     return parse_block(blk.path, blk.data, blk.line or blk.first_line, ncols=ncols, dtype=dtype,
                        delimiter=delimiter, comments=comments)
@@ -314,7 +364,7 @@ def parse(blk: Block, *, ncols: int | None, dtype: type, delimiter: str | None =
 
 def iter_rows(
     path: Path, *, ncols: int | None, dtype: type, delimiter: str | None = None,
-    comments: str = "#", block_bytes: int = BLOCK_BYTES,
+    comments: Comments = "#", block_bytes: int = BLOCK_BYTES,
 ) -> Iterator[tuple[int, np.ndarray]]:
     """Yield (first line number, rows [k, ncols]) blocks of a numeric text file."""
     for blk in iter_blocks(path, block_bytes=block_bytes):
@@ -371,7 +421,7 @@ def lockstep(a: Iterator[np.ndarray], b: Iterator[np.ndarray], chunk: int, path_
 
 def read_all_rows(
     path: Path, *, ncols: int | None, dtype: type, delimiter: str | None = None,
-    comments: str = "#",
+    comments: Comments = "#",
 ) -> np.ndarray:
     """All rows of a numeric text file as one array [lines, ncols] (small files: node arrays)."""
     parts = [a for _, a in iter_rows(path, ncols=ncols, dtype=dtype, delimiter=delimiter,

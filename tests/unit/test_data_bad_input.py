@@ -45,6 +45,10 @@ SNAP_CASES = [
     ("# c\n0 1\n1 2 3\n", "line 3: expected 2 fields, found 3"),
     ("# only a comment\n", "empty graph"),
     ("# Nodes: 3 Edges: 10\n0 1\n1 2\n", "header claims 10 edges but the file holds 2"),
+    # Python's int() takes 1_0, numpy's parser does not: the rescan must not pass it
+    ("0 1\n1_0 2\n", "line 2: non-numeric field '1_0'"),
+    # a lone carriage return splits the line for numpy's parser only: the line and its text
+    ("0 1\n1 2\n2\r 0\n", "line 3: cannot parse '2\\r 0'"),
 ]
 
 

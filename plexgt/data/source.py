@@ -24,7 +24,7 @@ import numpy as np
 
 from plexgt.data.graph import GraphData, first_id_error
 from plexgt.data.runtime import Comm
-from plexgt.data.textio import block_bytes_for, estimate_data_lines, max_data_lines
+from plexgt.data.textio import Comments, block_bytes_for, estimate_data_lines, max_data_lines
 from plexgt.errors import DataError
 
 
@@ -165,6 +165,8 @@ class CountedEdgeSource(TextEdgeSource):
 
     claimed_n: int | None = None
     claimed_e: int | None = None
+    comments: Comments = "#"
+    """What starts a comment in the format's lines (estimates of the edge count skip them)."""
 
     def __init__(self, path: str | Path, num_nodes: int | None, comm: Comm | None,
                  chunk_edges: int, count_degrees: bool, line_bytes: int) -> None:
@@ -225,7 +227,7 @@ class CountedEdgeSource(TextEdgeSource):
             return self.counted
         if self.claimed_e is not None:
             return min(self.claimed_e, max_data_lines(self.path))
-        return estimate_data_lines(self.path)
+        return estimate_data_lines(self.path, self.comments)
 
     def _edge_blocks(self, part, nparts, block_bytes):  # noqa: ANN001, ANN202 - see base
         for arr in self._parsed(part, nparts, block_bytes, self.num_nodes):

@@ -309,6 +309,71 @@ def test_edge_list_bad_input_names_the_file_and_line(tmp_path):
         list(EdgeListSource(p, detect_layout(p), num_nodes=5).edge_chunks(0, 1, 10))
 
 
+def _edges_of(path, lay, parts=1):
+    src = EdgeListSource(path, lay)
+    chunks = [c for p in range(parts) for c in src.edge_chunks(p, parts, 2)]
+    return src.num_nodes, sorted(zip(np.concatenate([c[0] for c in chunks]).tolist(),
+                                     np.concatenate([c[1] for c in chunks]).tolist()))
+
+
+EDGES_012 = [(0, 1), (1, 2), (2, 0)]
+
+
+@pytest.mark.parametrize("name,data,header", [
+    ("bom.csv", b"\xef\xbb\xbf0,1\n1,2\n2,0\n", False),            # Excel's 'CSV UTF-8'
+    ("bom.csv.gz", b"\xef\xbb\xbf0,1\n1,2\n2,0\n", False),
+    ("bomhdr.csv", b"\xef\xbb\xbfid_1,id_2\n0,1\n1,2\n2,0\n", True),
+    ("trailing.txt", b"0 1 # c\n1 2\n2 0 % d\n", False),
+    ("konect.tsv", b"% sym unweighted\n% 3 3 3\n0\t1\n1\t2\n2\t0\n", False),
+    ("hdr.txt", b"# made by hand\nsrc dst # names\n0 1\n1 2\n2 0\n", True),
+])
+def test_edge_list_first_line_is_a_header_only_on_evidence(tmp_path, name, data, header):
+    """A first line is a header when not all its fields are numbers and it has as many as
+    the edges; a byte order mark and comments (whole or trailing, # or %) are not evidence:
+    each of these files holds the edges 0->1, 1->2, 2->0, also read in three parts."""
+    p = tmp_path / name
+    p.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    lay = detect_layout(p)
+    assert lay.header == header and lay.columns == 2
+    for parts in (1, 3):
+        assert _edges_of(p, lay, parts) == (3, EDGES_012)
+    assert _edges_of(p, detect_layout(p, header=header), 3) == (3, EDGES_012)
+
+
+def test_edge_list_first_line_neither_edge_nor_header_is_an_error(tmp_path):
+    p = tmp_path / "g.txt"
+    p.write_text("# c\na b c\n0 1\n1 2\n")
+    with pytest.raises(DataError, match=re.escape(
+            "g.txt: line 2: 'a b c' is no edge (not all its fields are numbers) and no header "
+            "(its 3 fields are not the 2 of line 3); give --header to skip it")):
+        detect_layout(p)
+    assert _edges_of(p, detect_layout(p, header=True)) == (3, [(0, 1), (1, 2)])
+
+
+def test_matrix_market_named_txt_is_read_as_mtx(tmp_path, capsys):
+    """A weighted MatrixMarket file named .txt is MatrixMarket to --format auto (read as an
+    edge list its size line '3 3 3' was an edge 3 -> 3 of weight 3); an edge list reader
+    given it refuses it, naming --format mtx."""
+    g = small_graph(9, 20, f=0)
+    mm = write_mtx(tmp_path / "m.txt", g, field="real")
+    assert detect_format(mm) == "mtx"
+    shutil.copy(mm, tmp_path / "m.mtx")
+    args = ["--quiet", "--tiles", "2", "--no-self-loops"]
+    assert main(["prep", "--input", str(mm), "--out", str(tmp_path / "a"), *args]) == 0
+    assert main(["prep", "--input", str(tmp_path / "m.mtx"), "--out", str(tmp_path / "b"),
+                 *args]) == 0
+    capsys.readouterr()
+    m1, m2 = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in "ab")
+    assert m1["N"] == 9 and m1["files"] == m2["files"]
+    for fmt in ("edgelist", "snap"):
+        assert main(["prep", "--format", fmt, "--input", str(mm), "--out",
+                     str(tmp_path / "c")]) == 2
+        err = capsys.readouterr().err
+        assert "m.txt: a MatrixMarket file (line 1 is its %%MatrixMarket banner)" in err
+        assert "give --format mtx" in err and len(err.strip().splitlines()) == 1
+        assert not (tmp_path / "c").exists()
+
+
 def test_cli_prep_edgelist(tmp_path, capsys):
     p = tmp_path / "musae.csv"
     p.write_text("id_1,id_2\n0,1\n1,2\n2,0\n3,1\n")

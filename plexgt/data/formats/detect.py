@@ -11,7 +11,7 @@ from pathlib import Path
 
 from plexgt.data.formats.npz_edges import is_edge_npz
 from plexgt.data.npzio import npz_keys
-from plexgt.data.textio import read_head
+from plexgt.data.textio import has_mtx_banner, read_head
 from plexgt.errors import DataError
 
 EDGE_LIST_SUFFIXES = (".txt", ".csv", ".tsv", ".edges", ".el", ".edgelist")
@@ -19,7 +19,7 @@ LOOKED_FOR = ("a directory holding raw/data.npz or raw/edge.csv.gz (ogb)",
               "a directory of reddit_*.npz or an .npz with adj_data/adj_indices/adj_indptr "
               "(gnn-benchmark)",
               "an .npz with edges or edge_index (npz)",
-              "a .mtx[.gz] file (mtx)",
+              "a .mtx[.gz] file, or any file opening with the %%MatrixMarket banner (mtx)",
               f"an edge list {'/'.join(EDGE_LIST_SUFFIXES)}[.gz] (snap when it has a SNAP "
               "'# Nodes: N Edges: E' header, else edgelist)")
 
@@ -48,8 +48,10 @@ def detect_format(path: Path) -> str:
                             "or edges/edge_index (npz)")
         if stem.endswith(".mtx"):
             return "mtx"
+        head = read_head(path, 4096)
+        if has_mtx_banner(head):  # the file says what it is, whatever its name
+            return "mtx"
         if stem.endswith(EDGE_LIST_SUFFIXES):
-            head = read_head(path, 4096)
             return "snap" if b"Nodes:" in head and head.lstrip().startswith(b"#") \
                 else "edgelist"
     raise DataError(f"{path}: --format auto cannot tell its format; it looked for "

@@ -1,12 +1,14 @@
 """Delimited edge lists: the way most graphs are published (``id_1,id_2`` CSV, TSV, spaces).
 
 One edge a line, ``src <delimiter> dst [<delimiter> weight]`` (the message src -> dst), ``.gz``
-or plain, ``#`` comment lines skipped. What a file does not say is detected from its first
-lines, and each guess can be fixed by a flag:
+or plain; ``#`` and ``%`` start comments (whole lines, or the rest of a line), a UTF-8 byte
+order mark is skipped. What a file does not say is detected from its first lines, and each
+guess can be fixed by a flag:
 
 * the delimiter: a comma if the first data line has one, else a tab, else whitespace
   (``--delimiter``);
-* a header row: the first non-comment line when its fields are not numbers (``id_1,id_2``)
+* a header row: the first non-comment line when its fields are not all numbers and it has as
+  many as the next line (``id_1,id_2`` over ``0,1``); a first line that is neither is an error
   (``--header`` / ``--no-header``);
 * the columns: 2, or 3 with a weight (read and checked, not stored: plexgt's operators are
   structural or degree-normalised);
@@ -28,7 +30,7 @@ import numpy as np
 from plexgt.data.graph import first_id_error
 from plexgt.data.runtime import Comm
 from plexgt.data.source import CountedEdgeSource
-from plexgt.data.textio import iter_blocks, parse, read_head
+from plexgt.data.textio import BOM, has_mtx_banner, iter_blocks, parse, read_head, strip_comment
 from plexgt.errors import DataError
 
 DELIMITERS = {"comma": ",", "tab": "\t", "space": None}
@@ -53,6 +55,10 @@ class EdgeListLayout:
     """Its 1-based line number."""
 
 
+COMMENTS = ("#", "%")
+"""What starts a comment, on a line of its own or after an edge (``%``: KONECT's lists)."""
+
+
 def _fields(line: bytes, delimiter: str | None) -> list[bytes]:
     return [f.strip() for f in (line.split(delimiter.encode()) if delimiter else line.split())]
 
@@ -65,36 +71,68 @@ def _numeric(field: bytes) -> bool:
     return True
 
 
+def _guess_sep(line: bytes) -> str | None:
+    return "," if b"," in line else "\t" if b"\t" in line else None
+
+
+def _shown(line: bytes) -> str:
+    text = line.decode(errors="replace")
+    return repr(text if len(text) <= 60 else text[:57] + "...")
+
+
 def detect_layout(path: Path, delimiter: str | None = None, header: bool | None = None,
                   one_based: bool = False) -> EdgeListLayout:
     """The layout of ``path`` from its first 64 KiB; ``delimiter`` (a :data:`DELIMITERS` key)
-    and ``header`` fix those guesses."""
+    and ``header`` fix those guesses.
+
+    A first line is taken for a header only on evidence: its fields are not all numbers *and*
+    it has as many as the line after it (``id_1,id_2`` over ``0,1``). A first line that is
+    neither an edge nor such a header is an error naming it: guessed away, it would drop an
+    edge without a word. A UTF-8 byte order mark before it is skipped; a MatrixMarket file
+    (its banner, whatever its name) is refused, for its size line would read as an edge.
+    """
+    if delimiter is not None and delimiter not in DELIMITERS:
+        raise DataError(f"--delimiter {delimiter!r}: expected {', '.join(DELIMITERS)}")
     head = read_head(path, 1 << 16)
-    lines = head.split(b"\n")
+    if has_mtx_banner(head):
+        raise DataError(f"{path}: a MatrixMarket file (line 1 is its %%MatrixMarket banner), "
+                        "not an edge list: give --format mtx")
+    bom = len(BOM) if head.startswith(BOM) else 0
+    lines = head[bom:].split(b"\n")
     if len(lines) > 1 and len(head) == 1 << 16:
         lines = lines[:-1]  # the cut-off last line
-    offset, data = 0, []
+    offset, data = bom, []
     for k, raw in enumerate(lines):
-        text = raw.strip()
-        if text and not text.startswith(b"#"):
-            data.append((k, offset, raw))
+        text = strip_comment(raw, COMMENTS).strip()
+        if text:
+            data.append((k, offset, raw, text))
             if len(data) == 2:
                 break
         offset += len(raw) + 1
     if not data:
         raise DataError(f"{path}: no edge lines (empty, or only comments)")
-    if delimiter is not None and delimiter not in DELIMITERS:
-        raise DataError(f"--delimiter {delimiter!r}: expected {', '.join(DELIMITERS)}")
-    k0, off0, first = data[0]
+    k0, off0, first, text0 = data[0]
+    first_sep = _guess_sep(text0)
+    numeric = all(_numeric(f) for f in _fields(text0, first_sep))
+    # the separator is the edges': the second line's when the first may be a header
     sep = DELIMITERS[delimiter] if delimiter else \
-        "," if b"," in first else "\t" if b"\t" in first else None
-    is_header = not all(_numeric(f) for f in _fields(first, sep)) if header is None else header
-    start, start_line = (off0 + len(first) + 1, k0 + 2) if is_header else (0, 1)
+        _guess_sep(data[1][3]) if not numeric and len(data) > 1 else first_sep
+    is_header = header
+    if header is None and not numeric and len(data) > 1:
+        k1, n0, n1 = data[1][0], len(_fields(text0, sep)), len(_fields(data[1][3], sep))
+        if n0 != n1:
+            raise DataError(f"{path}: line {k0 + 1}: {_shown(text0)} is no edge (not all its "
+                            f"fields are numbers) and no header (its {n0} fields are not the "
+                            f"{n1} of line {k1 + 1}); give --header to skip it")
+        is_header = True
+    elif header is None:
+        is_header = not numeric  # a lone non-numeric line: no edges either way
+    start, start_line = (off0 + len(first) + 1, k0 + 2) if is_header else (bom, 1)
     rows = [r for r in data if not is_header or r[0] != k0]
     if not rows:
         raise DataError(f"{path}: a header line and no edges")
-    k, _, line = rows[0]
-    n = len(_fields(line, sep))
+    k, _, _, text = rows[0]
+    n = len(_fields(text, sep))
     if n not in (2, 3):
         what = {",": "comma", "\t": "tab", None: "whitespace"}[sep]
         raise DataError(f"{path}: line {k + 1}: expected 2 or 3 {what}-separated fields "
@@ -110,6 +148,8 @@ class EdgeListSource(CountedEdgeSource):
     """A delimited edge list streamed in chunks (module docstring); N from a counting pass
     (split over ``comm``) unless ``num_nodes`` is given."""
 
+    comments = COMMENTS
+
     def __init__(self, path: str | Path, layout: EdgeListLayout, num_nodes: int | None = None,
                  comm: Comm | None = None, chunk_edges: int = 1 << 21,
                  count_degrees: bool = False) -> None:
@@ -122,7 +162,8 @@ class EdgeListSource(CountedEdgeSource):
         dtype = np.float64 if lay.columns == 3 else np.int64
         for blk in iter_blocks(path, part, nparts, block_bytes=block_bytes, start=lay.start,
                                start_line=lay.start_line):
-            arr = parse(blk, ncols=lay.columns, dtype=dtype, delimiter=lay.delimiter)
+            arr = parse(blk, ncols=lay.columns, dtype=dtype, delimiter=lay.delimiter,
+                        comments=COMMENTS)
             if not arr.size:
                 continue
             if lay.columns == 3:
@@ -130,15 +171,16 @@ class EdgeListSource(CountedEdgeSource):
                 bad = np.flatnonzero((ids != np.round(ids)).any(axis=1)
                                      | ~np.isfinite(arr).all(axis=1))
                 if bad.size:
-                    raise DataError(f"{path}: line {blk.data_line(int(bad[0]))}: ids must be "
-                                    "whole numbers and the weight finite")
+                    line = blk.data_line(int(bad[0]), COMMENTS)
+                    raise DataError(f"{path}: line {line}: ids must be whole numbers and the "
+                                    "weight finite")
                 arr = ids.astype(np.int64)
             if lay.one_based:
                 arr = arr - 1
             bad_id = first_id_error(arr[:, 0], arr[:, 1], 0, n)
             if bad_id is not None:
                 r, _, v = bad_id
-                line = blk.data_line(r)
+                line = blk.data_line(r, COMMENTS)
                 if v < 0:
                     shown = v + 1 if lay.one_based else v
                     raise DataError(f"{path}: line {line}: node id {shown} is below "

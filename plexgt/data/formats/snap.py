@@ -27,7 +27,7 @@ import numpy as np
 from plexgt.data.graph import GraphData, first_id_error
 from plexgt.data.runtime import Comm
 from plexgt.data.source import CountedEdgeSource, check_edge_total, collect_edges
-from plexgt.data.textio import BLOCK_BYTES, iter_blocks, parse, read_head
+from plexgt.data.textio import BLOCK_BYTES, has_mtx_banner, iter_blocks, parse, read_head
 from plexgt.errors import DataError
 
 _HEADER = re.compile(rb"^#.*?Nodes:\s*(\d+)\s+Edges:\s*(\d+)", re.MULTILINE)
@@ -36,8 +36,13 @@ LINE_BYTES = 16
 
 
 def _claims(path: Path) -> tuple[int | None, int | None]:
-    """(N, E) claimed by a ``# Nodes: K Edges: M`` header line, else (None, None)."""
-    m = _HEADER.search(read_head(path, 4096))
+    """(N, E) claimed by a ``# Nodes: K Edges: M`` header line, else (None, None); a
+    MatrixMarket file is refused (read as SNAP, its banner would be the first error)."""
+    head = read_head(path, 4096)
+    if has_mtx_banner(head):
+        raise DataError(f"{path}: a MatrixMarket file (line 1 is its %%MatrixMarket banner), "
+                        "not a SNAP edge list: give --format mtx")
+    m = _HEADER.search(head)
     return (int(m.group(1)), int(m.group(2))) if m else (None, None)
 
 

@@ -219,3 +219,28 @@ def test_loader_bad_requests_and_corrupt_tiles(tmp_path):
     tile.unlink()
     with PreparedGraph(out) as pg, pytest.raises(DataError, match="missing file"):
         pg.read_adjacency("A1", (20, 30))
+
+
+@pytest.mark.parametrize("kind", ["csv", "parquet"])
+def test_node_table_without_its_id_column_or_with_a_column_twice(capsys, tmp_path, kind):
+    """The table's columns are checked before prep starts: a missing id column had been a
+    pyarrow traceback (CSV), the id among the features a KeyError in the middle of prep."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    edges = _text(tmp_path, "e.csv", "0,1\n1,2\n2,0\n")
+    t = tmp_path / f"nodes.{kind}"
+    (pq.write_table if kind == "parquet" else pacsv.write_csv)(
+        pa.table({"id": [0, 1, 2], "f0": [1.0, 2.0, 3.0], "y": [0, 1, 0]}), t)
+    base = ("--node-table", str(t))
+    err = _run(capsys, tmp_path, "edgelist", edges, *base, "--id-column", "node",
+               "--feature-columns", "f0")
+    assert f"{t}: no id column 'node' (columns: id, f0, y)" in err
+    err = _run(capsys, tmp_path, "edgelist", edges, *base, "--feature-columns", "id,f0")
+    assert "column 'id' is named as the id column and as a feature column" in err
+    err = _run(capsys, tmp_path, "edgelist", edges, *base, "--feature-columns", "f0,f0")
+    assert "column 'f0' is named twice" in err
+    err = _run(capsys, tmp_path, "edgelist", edges, *base, "--label-column", "y",
+               "--feature-columns", "f0,y")
+    assert "column 'y' is named as a label column and as a feature column" in err

@@ -50,7 +50,7 @@ class NodeTable:
                 return pq.ParquetFile(self.path).schema_arrow
             with pacsv.open_csv(self.path) as r:
                 return r.schema
-        except (OSError, pa.ArrowInvalid) as e:
+        except (OSError, pa.ArrowException) as e:
             raise DataError(f"{self.path}: not a readable {'Parquet' if self.parquet else 'CSV'}"
                             f" table ({e})") from None
 
@@ -63,7 +63,7 @@ class NodeTable:
             opts = pacsv.ConvertOptions(include_columns=columns)
             with pacsv.open_csv(self.path, convert_options=opts) as r:
                 yield from r
-        except (OSError, pa.ArrowInvalid) as e:
+        except (OSError, pa.ArrowException) as e:
             raise DataError(f"{self.path}: {e}") from None
 
 
@@ -75,6 +75,19 @@ def column_names(path: Path, schema: pa.Schema, spec: str, what: str) -> list[st
             raise DataError(f"{path}: no {what} column starts with {spec[:-1]!r}")
         return names
     return [c.strip() for c in spec.split(",") if c.strip()]
+
+
+def _distinct(path: Path, named: list[tuple[str, str]]) -> None:
+    """Refuse a column named for two roles (``--feature-columns id,f0``): the id as a
+    feature, or a label among the features, is never meant (the label would leak into the
+    input), and a column read twice over is one pyarrow refuses."""
+    seen: dict[str, str] = {}
+    for name, what in named:
+        if name in seen:
+            also = "twice" if seen[name] == what else f"as {seen[name]} and as {what}"
+            raise DataError(f"{path}: column {name!r} is named {also} (the id, label and "
+                            "feature columns must be distinct)")
+        seen[name] = what
 
 
 def _numeric(path: Path, schema: pa.Schema, name: str, what: str, integer: bool) -> None:
@@ -108,6 +121,9 @@ class NodeTableSource(NodeDataOver):
                         if table.feature_columns else [])
         for c in self.columns:
             _numeric(table.path, schema, c, "feature", False)
+        _distinct(table.path, [(table.id_column, "the id column")]
+                  + [(c, "a label column") for c in self.label_columns]
+                  + [(c, "a feature column") for c in self.columns])
         self.num_features = len(self.columns)
         self.feature_dtype = np.dtype(np.float32) if self.columns else None
 
@@ -168,6 +184,7 @@ class NodeTableSource(NodeDataOver):
 
 def count_rows(table: NodeTable) -> int:
     """The table's rows (its N), from Parquet metadata or one pass over a CSV's ids."""
+    _numeric(table.path, table.schema(), table.id_column, "id", True)
     if table.parquet:
         try:
             return pq.ParquetFile(table.path).metadata.num_rows

@@ -111,6 +111,9 @@ def _source(args: argparse.Namespace, comm=None):  # noqa: ANN001, ANN202 - a Gr
         v = getattr(args, k)
         if v is not None and v < 1:
             raise UsageError(f"--{k.replace('_', '-')} {v}: must be positive")
+    if args.split_index != 0 and fmt != "npz":
+        raise UsageError(f"--split-index chooses among an npz's stored splits; --format {fmt} "
+                         "has none to choose")
     if args.node_table is not None and fmt != "edgelist":
         raise UsageError(f"--node-table goes with --format edgelist, not {fmt}")
     if args.edge_features and fmt not in SYNTHETIC:

@@ -244,3 +244,48 @@ def test_node_table_without_its_id_column_or_with_a_column_twice(capsys, tmp_pat
     err = _run(capsys, tmp_path, "edgelist", edges, *base, "--label-column", "y",
                "--feature-columns", "f0,y")
     assert "column 'y' is named as a label column and as a feature column" in err
+
+
+def _npz_bytes_cut(p, keep):
+    p.write_bytes(p.read_bytes()[:keep])
+    return p
+
+
+def test_edge_index_npz_unreadable_members(capsys, tmp_path):
+    """Each had been a traceback: BadZipFile, numpy's ValueError for an object array, a
+    float conversion of a string edge_feat."""
+    edges = np.array([[0, 1], [1, 2], [2, 0]])
+    p = tmp_path / "t.npz"
+    np.savez(p, edges=edges)
+    assert f"{p}: not a readable npz" in _run(capsys, tmp_path, "npz",
+                                               _npz_bytes_cut(p, p.stat().st_size - 30))
+    p = tmp_path / "c.npz"
+    np.savez(p, edges=np.arange(2000).reshape(-1, 2))
+    b = bytearray(p.read_bytes())
+    b[200:260] = b"x" * 60  # inside the member: its CRC no longer matches
+    p.write_bytes(bytes(b))
+    assert f"{p}: 'edges' is truncated or corrupt" in _run(capsys, tmp_path, "npz", p)
+    p = tmp_path / "o.npz"
+    np.savez(p, edges=edges.astype(object))
+    assert f"{p}: 'edges' holds Python objects" in _run(capsys, tmp_path, "npz", p)
+    p = tmp_path / "s.npz"
+    np.savez(p, edges=edges, edge_feat=np.array(["a", "b", "c"]))
+    assert f"{p}: 'edge_feat' has dtype <U1; edge features are numbers" in _run(
+        capsys, tmp_path, "npz", p)
+
+
+def test_split_index_the_source_does_not_hold(capsys, tmp_path):
+    """--split-index 3 over 1-D masks had prepped split 0 without a word."""
+    p = tmp_path / "m.npz"
+    one = np.array([1, 1, 0, 0], bool)
+    np.savez(p, edges=np.array([[0, 1], [1, 2], [2, 3]]), train_mask=one, val_mask=~one)
+    assert "'train_mask' holds 1 split; --split-index 3 is not one of them" in _run(
+        capsys, tmp_path, "npz", p, "--split-index", "3")
+    q = tmp_path / "n.npz"
+    np.savez(q, edges=np.array([[0, 1], [1, 2], [2, 3]]))
+    assert "holds no split masks; --split-index 1 has none to choose" in _run(
+        capsys, tmp_path, "npz", q, "--split-index", "1")
+    s = _text(tmp_path, "g.txt", "0 1\n1 2\n")
+    assert "--split-index chooses among an npz's stored splits; --format snap" in _run(
+        capsys, tmp_path, "snap", s, "--split-index", "1")
+

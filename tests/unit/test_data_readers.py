@@ -409,6 +409,20 @@ def test_edge_index_npz_with_several_splits_preps_like_memory(tmp_path, layout):
     assert m1["files"] == m2["files"]
 
 
+def test_edge_index_npz_square_edges_read_as_their_key_says(tmp_path):
+    """A [2, 2] array fits both layouts: 'edge_index' is PyG's [2, E] (it had been read as
+    [E, 2]), 'edges' the heterophilous benchmarks' [E, 2]; other shapes go the way that fits."""
+    e = np.array([[0, 1], [2, 3]])
+    for key, (src, dst) in (("edge_index", ([0, 1], [2, 3])), ("edges", ([0, 2], [1, 3]))):
+        np.savez(tmp_path / "e.npz", **{key: e})
+        g = read_edge_npz(tmp_path / "e.npz")
+        assert (g.src.tolist(), g.dst.tolist()) == (src, dst), key
+        for arr in (np.array([[0, 1, 2], [3, 0, 1]]), np.array([[0, 3], [1, 0], [2, 1]])):
+            np.savez(tmp_path / "e.npz", **{key: arr})
+            g = read_edge_npz(tmp_path / "e.npz")
+            assert (g.src.tolist(), g.dst.tolist()) == ([0, 1, 2], [3, 0, 1]), (key, arr.shape)
+
+
 def test_edge_index_npz_bad_input(tmp_path):
     cases = {
         "nokey.npz": ({"adj": np.zeros(3)}, "missing key 'edges' or 'edge_index' (has adj)"),

@@ -21,6 +21,14 @@ from plexgt.errors import DataError
 _NPZ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError)
 
 
+def require_arrays(path: Path, present: list[str], needed: tuple[str, ...]) -> None:
+    """Refuse an npz that lacks one of ``needed``, naming the first missing and the arrays it
+    holds (numpy's own KeyError reads 'X is not a file in the archive')."""
+    missing = [k for k in needed if k not in present]
+    if missing:
+        raise DataError(f"{path}: no array {missing[0]!r} (keys: {', '.join(sorted(present))})")
+
+
 class NpzArray:
     """One C-ordered array member ``key`` of an npz file, read by leading-axis ranges."""
 
@@ -29,8 +37,8 @@ class NpzArray:
         try:
             self._zip = zipfile.ZipFile(path)
             name = key + ".npy"
-            if name not in self._zip.namelist():
-                raise DataError(f"{path}: missing array {key!r}")
+            names = self._zip.namelist()
+            require_arrays(path, [n[:-4] for n in names if n.endswith(".npy")], (key,))
             self._info = self._zip.getinfo(name)
             with self._zip.open(name) as f:
                 version = np.lib.format.read_magic(f)

@@ -289,3 +289,19 @@ def test_split_index_the_source_does_not_hold(capsys, tmp_path):
     assert "--split-index chooses among an npz's stored splits; --format snap" in _run(
         capsys, tmp_path, "snap", s, "--split-index", "1")
 
+
+def test_missing_npz_arrays_are_named(capsys, tmp_path):
+    """numpy's KeyError text had been taken for the key: "missing key 'adj_data is not a
+    file in the archive'"."""
+    p = tmp_path / "g.npz"
+    np.savez(p, adj_indices=np.zeros(1, np.int64), adj_indptr=np.array([0, 1]),
+             adj_shape=np.array([1, 1]))
+    assert f"{p}: no array 'adj_data' (keys: adj_indices, adj_indptr, adj_shape)" in _run(
+        capsys, tmp_path, "gnn-benchmark", p)
+    root = write_ogb_npz(tmp_path / "ogb", small_graph(20, 50, f=3))
+    data = root / "raw" / "data.npz"
+    with np.load(data) as z:
+        kept = {k: z[k] for k in z.files if k != "num_nodes_list"}
+    np.savez(data, **kept)
+    assert f"{data}: no array 'num_nodes_list' (keys: edge_index, node_feat, " \
+        "num_edges_list)" in _run(capsys, tmp_path, "ogb", root)

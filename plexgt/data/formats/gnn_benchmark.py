@@ -13,23 +13,24 @@ reads it, and :func:`read_gnn_benchmark` dispatches to it when given such a dire
 from __future__ import annotations
 
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 
 from plexgt.data.graph import GraphData, class_ids, integer_ids
+from plexgt.data.npzio import require_arrays
 from plexgt.errors import DataError
 
 
 def _csr(z: np.lib.npyio.NpzFile, prefix: str, path: Path) -> sp.csr_matrix:
-    try:
-        data, indices, indptr = (z[f"{prefix}_{k}"] for k in ("data", "indices", "indptr"))
-        indices = integer_ids(indices, f"{prefix}_indices", str(path))
-        indptr = integer_ids(indptr, f"{prefix}_indptr", str(path))
-        shape = tuple(int(s) for s in z[f"{prefix}_shape"])
-    except KeyError as e:
-        raise DataError(f"{path}: missing key {e.args[0]!r}") from None
+    require_arrays(path, z.files, tuple(f"{prefix}_{k}" for k in ("data", "indices", "indptr",
+                                                             "shape")))
+    data, indices, indptr = (z[f"{prefix}_{k}"] for k in ("data", "indices", "indptr"))
+    indices = integer_ids(indices, f"{prefix}_indices", str(path))
+    indptr = integer_ids(indptr, f"{prefix}_indptr", str(path))
+    shape = tuple(int(s) for s in z[f"{prefix}_shape"])
     if len(shape) != 2 or indptr.shape != (shape[0] + 1,):
         raise DataError(f"{path}: {prefix}_shape {shape} disagrees with {prefix}_indptr")
     if indptr[-1] != indices.shape[0] or indices.shape != data.shape:
@@ -61,7 +62,7 @@ def read_gnn_benchmark(path: str | Path) -> GraphData:
         raise
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError) as e:
         raise DataError(f"{path}: not a readable npz file ({e})") from None
     n = adj.shape[0]
     if adj.shape[1] != n:
@@ -81,13 +82,11 @@ def read_gnn_benchmark(path: str | Path) -> GraphData:
 def _load(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
     try:
         with np.load(path, allow_pickle=False) as z:
-            missing = [k for k in keys if k not in z.files]
-            if missing:
-                raise DataError(f"{path}: missing key {missing[0]!r}")
+            require_arrays(path, z.files, keys)
             return {k: np.asarray(z[k]) for k in keys}
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
+    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError) as e:
         if isinstance(e, DataError):
             raise
         raise DataError(f"{path}: not a readable npz file ({e})") from None

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from plexgt.data.graph import GraphData, first_id_error, node_labels
-from plexgt.data.npzio import NpzArray, npz_keys
+from plexgt.data.npzio import NpzArray, npz_keys, require_arrays
 from plexgt.data.source import (
     GraphSource,
     TextEdgeSource,
@@ -244,9 +244,7 @@ class OgbNpzSource(GraphSource):
         raw = root / "raw"
         data = raw / "data.npz"
         keys = npz_keys(data)
-        for k in ("edge_index", "num_nodes_list"):
-            if k not in keys:
-                raise DataError(f"{data}: missing array {k!r}")
+        require_arrays(data, keys, ("edge_index", "num_nodes_list"))
         self.name = str(root)
         self.files = [data]
         nn = NpzArray(data, "num_nodes_list").read_all().ravel()

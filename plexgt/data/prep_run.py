@@ -9,7 +9,6 @@ first agreement and leaves nothing behind.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import numpy as np
 
 from plexgt.data.permute import inverse, permutations
 from plexgt.data.prepared import FEATURE_UNIT, FORMAT_VERSION, MATRICES, done_file, unit_file
-from plexgt.data.runtime import Comm
+from plexgt.data.runtime import Comm, physical_memory
 from plexgt.data.source import GraphSource
 from plexgt.errors import DataError
 
@@ -96,14 +95,6 @@ def default_balance_blocks(t: int) -> int:
     """
     m = t * 8 // math.gcd(t, 8)
     return m if m <= 64 else t
-
-
-def physical_memory() -> int | None:
-    """Bytes of RAM on this machine, or None where the OS does not say."""
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 PERMUTATIONS = ("auto", "random", "degree", "balanced")

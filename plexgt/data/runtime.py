@@ -148,6 +148,14 @@ class Progress:
             self._bar.close()
 
 
+def physical_memory() -> int | None:
+    """Bytes of RAM on this machine, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
 def sha256_file(path: Path, block: int = 8 << 20) -> str:
     """Hex sha256 of a file, read in blocks."""
     h = hashlib.sha256()

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from plexgt.data.graph import GraphData, first_id_error
-from plexgt.data.runtime import Comm
+from plexgt.data.runtime import Comm, physical_memory
 from plexgt.data.textio import Comments, block_bytes_for, estimate_data_lines, max_data_lines
 from plexgt.errors import DataError
 
@@ -322,6 +322,10 @@ class NodeDataOver(GraphSource):
         self.base.check_edge_pass(totals)
 
 
+FEATURE_CHUNK_ROWS = 1 << 16
+"""Rows of one :class:`GeneratedFeatures` chunk (chunk k from seed [seed, 7, k])."""
+
+
 class GeneratedFeatures(NodeDataOver):
     """Wrap a featureless source with seeded uniform [-1, 1) features [N, F], labels in [0, C).
 
@@ -341,13 +345,17 @@ class GeneratedFeatures(NodeDataOver):
         self._gen_f = num_features > 0
         self._classes = num_classes
         self.random_access_features = not self._gen_f and base.random_access_features
+        if num_features:
+            rows = min(self.num_nodes, FEATURE_CHUNK_ROWS)
+            check_memory(f"--features {num_features}", f"drawing a chunk of {rows} rows x "
+                         f"{num_features} float32 features", rows * num_features * 4)
 
 
     def feature_chunks(self, part, nparts, chunk_rows):  # noqa: ANN001, ANN201 - see base
         if not self._gen_f:
             yield from self.base.feature_chunks(part, nparts, chunk_rows)
             return
-        step = 1 << 16
+        step = FEATURE_CHUNK_ROWS
         for k, lo in enumerate(range(0, self.num_nodes, step)):
             if k % nparts == part:
                 hi = min(self.num_nodes, lo + step)
@@ -394,6 +402,16 @@ def check_ids(src: np.ndarray, dst: np.ndarray, n: int, where: str) -> None:
     if bad is not None:
         _, what, v = bad
         raise DataError(f"{where}: edge {what} id {v} is outside [0, {n})")
+
+
+def check_memory(option: str, what: str, nbytes: int) -> None:
+    """Refuse, before allocating, ``nbytes`` that this machine's memory cannot hold: a
+    generator asked for 1e8 feature columns otherwise dies in numpy's MemoryError (and,
+    inside prep, leaves its output behind). ``option`` and ``what`` name what needs them."""
+    phys = physical_memory()
+    if phys is not None and nbytes > phys:
+        raise DataError(f"{option}: {what} takes {nbytes} bytes ({nbytes / 2**30:.3g} GiB), "
+                        f"more than this machine's {phys / 2**30:.3g} GiB of memory")
 
 
 def check_finite(rows: np.ndarray, first_row: int, where: str) -> None:

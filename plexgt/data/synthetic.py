@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from plexgt.data.graph import GraphData, random_split
-from plexgt.data.source import GraphSource, MemorySource
+from plexgt.data.source import GraphSource, MemorySource, check_memory
 from plexgt.errors import DataError
 
 #: edges per independently seeded R-MAT chunk
@@ -63,6 +63,9 @@ class RmatSource(GraphSource):
             raise DataError(f"rmat: empty graph (nodes={num_nodes}, edges={num_edges})")
         if edge_features < 0:
             raise DataError(f"rmat: edge features={edge_features} must be >= 0")
+        m = min(num_edges, RMAT_CHUNK)
+        check_memory(f"rmat: --edge-features {edge_features}", f"drawing a chunk of {m} "
+                     f"edges x {edge_features} float32 edge features", m * edge_features * 4)
         self.num_nodes, self.num_edges, self.seed, self.abc = num_nodes, num_edges, seed, abc
         self.num_edge_features = edge_features
         extra = f", edge_features={edge_features}" if edge_features else ""
@@ -115,6 +118,13 @@ def sbm(num_nodes: int = 50_000, num_edges: int = 1_000_000, num_classes: int = 
         raise DataError(f"sbm: features={num_features} must be positive")
     if edge_features < 0:
         raise DataError(f"sbm: edge features={edge_features} must be >= 0")
+    # what numpy holds at the peak: the features and the noise added to them; both halves
+    # of the edge features and their concatenation
+    check_memory(f"sbm: --features {num_features}", f"drawing {num_nodes} nodes x "
+                 f"{num_features} float32 features", 2 * num_nodes * num_features * 4)
+    check_memory(f"sbm: --edge-features {edge_features}", f"drawing {num_edges} edges x "
+                 f"{edge_features} float32 edge features",
+                 3 * (num_edges // 2) * edge_features * 4)
     rng = np.random.default_rng([seed, 11])
     labels = rng.integers(0, num_classes, num_nodes, dtype=np.int64)
     order = np.argsort(labels, kind="stable")

@@ -305,3 +305,21 @@ def test_missing_npz_arrays_are_named(capsys, tmp_path):
     np.savez(data, **kept)
     assert f"{data}: no array 'num_nodes_list' (keys: edge_index, node_feat, " \
         "num_edges_list)" in _run(capsys, tmp_path, "ogb", root)
+
+
+@pytest.mark.parametrize("fmt,option,msg", [
+    ("sbm", "--features", "sbm: --features 10000000000000: drawing 100 nodes x "
+     "10000000000000 float32 features takes 8000000000000000 bytes"),
+    ("sbm", "--edge-features", "sbm: --edge-features 10000000000000: drawing 400 edges x "
+     "10000000000000 float32 edge features takes 24000000000000000 bytes"),
+    ("rmat", "--features", "--features 10000000000000: drawing a chunk of 100 rows x "
+     "10000000000000 float32 features takes 4000000000000000 bytes"),
+    ("rmat", "--edge-features", "rmat: --edge-features 10000000000000: drawing a chunk of "
+     "400 edges x 10000000000000 float32 edge features takes 16000000000000000 bytes"),
+])
+def test_generated_arrays_beyond_memory_are_refused_before_allocating(capsys, tmp_path, fmt,
+                                                                     option, msg):
+    """These had been numpy's MemoryError tracebacks (rmat's inside prep, leaving output)."""
+    err = _run(capsys, tmp_path, fmt, None, "--nodes", "100", "--edges", "400", option,
+               str(10**13))
+    assert msg in err and "more than this machine's" in err

@@ -68,7 +68,7 @@ from plexgt.data.prepared import (
     unit_file,
 )
 from plexgt.data.runtime import Progress, read_json, sha256_file, write_json_atomic
-from plexgt.data.source import check_finite, collect_edges, parts_of
+from plexgt.data.source import check_finite, check_train_labels, collect_edges, parts_of
 from plexgt.errors import DataError
 
 Streams = dict[str, tuple[np.dtype, int | None]]
@@ -506,6 +506,7 @@ def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int, bool
     multilabel = labels.ndim == 2
     c = labels.shape[1] if multilabel else int(labels.max()) + 1 if labels.size else 0
     splits = run.src.splits() or random_split(n, run.opts.seed)
+    check_train_labels(run.src.name, labels, splits.get("train"))
     sizes = {k: int(np.asarray(splits.get(k, [])).size) for k in SPLITS}
     _check_disjoint(run.src.name, n, splits)
     degs = {}

@@ -414,6 +414,25 @@ def check_memory(option: str, what: str, nbytes: int) -> None:
                         f"more than this machine's {phys / 2**30:.3g} GiB of memory")
 
 
+def check_train_labels(name: str, labels: np.ndarray, train: np.ndarray | None) -> None:
+    """Refuse labels of which the train split holds none: [N] class ids with no labelled
+    train node, or [N, T] tasks with no labelled (node, task) entry among the train nodes
+    (all NaN or missing). Such a graph trains on nothing: multi-label runs had ended with
+    loss 0, ROC-AUC nan, "best validation epoch -1" and exit 0. Class ids of -1 throughout
+    are a source without labels, which prep keeps (training refuses to train on it)."""
+    have = labels >= 0
+    if labels.ndim == 1 and not have.any():
+        return
+    idx = np.asarray(train if train is not None else [], dtype=np.int64)
+    idx = idx[(idx >= 0) & (idx < labels.shape[0])]  # out-of-range ids are reported elsewhere
+    if have[idx].any():
+        return
+    what = "(node, task) entries" if labels.ndim == 2 else "nodes"
+    raise DataError(f"{name}: the train split's {idx.size} nodes hold no label (all -1, NaN or "
+                    f"missing); {int(np.count_nonzero(have))} labelled {what} in all: "
+                    "nothing to train on")
+
+
 def check_finite(rows: np.ndarray, first_row: int, where: str) -> None:
     """Raise naming ``where`` and the row when a feature value is NaN or infinite."""
     ok = np.isfinite(rows)

@@ -323,3 +323,28 @@ def test_generated_arrays_beyond_memory_are_refused_before_allocating(capsys, tm
     err = _run(capsys, tmp_path, fmt, None, "--nodes", "100", "--edges", "400", option,
                str(10**13))
     assert msg in err and "more than this machine's" in err
+
+
+def _split_npz(p, y):
+    train = np.array([1, 1, 0, 0, 0, 0], bool)
+    np.savez(p, edges=np.array([[0, 1], [1, 2], [2, 3], [3, 4], [4, 5]]), y=y,
+             train_mask=train, val_mask=np.roll(train, 2), test_mask=np.roll(train, 4))
+    return p
+
+
+def test_labels_with_none_in_the_train_split_are_refused(capsys, tmp_path):
+    """Multi-label tasks with no labelled train entry had 'trained' (loss 0, ROC-AUC nan,
+    best validation epoch -1, exit 0); class ids likewise trained on no node."""
+    y = np.full((6, 3), np.nan)
+    p = _split_npz(tmp_path / "nan.npz", y)
+    assert "the train split's 2 nodes hold no label (all -1, NaN or missing); 0 labelled " \
+        "(node, task) entries in all" in _run(capsys, tmp_path, "npz", p)
+    y[2:] = 1
+    p = _split_npz(tmp_path / "ml.npz", y)
+    assert "12 labelled (node, task) entries in all: nothing to train on" in _run(
+        capsys, tmp_path, "npz", p)
+    p = _split_npz(tmp_path / "sl.npz", np.array([-1, -1, 0, 1, 0, 1]))
+    assert "the train split's 2 nodes hold no label" in _run(capsys, tmp_path, "npz", p)
+    y[1, 2] = 0  # one labelled train entry is enough
+    assert main(["prep", "--input", str(_split_npz(tmp_path / "ok.npz", y)), "--out",
+                 str(tmp_path / "ok"), "--quiet"]) == 0

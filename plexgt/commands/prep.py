@@ -93,6 +93,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def _check_format_options(args: argparse.Namespace, fmt: str) -> None:
+    """Refuse an option that ``fmt`` would ignore: a run given --split-index 3 must not
+    quietly prepare split 0."""
+    if args.split_index != 0 and fmt != "npz":
+        raise UsageError(f"--split-index chooses among an npz's stored splits; --format {fmt} "
+                         "has none to choose")
+    if args.split is not None and fmt != "ogb":
+        raise UsageError(f"--split names an OGB split directory; --format {fmt} has none")
+    given = [name for name, v in (("--delimiter", args.delimiter), ("--header/--no-header",
+             args.header), ("--one-based", args.one_based or None),
+             ("--node-table", args.node_table)) if v is not None]
+    if given and fmt != "edgelist":
+        raise UsageError(f"{given[0]} goes with --format edgelist, not {fmt}")
+    if args.node_table is None:
+        for name, v in (("--id-column", args.id_column != "id" or None),
+                        ("--label-column", args.label_column),
+                        ("--feature-columns", args.feature_columns)):
+            if v is not None:
+                raise UsageError(f"{name} names a column of the --node-table; none is given")
+
+
 def _source(args: argparse.Namespace, comm=None):  # noqa: ANN001, ANN202 - a GraphSource
     """The source of ``--format``; ``comm`` (a runtime.Comm) splits a SNAP counting pass."""
 
@@ -111,11 +132,7 @@ def _source(args: argparse.Namespace, comm=None):  # noqa: ANN001, ANN202 - a Gr
         v = getattr(args, k)
         if v is not None and v < 1:
             raise UsageError(f"--{k.replace('_', '-')} {v}: must be positive")
-    if args.split_index != 0 and fmt != "npz":
-        raise UsageError(f"--split-index chooses among an npz's stored splits; --format {fmt} "
-                         "has none to choose")
-    if args.node_table is not None and fmt != "edgelist":
-        raise UsageError(f"--node-table goes with --format edgelist, not {fmt}")
+    _check_format_options(args, fmt)
     if args.edge_features and fmt not in SYNTHETIC:
         raise UsageError(f"--edge-features generates edge features for the generators, not "
                          f"--format {fmt} (a source's own edge features are kept as they are)")

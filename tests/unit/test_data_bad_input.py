@@ -348,3 +348,17 @@ def test_labels_with_none_in_the_train_split_are_refused(capsys, tmp_path):
     y[1, 2] = 0  # one labelled train entry is enough
     assert main(["prep", "--input", str(_split_npz(tmp_path / "ok.npz", y)), "--out",
                  str(tmp_path / "ok"), "--quiet"]) == 0
+
+
+def test_options_the_format_would_ignore_are_refused(capsys, tmp_path):
+    g = _text(tmp_path, "g.txt", "0 1\n1 2\n")
+    for fmt, extra, msg in (
+            ("snap", ("--split", "random"), "--split names an OGB split directory; --format "
+             "snap has none"),
+            ("snap", ("--one-based",), "--one-based goes with --format edgelist, not snap"),
+            ("snap", ("--delimiter", "tab"), "--delimiter goes with --format edgelist"),
+            ("snap", ("--no-header",), "--header/--no-header goes with --format edgelist"),
+            ("edgelist", ("--label-column", "y"), "--label-column names a column of the "
+             "--node-table; none is given"),
+            ("edgelist", ("--id-column", "node"), "--id-column names a column")):
+        assert msg in _run(capsys, tmp_path, fmt, g, *extra)

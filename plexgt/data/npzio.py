@@ -18,7 +18,8 @@ import numpy as np
 
 from plexgt.errors import DataError
 
-_NPZ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError)
+NPZ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError)
+"""What reading a damaged npz raises (numpy's own complaints are ValueErrors)."""
 
 
 def require_arrays(path: Path, present: list[str], needed: tuple[str, ...]) -> None:
@@ -51,7 +52,7 @@ class NpzArray:
             raise
         except FileNotFoundError:
             raise DataError(f"{path}: no such file") from None
-        except _NPZ_ERRORS as e:
+        except NPZ_ERRORS as e:
             raise DataError(f"{path}: not a readable npz file ({e})") from None
         if dtype.hasobject:
             raise DataError(f"{path}: array {key!r} holds Python objects; refusing to unpickle")
@@ -79,7 +80,7 @@ class NpzArray:
             with self._zip.open(self._info) as f:
                 f.seek(self._offset + start * self.dtype.itemsize)
                 buf = f.read(count * self.dtype.itemsize)
-        except _NPZ_ERRORS as e:
+        except NPZ_ERRORS as e:
             raise DataError(f"{self.path}: array {self.key!r} is corrupt ({e})") from None
         if len(buf) != count * self.dtype.itemsize:
             raise DataError(f"{self.path}: array {self.key!r} is truncated")
@@ -101,7 +102,7 @@ class NpzArray:
                         raise DataError(f"{self.path}: array {self.key!r} is truncated")
                     yield np.frombuffer(buf, dtype=self.dtype)
                     pos += n
-        except _NPZ_ERRORS as e:
+        except NPZ_ERRORS as e:
             raise DataError(f"{self.path}: array {self.key!r} is corrupt ({e})") from None
 
     def read_all(self) -> np.ndarray:
@@ -119,5 +120,5 @@ def npz_keys(path: Path) -> list[str]:
             return [n[:-4] for n in z.namelist() if n.endswith(".npy")]
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
-    except _NPZ_ERRORS as e:
+    except NPZ_ERRORS as e:
         raise DataError(f"{path}: not a readable npz file ({e})") from None

@@ -12,15 +12,13 @@ reads it, and :func:`read_gnn_benchmark` dispatches to it when given such a dire
 
 from __future__ import annotations
 
-import zipfile
-import zlib
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 
 from plexgt.data.graph import GraphData, class_ids, integer_ids
-from plexgt.data.npzio import require_arrays
+from plexgt.data.npzio import NPZ_ERRORS, require_arrays
 from plexgt.errors import DataError
 
 
@@ -62,7 +60,7 @@ def read_gnn_benchmark(path: str | Path) -> GraphData:
         raise
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
-    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError) as e:
+    except NPZ_ERRORS as e:
         raise DataError(f"{path}: not a readable npz file ({e})") from None
     n = adj.shape[0]
     if adj.shape[1] != n:
@@ -86,7 +84,7 @@ def _load(path: Path, keys: tuple[str, ...]) -> dict[str, np.ndarray]:
             return {k: np.asarray(z[k]) for k in keys}
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
-    except (zipfile.BadZipFile, zlib.error, ValueError, OSError, EOFError) as e:
+    except NPZ_ERRORS as e:
         if isinstance(e, DataError):
             raise
         raise DataError(f"{path}: not a readable npz file ({e})") from None

@@ -21,19 +21,17 @@ every error names the file, the key and the problem.
 
 from __future__ import annotations
 
-import zipfile
-import zlib
 from pathlib import Path
 
 import numpy as np
 
 from plexgt.data.graph import GraphData, integer_ids, node_labels
+from plexgt.data.npzio import NPZ_ERRORS
 from plexgt.errors import DataError
 
 EDGE_KEYS = ("edges", "edge_index")
 EDGES_FIRST = {"edges": False, "edge_index": True}
 """Whether a key's own layout is [2, E] (else [E, 2]): how a square array is read."""
-_NPZ_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError)
 FEATURE_KEYS = ("node_features", "x")
 LABEL_KEYS = ("node_labels", "y")
 MASK_KEYS = {"train": ("train_masks", "train_mask"), "valid": ("val_masks", "val_mask",
@@ -51,12 +49,10 @@ def _array(z: np.lib.npyio.NpzFile, path: Path, key: str) -> np.ndarray:
     array (which only unpickling, never done here, could load)."""
     try:
         return np.asarray(z[key])
-    except ValueError as e:
-        if "allow_pickle" in str(e):
+    except NPZ_ERRORS as e:
+        if isinstance(e, ValueError) and "allow_pickle" in str(e):
             raise DataError(f"{path}: '{key}' holds Python objects (loading it would need "
                             "allow_pickle, which plexgt never uses); store numbers") from None
-        raise DataError(f"{path}: '{key}' is not a readable array ({e})") from None
-    except _NPZ_ERRORS as e:
         raise DataError(f"{path}: '{key}' is truncated or corrupt ({e})") from None
 
 
@@ -103,7 +99,7 @@ def read_edge_npz(path: str | Path, split_index: int = 0) -> GraphData:
         raise DataError(f"{path}: no such file")
     try:
         z = np.load(path, allow_pickle=False)
-    except (*_NPZ_ERRORS, ValueError) as e:
+    except NPZ_ERRORS as e:
         raise DataError(f"{path}: not a readable npz ({e})") from None
     with z:
         found = _first(z, path, EDGE_KEYS)

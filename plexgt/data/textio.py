@@ -49,7 +49,7 @@ MTX_BANNER = b"%%matrixmarket"
 def has_mtx_banner(head: bytes) -> bool:
     """Whether ``head`` (a file's first bytes) opens with the MatrixMarket banner; a reader of
     another format refuses such a file rather than read its size line as an edge."""
-    return head.removeprefix(BOM).lstrip()[: len(MTX_BANNER)].lower() == MTX_BANNER
+    return head.removeprefix(BOM)[: len(MTX_BANNER)].lower() == MTX_BANNER
 
 
 def _markers(comments: Comments) -> tuple[bytes, ...]:

@@ -363,8 +363,12 @@ def test_matrix_market_named_txt_is_read_as_mtx(tmp_path, capsys):
     assert main(["prep", "--input", str(tmp_path / "m.mtx"), "--out", str(tmp_path / "b"),
                  *args]) == 0
     capsys.readouterr()
-    m1, m2 = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in "ab")
-    assert m1["N"] == 9 and m1["files"] == m2["files"]
+    bom = tmp_path / "bom.txt"  # a byte order mark before the banner is no obstacle
+    bom.write_bytes(b"\xef\xbb\xbf" + mm.read_bytes())
+    assert main(["prep", "--input", str(bom), "--out", str(tmp_path / "d"), *args]) == 0
+    capsys.readouterr()
+    m1, m2, m3 = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in "abd")
+    assert m1["N"] == 9 and m1["files"] == m2["files"] == m3["files"]
     for fmt in ("edgelist", "snap"):
         assert main(["prep", "--format", fmt, "--input", str(mm), "--out",
                      str(tmp_path / "c")]) == 2

@@ -22,6 +22,7 @@ from plexgt.data.graph import GraphData, first_id_error
 from plexgt.data.source import TextEdgeSource, collect_edges
 from plexgt.data.textio import (
     BLOCK_BYTES,
+    BOM,
     iter_blocks,
     max_data_lines,
     open_text,
@@ -42,7 +43,7 @@ def _parse_header(path: Path) -> tuple[str, str, int, int, int, int]:
         first = f.readline(_MAX_HEADER_LINE)
         if not first:
             raise DataError(f"{path}: empty file")
-        head = first.decode("latin-1").strip().split()
+        head = first.removeprefix(BOM).decode("latin-1").strip().split()
         if len(head) != 5 or head[0].lower() != "%%matrixmarket" or head[1].lower() != "matrix":
             raise DataError(f"{path}: line 1: not a MatrixMarket matrix header")
         fmt, field, symm = (h.lower() for h in head[2:])

@@ -11,7 +11,6 @@ rank at the same boundary. File names: prepared.py.
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,7 +61,9 @@ from plexgt.data.prepared import (
     deg_ds,
     labels_ds,
     mask_ds,
+    owned_file,
     perm_ds,
+    remove_prepared,
     tile_file,
     tile_group,
     unit_file,
@@ -83,6 +84,7 @@ def _block(n: int, size: int, i: int) -> tuple[int, int]:
 def _h5_write_atomic(path: Path, fill: Callable[[h5py.File], None]) -> dict[str, Any]:
     """Create ``path`` via ``fill(h5file)`` under a temporary name; return its record."""
     tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)  # an interrupted run's, or a symlink: never written through
     with h5py.File(tmp, "w", libver="v108", track_order=False) as f:
         fill(f)
     out = {"bytes": tmp.stat().st_size, "sha256": sha256_file(tmp)}
@@ -451,9 +453,11 @@ def finish(run: PrepRun, t_start: float) -> dict[str, Any]:
     manifest = manifest_of(run, *write_nodes(run), t_start)
     for sub in (*MATRICES, FEATURES):  # leftovers of interrupted writes
         for tmp in run.path(sub).glob("*.tmp"):
-            tmp.unlink()
+            if owned_file(sub, tmp.name):
+                tmp.unlink()
     write_json_atomic(run.path(MANIFEST), manifest)
-    shutil.rmtree(run.path(STAGING), ignore_errors=True)
+    if remove_prepared(run.out, STAGING):
+        run.path(STAGING).rmdir()
     return manifest
 
 

@@ -161,3 +161,23 @@ def test_text_source_bad_count_found_only_by_the_sum(shared_dir):
         prepare(SnapSource(shared_dir / "g.txt", 40), _opts(shared_dir / "o", tiles=2), COMM)
     arrive(MPI.COMM_WORLD)
     assert not (shared_dir / "o").exists()
+
+
+def test_overwrite_of_a_directory_holding_the_input_is_refused_on_every_rank(shared_dir):
+    """``--input u/g.txt --out u --overwrite`` deleted u/ before reading its input: every rank
+    now agrees on the one-line refusal, and u/ is untouched."""
+    from plexgt.data.formats.snap import SnapSource
+    from tests.datagen import write_snap
+
+    u = shared_dir / "u"
+    if COMM.rank == 0:
+        u.mkdir()
+        write_snap(u / "g.txt", small_graph(40, 200))
+        (u / "README").write_text("mine")
+        (u / "manifest.json").write_text('{"x": 1}')
+    arrive(MPI.COMM_WORLD)
+    with pytest.raises(DataError, match="g.txt lies inside it"):
+        prepare(SnapSource(u / "g.txt"), _opts(u, tiles=2, overwrite=True), COMM)
+    arrive(MPI.COMM_WORLD)
+    assert sorted(p.name for p in u.iterdir()) == ["README", "g.txt", "manifest.json"]
+    assert (u / "manifest.json").read_text() == '{"x": 1}'

@@ -169,18 +169,24 @@ def owned_dir(parent: str, name: str) -> bool:
     return name in OWNED_DIRS.get(parent, ())
 
 
-def remove_prepared(out: Path, rel: str = "") -> bool:
+def remove_prepared(out: Path, rel: str = "", temporary_only: bool = False) -> bool:
     """Remove from ``out`` (``rel``: a directory inside it) the files and directories the
     prepared format names (owned_file, owned_dir), and nothing else; returns whether
     ``rel`` is then empty. Symlinks are unlinked as links, never followed: a symlinked A1
-    goes, what it points at stays."""
+    goes, what it points at stays. ``temporary_only``: only the ``.tmp`` files."""
     left = False
     with os.scandir(out / rel if rel else out) as entries:
         for e in entries:
             if e.is_dir(follow_symlinks=False):
                 sub = f"{rel}/{e.name}" if rel else e.name
-                if owned_dir(rel, e.name) and remove_prepared(out, sub):
+                if (owned_dir(rel, e.name) and remove_prepared(out, sub, temporary_only)
+                        and not temporary_only):
                     os.rmdir(e.path)
+                else:
+                    left = True
+            elif temporary_only:
+                if owned_file(rel, e.name) and e.name.endswith(".tmp"):
+                    os.unlink(e.path)
                 else:
                     left = True
             elif owned_file(rel, e.name) or (e.is_symlink() and owned_dir(rel, e.name)):

@@ -18,9 +18,7 @@ renamed when complete; a completion record per unit lets ``--resume`` skip finis
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import shutil
 import time
 from pathlib import Path
@@ -32,6 +30,8 @@ from plexgt.data.prep_run import (
     PrepRun,
     choose_tiles,
     default_balance_blocks,
+    disk_full,
+    prep_bytes,
 )
 from plexgt.data.prep_stages import (
     bucket_stage,
@@ -57,7 +57,7 @@ from plexgt.errors import DataError
 
 # the names other modules import from here (most were defined here before the split)
 __all__ = ["ANCHOR", "FORMAT_VERSION", "SPLITS", "TILE_TARGET_NNZ", "PrepOptions", "choose_tiles",
-           "default_balance_blocks", "encode_counts", "prepare"]
+           "default_balance_blocks", "encode_counts", "prep_bytes", "prepare"]
 
 
 def _json_dict(path: Path) -> dict[str, Any]:
@@ -137,8 +137,12 @@ def _setup_dir(o: PrepOptions, params: dict[str, Any], inputs: list[Path]) -> bo
         if not pfile.exists() and any(out.iterdir()):
             raise DataError(f"{out}: nothing to resume (no {PARAMS})")
         _refuse_symlinks(out)
-        (out / STAGING).mkdir(exist_ok=True)
-        write_json_atomic(pfile, params)
+        try:
+            (out / STAGING).mkdir(exist_ok=True)
+            write_json_atomic(pfile, params)
+        except OSError:
+            _remove_failed(out, False, o)
+            raise
         return False
     created = not out.exists()
     if not created:
@@ -148,33 +152,31 @@ def _setup_dir(o: PrepOptions, params: dict[str, Any], inputs: list[Path]) -> bo
         if not _is_plexgts(out):
             raise DataError(f"{out}: refusing to overwrite a non-empty directory that is not a "
                             "plexgt prepared directory")
-        remove_prepared(out)
-    (out / STAGING).mkdir(parents=True, exist_ok=True)  # kept if a user's file is in it
-    write_json_atomic(out / PARAMS, params)
+    try:
+        if not created:
+            remove_prepared(out)
+        (out / STAGING).mkdir(parents=True, exist_ok=True)  # kept if a user's file is in it
+        write_json_atomic(out / PARAMS, params)
+    except OSError:  # a full disk, a read-only parent: what was written goes
+        _remove_failed(out, created, o)
+        raise
     return created
 
 
 def _remove_failed(out: Path, created: bool, opts: PrepOptions) -> None:
-    """Rank 0, after an agreed DataError: remove what this run wrote (the prepared format's
-    files, which ``--overwrite`` had cleared before), and the directory if this run made it
-    and nothing else is there; a resumed directory is kept for the next ``--resume``."""
-    if not (created or opts.overwrite):
-        return
+    """Rank 0, after an agreed DataError (or a failed set-up): remove what this run wrote (the
+    prepared format's files, which ``--overwrite`` had cleared before) and the directory if
+    this run made it and nothing else is there. A resumed directory keeps its finished units
+    for the next ``--resume``; only this run's temporary files go (on a full disk they are
+    what keeps it full)."""
     try:
-        if remove_prepared(out) and created:
-            out.rmdir()
+        if created or opts.overwrite:
+            if remove_prepared(out) and created:
+                out.rmdir()
+        else:
+            remove_prepared(out, temporary_only=True)
     except OSError:
         pass  # best effort: the error being raised is what the user must see
-
-
-def prep_bytes(run: PrepRun) -> int:
-    """About what a prep writes at its peak: both matrices' tiles (an int32 index a nonzero,
-    each of A1 and A2), the staged edge buckets (two int64 ids an edge), the features and
-    the node arrays (permutations, labels, degrees, masks in two orders)."""
-    e = run.src.num_edges_hint() * (2 if run.opts.symmetrize else 1) + (
-        run.n if run.opts.self_loops else 0)
-    return (2 * e * run.idx_dtype.itemsize + 16 * e + run.n * run.f * run.fdtype.itemsize
-            + 70 * run.n)
 
 
 def check_disk(out: Path, run: PrepRun) -> None:
@@ -187,17 +189,6 @@ def check_disk(out: Path, run: PrepRun) -> None:
         raise DataError(f"{out}: prep needs about {_gib(need)} GiB ({run.src.name}: N={run.n}, "
                         f"about {run.src.num_edges_hint()} edges, F={run.f}) but {where} has "
                         f"{_gib(free)} GiB free")
-
-
-def _disk_full(e: OSError, out: Path) -> bool:
-    """Whether a write failed for want of space (numpy's short writes carry no errno)."""
-    if e.errno == errno.ENOSPC:
-        return True
-    try:
-        st = os.statvfs(out)
-    except OSError:
-        return False
-    return st.f_bavail * st.f_frsize < (1 << 20)
 
 
 def _gib(b: int) -> str:
@@ -236,9 +227,9 @@ def prepare(source: GraphSource, opts: PrepOptions, comm: Comm | None = None,
             created = _setup_dir(opts, run.params, input_paths(source, opts))
         except DataError as e:
             err = e
-        except OSError as e:  # a read-only or missing parent: every rank must hear of it
-            err = DataError(f"{e.filename or out}: cannot create the output "
-                            f"({e.strerror or e})")
+        except OSError as e:  # a full disk, a read-only or missing parent: every rank must hear
+            err = run.disk_full_error(e) if disk_full(e, out) else DataError(
+                f"{e.filename or out}: cannot create the output ({e.strerror or e})")
     comm.agree(err)
     created = comm.bcast(created)
     try:
@@ -247,11 +238,10 @@ def prepare(source: GraphSource, opts: PrepOptions, comm: Comm | None = None,
             bucket_stage(run)
             build_stage(run, fail_after)
             manifest = finish_stage(run, t_start)
-        except OSError as e:
-            if not _disk_full(e, out):
+        except OSError as e:  # one outside the stages' guarded work (run.local)
+            if not disk_full(e, out):
                 raise
-            raise DataError(f"{e.filename or out}: the disk is full; prep needs about "
-                            f"{_gib(prep_bytes(run))} GiB there") from None
+            raise run.disk_full_error(e) from None
     except DataError:
         if comm.rank == 0:
             _remove_failed(out, created, opts)

@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from plexgt.cli import main
+from plexgt.data import prep_stages, shard
+from plexgt.data.prep_run import PrepRun
+from plexgt.data.runtime import Comm
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.verify import verify
@@ -212,3 +217,164 @@ def test_the_manifest_marks_the_directory(tmp_path):
     with pytest.raises(DataError, match="refusing to overwrite"):
         prepare(MemorySource(g), PrepOptions(out=out, tiles=2, overwrite=True, progress=False))
     assert (out / "nodes.h5").exists()
+
+
+# -- a full disk ------------------------------------------------------------------------------
+@pytest.fixture
+def small_disk(tmp_path):
+    """An 8 MiB tmpfs (root only: elsewhere the tests skip), unmounted afterwards."""
+    d = tmp_path / "disk"
+    d.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(d)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.strip() or 'not root'})")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)  # lazy: never left mounted
+
+
+def _fill(disk, leave):
+    """Take all but ``leave`` bytes of the disk's free space with a file of the test's own."""
+    st = os.statvfs(disk)
+    free = st.f_bavail * st.f_frsize
+    with open(disk / "filler", "ab") as f:
+        if free > leave:
+            os.posix_fallocate(f.fileno(), os.fstat(f.fileno()).st_size, free - leave)
+
+
+def _filling_first(monkeypatch, module, name, disk, leave):
+    """Make ``module.name`` fill the disk before it runs: the stage it starts fails."""
+    real = getattr(module, name)
+
+    def wrapped(*a, **kw):
+        _fill(disk, leave)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(module, name, wrapped)
+
+
+DISK_GRAPH = dict(n=3000, e=30000, f=64)  # tiles ~100 KB a row block, features ~770 KB
+
+
+@pytest.mark.parametrize("leave", [0, 20 << 10, 150 << 10])
+@pytest.mark.parametrize("stage", ["setup", "bucket", "tiles", "features", "finish"])
+def test_a_full_disk_at_every_stage_is_one_error_and_leaves_nothing(small_disk, monkeypatch,
+                                                                    stage, leave):
+    """The size check passes (patched), then the disk fills at the start of a stage or part way
+    through its writes (numpy's bucket appends, h5py's tile, feature and node files, the JSON
+    records): a DataError naming the path and the need, and the disk holds only the filler.
+    h5py used to print tracebacks and the process to segfault closing the failed file."""
+    monkeypatch.setattr(shard, "check_disk", lambda out, run: None)
+    if stage == "setup":
+        _fill(small_disk, leave)
+    elif stage == "bucket":
+        _filling_first(monkeypatch, shard, "bucket_stage", small_disk, leave)
+    elif stage == "tiles":
+        _filling_first(monkeypatch, shard, "build_stage", small_disk, leave)
+    elif stage == "features":
+        _filling_first(monkeypatch, prep_stages, "build_features", small_disk, leave)
+    else:
+        _filling_first(monkeypatch, shard, "finish_stage", small_disk, leave)
+    out = small_disk / "o"
+    g = small_graph(DISK_GRAPH["n"], DISK_GRAPH["e"], f=DISK_GRAPH["f"])
+    try:
+        prepare(MemorySource(g), PrepOptions(out=out, tiles=2, progress=False))
+    except DataError as e:
+        msg = str(e)
+    else:
+        pytest.fail("prep succeeded on a full disk")  # the filler left more than it needed
+    assert "the disk is full; prep needs about" in msg and str(small_disk) in msg, msg
+    assert len(msg.splitlines()) == 1
+    assert os.listdir(small_disk) == ["filler"]
+
+
+def test_a_full_disk_while_overwriting_keeps_the_users_files(small_disk, monkeypatch):
+    g = small_graph(DISK_GRAPH["n"], DISK_GRAPH["e"], f=DISK_GRAPH["f"])
+    out = small_disk / "o"
+    prepare(MemorySource(g), PrepOptions(out=out, tiles=2, progress=False))
+    (out / "notes.txt").write_text("keep me")
+    monkeypatch.setattr(shard, "check_disk", lambda out, run: None)
+    _filling_first(monkeypatch, shard, "build_stage", small_disk, 20 << 10)
+    with pytest.raises(DataError, match="the disk is full"):
+        prepare(MemorySource(g), PrepOptions(out=out, tiles=2, overwrite=True, progress=False))
+    assert os.listdir(out) == ["notes.txt"]
+
+
+def test_a_full_disk_while_resuming_keeps_the_finished_work(small_disk, monkeypatch):
+    """A resumed directory is kept for the next --resume, less this run's temporary files."""
+    g = small_graph(DISK_GRAPH["n"], DISK_GRAPH["e"], f=DISK_GRAPH["f"])
+    out = small_disk / "o"
+    with pytest.raises(RuntimeError, match="simulated"):
+        prepare(MemorySource(g), PrepOptions(out=out, tiles=2, progress=False), fail_after=1)
+    monkeypatch.setattr(shard, "check_disk", lambda out, run: None)
+    _filling_first(monkeypatch, shard, "build_stage", small_disk, 20 << 10)
+    with pytest.raises(DataError, match="the disk is full"):
+        prepare(MemorySource(g), PrepOptions(out=out, tiles=2, resume=True, progress=False))
+    assert not list(out.rglob("*.tmp"))
+    (small_disk / "filler").unlink()
+    monkeypatch.undo()
+    prepare(MemorySource(g), PrepOptions(out=out, tiles=2, resume=True, progress=False))
+    assert verify(out)["ok"]
+
+
+CLI_ON_A_FULL_DISK = """
+import sys
+import plexgt.data.shard as shard
+shard.check_disk = lambda out, run: None  # the estimate passes, the disk does not
+from plexgt.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("size", ["1m", "1500k"])
+def test_the_command_on_a_full_disk_exits_2_in_one_line(tmp_path, size):
+    """The battery's case: ``plexgt prep`` on a disk that fills in an h5py write printed h5py
+    tracebacks after its message and died of a segfault (exit 139, 3 of 3 runs)."""
+    d = tmp_path / "disk"
+    d.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.strip() or 'not root'})")
+    try:
+        r = subprocess.run([sys.executable, "-c", CLI_ON_A_FULL_DISK, "prep", "--format", "sbm",
+                            "--nodes", "3000", "--edges", "30000", "--features", "64",
+                            "--out", str(d / "o"), "--quiet"],
+                           capture_output=True, text=True, timeout=100)
+        err = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(err) == 1, (r.returncode, r.stderr[-3000:])
+        assert "the disk is full; prep needs about" in err[0], err
+        assert os.listdir(d) == []
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def _allocated(d):
+    return sum(p.lstat().st_blocks * 512 for p in d.rglob("*") if p.is_file())
+
+
+@pytest.mark.parametrize("f,sparse,streamed", [(512, "no", True), (512, "no", False),
+                                               (300, "yes", True), (0, "no", False)])
+def test_the_estimate_covers_what_prep_holds_at_its_peak(tmp_path, monkeypatch, f, sparse,
+                                                         streamed):
+    """prep_bytes left out the feature buckets: with wide features the disk check passed and
+    the disk filled. The peak is just before the staging area goes (all the buckets, every
+    tile, feature block and nodes.h5 at once): measured there, it is within the estimate."""
+    peak = []
+    real = prep_stages.remove_prepared
+
+    def measure(out, rel=""):
+        peak.append(_allocated(out))
+        return real(out, rel)
+
+    monkeypatch.setattr(prep_stages, "remove_prepared", measure)
+    g = small_graph(4000, 20000, f=f)
+    src = MemorySource(g)
+    src.random_access_features = not streamed  # streamed: feature rows go through buckets
+    opts = PrepOptions(out=tmp_path / "o", tiles=3, progress=False, sparse_features=sparse)
+    need = shard.prep_bytes(PrepRun.create(src, opts, Comm(None)))
+    prepare(src, opts)
+    assert peak and need >= peak[0], (need, peak)
+    assert need < 3 * peak[0] + (1 << 20)  # an estimate, not a blanket refusal

@@ -47,7 +47,10 @@ class BucketWriter:
         for s, (dtype, width) in self.streams.items():
             arr = np.concatenate([a[s] for _, a in self._buf])
             arr = arr.reshape(-1, width) if width is not None else arr
-            np.ascontiguousarray(arr[order], dtype=dtype).tofile(self._files[s])
+            try:
+                np.ascontiguousarray(arr[order], dtype=dtype).tofile(self._files[s])
+            except OSError as e:  # numpy's short write names neither the file nor the cause
+                raise OSError(e.errno, e.strerror or str(e), self._files[s].name) from e
         counts = np.bincount(keys, minlength=self.nkeys)
         nz = np.nonzero(counts)[0]
         offs = self._offset + np.concatenate([[0], np.cumsum(counts)[:-1]])[nz]
@@ -56,8 +59,10 @@ class BucketWriter:
         self._buf, self._n = [], 0
 
     def close(self) -> None:
-        self.flush()
-        self.discard()
+        try:
+            self.flush()
+        finally:  # a flush that fails (a full disk) must not leave the files open
+            self.discard()
 
     def discard(self) -> None:
         """Close the files without writing what is queued (after a failure: a full disk must

@@ -8,10 +8,13 @@ first agreement and leaves nothing behind.
 
 from __future__ import annotations
 
+import errno
 import math
+import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -23,6 +26,7 @@ from plexgt.errors import DataError
 
 #: target nonzeros per tile when --tiles is not given (bounds the memory of one tile build)
 TILE_TARGET_NNZ = 8 << 20
+T = TypeVar("T")
 
 
 @dataclass
@@ -244,8 +248,94 @@ class PrepRun:
         """``rel`` (a name of prepared.py) inside the prepared directory."""
         return self.out / rel
 
+    def local(self, fn: Callable[[], T]) -> T | None:
+        """Run ``fn`` on this rank and agree with the others (:meth:`Comm.run`), a full disk
+        turned into a :class:`DataError` first. Why here: agreement re-raises a DataError as a
+        DataError on every rank, anything else as a RuntimeError on the others, so the rank
+        whose write failed raised an OSError, the others a RuntimeError, and none cleaned up."""
+        def guarded() -> T:
+            try:
+                return fn()
+            except OSError as e:
+                if not disk_full(e, self.out):
+                    raise
+                raise self.disk_full_error(e) from None
+
+        return self.comm.run(guarded)
+
+    def disk_full_error(self, e: OSError) -> DataError:
+        """The one line a full disk gets: where, and what the whole prep needs there."""
+        return DataError(f"{e.filename or self.out}: the disk is full; prep needs about "
+                         f"{prep_bytes(self) / 2**30:.3g} GiB there")
+
     def unit_path(self, kind: str, i: int) -> Path:
         return self.path(unit_file(kind, i))
 
     def done_path(self, kind: str, i: int) -> Path:
         return self.path(done_file(kind, i))
+
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full(e: OSError, out: Path) -> bool:
+    """Whether a write failed for want of space (numpy's short writes carry no errno: then
+    whether the disk is all but full)."""
+    if e.errno in NO_SPACE:
+        return True
+    if e.errno is not None:
+        return False
+    try:
+        st = os.statvfs(out if out.exists() else out.parent)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (1 << 20)
+
+
+def feature_chunk(rows: int, f: int, itemsize: int) -> tuple[int, int]:
+    """(rows, columns) of a dense feature block's chunks: at most 64 columns, ~256 KiB."""
+    cols = max(1, min(f, 64))
+    return max(1, min(rows, (256 << 10) // (cols * itemsize))), cols
+
+
+PAGE = 4096
+"""Allocation unit assumed per file (a small file takes a whole block)."""
+H5_OBJECT = 4096
+"""HDF5 bytes per dataset or group beyond its data (object header, chunk index), a bound
+taken from the files prep writes (~2.5 KiB a dataset)."""
+
+
+def prep_bytes(run: PrepRun) -> int:
+    """About the most a prep holds on disk at once: just before the staging area goes, every
+    bucket and every output file exist together. Counted: the edge buckets of A1 and A2 (row
+    and column ids, edge features, segment index), the feature buckets (Q position and row,
+    unless the source reads rows by id), both matrices' tiles (indices, edge features, row
+    counts of up to 2 bytes, degrees, HDF5 objects), the feature blocks (dense: whole chunks,
+    as HDF5 stores the last one; CSR: indptr, indices, values at the source's density), the
+    node arrays, and the small records (completion records, JSON) a block each."""
+    n, t, f, w, o = run.n, run.t, run.f, run.comm.size, run.opts
+    e = run.src.num_edges_hint() * (2 if o.symmetrize else 1) + (n if o.self_loops else 0)
+    idx, fd, fe = run.idx_dtype.itemsize, run.fdtype.itemsize, run.fe
+    flush = o.flush_items or 4 * o.chunk_edges
+    files = 8 + 2 * len(run.units) + w * (2 * (3 + (1 if fe else 0)) + 3)
+    # edge buckets: one record an edge in each matrix; a segment per tile per flush per rank
+    total = 2 * (e * (2 * idx + 4 * fe) + 24 * t * t * (e // flush + w))
+    if f and not run.src.random_access_features:
+        row = 8 + f * fd
+        total += n * row + 24 * run.nfb * (n * row // (128 << 20) + w)
+    # tiles: per matrix T row-block files of T tiles (counts, anchors, indices[, edge_feat])
+    per_tile = 3 + (1 if fe else 0) + 1
+    total += 2 * (e * (idx + 4 * fe) + n * t * 2 + n * 8 + 8 * t * (n // 1024 + 2)
+                  + t * (t * per_tile + 2) * H5_OBJECT)
+    for rows, count in ((run.fb, n // run.fb), (n % run.fb, 1)):  # full blocks, the last
+        if not (f and rows and count):
+            continue
+        if run.sparse:
+            dens = min(1.0, run.src.feature_density() or 1.0)
+            block = 8 * (rows + 1) + int(rows * f * dens * (4 + fd)) + 4 * H5_OBJECT
+        else:
+            cr, cc = feature_chunk(rows, f, fd)
+            block = -(-rows // cr) * -(-f // cc) * (cr * cc * fd + 4) + 2 * H5_OBJECT
+        total += count * block
+    total += 70 * n + 20 * H5_OBJECT  # nodes.h5: perms, labels, degrees, masks in P and Q
+    return total + files * PAGE

@@ -11,10 +11,7 @@ rank at the same boundary. File names: prepared.py.
 
 from __future__ import annotations
 
-import shutil
 import time
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import h5py
@@ -24,13 +21,14 @@ import scipy.sparse as sp
 from plexgt import __version__
 from plexgt.data.buckets import BucketReader, BucketWriter
 from plexgt.data.graph import node_labels, random_split
+from plexgt.data.h5write import dataset, write_h5_atomic
 from plexgt.data.permute import (
     balanced_permutations,
     degree_permutations,
     inverse,
     process_edges,
 )
-from plexgt.data.prep_run import PrepRun, physical_memory
+from plexgt.data.prep_run import PrepRun, feature_chunk, physical_memory
 from plexgt.data.prepared import (
     A1,
     A2,
@@ -62,7 +60,9 @@ from plexgt.data.prepared import (
     deg_ds,
     labels_ds,
     mask_ds,
+    owned_file,
     perm_ds,
+    remove_prepared,
     tile_file,
     tile_group,
     unit_file,
@@ -80,25 +80,6 @@ def _block(n: int, size: int, i: int) -> tuple[int, int]:
     return lo, min(n, lo + size)
 
 
-def _h5_write_atomic(path: Path, fill: Callable[[h5py.File], None]) -> dict[str, Any]:
-    """Create ``path`` via ``fill(h5file)`` under a temporary name; return its record."""
-    tmp = path.with_name(path.name + ".tmp")
-    with h5py.File(tmp, "w", libver="v108", track_order=False) as f:
-        fill(f)
-    out = {"bytes": tmp.stat().st_size, "sha256": sha256_file(tmp)}
-    tmp.replace(path)
-    return out
-
-
-def _ds(f: h5py.Group, name: str, data: np.ndarray, **kw: Any) -> None:
-    """One dataset, with a Fletcher-32 checksum per chunk: HDF5 verifies it on every read, so
-    a damaged tile is an error where it is read, never silently wrong training data (an empty
-    dataset has no chunk to sum)."""
-    if data.size:
-        kw.setdefault("fletcher32", True)
-    f.create_dataset(name, data=data, track_times=False, **kw)
-
-
 # -- stage 1: the permutations ---------------------------------------------------------------
 def permute_stage(run: PrepRun) -> None:
     """Collective: set perm_p and perm_q of ``degree`` and ``balanced``.
@@ -108,10 +89,10 @@ def permute_stage(run: PrepRun) -> None:
     """
     comm, o = run.comm, run.opts
     if run.permutation == "degree":
-        deg = comm.run(lambda: count_degrees(run))
+        deg = run.local(lambda: count_degrees(run))
         run.set_perms(*degree_permutations(comm.sum(deg), o.seed))
     elif run.permutation == "balanced":
-        perms = comm.run(lambda: balance(run) if comm.rank == 0 else None)
+        perms = run.local(lambda: balance(run) if comm.rank == 0 else None)
         run.set_perms(*comm.bcast(perms))
 
 
@@ -181,17 +162,15 @@ def bucket_stage(run: PrepRun) -> None:
     comm.agree(None)
     if not redo:
         return
-    if comm.rank == 0 and marker.exists():
-        marker.unlink()
-    comm.run(lambda: bucket(run))
+    if comm.rank == 0:
+        marker.unlink(missing_ok=True)
+    run.local(lambda: bucket(run))
     # counts a split pass could not check (a header's claimed edges): summed, checked
     stats = source.edge_pass_stats()
     if stats.size:
         totals = comm.sum(np.array(stats, dtype=np.int64))
-        comm.run(lambda: source.check_edge_pass(totals))
-    if comm.rank == 0:
-        write_json_atomic(marker, {"nparts": comm.size})
-    comm.agree(None)
+        run.local(lambda: source.check_edge_pass(totals))
+    run.local(lambda: write_json_atomic(marker, {"nparts": comm.size}) if comm.rank == 0 else None)
 
 
 def bucket(run: PrepRun) -> None:
@@ -268,7 +247,7 @@ def build_stage(run: PrepRun, fail_after: int | None) -> None:
 
     ``fail_after`` (tests only) interrupts this rank after it has built that many units.
     """
-    run.comm.run(lambda: build_units(run, fail_after))
+    run.local(lambda: build_units(run, fail_after))
 
 
 def is_done(run: PrepRun, kind: str, i: int) -> bool:
@@ -381,17 +360,17 @@ def build_tile_row(run: PrepRun, kind: str, ti: int, reader: BucketReader) -> di
             indices = (key % max(1, c1 - c0)).astype(run.idx_dtype)
             g = f.create_group(tile_group(tj))
             stored, anchors = encode_counts(counts)
-            _ds(g, COUNTS, stored)
-            _ds(g, ANCHORS, anchors)
-            _ds(g, INDICES, indices)
+            dataset(g, COUNTS, stored)
+            dataset(g, ANCHORS, anchors)
+            dataset(g, INDICES, indices)
             if ef is not None:
-                _ds(g, EDGE_FEAT, ef, chunks=(max(1, min(ef.shape[0], 1 << 14)), run.fe)
+                dataset(g, EDGE_FEAT, ef, chunks=(max(1, min(ef.shape[0], 1 << 14)), run.fe)
                     if ef.shape[0] else None)
             deg[:] += counts
             nnz.append(int(key.size))
-        _ds(f, TILE_DEG, deg)
+        dataset(f, TILE_DEG, deg)
 
-    rec = _h5_write_atomic(run.unit_path(kind, ti), fill)
+    rec = write_h5_atomic(run.unit_path(kind, ti), fill)
     rec["nnz"] = nnz
     return rec
 
@@ -420,7 +399,7 @@ def build_features(run: PrepRun, b: int, rec: dict[str, np.ndarray]) -> dict[str
                         f"(Q position {missing} missing or rows duplicated)")
     out = np.empty((hi - lo, run.f), dtype=run.fdtype)
     out[pos - lo] = x
-    cr = max(1, min(hi - lo, (256 << 10) // (min(run.f, 64) * run.fdtype.itemsize)))
+    chunks = feature_chunk(hi - lo, run.f, run.fdtype.itemsize)
     nnz = int(np.count_nonzero(out))
 
     def fill(f: h5py.File) -> None:
@@ -428,20 +407,20 @@ def build_features(run: PrepRun, b: int, rec: dict[str, np.ndarray]) -> dict[str
         if run.sparse:  # rows as CSR: a reader slices indptr, then one range of each array
             m = sp.csr_matrix(out)
             m.sort_indices()
-            _ds(f, FEATURES_INDPTR, m.indptr.astype(np.int64))
-            _ds(f, FEATURES_INDICES, m.indices.astype(np.int32))
-            _ds(f, FEATURES_DATA, m.data.astype(run.fdtype))
+            dataset(f, FEATURES_INDPTR, m.indptr.astype(np.int64))
+            dataset(f, FEATURES_INDICES, m.indices.astype(np.int32))
+            dataset(f, FEATURES_DATA, m.data.astype(run.fdtype))
         else:
-            _ds(f, FEATURES_X, out, chunks=(cr, min(run.f, 64)))
+            dataset(f, FEATURES_X, out, chunks=chunks)
 
-    return {**_h5_write_atomic(run.unit_path(FEATURE_UNIT, b), fill), "nnz": nnz}
+    return {**write_h5_atomic(run.unit_path(FEATURE_UNIT, b), fill), "nnz": nnz}
 
 
 # -- stage 4: node arrays and the manifest (rank 0) ------------------------------------------
 def finish_stage(run: PrepRun, t_start: float) -> dict[str, Any]:
     """Collective: rank 0 writes nodes.h5 and the manifest; returns it on every rank."""
     comm = run.comm
-    manifest = comm.run(lambda: finish(run, t_start) if comm.rank == 0 else None)
+    manifest = run.local(lambda: finish(run, t_start) if comm.rank == 0 else None)
     return comm.bcast(manifest)
 
 
@@ -451,9 +430,11 @@ def finish(run: PrepRun, t_start: float) -> dict[str, Any]:
     manifest = manifest_of(run, *write_nodes(run), t_start)
     for sub in (*MATRICES, FEATURES):  # leftovers of interrupted writes
         for tmp in run.path(sub).glob("*.tmp"):
-            tmp.unlink()
+            if owned_file(sub, tmp.name):
+                tmp.unlink()
     write_json_atomic(run.path(MANIFEST), manifest)
-    shutil.rmtree(run.path(STAGING), ignore_errors=True)
+    if remove_prepared(run.out, STAGING):
+        run.path(STAGING).rmdir()
     return manifest
 
 
@@ -523,11 +504,11 @@ def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int, bool
         # the sizes the manifest must agree with: a reader checks them on open
         f.attrs["N"], f.attrs["F"], f.attrs["C"] = n, run.f, c
         f.attrs["multilabel"] = multilabel
-        _ds(f, perm_ds("P"), p)
-        _ds(f, perm_ds("Q"), q)
+        dataset(f, perm_ds("P"), p)
+        dataset(f, perm_ds("Q"), q)
         for order, perm in (("P", p), ("Q", q)):
-            _ds(f, labels_ds(order), labels[perm])
-            _ds(f, deg_ds(order), degs[order])
+            dataset(f, labels_ds(order), labels[perm])
+            dataset(f, deg_ds(order), degs[order])
             for k in SPLITS:
                 m = np.zeros(n, dtype=bool)
                 idx = np.asarray(splits.get(k, []), dtype=np.int64)
@@ -535,9 +516,9 @@ def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int, bool
                     raise DataError(f"{run.src.name}: split '{k}' holds an id outside "
                                     f"[0, {n})")
                 m[idx] = True
-                _ds(f, mask_ds(k, order), m[perm])
+                dataset(f, mask_ds(k, order), m[perm])
 
-    rec = _h5_write_atomic(run.path(NODES), fill)
+    rec = write_h5_atomic(run.path(NODES), fill)
     return rec, sizes, c, multilabel
 
 

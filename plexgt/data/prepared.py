@@ -2,7 +2,8 @@
 
 The writer (shard.py and its stages), the reader (loader.py) and the checker (verify.py) all
 spell the layout through this module, so changing the format takes one edit here and a bump of
-FORMAT_VERSION, which readers check.
+FORMAT_VERSION, which readers check. The same names say what in a directory is prep's own:
+``--overwrite`` and a failed run remove those files (:func:`remove_prepared`) and nothing else.
 
 Layout of a prepared directory (format version 1; the manifest describes it fully)::
 
@@ -30,6 +31,10 @@ once the manifest is written)::
 """
 
 from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
 
 FORMAT = "plexgt-prepared"
 FORMAT_VERSION = 1
@@ -129,3 +134,63 @@ def done_file(kind: str, i: int) -> str:
 def bucket_base(kind: str, rank: int) -> str:
     """Relative base path of the bucket files ``rank`` writes for units of ``kind``."""
     return f"{BUCKETS}/{kind}.p{rank}"
+
+
+def _names(*patterns: str) -> re.Pattern[str]:
+    return re.compile("|".join(f"(?:{p})" for p in patterns))
+
+
+_ROWS = _names(r"rows_\d{5,}\.h5(\.tmp)?")
+_UNIT_KIND = "|".join(re.escape(k) for k in (*MATRICES, FEATURE_UNIT))
+OWNED_FILES: dict[str, re.Pattern[str]] = {
+    "": _names(*(re.escape(n) + r"(\.tmp)?" for n in (MANIFEST, NODES))),
+    A1: _ROWS, A2: _ROWS, FEATURES: _ROWS,
+    STAGING: _names(*(re.escape(n.split("/")[-1]) + r"(\.tmp)?" for n in (PARAMS, BUCKETED))),
+    BUCKETS: _names(rf"({_UNIT_KIND})\.p\d+\.(idx|\w+\.bin)"),
+    DONE: _names(rf"({_UNIT_KIND})_\d{{5,}}\.json(\.tmp)?"),
+}
+"""Per directory of a prepared directory ('' the top), the names of the files prep writes
+there (final and temporary): ``--overwrite`` and a failed run remove those and nothing else."""
+OWNED_DIRS: dict[str, tuple[str, ...]] = {
+    "": (*MATRICES, FEATURES, STAGING),
+    STAGING: tuple(n.split("/")[-1] for n in (BUCKETS, DONE)),
+}
+"""Per directory, the subdirectories prep makes there."""
+
+
+def owned_file(parent: str, name: str) -> bool:
+    """Whether prep writes a file ``name`` in ``parent`` (relative to the prepared dir)."""
+    pat = OWNED_FILES.get(parent)
+    return pat is not None and pat.fullmatch(name) is not None
+
+
+def owned_dir(parent: str, name: str) -> bool:
+    """Whether prep makes a directory ``name`` in ``parent``."""
+    return name in OWNED_DIRS.get(parent, ())
+
+
+def remove_prepared(out: Path, rel: str = "", temporary_only: bool = False) -> bool:
+    """Remove from ``out`` (``rel``: a directory inside it) the files and directories the
+    prepared format names (owned_file, owned_dir), and nothing else; returns whether
+    ``rel`` is then empty. Symlinks are unlinked as links, never followed: a symlinked A1
+    goes, what it points at stays. ``temporary_only``: only the ``.tmp`` files."""
+    left = False
+    with os.scandir(out / rel if rel else out) as entries:
+        for e in entries:
+            if e.is_dir(follow_symlinks=False):
+                sub = f"{rel}/{e.name}" if rel else e.name
+                if (owned_dir(rel, e.name) and remove_prepared(out, sub, temporary_only)
+                        and not temporary_only):
+                    os.rmdir(e.path)
+                else:
+                    left = True
+            elif temporary_only:
+                if owned_file(rel, e.name) and e.name.endswith(".tmp"):
+                    os.unlink(e.path)
+                else:
+                    left = True
+            elif owned_file(rel, e.name) or (e.is_symlink() and owned_dir(rel, e.name)):
+                os.unlink(e.path)
+            else:
+                left = True
+    return not left

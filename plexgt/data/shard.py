@@ -18,8 +18,7 @@ renamed when complete; a completion record per unit lets ``--resume`` skip finis
 
 from __future__ import annotations
 
-import errno
-import os
+import json
 import shutil
 import time
 from pathlib import Path
@@ -31,6 +30,8 @@ from plexgt.data.prep_run import (
     PrepRun,
     choose_tiles,
     default_balance_blocks,
+    disk_full,
+    prep_bytes,
 )
 from plexgt.data.prep_stages import (
     bucket_stage,
@@ -39,26 +40,95 @@ from plexgt.data.prep_stages import (
     finish_stage,
     permute_stage,
 )
-from plexgt.data.prepared import ANCHOR, FORMAT_VERSION, MANIFEST, PARAMS, SPLITS, STAGING
+from plexgt.data.prepared import (
+    ANCHOR,
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST,
+    OWNED_DIRS,
+    PARAMS,
+    SPLITS,
+    STAGING,
+    remove_prepared,
+)
 from plexgt.data.runtime import Comm, read_json, write_json_atomic
 from plexgt.data.source import GraphSource
 from plexgt.errors import DataError
 
 # the names other modules import from here (most were defined here before the split)
 __all__ = ["ANCHOR", "FORMAT_VERSION", "SPLITS", "TILE_TARGET_NNZ", "PrepOptions", "choose_tiles",
-           "default_balance_blocks", "encode_counts", "prepare"]
+           "default_balance_blocks", "encode_counts", "prep_bytes", "prepare"]
 
 
-def _looks_prepared(d: Path) -> bool:
-    """Whether ``--overwrite`` may remove ``d``: a prepared, interrupted or empty directory."""
-    return (d / MANIFEST).exists() or (d / STAGING).exists() or not any(d.iterdir())
+def _json_dict(path: Path) -> dict[str, Any]:
+    """``path``'s JSON object, or {} for anything else (a user's file of the same name)."""
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
 
 
-def _setup_dir(o: PrepOptions, params: dict[str, Any]) -> bool:
+PARAMS_KEYS = frozenset({"format_version", "N", "T", "feature_block_rows", "permutation"})
+"""Keys every run's .staging/params.json holds (PrepRun.create): how an interrupted prep is
+told from a user's directory that happens to hold a file of that name."""
+
+
+def _is_plexgts(out: Path) -> bool:
+    """Whether ``out`` is a prepared directory plexgt wrote (complete: its manifest names the
+    format; or interrupted: its params record is a run's), or empty. Only then may
+    ``--overwrite`` touch it; a symlinked manifest or staging area is not plexgt's."""
+    if not any(out.iterdir()):
+        return True
+    manifest = out / MANIFEST
+    if manifest.exists() or manifest.is_symlink():
+        return (not manifest.is_symlink() and manifest.is_file()
+                and _json_dict(manifest).get("format") == FORMAT)
+    params = out / PARAMS
+    if (out / STAGING).is_symlink() or params.is_symlink() or not params.is_file():
+        return False
+    d = _json_dict(params)
+    return PARAMS_KEYS <= d.keys() and isinstance(d["format_version"], int)
+
+
+def input_paths(source: GraphSource, opts: PrepOptions) -> list[Path]:
+    """The paths a run reads: the source's files and what the command line named."""
+    named = [opts.source_desc[k] for k in ("input", "node_table") if k in opts.source_desc]
+    return [Path(p) for p in (*source.files, *named)]
+
+
+def check_apart(out: Path, inputs: list[Path]) -> None:
+    """Refuse an output that holds the input or lies inside it: ``--overwrite`` would delete
+    the input before it is read (``--input u/graph.csv --out u`` once emptied u/)."""
+    o = out.resolve()
+    for p in inputs:
+        r = p.resolve()
+        if o == r or r.is_relative_to(o):
+            raise DataError(f"{out}: the input {p} lies inside it; refusing to overwrite it "
+                            "(choose an --out apart from the input)")
+        if o.is_relative_to(r):
+            raise DataError(f"{out}: lies inside the input {p}; refusing to overwrite it "
+                            "(choose an --out apart from the input)")
+
+
+def _refuse_symlinks(out: Path, rel: str = "") -> None:
+    """Refuse to resume into a directory whose parts prep writes are symlinks it did not make."""
+    for name in OWNED_DIRS.get(rel, ()):
+        sub = f"{rel}/{name}" if rel else name
+        if (out / sub).is_symlink():
+            raise DataError(f"{out / sub}: is a symbolic link; prep writes only into "
+                            "directories it made (remove it, or prepare again with --overwrite)")
+        if (out / sub).is_dir():
+            _refuse_symlinks(out, sub)
+
+
+def _setup_dir(o: PrepOptions, params: dict[str, Any], inputs: list[Path]) -> bool:
     """Rank 0: create or reuse the output dir. Returns whether this run created it."""
     out = Path(o.out)
     if out.exists() and not out.is_dir():
         raise DataError(f"{out}: exists and is not a directory")
+    if o.overwrite:
+        check_apart(out, inputs)
     if out.exists() and o.resume:
         pfile = out / PARAMS
         if pfile.exists() and read_json(pfile) != params:
@@ -66,30 +136,47 @@ def _setup_dir(o: PrepOptions, params: dict[str, Any]) -> bool:
                             "interrupted run (use --overwrite to start again)")
         if not pfile.exists() and any(out.iterdir()):
             raise DataError(f"{out}: nothing to resume (no {PARAMS})")
-        (out / STAGING).mkdir(exist_ok=True)
-        write_json_atomic(pfile, params)
+        _refuse_symlinks(out)
+        try:
+            (out / STAGING).mkdir(exist_ok=True)
+            write_json_atomic(pfile, params)
+        except OSError:
+            _remove_failed(out, False, o)
+            raise
         return False
-    if out.exists():
+    created = not out.exists()
+    if not created:
         if not o.overwrite:
             raise DataError(f"{out}: output directory exists (pass --overwrite to replace it or "
                             "--resume to complete an interrupted run)")
-        if not _looks_prepared(out):
+        if not _is_plexgts(out):
             raise DataError(f"{out}: refusing to overwrite a non-empty directory that is not a "
                             "plexgt prepared directory")
-        shutil.rmtree(out)
-    (out / STAGING).mkdir(parents=True)
-    write_json_atomic(out / PARAMS, params)
-    return True
+    try:
+        if not created:
+            remove_prepared(out)
+        (out / STAGING).mkdir(parents=True, exist_ok=True)  # kept if a user's file is in it
+        write_json_atomic(out / PARAMS, params)
+    except OSError:  # a full disk, a read-only parent: what was written goes
+        _remove_failed(out, created, o)
+        raise
+    return created
 
 
-def prep_bytes(run: PrepRun) -> int:
-    """About what a prep writes at its peak: both matrices' tiles (an int32 index a nonzero,
-    each of A1 and A2), the staged edge buckets (two int64 ids an edge), the features and
-    the node arrays (permutations, labels, degrees, masks in two orders)."""
-    e = run.src.num_edges_hint() * (2 if run.opts.symmetrize else 1) + (
-        run.n if run.opts.self_loops else 0)
-    return (2 * e * run.idx_dtype.itemsize + 16 * e + run.n * run.f * run.fdtype.itemsize
-            + 70 * run.n)
+def _remove_failed(out: Path, created: bool, opts: PrepOptions) -> None:
+    """Rank 0, after an agreed DataError (or a failed set-up): remove what this run wrote (the
+    prepared format's files, which ``--overwrite`` had cleared before) and the directory if
+    this run made it and nothing else is there. A resumed directory keeps its finished units
+    for the next ``--resume``; only this run's temporary files go (on a full disk they are
+    what keeps it full)."""
+    try:
+        if created or opts.overwrite:
+            if remove_prepared(out) and created:
+                out.rmdir()
+        else:
+            remove_prepared(out, temporary_only=True)
+    except OSError:
+        pass  # best effort: the error being raised is what the user must see
 
 
 def check_disk(out: Path, run: PrepRun) -> None:
@@ -104,17 +191,6 @@ def check_disk(out: Path, run: PrepRun) -> None:
                         f"{_gib(free)} GiB free")
 
 
-def _disk_full(e: OSError, out: Path) -> bool:
-    """Whether a write failed for want of space (numpy's short writes carry no errno)."""
-    if e.errno == errno.ENOSPC:
-        return True
-    try:
-        st = os.statvfs(out)
-    except OSError:
-        return False
-    return st.f_bavail * st.f_frsize < (1 << 20)
-
-
 def _gib(b: int) -> str:
     return f"{b / 2**30:.3g}"
 
@@ -124,8 +200,9 @@ def prepare(source: GraphSource, opts: PrepOptions, comm: Comm | None = None,
     """Run prep on every rank of ``comm``; returns the manifest (identical on every rank).
 
     ``fail_after`` (tests only) interrupts this rank after it has built that many units.
-    A :class:`DataError` on any rank stops all of them and removes the output (unless it was a
-    resumed directory); any other interruption leaves a directory ``--resume`` completes.
+    A :class:`DataError` on any rank stops all of them and removes what the run wrote (not a
+    resumed directory's work; never a file the format does not name); any other interruption
+    leaves a directory ``--resume`` completes.
     """
     comm = comm or Comm(None)
     t_start = time.monotonic()
@@ -147,12 +224,12 @@ def prepare(source: GraphSource, opts: PrepOptions, comm: Comm | None = None,
     if comm.rank == 0:
         try:
             check_disk(out, run)
-            created = _setup_dir(opts, run.params)
+            created = _setup_dir(opts, run.params, input_paths(source, opts))
         except DataError as e:
             err = e
-        except OSError as e:  # a read-only or missing parent: every rank must hear of it
-            err = DataError(f"{e.filename or out}: cannot create the output "
-                            f"({e.strerror or e})")
+        except OSError as e:  # a full disk, a read-only or missing parent: every rank must hear
+            err = run.disk_full_error(e) if disk_full(e, out) else DataError(
+                f"{e.filename or out}: cannot create the output ({e.strerror or e})")
     comm.agree(err)
     created = comm.bcast(created)
     try:
@@ -161,14 +238,13 @@ def prepare(source: GraphSource, opts: PrepOptions, comm: Comm | None = None,
             bucket_stage(run)
             build_stage(run, fail_after)
             manifest = finish_stage(run, t_start)
-        except OSError as e:
-            if not _disk_full(e, out):
+        except OSError as e:  # one outside the stages' guarded work (run.local)
+            if not disk_full(e, out):
                 raise
-            raise DataError(f"{e.filename or out}: the disk is full; prep needs about "
-                            f"{_gib(prep_bytes(run))} GiB there") from None
+            raise run.disk_full_error(e) from None
     except DataError:
-        if comm.rank == 0 and created:
-            shutil.rmtree(out, ignore_errors=True)
+        if comm.rank == 0:
+            _remove_failed(out, created, opts)
         raise
     finally:
         source.close()

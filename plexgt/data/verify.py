@@ -201,6 +201,9 @@ def _check_matrix(pg: PreparedGraph, which: str, p: np.ndarray, q: np.ndarray,
             except KeyError:
                 bad.add(f"{path}: missing dataset {TILE_DEG!r}")
                 continue
+            except OSError as e:  # a damaged chunk (its checksum), as for the tiles above
+                bad.add(f"{path}: unreadable dataset {TILE_DEG!r} ({e})")
+                continue
             if not np.array_equal(stored, deg) or not np.array_equal(deg_all[r0:r1], deg):
                 bad.add(f"{path}: degrees disagree with the tiles' row counts")
     return total, h_fwd, h_rev, loops, h_feat

@@ -8,14 +8,16 @@ sampled_addmm and one SpMM per head; the fused kernels do each product in one pa
 The extension is compiled with the host's instruction set, so the build name carries a hash of
 the CPU's flags: a home directory shared by login and compute nodes of different generations
 keeps one build per ISA. ``make install`` builds it ahead (``python -m plexgt.ops.native``) so
-no rank of a job pays the ~30 s compile; ranks of a job that do build it wait on torch's lock
-in the build directory. Where no compiler is present the build fails once per process with a
-warning and :mod:`plexgt.ops.attention` keeps torch's kernels. ``PLEXGT_NATIVE=0`` turns the
+no rank of a job pays the ~30 s compile; ranks of a job that do build it wait for one of them
+(plexgt's flock in the build directory, which a killed build cannot leave held). Where no
+compiler is present the build fails once per process with a warning and
+:mod:`plexgt.ops.attention` keeps torch's kernels. ``PLEXGT_NATIVE=0`` turns the
 kernels off (for comparisons, or a machine whose compiler misbehaves).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -25,6 +27,7 @@ import shutil
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -66,32 +69,97 @@ def torch_include_root() -> str:
     return str(Path(torch.__file__).parent)
 
 
+BUILD_LOCK = "plexgt-build.lock"
+"""plexgt's own lock in an extension's build directory, held (flock) around torch's build."""
+BUILD_WAIT_S = 900.0
+"""The most a process waits for another's live build (~30 s on 2 cores) before it gives up and
+:func:`load` falls back to torch's kernels: a hung compiler must not hang the job."""
 STALE_LOCK_S = 600.0
-"""A build lock older than this is left over from a killed build (a build takes ~30 s)."""
+"""Where the filesystem has no flock: a torch build lock older than this is left over from a
+killed build (nothing else tells a live build's lock from a dead one's there)."""
+
+
+@contextlib.contextmanager
+def _build_lock(build_dir: Path) -> Iterator[None]:
+    """Hold plexgt's build lock on ``build_dir`` while torch builds there.
+
+    Why: torch's lock is a file created with O_EXCL and removed when the build ends; a build
+    killed in between (a preempted job) leaves it, and every later load waited in torch's
+    silent poll until :data:`STALE_LOCK_S` had passed. An flock is dropped by the kernel when
+    its holder dies, so it cannot go stale, and whoever holds it knows that a torch lock in the
+    directory belongs to a dead build (every plexgt build holds this one around torch's):
+    removed at once. Waiting for a live build is said on stderr, in one line.
+    """
+    build_dir.mkdir(parents=True, exist_ok=True)
+    with open(build_dir / BUILD_LOCK, "a") as guard:
+        if not _flock(guard, build_dir):  # no flock on this filesystem: the lock's age decides
+            _wait_for_lock(build_dir / "lock")
+            yield
+            return
+        lock = build_dir / "lock"
+        if lock.exists():
+            sys.stderr.write(f"plexgt: removing the build lock a killed build left in "
+                             f"{build_dir}\n")
+            lock.unlink(missing_ok=True)
+        yield  # the flock goes with the file
+
+
+def _flock(guard: Any, build_dir: Path) -> bool:
+    """Take ``guard``'s exclusive flock, waiting up to :data:`BUILD_WAIT_S` for a live build
+    (TimeoutError after); False where the filesystem does not lock."""
+    try:
+        fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        pass
+    except OSError:  # ENOLCK, ENOSYS, EINVAL: no flock here (a Lustre mount without -o flock)
+        return False
+    sys.stderr.write(f"plexgt: waiting for another process building the compiled kernels in "
+                     f"{build_dir} (at most {BUILD_WAIT_S:.0f} s)\n")
+    deadline = time.monotonic() + BUILD_WAIT_S
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        try:
+            fcntl.flock(guard, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            continue
+    raise TimeoutError(f"{build_dir}: another process is still building after "
+                       f"{BUILD_WAIT_S:g} s")
+
+
+def _wait_for_lock(lock: Path) -> None:
+    """Without flock: wait (saying so, once) while a torch lock younger than
+    :data:`STALE_LOCK_S` exists; clear one older (:func:`_clear_stale_lock`)."""
+    said = False
+    while lock.exists():
+        _clear_stale_lock(lock)
+        if not lock.exists():
+            return
+        if not said:
+            sys.stderr.write(f"plexgt: waiting for the build lock {lock} (another build, or "
+                             f"a killed one's: cleared once {STALE_LOCK_S:.0f} s old)\n")
+            said = True
+        time.sleep(0.5)
 
 
 def _clear_stale_lock(lock: Path) -> None:
-    """torch waits forever on the lock file of a build that was killed (a preempted job);
-    remove one too old to belong to a live build, so the next job builds instead of hanging."""
+    """Remove a torch build lock too old to belong to a live build (see _wait_for_lock)."""
     try:
         st = lock.stat()
     except OSError:
         return
     if time.time() - st.st_mtime <= STALE_LOCK_S:
         return
-    # many ranks may find the same stale lock: one at a time (a guard file of our own), and
     # only if it is still that file, so a lock a live build has just made is never removed
-    with open(lock.with_name("plexgt-lock-guard"), "a") as guard:
-        fcntl.flock(guard, fcntl.LOCK_EX)
-        try:
-            now = lock.stat()
-        except OSError:
-            return
-        if (now.st_ino, now.st_mtime) == (st.st_ino, st.st_mtime):
-            warnings.warn(f"plexgt: removing stale build lock {lock} "
-                          f"({time.time() - st.st_mtime:.0f} s old)", RuntimeWarning,
-                          stacklevel=3)
-            lock.unlink(missing_ok=True)
+    try:
+        now = lock.stat()
+    except OSError:
+        return
+    if (now.st_ino, now.st_mtime) == (st.st_ino, st.st_mtime):
+        warnings.warn(f"plexgt: removing stale build lock {lock} "
+                      f"({time.time() - st.st_mtime:.0f} s old)", RuntimeWarning, stacklevel=3)
+        lock.unlink(missing_ok=True)
 
 
 def _ninja_on_path() -> None:
@@ -134,16 +202,17 @@ def enabled() -> bool:
 def build(name: str, flags: list[str] | None = None, source: Path = SOURCE,
           verbose: bool = False) -> Any:
     """Compile ``source`` as the torch extension ``name`` (``flags``: :data:`FLAGS` by
-    default) and import it; raises what the compiler raised. A dead build's lock is cleared
-    first and ninja put on PATH: every build (this module's, an ISA test's, a benchmark's
-    A/B) goes through here, so none hangs on another's stale lock."""
+    default) and import it; raises what the compiler raised. Built under plexgt's build lock
+    (:func:`_build_lock`: a dead build's lock is cleared at once) with ninja on PATH: every
+    build (this module's, an ISA test's, a benchmark's A/B) goes through here, so none hangs
+    on another's stale lock."""
     from torch.utils.cpp_extension import _get_build_directory
     from torch.utils.cpp_extension import load as torch_load
 
-    _clear_stale_lock(Path(_get_build_directory(name, verbose=False)) / "lock")
     _ninja_on_path()
-    return torch_load(name, [str(source)], extra_cflags=FLAGS if flags is None else flags,
-                      extra_ldflags=["-fopenmp"], verbose=verbose)
+    with _build_lock(Path(_get_build_directory(name, verbose=False))):
+        return torch_load(name, [str(source)], extra_cflags=FLAGS if flags is None else flags,
+                          extra_ldflags=["-fopenmp"], verbose=verbose)
 
 
 def load(verbose: bool = False) -> Any | None:

@@ -6,7 +6,9 @@ plain pytest also works: a world of one).
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -161,3 +163,73 @@ def test_text_source_bad_count_found_only_by_the_sum(shared_dir):
         prepare(SnapSource(shared_dir / "g.txt", 40), _opts(shared_dir / "o", tiles=2), COMM)
     arrive(MPI.COMM_WORLD)
     assert not (shared_dir / "o").exists()
+
+
+def test_overwrite_of_a_directory_holding_the_input_is_refused_on_every_rank(shared_dir):
+    """``--input u/g.txt --out u --overwrite`` deleted u/ before reading its input: every rank
+    now agrees on the one-line refusal, and u/ is untouched."""
+    from plexgt.data.formats.snap import SnapSource
+    from tests.datagen import write_snap
+
+    u = shared_dir / "u"
+    if COMM.rank == 0:
+        u.mkdir()
+        write_snap(u / "g.txt", small_graph(40, 200))
+        (u / "README").write_text("mine")
+        (u / "manifest.json").write_text('{"x": 1}')
+    arrive(MPI.COMM_WORLD)
+    with pytest.raises(DataError, match="g.txt lies inside it"):
+        prepare(SnapSource(u / "g.txt"), _opts(u, tiles=2, overwrite=True), COMM)
+    arrive(MPI.COMM_WORLD)
+    assert sorted(p.name for p in u.iterdir()) == ["README", "g.txt", "manifest.json"]
+    assert (u / "manifest.json").read_text() == '{"x": 1}'
+
+
+@pytest.fixture
+def shared_small_disk(shared_dir):
+    """An 8 MiB tmpfs all ranks write to (rank 0 mounts it; root only, else every rank skips)."""
+    d = shared_dir / "disk"
+    why = None
+    if COMM.rank == 0:
+        d.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(d)],
+                           capture_output=True, text=True)
+        why = None if r.returncode == 0 else (r.stderr.strip() or "not root")
+    why = COMM.bcast(why)
+    if why is not None:
+        pytest.skip(f"cannot mount a small tmpfs here ({why})")
+    try:
+        yield d
+    finally:
+        arrive(MPI.COMM_WORLD)
+        if COMM.rank == 0:
+            subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_a_full_disk_on_one_rank_is_one_error_on_every_rank(shared_small_disk, monkeypatch):
+    """The last rank's disk fills part way through a tile: it raised an OSError, the others a
+    RuntimeError, and .staging and a .h5.tmp stayed. Now every rank raises an agreed one-line
+    DataError, and the disk holds only the filler."""
+    from plexgt.data import prep_stages, shard
+
+    disk = shared_small_disk
+    monkeypatch.setattr(shard, "check_disk", lambda out, run: None)
+    if COMM.rank == COMM.size - 1:
+        real = prep_stages.build_units
+
+        def filling(*a, **kw):
+            st = os.statvfs(disk)
+            with open(disk / "filler", "ab") as f:
+                os.posix_fallocate(f.fileno(), 0, max(1, st.f_bavail * st.f_frsize - (20 << 10)))
+            return real(*a, **kw)
+
+        monkeypatch.setattr(prep_stages, "build_units", filling)
+    g = small_graph(3000, 30000, f=64)
+    with pytest.raises(DataError) as e:
+        prepare(MemorySource(g), _opts(disk / "o", tiles=2), COMM)
+    msg = str(e.value)
+    assert "the disk is full; prep needs about" in msg and str(disk) in msg, msg
+    # agreed: every rank names the same rank as the one whose line the command prints
+    assert e.value.agreed and len(set(COMM.allgather(e.value.origin))) == 1
+    arrive(MPI.COMM_WORLD)
+    assert os.listdir(disk) == ["filler"]

@@ -291,3 +291,94 @@ def test_a_second_openmp_runtime_is_warned_about(monkeypatch):
                                                             "/t/libgomp-a34b.so.1"])
     with pytest.warns(RuntimeWarning, match="more than one OpenMP runtime"):
         assert native.load() is not None
+
+
+@pytest.fixture
+def fake_compile(monkeypatch, tmp_path):
+    """torch's own load path (its versioner, its lock file) with the compile and the import
+    replaced: a build takes milliseconds, and a test can leave torch's lock as a killed
+    build leaves it."""
+    from torch.utils import cpp_extension
+
+    built = []
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.setattr(cpp_extension, "_write_ninja_file_and_build_library",
+                        lambda name, **kw: built.append(name))
+    monkeypatch.setattr(cpp_extension, "_import_module_from_library",
+                        lambda name, path, is_python_module: f"module {name}")
+    src = tmp_path / "k.cpp"
+    src.write_text("// a kernel\n")
+    # a name of its own: torch's versioner (per process) renames a known name built elsewhere
+    name = f"plexgt_fake_{abs(hash(str(tmp_path)))}"
+    return src, built, name, tmp_path / "ext" / name
+
+
+def _killed_build_lock(build_dir):
+    """torch's lock file as a build killed while holding it leaves it (FileBaton.try_acquire
+    creates it with O_CREAT | O_EXCL; its release never ran)."""
+    from torch.utils.file_baton import FileBaton
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    baton = FileBaton(str(build_dir / "lock"))
+    assert baton.try_acquire()
+    os.close(baton.fd)
+
+
+@pytest.mark.timeout(30)
+def test_a_killed_builds_lock_does_not_stall_the_next_build(fake_compile, tmp_path, capsys):
+    """A job killed during the first build left torch's lock; the next waited silently until
+    the lock was 600 s old. plexgt's own build lock (an flock) dies with its holder, so whoever
+    holds it knows torch's lock is a dead build's and removes it at once."""
+    src, built, name, build_dir = fake_compile
+    _killed_build_lock(build_dir)
+    t0 = time.monotonic()
+    assert native.build(name, source=src) == f"module {name}"
+    assert time.monotonic() - t0 < 5 and built == [name]
+    assert not (build_dir / "lock").exists()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "killed build" in err[0] and str(build_dir) in err[0], err
+
+
+@pytest.mark.timeout(30)
+def test_a_live_build_is_waited_for_with_one_line(fake_compile, tmp_path, capsys, monkeypatch):
+    """Another process building holds plexgt's flock: the next says so in one line and waits
+    for it, up to BUILD_WAIT_S (then the build fails: load() falls back to torch's kernels)."""
+    import fcntl
+    import threading
+
+    src, built, name, build_dir = fake_compile
+    build_dir.mkdir(parents=True)
+    holder = open(build_dir / native.BUILD_LOCK, "a")  # noqa: SIM115 - released by the timer
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    threading.Timer(1.0, holder.close).start()  # that build finishes a second later
+    t0 = time.monotonic()
+    assert native.build(name, source=src) == f"module {name}"
+    assert time.monotonic() - t0 >= 0.9
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "waiting for another process" in err[0], err
+    holder = open(build_dir / native.BUILD_LOCK, "a")  # noqa: SIM115
+    try:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        monkeypatch.setattr(native, "BUILD_WAIT_S", 0.5)
+        with pytest.raises(TimeoutError, match="still building after 0.5 s"):
+            native.build(name, source=src)
+    finally:
+        holder.close()
+
+
+@pytest.mark.timeout(30)
+def test_without_flock_a_stale_lock_is_still_cleared(fake_compile, tmp_path, monkeypatch,
+                                                      capsys):
+    """Where the filesystem has no flock (some Lustre mounts), the lock's age decides."""
+    src, built, name, build_dir = fake_compile
+
+    def no_flock(f, op):
+        raise OSError(38, "Function not implemented")
+
+    monkeypatch.setattr(native.fcntl, "flock", no_flock)
+    _killed_build_lock(build_dir)
+    old = time.time() - native.STALE_LOCK_S - 60
+    os.utime(build_dir / "lock", (old, old))
+    with pytest.warns(RuntimeWarning, match="stale build lock"):
+        assert native.build(name, source=src) == f"module {name}"
+    assert built == [name]

@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import json
 import os
+import pickle
 import shutil
 import socket
 from pathlib import Path
@@ -31,6 +32,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from plexgt.errors import CheckpointError
+from plexgt.training import dcp_safe
 
 COMPLETE = "COMPLETE"
 STOPPED = "STOPPED"
@@ -49,12 +51,18 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
-def _why(e: BaseException) -> str:
-    """The innermost reason of a (possibly DCP-wrapped) failure, on one line."""
+def _innermost(e: BaseException) -> BaseException:
+    """The exception at the root of a (possibly DCP-wrapped) failure."""
     if isinstance(e, CheckpointException) and e.failures:
         e = e.failures[min(e.failures)][0]  # DCP's per-rank failures: the lowest rank's
     while e.__cause__ is not None:
         e = e.__cause__
+    return e
+
+
+def _why(e: BaseException) -> str:
+    """The innermost reason of a (possibly DCP-wrapped) failure, on one line."""
+    e = _innermost(e)
     if isinstance(e, OSError):
         return f"{e.filename + ': ' if e.filename else ''}{e.strerror or e}"
     lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
@@ -136,8 +144,18 @@ def read_state(root: Path, epoch: int, template: dict[str, Any]) -> dict[str, An
     collective) and return it."""
     d = epoch_dir(root, epoch)
     try:
-        dcp.load(template, checkpoint_id=str(d))
+        dcp_safe.load(d, template)  # runs nothing a crafted checkpoint holds
+    except CheckpointError:
+        raise
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - does not fit, unreadable
+        inner = _innermost(e)
+        if isinstance(inner, CheckpointError):
+            raise CheckpointError(f"{d}: {inner}") from None
+        if isinstance(inner, pickle.UnpicklingError):  # torch.load(weights_only=True) refused
+            why = next((ln.split("error:", 1)[1].split(". ")[0].strip() for ln in
+                        str(inner).splitlines() if "WeightsUnpickler error:" in ln), "")
+            raise CheckpointError(f"{d}: a tensor of its .distcp files holds other objects "
+                                  f"(refused, not run{': ' + why if why else ''})") from None
         raise CheckpointError(f"{d}: cannot read the checkpoint into this run ({_why(e)})"
                               ) from None
     return template

@@ -4,17 +4,23 @@ run cuts back."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
+import pickle
 from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from plexgt.config import load_config
 from plexgt.errors import CheckpointError, ConfigError
 from plexgt.models.gt import GraphTransformer
 from plexgt.parallel.rows1d import RowParallel
 from plexgt.training import checkpoint as ckpt
+from plexgt.training import dcp_safe
 from plexgt.training.loop import open_metrics
 from plexgt.training.state import canonical_state, load_canonical_state
 
@@ -153,3 +159,119 @@ def test_resumed_metrics_drop_the_epochs_past_the_checkpoint(tmp_path):
     assert [json.loads(l)["epoch"] for l in m.read_text().splitlines()] == [1, 2, 3, 4, 5, 6]
     with pytest.raises(ConfigError, match="config key 'metrics'"):
         open_metrics(load_config(None, None, [f"--metrics={tmp_path}"]), 0)
+
+
+class _Planted:
+    """What a crafted checkpoint pickles: its ``__reduce__`` writes ``marker`` and then hands
+    the unpickler ``value`` (the real metadata, or a tensor), so a plain load goes on as if
+    nothing happened."""
+
+    def __init__(self, marker: Path, value: object) -> None:
+        self.marker, self.value = marker, pickle.dumps(value)
+
+    def __reduce__(self):
+        return (eval, (f"(open({str(self.marker)!r}, 'w').write('ran'), "
+                       f"__import__('pickle').loads({self.value!r}))[1]",))
+
+
+def _reseal(root: Path, epoch: int, name: str) -> dict:
+    """Record a rewritten file's sha256 in COMPLETE, as whoever rewrote the file can."""
+    d = ckpt.epoch_dir(root, epoch)
+    meta = json.loads((d / ckpt.COMPLETE).read_text())
+    meta["sha256"][name] = hashlib.sha256((d / name).read_bytes()).hexdigest()
+    (d / ckpt.COMPLETE).write_text(json.dumps(meta))
+    return meta
+
+
+def test_a_crafted_metadata_file_runs_nothing_and_is_refused_naming_it(tmp_path):
+    """The proof of concept: .metadata replaced by a pickle whose __reduce__ writes a marker
+    and returns the real metadata, COMPLETE's checksum updated to match. A plain pickle.load
+    (DCP's) ran it silently; the checkpoint is refused in one line and nothing ran."""
+    _write(tmp_path)
+    path = ckpt.epoch_dir(tmp_path, 3) / ".metadata"
+    marker = tmp_path / "ran"
+    with open(path, "rb") as f:
+        real = pickle.load(f)  # our own file, just written
+    path.write_bytes(pickle.dumps(_Planted(marker, real)))
+    meta = _reseal(tmp_path, 3, ".metadata")
+    ckpt.verify_files(tmp_path, 3, meta)  # the checksum matches: it is no defence
+    with pytest.raises(CheckpointError) as e:
+        ckpt.read_state(tmp_path, 3, _template())
+    assert str(e.value).startswith(f"{path}: ") and "builtins.eval" in str(e.value)
+    assert "\n" not in str(e.value)
+    assert not marker.exists()
+
+
+def test_a_non_tensor_entry_in_the_metadata_is_refused_before_its_bytes_are_read(tmp_path):
+    """DCP loads a 'bytes' entry with torch.load(weights_only=False): a crafted .metadata
+    that declares the state's tensor as bytes, pointing at a malicious pickle, ran it."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+
+    _write(tmp_path)
+    d = ckpt.epoch_dir(tmp_path, 3)
+    marker = tmp_path / "ran"
+    data = next(n for n in json.loads((d / ckpt.COMPLETE).read_text())["sha256"]
+                if n.endswith(".distcp"))
+    buf = io.BytesIO()
+    torch.save(_Planted(marker, torch.arange(10.0)), buf)
+    blob = buf.getvalue()
+    end = (d / data).stat().st_size
+    with open(d / data, "ab") as f:  # the real tensors stay where they were
+        f.write(blob)
+    with open(d / ".metadata", "rb") as f:
+        md = pickle.load(f)
+    md.state_dict_metadata["w"] = BytesStorageMetadata()
+    index = next(i for i in md.storage_data if i.fqn == "w")
+    info = md.storage_data.pop(index)
+    info.offset, info.length = end, len(blob)
+    md.storage_data[MetadataIndex("w")] = info  # where DCP looks a bytes entry up
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+    _reseal(tmp_path, 3, data)
+    _reseal(tmp_path, 3, ".metadata")
+    with pytest.raises(CheckpointError, match=r"\.metadata: .*BytesStorageMetadata"):
+        ckpt.read_state(tmp_path, 3, _template())
+    assert not marker.exists()
+    # and should such metadata get past that check, the planner does not load the bytes
+    with pytest.raises(CheckpointException, match="entry 'w' is not a tensor"):
+        dcp.load(_template(), storage_reader=dcp_safe._Reader(d, md),
+                 planner=dcp_safe._TensorsOnly())
+    assert not marker.exists()
+
+
+def test_a_crafted_tensor_payload_runs_nothing(tmp_path):
+    """DCP reads each tensor of a .distcp file with torch.load(weights_only=True): a payload
+    replaced by a torch.save'd object whose __reduce__ writes a marker (the metadata pointed
+    at it, every checksum updated) is a one-line error and nothing ran."""
+    _write(tmp_path)
+    d = ckpt.epoch_dir(tmp_path, 3)
+    marker = tmp_path / "ran"
+    data = next(n for n in json.loads((d / ckpt.COMPLETE).read_text())["sha256"]
+                if n.endswith(".distcp"))
+    buf = io.BytesIO()
+    torch.save(_Planted(marker, torch.arange(10.0)), buf)
+    (d / data).write_bytes(buf.getvalue())
+    with open(d / ".metadata", "rb") as f:
+        md = pickle.load(f)
+    for info in md.storage_data.values():
+        info.offset, info.length = 0, len(buf.getvalue())
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+    _reseal(tmp_path, 3, data)
+    _reseal(tmp_path, 3, ".metadata")
+    with pytest.raises(CheckpointError, match=f"{d}: a tensor of its .distcp files holds "
+                                              "other objects .refused, not run: .*eval"):
+        ckpt.read_state(tmp_path, 3, _template())
+    assert not marker.exists()
+
+
+def test_metadata_naming_files_outside_the_checkpoint_is_refused(tmp_path):
+    """The metadata says which file holds each tensor: only DCP's own files of the epoch's
+    directory are read, never a path a crafted file names."""
+    _write(tmp_path)
+    d = ckpt.epoch_dir(tmp_path, 3)
+    with open(d / ".metadata", "rb") as f:
+        md = pickle.load(f)
+    for info in md.storage_data.values():
+        info.relative_path = "../../etc/passwd"
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+    with pytest.raises(CheckpointError, match=r"\.metadata: .*'\.\./\.\./etc/passwd'"):
+        ckpt.read_state(tmp_path, 3, _template())

@@ -218,7 +218,10 @@ def lock(root: Path) -> Any:
 
 def mark_complete(root: Path, epoch: int, meta: dict[str, Any], keep: int = 2) -> None:
     """Rank 0, once every rank's files are written and hashed: declare ``epoch`` complete
-    (``meta`` holds the checksums) and drop all but the ``keep`` newest complete ones."""
+    (``meta`` holds the checksums and the run's id) and drop all but the ``keep`` newest
+    complete ones of this run. Another run's checkpoints are never removed: a directory that
+    held a later epoch of another run, sorted by name, once lost each new checkpoint just
+    after it was written."""
     d = epoch_dir(root, epoch)
     missing = [n for n in meta.get("sha256", {}) if not (d / n).exists()]
     if missing:
@@ -231,9 +234,35 @@ def mark_complete(root: Path, epoch: int, meta: dict[str, Any], keep: int = 2) -
         _discard(tmp)
         raise CheckpointError(f"{d}: cannot complete the checkpoint ({e.strerror or e})"
                               ) from None
-    done = sorted(p for p in root.glob("epoch_*") if (p / COMPLETE).exists())
-    for old in done[:-keep]:
+    run = meta.get("run")
+    if not run:
+        return
+    mine = sorted((int(m["epoch"]), p) for p, m in _completes(root) if m.get("run") == run)
+    for _, old in mine[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def _completes(root: Path) -> list[tuple[Path, dict[str, Any]]]:
+    """(directory, COMPLETE) of every epoch directory whose COMPLETE reads as one."""
+    out = []
+    for d in sorted(root.glob("epoch_*")):
+        try:
+            meta = json.loads((d / COMPLETE).read_text())
+            int(meta["epoch"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        out.append((d, meta))
+    return out
+
+
+def check_fresh(root: Path) -> None:
+    """Rank 0 of a run not resumed: refuse a directory that holds complete checkpoints (of
+    another run), whose newest ``--resume`` would then continue."""
+    found = latest_complete(root)
+    if found is not None:
+        raise CheckpointError(f"{root}: holds another run's complete checkpoints (the newest "
+                              f"{epoch_dir(root, found[0]).name}); pass --resume to continue "
+                              "it or use another --checkpoint-dir")
 
 
 def latest_complete(root: Path) -> tuple[int, dict[str, Any]] | None:

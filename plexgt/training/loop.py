@@ -17,6 +17,7 @@ import json
 import math
 import os
 import resource
+import secrets
 import signal
 import sys
 import time
@@ -121,6 +122,9 @@ class RunState:
         default_factory=lambda: {"epoch": -1, "valid": -1.0, "test": 0.0})
     """Epoch, validation and test metric (the task's: accuracy or ROC-AUC) of the best
     validation epoch."""
+    run: str = ""
+    """The run's identity (:func:`_new_run_id`): a resumed run keeps the one its checkpoint
+    records; '' until one is given."""
 
 
 def run_meta(ctx: DistContext, task: Task, cfg: TrainConfig) -> dict[str, Any]:
@@ -161,13 +165,13 @@ def resume(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opti
             f", written by {meta.get('world_size')} ranks on {meta.get('grid')} "
             f"{meta.get('strategy')}")
         log(f"plexgt train: resumed from {ckpt.epoch_dir(root, epoch)} (epoch {epoch}{how})")
-    return RunState(epoch, dict(meta["best"]))
+    return RunState(epoch, dict(meta["best"]), str(meta.get("run") or ""))
 
 
 def save(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimizer,
-         epoch: int, best: dict[str, Any]) -> None:
+         epoch: int, best: dict[str, Any], run: str = "") -> None:
     """Every rank writes its part of the canonical state (collective); rank 0 marks the
-    checkpoint complete once all have written and hashed their files."""
+    checkpoint complete once all have written and hashed their files, as run ``run``'s."""
     if not cfg.checkpoint_dir:
         return
     root = Path(cfg.checkpoint_dir)
@@ -177,7 +181,8 @@ def save(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimi
     parts: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(parts, sums)
     meta = {**run_meta(ctx, task, cfg), "step": int(getattr(task.model, "step", 0)),
-            "best": best, "sha256": {k: v for part in parts for k, v in part.items()}}
+            "best": best, "run": run,
+            "sha256": {k: v for part in parts for k, v in part.items()}}
     agreed(lambda: ckpt.mark_complete(root, epoch, meta) if ctx.rank == 0 else None,
            ctx.device)
 
@@ -334,9 +339,24 @@ def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> d
                             weight_decay=cfg.optim.weight_decay)
     root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     held = agreed(lambda: ckpt.lock(root) if rank0 and root is not None else None, ctx.device)
-    state = resume(cfg, ctx, task, opt, log) if cfg.resume else RunState()
-    if root is not None:
-        agreed(lambda: _prepare_dir(root, cfg) if rank0 else None, ctx.device)
+    try:
+        if root is not None and not cfg.resume:  # a fresh run writes into no other's
+            agreed(lambda: ckpt.check_fresh(root) if rank0 else None, ctx.device)
+        state = resume(cfg, ctx, task, opt, log) if cfg.resume else RunState()
+        state.run = state.run or _new_run_id(ctx.device)
+        if root is not None:
+            agreed(lambda: _prepare_dir(root, cfg) if rank0 else None, ctx.device)
+        return _epochs(cfg, ctx, task, opt, state, log)
+    finally:
+        if held is not None:
+            held.close()
+
+
+def _epochs(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimizer,
+            state: RunState, log: Any) -> dict[str, Any]:
+    """The epochs from ``state.start`` on, with their checkpoints and the stop signals."""
+    rank0 = ctx.rank == 0
+    root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     best = state.best
     stop = StopFlag()
     out = agreed(lambda: EpochLog(cfg, rank0, state.start), ctx.device)
@@ -355,7 +375,7 @@ def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> d
             signum, stop_now = stop_requested(stop, cfg, epoch, ctx.device)
             due = cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0
             if stop_now or due or epoch + 1 == cfg.epochs:
-                save(cfg, ctx, task, opt, epoch + 1, best)
+                save(cfg, ctx, task, opt, epoch + 1, best, state.run)
             if stop_now:
                 if rank0:
                     if root is not None:
@@ -365,9 +385,15 @@ def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> d
                 return _summary(_why(signum), last, best, task.metric)
     finally:
         out.close()
-        if held is not None:
-            held.close()
     return _summary("", last, best, task.metric)
+
+
+def _new_run_id(device: torch.device) -> str:
+    """A fresh run's identity, rank 0's on every rank: recorded in each COMPLETE it writes
+    (and kept by a run resumed from one), it says whose checkpoints pruning may remove."""
+    t = torch.tensor([secrets.randbits(62)], dtype=torch.int64, device=device)
+    dist.broadcast(t, src=0)
+    return f"{int(t.item()):016x}"
 
 
 def _why(signum: int) -> str:

@@ -319,6 +319,34 @@ def test_resume_on_another_layout_continues_the_curve(data, tmp_path, model, fir
     assert {r["ranks"] for r in rows[:4]} == {n1} and {r["ranks"] for r in rows[4:]} == {n2}
 
 
+def _runs(ck: Path) -> dict[int, str]:
+    """{epoch: run id} of the complete checkpoints in ``ck``."""
+    return {int(d.name[6:]): json.loads((d / "COMPLETE").read_text())["run"]
+            for d in sorted(ck.glob("epoch_*")) if (d / "COMPLETE").exists()}
+
+
+def test_a_fresh_run_refuses_another_runs_checkpoints_and_a_resumed_run_keeps_its_id(
+        data, tmp_path):
+    """A fresh run into a directory with complete checkpoints is refused in one line (it
+    once pruned its own new checkpoints there and --resume continued the old run); a resumed
+    run writes under the id of the run it continues and prunes that run's older ones."""
+    ck = tmp_path / "ck"
+    every = ["--checkpoint-dir", str(ck), "--checkpoint-every", "1"]
+    r = _train(data, 1, "--epochs", "3", *every)
+    assert r.returncode == 0, r.stderr
+    first = _runs(ck)
+    assert list(first) == [2, 3] and len(set(first.values())) == 1
+    r = _train(data, 1, "--epochs", "2", *every)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"plexgt train: error: {ck}: holds another run's complete checkpoints (the newest "
+        "epoch_000003); pass --resume to continue it or use another --checkpoint-dir")
+    assert _runs(ck) == first
+    r = _train(data, 1, "--epochs", "5", *every, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert _runs(ck) == {4: first[3], 5: first[3]}
+
+
 def test_sigusr1_checkpoints_and_stops_then_resume_finishes(data, tmp_path):
     ck, m = tmp_path / "c", tmp_path / "m.jsonl"
     cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "plexgt", "train", "--data", str(data),

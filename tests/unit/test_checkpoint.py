@@ -275,3 +275,38 @@ def test_metadata_naming_files_outside_the_checkpoint_is_refused(tmp_path):
     (d / ".metadata").write_bytes(pickle.dumps(md))
     with pytest.raises(CheckpointError, match=r"\.metadata: .*'\.\./\.\./etc/passwd'"):
         ckpt.read_state(tmp_path, 3, _template())
+
+
+def _complete(root: Path, epoch: int, run: str) -> None:
+    sums = ckpt.write_state(root, epoch, {"w": torch.full((4,), float(epoch))})
+    ckpt.mark_complete(root, epoch, {"config_hash": "h", "run": run, "sha256": sums})
+
+
+def _epochs(root: Path) -> list[int]:
+    return sorted(int(p.name.split("_")[1]) for p in root.glob("epoch_*"))
+
+
+def test_pruning_keeps_this_runs_newest_and_never_touches_another_runs(tmp_path):
+    """A directory holding another run's epochs 10 and 11: a new run's epochs 1-4 keep its
+    own newest two (by name the other run's were newer, and each new checkpoint was removed
+    as soon as it was written); the other run's checkpoints stay."""
+    for e in (10, 11):
+        _complete(tmp_path, e, "other")
+    for e in range(1, 5):
+        _complete(tmp_path, e, "mine")
+        assert (ckpt.epoch_dir(tmp_path, e) / ckpt.COMPLETE).exists()
+    assert _epochs(tmp_path) == [3, 4, 10, 11]
+    for e in (12, 13, 14):  # and the other run, resumed, prunes only its own
+        _complete(tmp_path, e, "other")
+    assert _epochs(tmp_path) == [3, 4, 13, 14]
+
+
+def test_a_fresh_run_refuses_a_directory_with_another_runs_checkpoints(tmp_path):
+    ckpt.check_fresh(tmp_path)  # empty: fine
+    ckpt.epoch_dir(tmp_path, 2).mkdir()  # a killed run's incomplete write: fine
+    ckpt.check_fresh(tmp_path)
+    _complete(tmp_path, 7, "other")
+    with pytest.raises(CheckpointError, match=f"^{tmp_path}: holds another run's complete "
+                       "checkpoints .the newest epoch_000007.; pass --resume to continue it "
+                       "or use another --checkpoint-dir$"):
+        ckpt.check_fresh(tmp_path)

@@ -1,4 +1,5 @@
-"""Reading a DCP checkpoint without running anything it holds.
+"""Reading a DCP checkpoint without running anything it holds, and writing one without
+following a symlink or overwriting a file.
 
 DCP's ``FileSystemReader`` unpickles ``.metadata`` with plain :mod:`pickle`, so a crafted
 file runs code on ``--resume``; COMPLETE's sha256 is no defence, since whoever can write the
@@ -13,13 +14,21 @@ The payload: DCP reads each tensor of a ``.distcp`` file with ``torch.load(weigh
 containers. A *bytes* entry it would ``torch.load`` with ``weights_only=False`` (the default
 planner's ``load_bytes``); the state plexgt writes has none, so the metadata check refuses
 one, and the planner here refuses to load one should it get that far.
+
+Files: DCP's own file system opens with plain ``open``, which follows a symlink planted in
+the checkpoint directory and truncates what is there. :class:`_NoFollow` creates each file
+DCP writes with O_EXCL | O_NOFOLLOW (the epoch's directory is emptied of plexgt's files
+before a write, so every one is new) and reads none through a symlink.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import re
+from collections.abc import Generator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +36,16 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import metadata as dcp_metadata
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.filesystem import FileSystemReader, _StorageInfo
+from torch.distributed.checkpoint.filesystem import (
+    FileSystem,
+    FileSystemReader,
+    FileSystemWriter,
+    _StorageInfo,
+)
 from torch.distributed.checkpoint.planner import ReadItem
 
 from plexgt.errors import CheckpointError
+from plexgt.training.ownfiles import NOFOLLOW, os_error
 
 METADATA = ".metadata"
 DATA_FILE = re.compile(r"__\d+_\d+\.distcp")
@@ -75,14 +90,13 @@ def read_metadata(d: Path) -> dcp_metadata.Metadata:
     (module docstring); CheckpointError naming the file otherwise."""
     path = d / METADATA
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(os.open(path, os.O_RDONLY | NOFOLLOW), "rb") as f:
             md = _MetadataUnpickler(io.BytesIO(f.read())).load()
         _check(md)
     except _Refused as e:
         raise CheckpointError(f"{path}: not a checkpoint's metadata: {e}") from None
     except OSError as e:
-        raise CheckpointError(f"{path}: unreadable checkpoint file ({e.strerror or e})"
-                              ) from None
+        raise os_error(path, e, "read the checkpoint file") from None
     except Exception as e:  # noqa: BLE001 - a truncated or garbled pickle, any error
         raise CheckpointError(f"{path}: corrupt checkpoint metadata "
                               f"({type(e).__name__}: {e})") from None
@@ -117,6 +131,30 @@ def _check(md: Any) -> None:
                            f"({info.transform_descriptors!r}); plexgt writes none")
 
 
+class _NoFollow(FileSystem):
+    """DCP's local file system, creating every file it writes anew and following no symlink
+    (module docstring)."""
+
+    @contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str
+                      ) -> Generator[io.IOBase, None, None]:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL if "w" in mode else os.O_RDONLY
+        try:
+            fd = os.open(path, flags | NOFOLLOW, 0o644)
+        except OSError as e:
+            raise os_error(Path(path), e, "open the checkpoint file") from None
+        with os.fdopen(fd, mode) as stream:
+            yield stream
+
+
+class Writer(FileSystemWriter):
+    """DCP's file-system writer on :class:`_NoFollow`."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.fs = _NoFollow()
+
+
 class _Reader(FileSystemReader):
     """DCP's file-system reader, handed the metadata :func:`read_metadata` checked instead of
     unpickling ``.metadata`` itself. ``read_metadata`` takes no ``rank``, so DCP does not
@@ -124,6 +162,7 @@ class _Reader(FileSystemReader):
 
     def __init__(self, path: Path, md: dcp_metadata.Metadata) -> None:
         super().__init__(path)
+        self.fs = _NoFollow()
         self._md = md
 
     def read_metadata(self) -> dcp_metadata.Metadata:  # type: ignore[override]

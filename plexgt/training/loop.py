@@ -16,11 +16,13 @@ import contextlib
 import json
 import math
 import os
+import re
 import resource
 import secrets
 import signal
 import sys
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plexgt.config import TrainConfig, to_toml
+from plexgt.config import TrainConfig, load_config, to_toml
 from plexgt.data.runtime import Progress
 from plexgt.distributed.agree import agreed
 from plexgt.distributed.bootstrap import DistContext
@@ -36,6 +38,7 @@ from plexgt.errors import CheckpointError, ConfigError, TrainingError, mark_agre
 from plexgt.tasks.metrics import task_roc_auc
 from plexgt.tasks.task import Task
 from plexgt.training import checkpoint as ckpt
+from plexgt.training import ownfiles
 from plexgt.training.state import canonical_state, load_canonical_state
 from plexgt.training.tensorboard import TensorBoardLog
 
@@ -176,7 +179,7 @@ def save(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimi
         return
     root = Path(cfg.checkpoint_dir)
     state = canonical_state(task.model, opt)
-    agreed(lambda: ckpt.clear_epoch(root, epoch) if ctx.rank == 0 else None, ctx.device)
+    agreed(lambda: ckpt.clear_epoch(root, epoch, run) if ctx.rank == 0 else None, ctx.device)
     sums = agreed(lambda: ckpt.write_state(root, epoch, state), ctx.device)
     parts: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(parts, sums)
@@ -377,9 +380,10 @@ def _epochs(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opt
             if stop_now or due or epoch + 1 == cfg.epochs:
                 save(cfg, ctx, task, opt, epoch + 1, best, state.run)
             if stop_now:
+                if root is not None:
+                    agreed(lambda e=epoch + 1: _mark_stopped(root, e) if rank0 else None,
+                           ctx.device)
                 if rank0:
-                    if root is not None:
-                        (root / ckpt.STOPPED).write_text(f"{epoch + 1}\n")
                     log(f"plexgt train: stopped by {_why(signum)} after epoch {epoch + 1}; "
                         f"checkpoint written; continue with --resume")
                 return _summary(_why(signum), last, best, task.metric)
@@ -400,14 +404,40 @@ def _why(signum: int) -> str:
     return f"signal {signum}" if signum else "stop_after"
 
 
-def _prepare_dir(root: Path, cfg: TrainConfig) -> None:
-    """Rank 0: clear an old STOPPED mark and record the configuration beside the checkpoints."""
+CONFIG = "config.toml"
+CONFIG_MARK = "# plexgt train: the configuration of the run checkpointed here\n"
+"""config.toml's first line: what marks the file as plexgt's to replace."""
+STOPPED_TEXT = re.compile(r"\d+\n")
+
+
+def _own_config(text: str) -> bool:
+    """A config.toml plexgt wrote: its mark, or (written before the mark) exactly what
+    :func:`to_toml` writes for the configuration it holds."""
+    if text.startswith(CONFIG_MARK):
+        return True
     try:
-        (root / ckpt.STOPPED).unlink(missing_ok=True)
-        (root / "config.toml").write_text(to_toml(cfg))
-    except OSError as e:
-        raise CheckpointError(f"{e.filename or root}: cannot write to the checkpoint "
-                              f"directory ({e.strerror or e})") from None
+        return to_toml(load_config(None, dict(_dotted(tomllib.loads(text))))) == text
+    except (tomllib.TOMLDecodeError, ConfigError, ValueError, TypeError):
+        return False
+
+
+def _dotted(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for k, v in tree.items():
+        out.extend(_dotted(v, f"{prefix}{k}.") if isinstance(v, dict) else [(prefix + k, v)])
+    return out
+
+
+def _prepare_dir(root: Path, cfg: TrainConfig) -> None:
+    """Rank 0: clear an old STOPPED mark and record the configuration beside the checkpoints
+    (each only where plexgt's own file, or none, is)."""
+    ownfiles.remove_own(root / ckpt.STOPPED, STOPPED_TEXT.fullmatch)
+    ownfiles.replace_own(root / CONFIG, CONFIG_MARK + to_toml(cfg), _own_config)
+
+
+def _mark_stopped(root: Path, epoch: int) -> None:
+    """Rank 0: leave STOPPED (the epoch) for the job script, which requeues on it."""
+    ownfiles.replace_own(root / ckpt.STOPPED, f"{epoch}\n", STOPPED_TEXT.fullmatch)
 
 
 def _summary(stopped: str, last: int, best: dict[str, Any], metric: str) -> dict[str, Any]:

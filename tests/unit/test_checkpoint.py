@@ -310,3 +310,150 @@ def test_a_fresh_run_refuses_a_directory_with_another_runs_checkpoints(tmp_path)
                        "checkpoints .the newest epoch_000007.; pass --resume to continue it "
                        "or use another --checkpoint-dir$"):
         ckpt.check_fresh(tmp_path)
+
+
+def _victim(tmp_path: Path) -> Path:
+    v = tmp_path / "victim"
+    v.write_text("the user's file\n")
+    return v
+
+
+def test_a_symlinked_lock_is_refused_and_its_target_untouched(tmp_path):
+    """A LOCK -> ~/victim symlink planted in the checkpoint directory: opening it to write
+    the holder's line overwrote the victim."""
+    root, victim = tmp_path / "ck", _victim(tmp_path)
+    root.mkdir()
+    (root / ckpt.LOCK).symlink_to(victim)
+    with pytest.raises(CheckpointError, match=f"^{root}/LOCK: is a symbolic link"):
+        ckpt.lock(root)
+    assert victim.read_text() == "the user's file\n"
+
+
+def test_a_lock_file_plexgt_did_not_write_is_not_truncated(tmp_path):
+    (tmp_path / ckpt.LOCK).write_text("my notes\n")
+    with pytest.raises(CheckpointError, match=f"^{tmp_path}/LOCK: a file plexgt did not "
+                                              "write; it is never overwritten"):
+        ckpt.lock(tmp_path)
+    assert (tmp_path / ckpt.LOCK).read_text() == "my notes\n"
+    (tmp_path / ckpt.LOCK).write_text("pid 12 on node7\n")  # an earlier plexgt's: taken
+    ckpt.lock(tmp_path).close()
+    assert (tmp_path / ckpt.LOCK).read_text().startswith("plexgt train: pid ")
+
+
+def test_the_users_config_toml_survives_and_plexgts_own_is_replaced(tmp_path):
+    """A config.toml of the user's in the checkpoint directory was overwritten by every run;
+    plexgt's own (its mark, or the exact text an earlier plexgt wrote) is replaced."""
+    from plexgt.config import to_toml
+    from plexgt.training.loop import CONFIG_MARK, _prepare_dir
+
+    cfg = load_config(None, None, [f"--checkpoint_dir={tmp_path}", "--model.hidden=16"])
+    mine = "# my sweep settings\n[model]\nhidden = 16\n"
+    (tmp_path / "config.toml").write_text(mine)
+    with pytest.raises(CheckpointError, match=f"^{tmp_path}/config.toml: a file plexgt did "
+                                              "not write"):
+        _prepare_dir(tmp_path, cfg)
+    assert (tmp_path / "config.toml").read_text() == mine
+    for old in (to_toml(load_config(None, None, ["--model.hidden=8"])),
+                CONFIG_MARK + "anything plexgt wrote\n"):
+        (tmp_path / "config.toml").write_text(old)
+        _prepare_dir(tmp_path, cfg)
+        assert (tmp_path / "config.toml").read_text() == CONFIG_MARK + to_toml(cfg)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.toml"]  # no temporaries
+
+
+@pytest.mark.parametrize("name", ["config.toml", "STOPPED"])
+def test_a_symlink_where_plexgt_writes_a_file_is_refused(tmp_path, name):
+    from plexgt.training.loop import _mark_stopped, _prepare_dir
+
+    root, victim = tmp_path / "ck", _victim(tmp_path)
+    root.mkdir()
+    (root / name).symlink_to(victim)
+    cfg = load_config(None, None, [f"--checkpoint_dir={root}"])
+    acts = [lambda: _prepare_dir(root, cfg)]  # a run starting
+    if name == "STOPPED":
+        acts.append(lambda: _mark_stopped(root, 3))  # a run stopping
+    for act in acts:
+        with pytest.raises(CheckpointError, match=f"^{root}/{name}: is a symbolic link"):
+            act()
+    assert victim.read_text() == "the user's file\n" and (root / name).is_symlink()
+
+
+def test_a_stopped_mark_plexgt_did_not_write_is_kept(tmp_path):
+    from plexgt.training.loop import _mark_stopped, _prepare_dir
+
+    cfg = load_config(None, None, [f"--checkpoint_dir={tmp_path}"])
+    (tmp_path / ckpt.STOPPED).write_text("do not requeue: broken node\n")
+    for act in (lambda: _prepare_dir(tmp_path, cfg), lambda: _mark_stopped(tmp_path, 3)):
+        with pytest.raises(CheckpointError, match="STOPPED: a file plexgt did not write"):
+            act()
+    assert (tmp_path / ckpt.STOPPED).read_text() == "do not requeue: broken node\n"
+    (tmp_path / ckpt.STOPPED).write_text("7\n")  # its own: removed, then written
+    _prepare_dir(tmp_path, cfg)
+    assert not (tmp_path / ckpt.STOPPED).exists()
+    _mark_stopped(tmp_path, 9)
+    assert (tmp_path / ckpt.STOPPED).read_text() == "9\n"
+
+
+def test_a_symlinked_epoch_directory_is_refused_and_its_target_untouched(tmp_path):
+    """epoch_000003 -> a directory of the user's: clear_epoch's rmtree, or DCP's write,
+    went through it."""
+    root, elsewhere = tmp_path / "ck", tmp_path / "elsewhere"
+    root.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "__0_0.distcp").write_text("the user's data")
+    ckpt.epoch_dir(root, 3).symlink_to(elsewhere)
+    with pytest.raises(CheckpointError, match="epoch_000003: is a symbolic link"):
+        ckpt.clear_epoch(root, 3)
+    with pytest.raises(CheckpointError, match="epoch_000003: is a symbolic link"):
+        ckpt.write_state(root, 3, {"w": torch.zeros(2)})
+    assert [p.name for p in elsewhere.iterdir()] == ["__0_0.distcp"]
+    with pytest.raises(CheckpointError, match="epoch_000003: is a symbolic link"):
+        ckpt.latest_complete(root)  # nor is one resumed from
+
+
+def test_a_symlinked_dcp_file_is_refused_and_its_target_untouched(tmp_path):
+    """A __0_0.distcp -> victim symlink in an epoch's directory: refused by the clearing
+    before a write, and (planted after it) by the write itself, which creates every file
+    anew; nor is a checkpoint file read through one."""
+    victim = _victim(tmp_path)
+    root = tmp_path / "ck"
+    d = ckpt.epoch_dir(root, 3)
+    d.mkdir(parents=True)
+    (d / "__0_0.distcp").symlink_to(victim)
+    with pytest.raises(CheckpointError, match=f"^{d}/__0_0.distcp: is a symbolic link"):
+        ckpt.clear_epoch(root, 3)
+    with pytest.raises(CheckpointError, match=f"^{d}/__0_0.distcp: is a symbolic link"):
+        ckpt.write_state(root, 3, {"w": torch.zeros(2)})
+    assert victim.read_text() == "the user's file\n"
+    (d / "__0_0.distcp").unlink()
+    meta = _write(root)
+    (d / ".metadata").rename(tmp_path / "md")
+    (d / ".metadata").symlink_to(tmp_path / "md")
+    with pytest.raises(CheckpointError, match=f"^{d}/.metadata: is a symbolic link"):
+        ckpt.verify_files(root, 3, meta)
+    with pytest.raises(CheckpointError, match=f"^{d}/.metadata: is a symbolic link"):
+        ckpt.read_state(root, 3, _template())
+
+
+def test_clearing_an_epoch_removes_only_dcps_and_plexgts_files(tmp_path):
+    d = ckpt.epoch_dir(tmp_path, 3)
+    d.mkdir()
+    for n in (".metadata", ".metadata.tmp", "__0_0.distcp", "__11_2.distcp", "COMPLETE.tmp"):
+        (d / n).write_text("left by a killed run")
+    (d / "notes.txt").write_text("the user's")
+    with pytest.raises(CheckpointError, match=f"^{d}/notes.txt: a file plexgt did not write"):
+        ckpt.clear_epoch(tmp_path, 3)
+    assert len(list(d.iterdir())) == 6
+    (d / "notes.txt").unlink()
+    ckpt.clear_epoch(tmp_path, 3)
+    assert not d.exists()
+
+
+def test_clearing_an_epoch_never_removes_another_runs_complete_checkpoint(tmp_path):
+    _complete(tmp_path, 3, "other")
+    with pytest.raises(CheckpointError, match="epoch_000003: holds a complete checkpoint of "
+                                              "another run"):
+        ckpt.clear_epoch(tmp_path, 3, "mine")
+    assert (ckpt.epoch_dir(tmp_path, 3) / ckpt.COMPLETE).exists()
+    ckpt.clear_epoch(tmp_path, 3, "other")  # its own run may rewrite it
+    assert not ckpt.epoch_dir(tmp_path, 3).exists()

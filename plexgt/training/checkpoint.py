@@ -245,11 +245,17 @@ def read_state(root: Path, epoch: int, template: dict[str, Any]) -> dict[str, An
 
 
 def check_meta(root: Path, epoch: int, meta: dict[str, Any], expect: dict[str, Any]) -> None:
-    """Refuse a checkpoint whose computation differs from this run's, naming the first key
-    that differs. The layout (world size, grid, strategy) may differ: the state is canonical."""
+    """Refuse a checkpoint whose computation differs from this run's: another dataset (both
+    named), node order, or configuration (the first key that differs). The layout (world
+    size, grid, strategy) may differ: the state is canonical."""
     if meta.get("format") != FORMAT:
         raise CheckpointError(f"{epoch_dir(root, epoch) / COMPLETE}: checkpoint format "
                               f"{meta.get('format', 1)}, this plexgt reads format {FORMAT}")
+    if meta.get("dataset") and expect.get("dataset") and meta["dataset"] != expect["dataset"]:
+        raise CheckpointError(f"{epoch_dir(root, epoch)}: trained on "
+                              f"{meta.get('dataset_name') or 'another dataset'}, this run's data "
+                              f"is {expect.get('dataset_name') or 'another'}; resume on the "
+                              "dataset it was trained on")  # (older checkpoints record none)
     if expect.get("node_order") and meta.get("node_order") != expect["node_order"]:
         raise CheckpointError(f"{epoch_dir(root, epoch)}: its node embedding's rows follow "
                               "another prepared directory's node order; resume on the "

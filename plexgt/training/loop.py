@@ -131,11 +131,12 @@ class RunState:
 
 
 def run_meta(ctx: DistContext, task: Task, cfg: TrainConfig) -> dict[str, Any]:
-    """What a checkpoint records of the run that wrote it. The configuration hash must match
-    on resume, and with a node embedding the data's node order (the table's rows follow it);
-    the layout is informational (the state is canonical)."""
+    """What a checkpoint records of the run that wrote it. The configuration hash and the
+    dataset's identity must match on resume, and with a node embedding the data's node order
+    (the table's rows follow it); the layout is informational (the state is canonical)."""
     meta = {"world_size": ctx.world_size, "grid": task.grid, "strategy": task.strategy,
-            "config_hash": cfg.hash(), "config": cfg.computation()}
+            "config_hash": cfg.hash(), "config": cfg.computation(),
+            "dataset": task.dataset, "dataset_name": task.dataset_name}
     if task.node_order:
         meta["node_order"] = task.node_order
     return meta

@@ -347,6 +347,32 @@ def test_a_fresh_run_refuses_another_runs_checkpoints_and_a_resumed_run_keeps_it
     assert _runs(ck) == {4: first[3], 5: first[3]}
 
 
+def test_resume_on_another_dataset_is_refused_and_on_a_reprep_of_the_same_continues(
+        data, tmp_path):
+    """A checkpoint of one SBM graph resumed on another of the same F and C trained on
+    silently; the same input re-prepped with another permutation still resumes."""
+    from plexgt.data.shard import PrepOptions, prepare
+    from plexgt.data.source import MemorySource
+    from plexgt.data.synthetic import sbm
+
+    ck = tmp_path / "ck"
+    r = _train(data, 1, "--epochs", "4", "--stop-after", "2", "--checkpoint-dir", str(ck))
+    assert r.returncode == 0, r.stderr
+    other = prepared_sbm(tmp_path / "other", seed=2)
+    r = _train(other, 1, "--epochs", "4", "--checkpoint-dir", str(ck), "--resume")
+    assert r.returncode == 2
+    name = json.loads((data / "manifest.json").read_text())["name"]
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"plexgt train: error: {ck}/epoch_000002: trained on {data} ({name}), this run's "
+        f"data is {other} ({name.replace('seed=1', 'seed=2')}); resume on the dataset it was "
+        "trained on")
+    again = tmp_path / "again"
+    g = sbm(num_nodes=600, num_edges=6000, num_classes=4, num_features=16, seed=1)
+    prepare(MemorySource(g), PrepOptions(out=again, tiles=2, progress=False, seed=5))
+    r = _train(again, 1, "--epochs", "4", "--checkpoint-dir", str(ck), "--resume")
+    assert r.returncode == 0 and "finished after epoch 4" in r.stdout, r.stderr
+
+
 def test_sigusr1_checkpoints_and_stops_then_resume_finishes(data, tmp_path):
     ck, m = tmp_path / "c", tmp_path / "m.jsonl"
     cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "plexgt", "train", "--data", str(data),

@@ -457,3 +457,36 @@ def test_clearing_an_epoch_never_removes_another_runs_complete_checkpoint(tmp_pa
     assert (ckpt.epoch_dir(tmp_path, 3) / ckpt.COMPLETE).exists()
     ckpt.clear_epoch(tmp_path, 3, "other")  # its own run may rewrite it
     assert not ckpt.epoch_dir(tmp_path, 3).exists()
+
+
+def test_the_dataset_identity_ignores_the_node_order_and_tells_graphs_apart(tmp_path):
+    """Another permutation of the same input keeps the identity (its node order changes);
+    another graph of the same F and C does not."""
+    from plexgt.data.loader import PreparedGraph
+    from plexgt.data.shard import PrepOptions, prepare
+    from plexgt.data.source import MemorySource
+    from plexgt.data.synthetic import sbm
+    from plexgt.tasks.task import dataset_identity, node_order
+
+    def prep(name: str, graph_seed: int, **opts) -> PreparedGraph:
+        g = sbm(num_nodes=200, num_edges=1500, num_classes=4, num_features=8, seed=graph_seed)
+        prepare(MemorySource(g), PrepOptions(out=tmp_path / name, tiles=2, progress=False,
+                                             **opts))
+        return PreparedGraph(tmp_path / name)
+
+    a, again, other = prep("a", 1), prep("b", 1, seed=7, permutation="degree"), prep("c", 2)
+    assert node_order(a) != node_order(again)
+    assert dataset_identity(a) == dataset_identity(again) != dataset_identity(other)
+    assert (a.F, a.C) == (other.F, other.C)
+
+
+def test_a_checkpoint_of_another_dataset_is_refused_naming_both(tmp_path):
+    meta = _write(tmp_path, meta={"dataset": "aa", "dataset_name": "/p/computers (computers)"})
+    expect = {"config_hash": "h", "dataset": "bb", "dataset_name": "/p/photo (photo)"}
+    with pytest.raises(CheckpointError, match=r"epoch_000003: trained on /p/computers "
+                       r"\(computers\), this run's data is /p/photo \(photo\); resume on the "
+                       "dataset it was trained on$"):
+        ckpt.check_meta(tmp_path, 3, meta, expect)
+    ckpt.check_meta(tmp_path, 3, {**meta, "dataset": "bb"}, expect)
+    older = {k: v for k, v in meta.items() if not k.startswith("dataset")}
+    ckpt.check_meta(tmp_path, 3, older, expect)  # recorded none: still resumes

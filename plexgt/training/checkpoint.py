@@ -29,6 +29,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
@@ -89,11 +90,63 @@ def write_state(root: Path, epoch: int, state: dict[str, Any]) -> dict[str, str]
         dcp.save(state, storage_writer=dcp_safe.Writer(d))
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP wraps every rank's
         inner = _innermost(e)
-        if isinstance(inner, CheckpointError):
-            raise CheckpointError(str(inner)) from None
-        raise CheckpointError(f"{d}: cannot write the checkpoint ({_why(e)})") from None
+        err = (CheckpointError(str(inner)) if isinstance(inner, CheckpointError) else
+               _write_error(d, e, _size_estimate(state)))
+        if _world()[0] == 0 and not isinstance(inner, CheckpointError):
+            _discard_epoch(d)  # DCP raises on every rank once all have stopped writing
+        raise err from None
     _barrier()
     return _hash_mine(d)
+
+
+def _size_estimate(state: dict[str, Any]) -> int:
+    """Bytes a checkpoint of ``state`` takes: its tensors, plus about 2 KiB a tensor (DCP's
+    torch.save framing of each, 1.5 KiB, and its metadata entry)."""
+    return sum(v.numel() * v.element_size() + 2048 for v in state.values()
+               if isinstance(v, torch.Tensor))
+
+
+def _write_error(d: Path, e: BaseException, need: int) -> CheckpointError:
+    """A failed write in one line. A full device shows in DCP's files as torch's "unexpected
+    pos 704 vs 598" (its zip writer drops the errno); so the device's free space is asked
+    too."""
+    mib = f"about {need / 2**20:.3g} MiB"
+    seen, todo = set(), [e]
+    if isinstance(e, CheckpointException):
+        todo += [f[0] for f in e.failures.values()]
+    while todo:
+        x = todo.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT):
+            what = "no space left on the device" if x.errno == errno.ENOSPC else \
+                "the disk quota is exceeded"
+            return CheckpointError(f"{d}: cannot write the checkpoint: {what}; the "
+                                   f"checkpoint needs {mib}")
+        todo += [c for c in (x.__cause__, x.__context__) if c is not None]
+    try:
+        st = os.statvfs(d.parent)
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        free = None
+    if free is not None and free < need:
+        return CheckpointError(f"{d}: cannot write the checkpoint: no space left on the "
+                               f"device; the checkpoint needs {mib}")
+    if "unexpected pos" in _why(e):  # a short write, with room on the device: a quota?
+        return CheckpointError(f"{d}: cannot write the checkpoint: a write was cut short "
+                               f"(is a quota full?); the checkpoint needs {mib}")
+    return CheckpointError(f"{d}: cannot write the checkpoint ({_why(e)})")
+
+
+def _discard_epoch(d: Path) -> None:
+    """Remove a failed write's files (DCP's and plexgt's only) and its directory."""
+    try:
+        names = _epoch_files(d)
+        if names is not None:
+            _remove_epoch(d, names)
+    except CheckpointError:
+        pass  # something not plexgt's is there: left as it is
 
 
 def _make_dir(d: Path) -> None:
@@ -324,6 +377,7 @@ def mark_complete(root: Path, epoch: int, meta: dict[str, Any], keep: int = 2) -
     try:
         ownfiles.replace_own(d / COMPLETE, body, ours=lambda _: False, tmp=COMPLETE + ".tmp")
     except CheckpointError as e:
+        _discard_epoch(d)  # a checkpoint that cannot be completed is not left half-made
         raise CheckpointError(f"{d}: cannot complete the checkpoint ({e})") from None
     run = meta.get("run")
     if not run:

@@ -4,10 +4,14 @@ run cuts back."""
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import io
 import json
+import os
 import pickle
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,7 +24,7 @@ from plexgt.errors import CheckpointError, ConfigError
 from plexgt.models.gt import GraphTransformer
 from plexgt.parallel.rows1d import RowParallel
 from plexgt.training import checkpoint as ckpt
-from plexgt.training import dcp_safe
+from plexgt.training import dcp_safe, ownfiles
 from plexgt.training.loop import open_metrics
 from plexgt.training.state import canonical_state, load_canonical_state
 
@@ -490,3 +494,77 @@ def test_a_checkpoint_of_another_dataset_is_refused_naming_both(tmp_path):
     ckpt.check_meta(tmp_path, 3, {**meta, "dataset": "bb"}, expect)
     older = {k: v for k, v in meta.items() if not k.startswith("dataset")}
     ckpt.check_meta(tmp_path, 3, older, expect)  # recorded none: still resumes
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB tmpfs (the tests run as root here); skipped where mounting is not
+    permitted. Unmounted afterwards."""
+    d = tmp_path / "small"
+    d.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(d)],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({r.stderr.strip() or r.returncode}): "
+                    "the disk-full test needs root (the monkeypatched one runs anywhere)")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", str(d)], check=True)
+
+
+BIG = {"w": torch.zeros(200_000), "b": torch.zeros(10)}  # 800 KB: does not fit 256 KiB
+
+
+def test_a_full_disk_is_named_and_leaves_no_half_written_checkpoint(small_disk):
+    """Read "unexpected pos 704 vs 598" (torch's zip writer) and left the epoch's partial
+    files behind."""
+    with pytest.raises(CheckpointError) as e:
+        ckpt.write_state(small_disk, 4, BIG)
+    assert str(e.value) == (f"{small_disk}/epoch_000004: cannot write the checkpoint: no "
+                            "space left on the device; the checkpoint needs about 0.767 MiB")
+    assert list(small_disk.iterdir()) == []
+    ckpt.write_state(small_disk, 5, {"w": torch.zeros(10)})  # the space is back
+
+
+def test_a_write_that_runs_out_of_space_is_named_and_cleaned_up(tmp_path, monkeypatch):
+    """The same without a small device: DCP's file writes fail with ENOSPC part-way, and
+    COMPLETE's write (when the payload just fitted) fails the same way."""
+    real = dcp_safe._NoFollow.create_stream
+
+    class Full:
+        """A file whose device fills up after 1000 bytes."""
+
+        def __init__(self, f):
+            self.f, self.left = f, 1000
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def write(self, b):
+            if len(b) > self.left:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            self.left -= len(b)
+            return self.f.write(b)
+
+    @contextlib.contextmanager
+    def full(self, path, mode):
+        with real(self, path, mode) as f:
+            yield Full(f) if "w" in mode else f
+
+    monkeypatch.setattr(dcp_safe._NoFollow, "create_stream", full)
+    with pytest.raises(CheckpointError, match=r"epoch_000004: cannot write the checkpoint: "
+                       "no space left on the device; the checkpoint needs about 0.767 MiB$"):
+        ckpt.write_state(tmp_path, 4, BIG)
+    assert list(tmp_path.iterdir()) == []
+    monkeypatch.undo()
+    sums = ckpt.write_state(tmp_path, 4, BIG)
+
+    def no_space(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(ownfiles.os, "replace", no_space)
+    with pytest.raises(CheckpointError, match="epoch_000004: cannot complete the checkpoint "
+                                              ".*No space left on device"):
+        ckpt.mark_complete(tmp_path, 4, {"config_hash": "h", "sha256": sums})
+    assert list(tmp_path.iterdir()) == []

@@ -6,8 +6,8 @@ collectives, from the ledger), waiting (a barrier at the end of the step: load i
 compute (the rest); rank 0 writes their max and mean over ranks to the metrics JSONL.
 
 SIGTERM and SIGUSR1 (Slurm's pre-timeout signal) only set a flag; at the end of the epoch the
-ranks agree on it, write a checkpoint, leave ``STOPPED`` in the checkpoint directory (the job
-script requeues on it) and exit cleanly.
+ranks agree on it, write a checkpoint and leave ``STOPPED`` in the checkpoint directory (the job
+script requeues on it) if there is one, say which, and exit cleanly.
 """
 
 from __future__ import annotations
@@ -386,7 +386,10 @@ def _epochs(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opt
                            ctx.device)
                 if rank0:
                     log(f"plexgt train: stopped by {_why(signum)} after epoch {epoch + 1}; "
-                        f"checkpoint written; continue with --resume")
+                        + (f"checkpoint {ckpt.epoch_dir(root, epoch + 1)} written; continue "
+                           "with --resume" if root is not None else
+                           "no checkpoint written (no --checkpoint-dir): a new run starts "
+                           "from epoch 0"))
                 return _summary(_why(signum), last, best, task.metric)
     finally:
         out.close()

@@ -373,6 +373,24 @@ def test_resume_on_another_dataset_is_refused_and_on_a_reprep_of_the_same_contin
     assert r.returncode == 0 and "finished after epoch 4" in r.stdout, r.stderr
 
 
+def test_a_stopped_run_says_what_it_wrote(data, tmp_path):
+    """Stopped (stop_after here; SIGTERM and SIGUSR1 take the same path) without a
+    checkpoint directory, a run said "checkpoint written; continue with --resume"."""
+    cmd = [sys.executable, "-m", "plexgt", "train", "--data", str(data), "--model", "gcn",
+           "--model.hidden=16", "--epochs", "4", "--stop-after", "2"]
+    r = run_job(cmd)
+    assert r.returncode == 0, r.stderr
+    assert "plexgt train: stopped by stop_after after epoch 2; no checkpoint written (no " \
+           "--checkpoint-dir): a new run starts from epoch 0" in r.stderr.splitlines()
+    assert "checkpoint written" not in r.stderr.replace("no checkpoint written", "")
+    ck = tmp_path / "ck"
+    r = run_job([*cmd, "--checkpoint-dir", str(ck)])
+    assert r.returncode == 0, r.stderr
+    assert (f"plexgt train: stopped by stop_after after epoch 2; checkpoint {ck}/epoch_000002 "
+            "written; continue with --resume") in r.stderr.splitlines()
+    assert (ck / "epoch_000002" / "COMPLETE").exists()
+
+
 def test_sigusr1_checkpoints_and_stops_then_resume_finishes(data, tmp_path):
     ck, m = tmp_path / "c", tmp_path / "m.jsonl"
     cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "plexgt", "train", "--data", str(data),

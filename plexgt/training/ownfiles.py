@@ -20,8 +20,8 @@ from pathlib import Path
 
 from plexgt.errors import CheckpointError
 
-Ours = Callable[[str], bool]
-"""Whether a file's text is one plexgt writes (its first line, or its whole format)."""
+Ours = Callable[[str], object]
+"""Whether (truthy) a file's text is one plexgt writes (its first line, or its format)."""
 
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -37,10 +37,10 @@ def foreign_error(path: Path, what: str = "file") -> CheckpointError:
 
 
 def os_error(path: Path, e: OSError, doing: str) -> CheckpointError:
-    """A one-line CheckpointError for ``e`` (ELOOP: the symlink message)."""
+    """A one-line CheckpointError naming ``path`` for ``e`` (ELOOP: the symlink message)."""
     if e.errno == errno.ELOOP or (e.errno == errno.EEXIST and os.path.islink(path)):
         return symlink_error(path)  # O_NOFOLLOW's error, or O_EXCL's on a link
-    return CheckpointError(f"{e.filename or path}: cannot {doing} ({e.strerror or e})")
+    return CheckpointError(f"{path}: cannot {doing} ({e.strerror or e})")
 
 
 def kind(path: Path) -> str | None:
@@ -96,7 +96,7 @@ def replace_own(path: Path, text: str, ours: Ours, tmp: str | None = None) -> No
             name = str(path.parent / tmp)
             fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644)
     except OSError as e:
-        raise os_error(Path(e.filename or path), e, "write it") from None
+        raise os_error(path.parent / tmp if tmp else path, e, "write it") from None
     try:
         with os.fdopen(fd, "w") as f:
             os.fchmod(f.fileno(), 0o644)  # mkstemp's 0600 would hide it from the user's group

@@ -38,6 +38,8 @@ from plexgt.tasks.task import (
     DTYPES,
     Task,
     check_inputs,
+    dataset_identity,
+    dataset_name,
     graph_sizes,
     model_shape,
     node_order,
@@ -102,6 +104,8 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
         bytes_read=data.bytes_read,
         amp=AMP.get(cfg.dtype),
         node_order=node_order(pg) if emb else "",
+        dataset=dataset_identity(pg),
+        dataset_name=dataset_name(pg),
         plan=rp,
     )
 

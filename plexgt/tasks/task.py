@@ -8,6 +8,8 @@ machine coefficients that :mod:`plexgt.plan.choose` takes, read once per task bu
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +70,10 @@ class Task:
     """Binary tasks' gathered scores (for ROC-AUC); None where the metric is accuracy."""
     node_order: str = ""
     """With a node embedding: :func:`node_order` of the data (checked on resume)."""
+    dataset: str = ""
+    """:func:`dataset_identity` of the data (checked on resume, whatever the model)."""
+    dataset_name: str = ""
+    """How a message names the data: the prepared directory and the dataset's name."""
     plan: RunPlan | None = None
     """The layout :func:`run_plan` chose, with its predicted step time and memory."""
 
@@ -106,6 +112,22 @@ def node_order(pg: PreparedGraph) -> str:
     """The identity of the prepared directory's node order (its nodes.h5 checksum): a node
     embedding's checkpointed rows follow that order."""
     return str(pg.manifest.get("files", {}).get("nodes.h5", {}).get("sha256", ""))
+
+
+def dataset_identity(pg: PreparedGraph) -> str:
+    """What the prepared data is a graph of, whatever its node order: the sha256 of the
+    manifest's sizes (N, E, F, C, FE), label kind, name and source (``params["source"]``:
+    format, input and the options that shape the graph). Re-prepping the same input with
+    another permutation keeps it; another graph, even of the same F and C, changes it."""
+    m = pg.manifest
+    keys = {k: m.get(k) for k in ("N", "E", "F", "C", "FE", "multilabel", "name")}
+    keys["source"] = m.get("params", {}).get("source")
+    return hashlib.sha256(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def dataset_name(pg: PreparedGraph) -> str:
+    """The prepared directory and the dataset's name, for messages."""
+    return f"{pg.path} ({pg.manifest.get('name', '?')})"
 
 
 def esize_of(cfg: TrainConfig) -> int:

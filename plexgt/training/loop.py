@@ -6,8 +6,8 @@ collectives, from the ledger), waiting (a barrier at the end of the step: load i
 compute (the rest); rank 0 writes their max and mean over ranks to the metrics JSONL.
 
 SIGTERM and SIGUSR1 (Slurm's pre-timeout signal) only set a flag; at the end of the epoch the
-ranks agree on it, write a checkpoint, leave ``STOPPED`` in the checkpoint directory (the job
-script requeues on it) and exit cleanly.
+ranks agree on it, write a checkpoint and leave ``STOPPED`` in the checkpoint directory (the job
+script requeues on it) if there is one, say which, and exit cleanly.
 """
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ import contextlib
 import json
 import math
 import os
+import re
 import resource
+import secrets
 import signal
 import sys
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plexgt.config import TrainConfig, to_toml
+from plexgt.config import TrainConfig, load_config, to_toml
 from plexgt.data.runtime import Progress
 from plexgt.distributed.agree import agreed
 from plexgt.distributed.bootstrap import DistContext
@@ -35,6 +38,7 @@ from plexgt.errors import CheckpointError, ConfigError, TrainingError, mark_agre
 from plexgt.tasks.metrics import task_roc_auc
 from plexgt.tasks.task import Task
 from plexgt.training import checkpoint as ckpt
+from plexgt.training import ownfiles
 from plexgt.training.state import canonical_state, load_canonical_state
 from plexgt.training.tensorboard import TensorBoardLog
 
@@ -121,14 +125,18 @@ class RunState:
         default_factory=lambda: {"epoch": -1, "valid": -1.0, "test": 0.0})
     """Epoch, validation and test metric (the task's: accuracy or ROC-AUC) of the best
     validation epoch."""
+    run: str = ""
+    """The run's identity (:func:`_new_run_id`): a resumed run keeps the one its checkpoint
+    records; '' until one is given."""
 
 
 def run_meta(ctx: DistContext, task: Task, cfg: TrainConfig) -> dict[str, Any]:
-    """What a checkpoint records of the run that wrote it. The configuration hash must match
-    on resume, and with a node embedding the data's node order (the table's rows follow it);
-    the layout is informational (the state is canonical)."""
+    """What a checkpoint records of the run that wrote it. The configuration hash and the
+    dataset's identity must match on resume, and with a node embedding the data's node order
+    (the table's rows follow it); the layout is informational (the state is canonical)."""
     meta = {"world_size": ctx.world_size, "grid": task.grid, "strategy": task.strategy,
-            "config_hash": cfg.hash(), "config": cfg.computation()}
+            "config_hash": cfg.hash(), "config": cfg.computation(),
+            "dataset": task.dataset, "dataset_name": task.dataset_name}
     if task.node_order:
         meta["node_order"] = task.node_order
     return meta
@@ -161,23 +169,24 @@ def resume(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opti
             f", written by {meta.get('world_size')} ranks on {meta.get('grid')} "
             f"{meta.get('strategy')}")
         log(f"plexgt train: resumed from {ckpt.epoch_dir(root, epoch)} (epoch {epoch}{how})")
-    return RunState(epoch, dict(meta["best"]))
+    return RunState(epoch, dict(meta["best"]), str(meta.get("run") or ""))
 
 
 def save(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimizer,
-         epoch: int, best: dict[str, Any]) -> None:
+         epoch: int, best: dict[str, Any], run: str = "") -> None:
     """Every rank writes its part of the canonical state (collective); rank 0 marks the
-    checkpoint complete once all have written and hashed their files."""
+    checkpoint complete once all have written and hashed their files, as run ``run``'s."""
     if not cfg.checkpoint_dir:
         return
     root = Path(cfg.checkpoint_dir)
     state = canonical_state(task.model, opt)
-    agreed(lambda: ckpt.clear_epoch(root, epoch) if ctx.rank == 0 else None, ctx.device)
+    agreed(lambda: ckpt.clear_epoch(root, epoch, run) if ctx.rank == 0 else None, ctx.device)
     sums = agreed(lambda: ckpt.write_state(root, epoch, state), ctx.device)
     parts: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(parts, sums)
     meta = {**run_meta(ctx, task, cfg), "step": int(getattr(task.model, "step", 0)),
-            "best": best, "sha256": {k: v for part in parts for k, v in part.items()}}
+            "best": best, "run": run,
+            "sha256": {k: v for part in parts for k, v in part.items()}}
     agreed(lambda: ckpt.mark_complete(root, epoch, meta) if ctx.rank == 0 else None,
            ctx.device)
 
@@ -334,9 +343,24 @@ def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> d
                             weight_decay=cfg.optim.weight_decay)
     root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     held = agreed(lambda: ckpt.lock(root) if rank0 and root is not None else None, ctx.device)
-    state = resume(cfg, ctx, task, opt, log) if cfg.resume else RunState()
-    if root is not None:
-        agreed(lambda: _prepare_dir(root, cfg) if rank0 else None, ctx.device)
+    try:
+        if root is not None and not cfg.resume:  # a fresh run writes into no other's
+            agreed(lambda: ckpt.check_fresh(root) if rank0 else None, ctx.device)
+        state = resume(cfg, ctx, task, opt, log) if cfg.resume else RunState()
+        state.run = state.run or _new_run_id(ctx.device)
+        if root is not None:
+            agreed(lambda: _prepare_dir(root, cfg) if rank0 else None, ctx.device)
+        return _epochs(cfg, ctx, task, opt, state, log)
+    finally:
+        if held is not None:
+            held.close()
+
+
+def _epochs(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimizer,
+            state: RunState, log: Any) -> dict[str, Any]:
+    """The epochs from ``state.start`` on, with their checkpoints and the stop signals."""
+    rank0 = ctx.rank == 0
+    root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     best = state.best
     stop = StopFlag()
     out = agreed(lambda: EpochLog(cfg, rank0, state.start), ctx.device)
@@ -355,33 +379,69 @@ def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> d
             signum, stop_now = stop_requested(stop, cfg, epoch, ctx.device)
             due = cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0
             if stop_now or due or epoch + 1 == cfg.epochs:
-                save(cfg, ctx, task, opt, epoch + 1, best)
+                save(cfg, ctx, task, opt, epoch + 1, best, state.run)
             if stop_now:
+                if root is not None:
+                    agreed(lambda e=epoch + 1: _mark_stopped(root, e) if rank0 else None,
+                           ctx.device)
                 if rank0:
-                    if root is not None:
-                        (root / ckpt.STOPPED).write_text(f"{epoch + 1}\n")
                     log(f"plexgt train: stopped by {_why(signum)} after epoch {epoch + 1}; "
-                        f"checkpoint written; continue with --resume")
+                        + (f"checkpoint {ckpt.epoch_dir(root, epoch + 1)} written; continue "
+                           "with --resume" if root is not None else
+                           "no checkpoint written (no --checkpoint-dir): a new run starts "
+                           "from epoch 0"))
                 return _summary(_why(signum), last, best, task.metric)
     finally:
         out.close()
-        if held is not None:
-            held.close()
     return _summary("", last, best, task.metric)
+
+
+def _new_run_id(device: torch.device) -> str:
+    """A fresh run's identity, rank 0's on every rank: recorded in each COMPLETE it writes
+    (and kept by a run resumed from one), it says whose checkpoints pruning may remove."""
+    t = torch.tensor([secrets.randbits(62)], dtype=torch.int64, device=device)
+    dist.broadcast(t, src=0)
+    return f"{int(t.item()):016x}"
 
 
 def _why(signum: int) -> str:
     return f"signal {signum}" if signum else "stop_after"
 
 
-def _prepare_dir(root: Path, cfg: TrainConfig) -> None:
-    """Rank 0: clear an old STOPPED mark and record the configuration beside the checkpoints."""
+CONFIG = "config.toml"
+CONFIG_MARK = "# plexgt train: the configuration of the run checkpointed here\n"
+"""config.toml's first line: what marks the file as plexgt's to replace."""
+STOPPED_TEXT = re.compile(r"\d+\n")
+
+
+def _own_config(text: str) -> bool:
+    """A config.toml plexgt wrote: its mark, or (written before the mark) exactly what
+    :func:`to_toml` writes for the configuration it holds."""
+    if text.startswith(CONFIG_MARK):
+        return True
     try:
-        (root / ckpt.STOPPED).unlink(missing_ok=True)
-        (root / "config.toml").write_text(to_toml(cfg))
-    except OSError as e:
-        raise CheckpointError(f"{e.filename or root}: cannot write to the checkpoint "
-                              f"directory ({e.strerror or e})") from None
+        return to_toml(load_config(None, dict(_dotted(tomllib.loads(text))))) == text
+    except (tomllib.TOMLDecodeError, ConfigError, ValueError, TypeError):
+        return False
+
+
+def _dotted(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for k, v in tree.items():
+        out.extend(_dotted(v, f"{prefix}{k}.") if isinstance(v, dict) else [(prefix + k, v)])
+    return out
+
+
+def _prepare_dir(root: Path, cfg: TrainConfig) -> None:
+    """Rank 0: clear an old STOPPED mark and record the configuration beside the checkpoints
+    (each only where plexgt's own file, or none, is)."""
+    ownfiles.remove_own(root / ckpt.STOPPED, STOPPED_TEXT.fullmatch)
+    ownfiles.replace_own(root / CONFIG, CONFIG_MARK + to_toml(cfg), _own_config)
+
+
+def _mark_stopped(root: Path, epoch: int) -> None:
+    """Rank 0: leave STOPPED (the epoch) for the job script, which requeues on it."""
+    ownfiles.replace_own(root / ckpt.STOPPED, f"{epoch}\n", STOPPED_TEXT.fullmatch)
 
 
 def _summary(stopped: str, last: int, best: dict[str, Any], metric: str) -> dict[str, Any]:

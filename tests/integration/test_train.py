@@ -319,6 +319,78 @@ def test_resume_on_another_layout_continues_the_curve(data, tmp_path, model, fir
     assert {r["ranks"] for r in rows[:4]} == {n1} and {r["ranks"] for r in rows[4:]} == {n2}
 
 
+def _runs(ck: Path) -> dict[int, str]:
+    """{epoch: run id} of the complete checkpoints in ``ck``."""
+    return {int(d.name[6:]): json.loads((d / "COMPLETE").read_text())["run"]
+            for d in sorted(ck.glob("epoch_*")) if (d / "COMPLETE").exists()}
+
+
+def test_a_fresh_run_refuses_another_runs_checkpoints_and_a_resumed_run_keeps_its_id(
+        data, tmp_path):
+    """A fresh run into a directory with complete checkpoints is refused in one line (it
+    once pruned its own new checkpoints there and --resume continued the old run); a resumed
+    run writes under the id of the run it continues and prunes that run's older ones."""
+    ck = tmp_path / "ck"
+    every = ["--checkpoint-dir", str(ck), "--checkpoint-every", "1"]
+    r = _train(data, 1, "--epochs", "3", *every)
+    assert r.returncode == 0, r.stderr
+    first = _runs(ck)
+    assert list(first) == [2, 3] and len(set(first.values())) == 1
+    r = _train(data, 1, "--epochs", "2", *every)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"plexgt train: error: {ck}: holds another run's complete checkpoints (the newest "
+        "epoch_000003); pass --resume to continue it or use another --checkpoint-dir")
+    assert _runs(ck) == first
+    r = _train(data, 1, "--epochs", "5", *every, "--resume")
+    assert r.returncode == 0, r.stderr
+    assert _runs(ck) == {4: first[3], 5: first[3]}
+
+
+def test_resume_on_another_dataset_is_refused_and_on_a_reprep_of_the_same_continues(
+        data, tmp_path):
+    """A checkpoint of one SBM graph resumed on another of the same F and C trained on
+    silently; the same input re-prepped with another permutation still resumes."""
+    from plexgt.data.shard import PrepOptions, prepare
+    from plexgt.data.source import MemorySource
+    from plexgt.data.synthetic import sbm
+
+    ck = tmp_path / "ck"
+    r = _train(data, 1, "--epochs", "4", "--stop-after", "2", "--checkpoint-dir", str(ck))
+    assert r.returncode == 0, r.stderr
+    other = prepared_sbm(tmp_path / "other", seed=2)
+    r = _train(other, 1, "--epochs", "4", "--checkpoint-dir", str(ck), "--resume")
+    assert r.returncode == 2
+    name = json.loads((data / "manifest.json").read_text())["name"]
+    assert r.stderr.strip().splitlines()[-1] == (
+        f"plexgt train: error: {ck}/epoch_000002: trained on {data} ({name}), this run's "
+        f"data is {other} ({name.replace('seed=1', 'seed=2')}); resume on the dataset it was "
+        "trained on")
+    again = tmp_path / "again"
+    g = sbm(num_nodes=600, num_edges=6000, num_classes=4, num_features=16, seed=1)
+    prepare(MemorySource(g), PrepOptions(out=again, tiles=2, progress=False, seed=5))
+    r = _train(again, 1, "--epochs", "4", "--checkpoint-dir", str(ck), "--resume")
+    assert r.returncode == 0 and "finished after epoch 4" in r.stdout, r.stderr
+
+
+def test_a_stopped_run_says_what_it_wrote(data, tmp_path):
+    """Stopped (stop_after here; SIGTERM and SIGUSR1 take the same path) without a
+    checkpoint directory, a run said "checkpoint written; continue with --resume"."""
+    cmd = [sys.executable, "-m", "plexgt", "train", "--data", str(data), "--model", "gcn",
+           "--model.hidden=16", "--epochs", "4", "--stop-after", "2"]
+    r = run_job(cmd)
+    assert r.returncode == 0, r.stderr
+    assert "plexgt train: stopped by stop_after after epoch 2; no checkpoint written (no " \
+           "--checkpoint-dir): a new run starts from epoch 0" in r.stderr.splitlines()
+    assert "checkpoint written" not in r.stderr.replace("no checkpoint written", "")
+    ck = tmp_path / "ck"
+    r = run_job([*cmd, "--checkpoint-dir", str(ck)])
+    assert r.returncode == 0, r.stderr
+    assert (f"plexgt train: stopped by stop_after after epoch 2; checkpoint {ck}/epoch_000002 "
+            "written; continue with --resume") in r.stderr.splitlines()
+    assert (ck / "epoch_000002" / "COMPLETE").exists()
+
+
 def test_sigusr1_checkpoints_and_stops_then_resume_finishes(data, tmp_path):
     ck, m = tmp_path / "c", tmp_path / "m.jsonl"
     cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "plexgt", "train", "--data", str(data),

@@ -1,5 +1,9 @@
 """The plexgt command line in one process."""
 
+import importlib
+import json
+import os
+import re
 import subprocess
 import sys
 import types
@@ -28,6 +32,54 @@ def test_bad_grid_is_one_line_error_exit_2(capsys):
     assert "gx=2 * gy=2 * gz=1 = 4 ranks, but the world size is 8" in err[0]
     assert main(["info", "--dry-run", "--world-size", "8", "--grid", "2by4"]) == 2
     assert main(["info", "--dry-run", "--grid", "2x2x2"]) == 2
+
+
+#: prints what ``plexgt ARGS`` printed, then the plexgt.commands modules it imported
+_LOADED_AFTER = """
+import json, sys
+from plexgt.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("plexgt.commands.")
+                        or m.split(".")[0] in ("torch", "h5py"))))
+"""
+
+
+def _help_and_imports(*args: str) -> tuple[str, list[str]]:
+    env = {**os.environ, "COLUMNS": "250"}  # one line a command: argparse wraps at COLUMNS
+    r = subprocess.run([sys.executable, "-c", _LOADED_AFTER, *args], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    text, _, loaded = r.stdout.rstrip().rpartition("\n")
+    return text, json.loads(loaded)
+
+
+def test_help_lists_the_commands_in_workflow_order_by_their_modules_help():
+    """Each command's line in ``plexgt --help`` is its module's HELP (the one place it is
+    written), the commands in the order a run uses them, and the quick start below."""
+    text, _ = _help_and_imports("--help")
+    listed = re.findall(r"^    (\w+) +(\S.*)$", text, re.M)
+    assert [name for name, _ in listed] == list(cli.COMMANDS)
+    assert cli.COMMANDS == ("prep", "verify", "profile", "plan", "train", "report", "info")
+    for name, shown in listed:
+        assert shown == importlib.import_module(f"plexgt.commands.{name}").HELP, name
+    assert text.endswith(cli.QUICK_START)
+
+
+def test_help_imports_no_command_module():
+    """``plexgt --help`` reads every command's HELP from source: it imports none of them
+    (nor torch, nor h5py); ``plexgt report --help`` imports report alone."""
+    assert _help_and_imports("--help")[1] == []
+    text, loaded = _help_and_imports("report", "--help")
+    assert loaded == ["plexgt.commands.report"]
+    assert importlib.import_module("plexgt.commands.report").HELP in " ".join(text.split())
+
+
+def test_a_module_without_help_is_named():
+    with pytest.raises(LookupError, match="plexgt.commands.__init__ defines no HELP"):
+        cli.command_help("__init__")
 
 
 def test_python_dash_m_plexgt_is_the_same_cli():

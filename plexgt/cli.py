@@ -54,7 +54,12 @@ def command_help(name: str) -> str:
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
-    """The argparse tree; ``command``'s arguments in full (every command's when None)."""
+    """The argparse tree; ``command``'s arguments in full (every command's when None).
+
+    With ``command`` '' (no command to run: the listing is what argparse prints) every
+    command's help is read from its module's source; with a command to run, only that one's
+    is needed (from the module, imported anyway), which spares each start ~20 ms of parsing.
+    """
     parser = argparse.ArgumentParser(
         prog="plexgt",
         description="Exact full-graph GNN / graph transformer training.",
@@ -64,10 +69,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"plexgt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
-        help_text = command_help(name)
+        full = command is None or name == command
+        help_text = _module(name).HELP if full else command_help(name) if command == "" else None
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=name)
-        if command is None or name == command:
+        if full:
             _module(name).add_arguments(p)
     return parser
 
@@ -77,8 +83,14 @@ def _module(name: str):  # noqa: ANN202 - a module object
 
 
 def _command_in(argv: list[str]) -> str:
-    """The subcommand named on the command line, or '' (help, version, a typo)."""
-    return next((a for a in argv if not a.startswith("-")), "") if argv else ""
+    """The subcommand named on the command line, or '' (help, version, a typo): also when a
+    help flag comes before it (``plexgt --help train`` lists every command)."""
+    for a in argv:
+        if a in ("-h", "--help"):
+            return ""
+        if not a.startswith("-"):
+            return a
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:

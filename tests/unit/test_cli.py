@@ -62,6 +62,7 @@ def test_help_lists_the_commands_in_workflow_order_by_their_modules_help():
     text, _ = _help_and_imports("--help")
     listed = re.findall(r"^    (\w+) +(\S.*)$", text, re.M)
     assert [name for name, _ in listed] == list(cli.COMMANDS)
+    assert _help_and_imports("--help", "train")[0] == text
     assert cli.COMMANDS == ("prep", "verify", "profile", "plan", "train", "report", "info")
     for name, shown in listed:
         assert shown == importlib.import_module(f"plexgt.commands.{name}").HELP, name
@@ -75,6 +76,16 @@ def test_help_imports_no_command_module():
     text, loaded = _help_and_imports("report", "--help")
     assert loaded == ["plexgt.commands.report"]
     assert importlib.import_module("plexgt.commands.report").HELP in " ".join(text.split())
+
+
+def test_a_command_run_reads_no_other_commands_source(monkeypatch, capsys):
+    """Only the listing needs every command's help; running one parses no module's source."""
+    def unread(name: str) -> str:
+        raise AssertionError(f"read the help of {name}")
+
+    monkeypatch.setattr(cli, "command_help", unread)
+    assert main(["info", "--dry-run", "--world-size", "2", "--grid", "2x1x1"]) == 0
+    assert capsys.readouterr().out.startswith("grid 2x1x1: 2 ranks")
 
 
 def test_a_module_without_help_is_named():
@@ -103,7 +114,7 @@ def test_an_agreed_error_ends_the_rank_with_no_process_group_left(monkeypatch, c
         mark_agreed(err, 0)
         raise err
 
-    fake = types.SimpleNamespace(add_arguments=lambda parser: None, run=run)
+    fake = types.SimpleNamespace(HELP="fails", add_arguments=lambda parser: None, run=run)
     monkeypatch.setattr(cli, "_module", lambda name: fake)
     try:
         assert main(["train"]) == 2

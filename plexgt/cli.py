@@ -70,7 +70,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMANDS:
         full = command is None or name == command
-        help_text = _module(name).HELP if full else command_help(name) if command == "" else None
+        if full:
+            help_text = _module(name).HELP
+        elif command == "":
+            help_text = command_help(name)
+        else:
+            help_text = None  # never shown: argparse lists the commands only when none is named
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.set_defaults(_module=name)
         if full:

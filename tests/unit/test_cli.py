@@ -1,5 +1,9 @@
 """The plexgt command line in one process."""
 
+import importlib
+import json
+import os
+import re
 import subprocess
 import sys
 import types
@@ -30,6 +34,65 @@ def test_bad_grid_is_one_line_error_exit_2(capsys):
     assert main(["info", "--dry-run", "--grid", "2x2x2"]) == 2
 
 
+#: prints what ``plexgt ARGS`` printed, then the plexgt.commands modules it imported
+_LOADED_AFTER = """
+import json, sys
+from plexgt.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit:
+    pass
+print(json.dumps(sorted(m for m in sys.modules if m.startswith("plexgt.commands.")
+                        or m.split(".")[0] in ("torch", "h5py"))))
+"""
+
+
+def _help_and_imports(*args: str) -> tuple[str, list[str]]:
+    env = {**os.environ, "COLUMNS": "250"}  # one line a command: argparse wraps at COLUMNS
+    r = subprocess.run([sys.executable, "-c", _LOADED_AFTER, *args], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    text, _, loaded = r.stdout.rstrip().rpartition("\n")
+    return text, json.loads(loaded)
+
+
+def test_help_lists_the_commands_in_workflow_order_by_their_modules_help():
+    """Each command's line in ``plexgt --help`` is its module's HELP (the one place it is
+    written), the commands in the order a run uses them, and the quick start below."""
+    text, _ = _help_and_imports("--help")
+    listed = re.findall(r"^    (\w+) +(\S.*)$", text, re.M)
+    assert [name for name, _ in listed] == list(cli.COMMANDS)
+    assert _help_and_imports("--help", "train")[0] == text
+    assert cli.COMMANDS == ("prep", "verify", "profile", "plan", "train", "report", "info")
+    for name, shown in listed:
+        assert shown == importlib.import_module(f"plexgt.commands.{name}").HELP, name
+    assert text.endswith(cli.QUICK_START)
+
+
+def test_help_imports_no_command_module():
+    """``plexgt --help`` reads every command's HELP from source: it imports none of them
+    (nor torch, nor h5py); ``plexgt report --help`` imports report alone."""
+    assert _help_and_imports("--help")[1] == []
+    text, loaded = _help_and_imports("report", "--help")
+    assert loaded == ["plexgt.commands.report"]
+    assert importlib.import_module("plexgt.commands.report").HELP in " ".join(text.split())
+
+
+def test_a_command_run_reads_no_other_commands_source(monkeypatch, capsys):
+    """Only the listing needs every command's help; running one parses no module's source."""
+    def unread(name: str) -> str:
+        raise AssertionError(f"read the help of {name}")
+
+    monkeypatch.setattr(cli, "command_help", unread)
+    assert main(["info", "--dry-run", "--world-size", "2", "--grid", "2x1x1"]) == 0
+    assert capsys.readouterr().out.startswith("grid 2x1x1: 2 ranks")
+
+
+def test_a_module_without_help_is_named():
+    with pytest.raises(LookupError, match="plexgt.commands.__init__ defines no HELP"):
+        cli.command_help("__init__")
+
+
 def test_python_dash_m_plexgt_is_the_same_cli():
     r = subprocess.run([sys.executable, "-m", "plexgt", "--help"], capture_output=True, text=True)
     assert r.returncode == 0 and "info" in r.stdout
@@ -51,7 +114,7 @@ def test_an_agreed_error_ends_the_rank_with_no_process_group_left(monkeypatch, c
         mark_agreed(err, 0)
         raise err
 
-    fake = types.SimpleNamespace(add_arguments=lambda parser: None, run=run)
+    fake = types.SimpleNamespace(HELP="fails", add_arguments=lambda parser: None, run=run)
     monkeypatch.setattr(cli, "_module", lambda name: fake)
     try:
         assert main(["train"]) == 2

@@ -1,7 +1,7 @@
 """AGP validation: measured vs predicted t_iter of GP-AG / GP-A2A at p = 1, 2, 4, and AGP's picks.
 
-    .venv/bin/python perf/bench_agp.py                 # everything (~10 min on 2 cores)
-    .venv/bin/python perf/bench_agp.py --graphs syn5,computers --steps 3
+    .venv/bin/python -m perf.bench_agp                 # everything (~10 min on 2 cores)
+    .venv/bin/python -m perf.bench_agp --graphs syn5,computers --steps 3
 
 1. Prepares (plexgt prep, double permutation, symmetrised) Amazon Computers, Coauthor CS,
    Coauthor Physics (real N and E; bag-of-words features projected to 128 dense dimensions by a
@@ -22,7 +22,7 @@
 Writes perf/results/bench_agp.json and .png (the profile: bench_agp_system.json; a new run
 overwrites them, the date is inside the JSON) and ends with one RESULT line.
 
-    .venv/bin/python perf/bench_agp.py --reevaluate perf/results/bench_agp.json
+    .venv/bin/python -m perf.bench_agp --reevaluate perf/results/bench_agp.json
 
 measures nothing: it recomputes the current model's predictions and AGP's choices for a stored
 run's measurements, from that run's stored profile (or ``--profile``) and graph sizes, so a
@@ -54,12 +54,19 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "perf"))
+import numpy as np
 
-import numpy as np  # noqa: E402
-from common import PeakRSS, rss  # noqa: E402
+from perf.harness import (
+    DATASETS_DIR,
+    RESULTS_DIR,
+    ROOT,
+    PeakRSS,
+    hardware,
+    result_line,
+    rss,
+    today,
+    write_json,
+)
 
 REAL = {
     "computers": "amazon_electronics_computers.npz",
@@ -573,14 +580,12 @@ def main() -> None:
         worker(args)
         return
 
-    from common import DATASETS_DIR, RESULTS_DIR, hardware, result_line, today, write_json
-
     if args.reevaluate:
         out = reevaluate(args.reevaluate, args.profile)
         if args.write:
             args.write.write_text(json.dumps(out, indent=1, default=list) + "\n")
             print(f"wrote {args.write}")
-        _result(result_line, out["summary"], mode="reevaluate",
+        _result(out["summary"], mode="reevaluate",
                 configs=len(out["analysis"]["rows"]) - sum(
                     r["p"] == 1 and r["strategy"] != "gp_ag" for r in out["analysis"]["rows"]))
         return
@@ -615,7 +620,7 @@ def main() -> None:
         for p in SCALES:
             out = args.work / f"measured_p{p}_time{k}.json"
             print(f"measuring p={p} (time, round {k + 1}/{rounds}) ...", flush=True)
-            _launch(p, [str(Path(__file__).resolve()), "--worker", spec, "--out", str(out),
+            _launch(p, ["-m", "perf.bench_agp", "--worker", spec, "--out", str(out),
                         "--steps", str(steps), "--mode", "time"], env)
             for t in json.loads(out.read_text()):
                 key = (t["graph"], t["strategy"], p)
@@ -627,7 +632,7 @@ def main() -> None:
     for p in SCALES:
         out = args.work / f"measured_p{p}_memory.json"
         print(f"measuring p={p} (memory) ...", flush=True)
-        _launch(p, [str(Path(__file__).resolve()), "--worker", spec, "--out", str(out),
+        _launch(p, ["-m", "perf.bench_agp", "--worker", spec, "--out", str(out),
                     "--steps", "1", "--mode", "memory"], env_mem)
         for m in json.loads(out.read_text()):
             t = timed[(m["graph"], m["strategy"], p)]
@@ -659,11 +664,11 @@ def main() -> None:
          f"({100 * summ['agp_noise_hit_rate']:.0f}% within noise)")
     report(an, summ)
     print(f"wrote {jpath}")
-    _result(result_line, summ, configs=len(measured), cpu=hw["cpu"].replace(" ", "_"),
+    _result(summ, configs=len(measured), cpu=hw["cpu"].replace(" ", "_"),
             cores=hw["usable_cores"], seconds=summ["seconds"])
 
 
-def _result(result_line, summ: dict, **extra: object) -> None:  # noqa: ANN001
+def _result(summ: dict, **extra: object) -> None:
     keys = ("mape", "mape_median", "agp_hit_rate", "agp_noise_hit_rate", "agp_within_10pct",
             "agp_max_slowdown", "agp_hit_rate_by_median", "agp_max_slowdown_by_median",
             "ties_5pct", "ties_noise", "resolved", "agp_hit_rate_resolved",

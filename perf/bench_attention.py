@@ -1,6 +1,6 @@
 """Sparse multi-head attention layer, forward + backward: plexgt vs gather/scatter vs PyG.
 
-    OMP_NUM_THREADS=2 .venv/bin/python perf/bench_attention.py [--graphs physics synthetic]
+    OMP_NUM_THREADS=2 .venv/bin/python -m perf.bench_attention [--graphs physics synthetic]
                                                                [--reps 7] [--devices cpu]
 
 One layer, hidden 128, 8 heads (d' = 16): Q, K, V = X W_{Q,K,V}; Y = softmax(QKᵀ/4 ⊙ A) V;
@@ -44,17 +44,14 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-# Must precede `import torch`: on shared cores OpenMP's default spin-waiting burns 3-4x the CPU
-# (measured: 2.3-3 s CPU per GT step instead of 0.6 s) whenever a thread is descheduled.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from common import (  # noqa: E402
+from perf.harness import (
     DATASETS_DIR,
+    ROOT,
     hardware,
+    passive_omp_wait,
     result_line,
     today,
     write_json,
@@ -387,13 +384,13 @@ def spawn(mode: str, graph: str, device: str, reps: int = 0, variant: str = "",
     env = dict(os.environ)
     if mode == "memory":  # only there: it makes every large allocation a fresh mmap
         env["MALLOC_MMAP_THRESHOLD_"] = "65536"
-    cmd = [sys.executable, __file__, "--child", mode, "--graph", graph, "--device", device,
-           "--reps", str(reps), "--variant", variant, "--dtype", dtype]
+    cmd = [sys.executable, "-m", "perf.bench_attention", "--child", mode, "--graph", graph,
+           "--device", device, "--reps", str(reps), "--variant", variant, "--dtype", dtype]
     if attention_only:
         cmd.append("--attention-only")
     if with_pyg:
         cmd.append("--with-pyg")
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=7200)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=7200, cwd=ROOT)
     for line in r.stdout.splitlines():
         if line.startswith("CHILD "):
             return json.loads(line[6:])
@@ -611,4 +608,5 @@ def markdown(results: dict) -> str:
 
 
 if __name__ == "__main__":
+    passive_omp_wait("perf.bench_attention")
     sys.exit(main())

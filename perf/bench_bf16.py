@@ -1,8 +1,8 @@
 """Mixed precision against float32: gcn, gt, gps on Amazon Computers, bf16 vs float32 curves.
 
-    python perf/bench_bf16.py [--models gcn gt] [--ranks 2] [--epochs 200] [--lr 0.005]
+    python -m perf.bench_bf16 [--models gcn gt] [--ranks 2] [--epochs 200] [--lr 0.005]
 
-Both runs are ``plexgt train`` with the settings of perf/train_accuracy.py, differing only in
+Both runs are ``plexgt train`` with the settings of perf.train_accuracy, differing only in
 ``--dtype=bfloat16`` (float32 master weights, optimizer state, softmax statistics and
 reductions; bfloat16 GEMMs and activations under autocast). Reported per model: the largest
 relative difference of the per-epoch loss over the run, the test accuracy at the best
@@ -24,9 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATASETS_DIR, hardware, result_line, today, write_json  # noqa: E402
-from train_accuracy import SETTINGS  # noqa: E402
+from perf.harness import DATASETS_DIR, hardware, result_line, today, write_json
+from perf.train_accuracy import SETTINGS
 
 BIN = Path(sys.executable).parent
 LOSS_TOLERANCE = 0.05

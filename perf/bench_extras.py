@@ -1,7 +1,7 @@
 """What the edge bias and global super nodes cost, and whether the bias learns what it is given.
 
-    .venv/bin/python perf/bench_extras.py                 # ~10 min on 2 cores
-    .venv/bin/python perf/bench_extras.py --epochs 4 --accuracy-epochs 0
+    .venv/bin/python -m perf.bench_extras                 # ~10 min on 2 cores
+    .venv/bin/python -m perf.bench_extras --epochs 4 --accuracy-epochs 0
 
 One SBM graph (50,000 nodes, 1,000,000 edges, 64 node features, 8 communities) prepared once
 with 4 edge features per edge: column 0 is 1 on edges inside a community and 0 across, the rest
@@ -28,14 +28,9 @@ import argparse
 import json
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "perf"))
-
-from common import hardware, result_line, today, write_json  # noqa: E402
+from perf.harness import ROOT, hardware, result_line, today, write_json
 
 VENV = ROOT / ".venv" / "bin"
 MODELS = {"plain": (False, 0), "bias": (True, 0), "super": (False, 4), "both": (True, 4)}

@@ -8,7 +8,7 @@
    (oversubscribed), with Spearman's rank correlation. Coefficients are calibrated in this run
    (SpMM and GEMM from the 1-rank epoch, bytes/latency from an all-reduce sweep at 8 ranks).
 
-Usage: python perf/bench_plexus.py [--epochs 3] [--hidden 64] [--rounds 3]. Workers are started with
+Usage: python -m perf.bench_plexus [--epochs 3] [--hidden 64] [--rounds 3]. Workers are started with
 mpiexec; results go to perf/results/bench_plexus.json, last line ``RESULT ...``.
 """
 
@@ -25,10 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATASETS_DIR, hardware, result_line, today, write_json  # noqa: E402
+from perf.harness import DATASETS_DIR, ROOT, hardware, result_line, today, write_json
 
-HERE = Path(__file__).resolve()
 BIN = Path(sys.executable).parent
 
 
@@ -151,8 +149,8 @@ def _comm_sweep(ctx) -> dict:  # noqa: ANN001
 
 def worker_row1d(args: argparse.Namespace) -> None:
     import torch
-    from gcn1d_baseline import Row1DGCN, read_row1d
 
+    from perf.gcn1d_baseline import Row1DGCN, read_row1d
     from plexgt.data.loader import PreparedGraph
     from plexgt.distributed.bootstrap import init_distributed, shutdown
     from plexgt.distributed.collectives import Comm, CommLedger
@@ -234,7 +232,7 @@ def worker_pyg(args: argparse.Namespace) -> None:
 # ------------------------------------------------------------------------------ driver
 def _run(cmd: list[str]) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600, cwd=ROOT)
     if r.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
     line = [l for l in r.stdout.splitlines() if l.startswith("JSON ")][-1]
@@ -278,8 +276,8 @@ def main() -> None:
     if not (DATASETS_DIR / "gnn-benchmark" / "ms_academic_phy.npz").exists():
         sys.exit(f"bench_plexus: Coauthor Physics not found under {DATASETS_DIR}")
     data = _prep(Path(args.workdir))
-    me = [sys.executable, str(HERE), "--data", str(data), "--epochs", str(args.epochs),
-          "--hidden", str(args.hidden)]
+    me = [sys.executable, "-m", "perf.bench_plexus", "--data", str(data), "--epochs",
+          str(args.epochs), "--hidden", str(args.hidden)]
     mpi = [str(BIN / "mpiexec"), "-n"]
     # parts 1 and 3 in interleaved rounds, the fastest of each kept: load from other jobs on a
     # shared machine then falls on every variant alike instead of on whichever ran during it

@@ -6,7 +6,7 @@ alone. The claim under test: peak RSS stays flat (<= 2 GB) while E grows 16x, an
 linearly in E. A featured run (F=128 float16, the papers100M shape) measures feature-row
 throughput; both rates extrapolate the prep time of ogbn-papers100M per rank.
 
-Usage: python perf/bench_prep.py [--max-log2 26] [--mpi 2]
+Usage: python -m perf.bench_prep [--max-log2 26] [--mpi 2]
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import hardware, result_line, today, write_json
+from perf.harness import ROOT, hardware, result_line, today, write_json
 
-ROOT = Path(__file__).resolve().parents[1]
 # ogbn-papers100M: 111,059,956 nodes, 1,615,685,872 edges, 128 float16 features
 PAPERS_N, PAPERS_E, PAPERS_F = 111_059_956, 1_615_685_872, 128
 

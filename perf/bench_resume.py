@@ -18,10 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import hardware, prep_sbm, result_line, today, write_json  # noqa: E402
+from perf.harness import ROOT, hardware, prep_sbm, result_line, today, write_json
 
-ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 CASES = {
     "gcn 8 ranks 2x2x2 -> 4 ranks 4x1x1": ("gcn", 8, ["--grid", "2x2x2"], 4, ["--grid", "4x1x1"]),

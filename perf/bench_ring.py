@@ -1,7 +1,7 @@
 """Ring attention side by side: GP-AG, GP-A2A, GP-Ring (overlapped and blocking), GP-2D.
 
-    .venv/bin/python perf/bench_ring.py                      # Physics + SBM 200K/4M, p = 1, 2, 4
-    .venv/bin/python perf/bench_ring.py --graphs physics --steps 3
+    .venv/bin/python -m perf.bench_ring                      # Physics + SBM 200K/4M, p = 1, 2, 4
+    .venv/bin/python -m perf.bench_ring --graphs physics --steps 3
 
 For p = 1, 2, 4 (one mpiexec each; p = 4 oversubscribes the 2 cores) and each graph, the
 distributed gt (hidden 64, 4 heads, 2 layers, float32, AdamW) is built with each strategy in
@@ -35,13 +35,10 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "perf"))
+import numpy as np
 
-import numpy as np  # noqa: E402
-from bench_agp import MODEL, REAL, PeakRSS, _real_graph, _rss  # noqa: E402
-from common import hardware, result_line, today, write_json  # noqa: E402
+from perf.bench_agp import MODEL, REAL, _real_graph
+from perf.harness import ROOT, PeakRSS, hardware, result_line, rss, today, write_json
 
 SYNTHETIC = {"sbm200k": (200_000, 4_000_000)}
 SCALES = (1, 2, 4)
@@ -117,7 +114,7 @@ def _run_config(pg, name: str, sname: str, a: int, overlap: bool, chunks: int, p
         gc.collect()
         dist.barrier()
         with PeakRSS() as mem:
-            base = _rss()
+            base = rss()
             step()
         peak = mem.peak - base
         times, waits = [], []
@@ -256,10 +253,10 @@ def main() -> None:
     rows: list[dict] = []
     for p in SCALES:
         out = args.work / f"rows-{p}.json"
-        cmd = [str(ROOT / ".venv/bin/mpiexec"), "-n", str(p), sys.executable, __file__,
-               "--worker", json.dumps({k: str(v) for k, v in paths.items()}),
+        cmd = [str(ROOT / ".venv/bin/mpiexec"), "-n", str(p), sys.executable, "-m",
+               "perf.bench_ring", "--worker", json.dumps({k: str(v) for k, v in paths.items()}),
                "--out", str(out), "--steps", str(args.steps)]
-        subprocess.run(cmd, check=True, env=env, timeout=3600)
+        subprocess.run(cmd, check=True, env=env, timeout=3600, cwd=ROOT)
         rows += json.loads(out.read_text())
     summary = summarise(rows)
     payload = {"date": today(), "hardware": hardware(), "model": MODEL, "steps": args.steps,

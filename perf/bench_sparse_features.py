@@ -1,7 +1,7 @@
 """Sparse input features against dense: epoch time and peak memory on bag-of-words graphs.
 
-    .venv/bin/python perf/bench_sparse_features.py            # ~15 min on 2 cores
-    .venv/bin/python perf/bench_sparse_features.py --epochs 4 --datasets physics
+    .venv/bin/python -m perf.bench_sparse_features            # ~15 min on 2 cores
+    .venv/bin/python -m perf.bench_sparse_features --epochs 4 --datasets physics
 
 Coauthor Physics (34,493 nodes, 8,415 features, 0.39% nonzero) and Amazon Computers (13,752
 nodes, 767 features, 35% nonzero) from ../shared/datasets/gnn-benchmark are prepared twice,
@@ -25,11 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "perf"))
-
-from common import DATASETS_DIR, hardware, result_line, today, write_json  # noqa: E402
+from perf.harness import DATASETS_DIR, ROOT, hardware, result_line, today, write_json
 
 VENV = ROOT / ".venv" / "bin"
 DATASETS = {"physics": "ms_academic_phy.npz", "computers": "amazon_electronics_computers.npz"}

@@ -1,13 +1,13 @@
 """Strong scaling of ``plexgt train``: run (or read) a sweep over rank counts, tabulate, plot.
 
 Modes:
-  python perf/strong_scaling.py --data DIR [--ranks 1 2 4 8] [--epochs 10]
+  python -m perf.strong_scaling --data DIR [--ranks 1 2 4 8] [--epochs 10]
       runs ``mpiexec -n p plexgt train`` for each p on this machine, then reports;
-  python perf/strong_scaling.py --runs SWEEP_DIR
+  python -m perf.strong_scaling --runs SWEEP_DIR
       reads a cluster sweep (``jobscripts/sweep.sh``: SWEEP_DIR/p<P>/metrics.jsonl);
-  python perf/strong_scaling.py --simulate [--profile system.json]
+  python -m perf.strong_scaling --simulate [--profile system.json]
       projects ogbn-papers100M epoch time at 8 ... 2048 GPUs from the cost model;
-  python perf/strong_scaling.py --simulate --machine perlmutter|frontier|FILE.toml
+  python -m perf.strong_scaling --simulate --machine perlmutter|frontier|FILE.toml
       the same from a machine description (plexgt/plan/machines), for gcn (3 layers, hidden
       128, as Plexus runs it: every Gx x Gy x Gz) and gt (hidden 128, 8 heads, 3 layers: every
       attention strategy and head axis), each p's fastest configuration that fits the
@@ -30,8 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import hardware, result_line, today, write_json, write_text  # noqa: E402
+from perf.harness import hardware, result_line, today, write_json, write_text
 
 BIN = Path(sys.executable).parent
 KEYS = ("time_epoch", "time_compute", "time_comm", "time_wait")

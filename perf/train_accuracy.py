@@ -1,7 +1,7 @@
 """Accuracy of the main job: ``mpiexec -n 4 plexgt train`` on Amazon Computers (issue target:
 gt >= 0.89, gcn >= 0.88 test accuracy at the best validation epoch).
 
-Usage: python perf/train_accuracy.py [--models gcn gt] [--ranks 4] [--epochs 300]
+Usage: python -m perf.train_accuracy [--models gcn gt] [--ranks 4] [--epochs 300]
 Writes perf/results/train_accuracy.json; ends with one RESULT line per model.
 """
 
@@ -15,8 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATASETS_DIR, hardware, result_line, today, write_json  # noqa: E402
+from perf.harness import DATASETS_DIR, hardware, result_line, today, write_json
 
 BIN = Path(sys.executable).parent
 #: per-model overrides (the rest are plexgt's defaults)

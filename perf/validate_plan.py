@@ -1,7 +1,7 @@
 """The planner scored on this machine: predicted against measured step time and memory.
 
-    .venv/bin/python perf/validate_plan.py --profile SYSTEM.json   # ~45 min on 2 cores
-    .venv/bin/python perf/validate_plan.py --cases physics-gcn --keep   # rerun one case
+    .venv/bin/python -m perf.validate_plan --profile SYSTEM.json   # ~45 min on 2 cores
+    .venv/bin/python -m perf.validate_plan --cases physics-gcn --keep   # rerun one case
 
 Coauthor Physics (34,493 nodes, 8,415 features, 0.39% nonzero: CSR input) and Amazon
 Computers (13,752 nodes, 767 features, dense input) from ../shared/datasets/gnn-benchmark,
@@ -58,12 +58,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "perf"))
-
-from common import (  # noqa: E402
+from perf.harness import (
     DATASETS_DIR,
+    ROOT,
     PeakRSS,
     hardware,
     result_line,
@@ -302,7 +299,8 @@ def measure(data: Path, model: str, p: int, configs: list[dict], profile: Path,
                                    "profile": str(profile), "steps": steps,
                                    "out": str(out)}))
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // p))}
-        subprocess.run([str(VENV / "mpiexec"), "-n", str(p), sys.executable, __file__,
+        subprocess.run([str(VENV / "mpiexec"), "-n", str(p), sys.executable, "-m",
+                        "perf.validate_plan",
                         "--worker", str(job)], check=True, env=env, cwd=ROOT, timeout=3600)
         rows = json.loads(out.read_text())
     probe = (before + speed_probe()) / 2

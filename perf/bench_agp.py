@@ -49,30 +49,45 @@ import argparse
 import gc
 import json
 import os
-import subprocess
-import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
+import torch
+import torch.distributed as dist
+from scipy.stats import mannwhitneyu, wilcoxon
 
 from perf.harness import (
     DATASETS_DIR,
     RESULTS_DIR,
-    ROOT,
+    GraphSource,
     PeakRSS,
     hardware,
+    launch,
+    module,
+    mpiexec,
+    plexgt,
+    prepare_all,
+    projected_graph,
     result_line,
     rss,
     today,
     write_json,
 )
+from plexgt.data.loader import PreparedGraph
+from plexgt.data.synthetic import sbm
+from plexgt.distributed.bootstrap import init_distributed, shutdown
+from plexgt.distributed.collectives import Comm, CommLedger
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.parallel.gt_dist import DistGraphTransformer
+from plexgt.parallel.rows1d import all_reduce_gradients, row_cross_entropy
+from plexgt.plan.agp import SystemModel, Workload, estimate, plan
+from plexgt.tasks.attention import read_dist_graph, read_row_data
 
-REAL = {
-    "computers": "amazon_electronics_computers.npz",
-    "cs": "ms_academic_cs.npz",
-    "physics": "ms_academic_phy.npz",
-}
+REAL = ("computers", "cs", "physics")
+"""The real graphs (:data:`perf.harness.GNN_BENCHMARK`), their features projected to
+:data:`PROJECTED_FEATURES` dense dimensions."""
 # name -> (nodes, edges per node)
 SYNTHETIC = {"syn5": (8000, 5), "syn20": (6000, 20), "syn50": (4000, 50),
              "syn100": (3000, 100), "syn200": (2000, 200), "syn500": (2000, 500)}
@@ -85,58 +100,32 @@ PROJECTED_FEATURES = 128
 
 
 # -- data -------------------------------------------------------------------------------------
-def _real_graph(name: str, datasets: Path):  # noqa: ANN202 - GraphData
-    import scipy.sparse as sp
-
-    from plexgt.data.graph import GraphData, random_split
-
-    with np.load(datasets / "gnn-benchmark" / REAL[name], allow_pickle=False) as z:
-        adj = sp.csr_matrix((z["adj_data"], z["adj_indices"], z["adj_indptr"]),
-                            shape=tuple(z["adj_shape"])).tocoo()
-        attr = sp.csr_matrix((z["attr_data"], z["attr_indices"], z["attr_indptr"]),
-                             shape=tuple(z["attr_shape"]))
-        labels = np.asarray(z["labels"], dtype=np.int64)
-    rng = np.random.default_rng(0)
-    proj = rng.standard_normal((attr.shape[1], PROJECTED_FEATURES)).astype(np.float32)
-    feats = np.asarray(attr @ proj, dtype=np.float32) / np.sqrt(PROJECTED_FEATURES)
-    n = adj.shape[0]
-    return GraphData(name, n, adj.row.astype(np.int64), adj.col.astype(np.int64), feats,
-                     labels, random_split(n, 0))
-
-
-def prepare_all(names: list[str], work: Path, datasets: Path) -> dict[str, Path]:
-    from plexgt.data.shard import PrepOptions, prepare
-    from plexgt.data.source import MemorySource
-    from plexgt.data.synthetic import sbm
-
-    out = {}
+def sources(names: list[str], datasets: Path,
+            synthetic: dict[str, tuple[int, int]] | None = None) -> dict[str, GraphSource]:
+    """The graphs ``names`` for :func:`perf.harness.prepare_all`: a real one with its features
+    projected, an SBM one of ``synthetic``'s (default :data:`SYNTHETIC`) nodes and edges per
+    node (8 classes, 64 features)."""
+    synthetic = SYNTHETIC if synthetic is None else synthetic
+    out: dict[str, GraphSource] = {}
     for name in names:
-        path = work / name
-        if not (path / "manifest.json").exists():
-            if name in REAL:
-                g = _real_graph(name, datasets)
-            else:
-                n, deg = SYNTHETIC[name]
-                g = sbm(num_nodes=n, num_edges=n * deg, num_classes=8, num_features=64, seed=1)
-            prepare(MemorySource(g), PrepOptions(out=path, symmetrize=True, progress=False,
-                                                 overwrite=True, seed=3))
-        out[name] = path
+        if name in REAL:
+            out[name] = partial(projected_graph, name, PROJECTED_FEATURES, datasets)
+        else:
+            n, deg = synthetic[name]
+            out[name] = partial(sbm, num_nodes=n, num_edges=n * deg, num_classes=8,
+                                num_features=64, seed=1)
     return out
+
+
+PREP = {"symmetrize": True, "seed": 3}
+"""How :func:`sources`' graphs are prepared (symmetrised, double permutation of seed 3), here
+and in bench_ring."""
 
 
 # -- the per-rank worker (under mpiexec) ------------------------------------------------------
 def _setup(pg, sname: str, p: int, rank: int):  # noqa: ANN001, ANN202
     """(one training step, its ledger, the graph's resident bytes) of the distributed gt
     with strategy ``sname`` on this rank; the step is not yet warmed up."""
-    import torch
-    import torch.distributed as dist
-
-    from plexgt.distributed.collectives import Comm, CommLedger
-    from plexgt.parallel.attention.registry import default_registry
-    from plexgt.parallel.gt_dist import DistGraphTransformer
-    from plexgt.parallel.rows1d import all_reduce_gradients, row_cross_entropy
-    from plexgt.tasks.attention import read_dist_graph, read_row_data
-
     ledger = CommLedger()
     comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
     gc.collect()
@@ -161,8 +150,6 @@ def _setup(pg, sname: str, p: int, rank: int):  # noqa: ANN001, ANN202
 
 def _timed(step) -> float:  # noqa: ANN001
     """Seconds of one step on this rank, started together (barrier)."""
-    import torch.distributed as dist
-
     dist.barrier()
     t0 = time.perf_counter()
     step()
@@ -175,9 +162,6 @@ def _measure(pg, name: str, group: list[str], p: int, rank: int, steps: int,  # 
     steps alternated (time), or one step's peak resident set (memory, one strategy). A
     function of its own so the models, optimizer states and graphs die with it, before the
     next group or graph is built."""
-    import torch
-    import torch.distributed as dist
-
     built = {s: _setup(pg, s, p, rank) for s in group}
     for step, _, _ in built.values():
         for _ in range(1 if memory_pass else 2):
@@ -225,11 +209,6 @@ def worker(args: argparse.Namespace) -> None:
     order flipped every step (A B B A ...), so the load other jobs put on the machine, which
     drifts over seconds, falls on both alike and step i of one pairs with step i of the
     other. Memory mode: one strategy at a time, one step, its peak resident set."""
-    import torch
-
-    from plexgt.data.loader import PreparedGraph
-    from plexgt.distributed.bootstrap import init_distributed, shutdown
-
     ctx = init_distributed("gloo", timeout_s=900)
     torch.manual_seed(ctx.rank)
     p = ctx.world_size
@@ -248,11 +227,6 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # -- driver -----------------------------------------------------------------------------------
-def _launch(n: int, argv: list[str], log_env: dict[str, str]) -> None:
-    cmd = [str(ROOT / ".venv/bin/mpiexec"), "-n", str(n), sys.executable, *argv]
-    subprocess.run(cmd, check=True, env=log_env, cwd=ROOT)
-
-
 NOISE_ALPHA = 0.05
 """A choice whose step times are not slower than the fastest's at this significance (one-sided
 Wilcoxon signed-rank over the alternated step pairs at the same p, Mann-Whitney U across p) is
@@ -269,8 +243,6 @@ def _slower_p(pick: list[float], best: list[float], paired: bool = False) -> flo
     same samples): one-sided Wilcoxon signed-rank over step i of one against step i of the
     other when ``paired`` (the two alternated step by step in the same launches, so a load
     spike hits both), else one-sided Mann-Whitney U."""
-    from scipy.stats import mannwhitneyu, wilcoxon
-
     if pick is best or sorted(pick) == sorted(best):
         return 1.0
     if paired:
@@ -322,9 +294,6 @@ def analyse(measured: list[dict], prof: dict, paired: bool = False) -> dict:
     fastest, by its fastest step) and within the noise (:data:`NOISE_ALPHA`; ``paired``: the
     run alternated the strategies step by step, :func:`worker`).
     """
-    from plexgt.parallel.attention.registry import default_registry
-    from plexgt.plan.agp import SystemModel, Workload, estimate, plan
-
     reg = default_registry()
     sysm = SystemModel.from_profile(prof)
     rows = []
@@ -384,8 +353,6 @@ def strategy_pairs(measured: list[dict], draws: int = 2000) -> list[dict]:
     Wilcoxon signed-rank p-value, and ``decided``: p-value < :data:`NOISE_ALPHA`, the test
     the decisions are scored with (the interval, of the median rather than the signed-rank
     test's pseudo-median, can touch 1 where the test is just below it)."""
-    from scipy.stats import wilcoxon
-
     steps = {(m["graph"], m["strategy"], m["p"]): np.asarray(m["step_s"]) for m in measured}
     out = []
     for (g, s, p), ag in steps.items():
@@ -524,6 +491,7 @@ def reevaluate(path: Path, profile: Path | None) -> dict:
 
 
 def plot(analysis: dict, path: Path, title: str) -> None:
+    # matplotlib is an optional dependency (the perf extra), imported only to draw
     import matplotlib
 
     matplotlib.use("Agg")
@@ -596,15 +564,15 @@ def main() -> None:
         names = [g for g in names if g not in REAL]
         print("no ../shared/datasets: real graphs skipped", flush=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    dirs = prepare_all(names, args.work, DATASETS_DIR)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    dirs = prepare_all(sources(names, DATASETS_DIR), args.work, **PREP)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # memory pass: every allocation over 64 KiB is its own mapping, returned when freed, so the
     # resident set follows live tensors (the timing pass keeps glibc's defaults: realistic)
     env_mem = {**env, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
     prof_path = args.profile or RESULTS_DIR / "bench_agp_system.json"
     if args.profile is None:
         print("profiling (mpiexec -n 4 plexgt profile) ...", flush=True)
-        _launch(4, ["-m", "plexgt", "profile", "--out", str(prof_path)], env)
+        launch(mpiexec(4, plexgt("profile", "--out", str(prof_path))), env=env, capture=False)
     prof = json.loads(Path(prof_path).read_text())
     measured = []
     spec = json.dumps({k: str(v) for k, v in dirs.items()})
@@ -620,8 +588,9 @@ def main() -> None:
         for p in SCALES:
             out = args.work / f"measured_p{p}_time{k}.json"
             print(f"measuring p={p} (time, round {k + 1}/{rounds}) ...", flush=True)
-            _launch(p, ["-m", "perf.bench_agp", "--worker", spec, "--out", str(out),
-                        "--steps", str(steps), "--mode", "time"], env)
+            launch(mpiexec(p, module("perf.bench_agp", "--worker", spec, "--out", str(out),
+                                     "--steps", str(steps), "--mode", "time")),
+                   env=env, capture=False)
             for t in json.loads(out.read_text()):
                 key = (t["graph"], t["strategy"], p)
                 if key in timed:
@@ -632,8 +601,9 @@ def main() -> None:
     for p in SCALES:
         out = args.work / f"measured_p{p}_memory.json"
         print(f"measuring p={p} (memory) ...", flush=True)
-        _launch(p, ["-m", "perf.bench_agp", "--worker", spec, "--out", str(out),
-                    "--steps", "1", "--mode", "memory"], env_mem)
+        launch(mpiexec(p, module("perf.bench_agp", "--worker", spec, "--out", str(out),
+                                 "--steps", "1", "--mode", "memory")),
+               env=env_mem, capture=False)
         for m in json.loads(out.read_text()):
             t = timed[(m["graph"], m["strategy"], p)]
             t["peak_activation_bytes"] = m["peak_activation_bytes"]

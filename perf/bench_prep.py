@@ -15,12 +15,11 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from perf.harness import ROOT, hardware, result_line, today, write_json
+from perf.harness import hardware, job_env, mpiexec, plexgt, result_line, today, write_json
 
 # ogbn-papers100M: 111,059,956 nodes, 1,615,685,872 edges, 128 float16 features
 PAPERS_N, PAPERS_E, PAPERS_F = 111_059_956, 1_615_685_872, 128
@@ -28,11 +27,12 @@ PAPERS_N, PAPERS_E, PAPERS_F = 111_059_956, 1_615_685_872, 128
 
 def run_prep(args: list[str], out: Path, mpi: int = 1) -> dict:
     """One prep in a fresh process: wall seconds, peak RSS (MiB, largest rank), manifest."""
-    cmd = [sys.executable, "-m", "plexgt", "prep", *args, "--out", str(out), "--quiet"]
+    cmd = plexgt("prep", *args, "--out", str(out), "--quiet")
     if mpi > 1:
-        cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(mpi), *cmd]
+        cmd = mpiexec(mpi, cmd)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    # not harness.launch: wait4 gives this child's own rusage (its peak RSS)
+    proc = subprocess.Popen(cmd, env=job_env(), stderr=subprocess.PIPE, text=True)
     err = proc.stderr.read()
     _, status, ru = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0

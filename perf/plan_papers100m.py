@@ -22,6 +22,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from perf.harness import hardware, result_line, today, write_json
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.plan.agp import plan
+from plexgt.plan.choose import GraphSizes, ModelShape, workload
+from plexgt.plan.profile import read_profile
+from plexgt.tasks.task import system_model_for
 
 N, E_DIRECTED, F, C = 111_059_956, 1_615_685_872, 128, 172
 E = E_DIRECTED + N
@@ -33,12 +38,6 @@ RING_CHUNKS = 8
 
 
 def main() -> None:
-    from plexgt.parallel.attention.registry import default_registry
-    from plexgt.plan.agp import plan
-    from plexgt.plan.choose import GraphSizes, ModelShape, workload
-    from plexgt.plan.profile import read_profile
-    from plexgt.tasks.task import system_model_for
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", type=Path)
     args = ap.parse_args()

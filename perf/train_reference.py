@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from perf.harness import (
     DATASETS_DIR,
+    gnn_benchmark,
     hardware,
     passive_omp_wait,
     result_line,
@@ -35,11 +36,7 @@ from plexgt.data.formats.gnn_benchmark import read_gnn_benchmark
 from plexgt.data.graph import random_split, symmetrize
 from plexgt.models import MODELS, ModelGraph, sparse_features
 
-DATASETS = {
-    "computers": ("Amazon Computers", "amazon_electronics_computers.npz"),
-    "cs": ("Coauthor CS", "ms_academic_cs.npz"),
-    "physics": ("Coauthor Physics", "ms_academic_phy.npz"),
-}
+DATASETS = {"computers": "Amazon Computers", "cs": "Coauthor CS", "physics": "Coauthor Physics"}
 PUBLISHED_GCN = {"computers": (0.89, 0.91), "cs": (0.92, 0.94), "physics": (0.95, 0.97)}
 
 
@@ -92,8 +89,8 @@ class Data:
 
 
 def load(key: str, row_normalize: bool) -> Data:
-    title, fname = DATASETS[key]
-    g = symmetrize(read_gnn_benchmark(DATASETS_DIR / "gnn-benchmark" / fname))
+    title = DATASETS[key]
+    g = symmetrize(read_gnn_benchmark(gnn_benchmark(key)))
     assert g.features is not None and g.labels is not None
     feats = sp.csr_matrix(g.features)
     if row_normalize:  # PyG's NormalizeFeatures: each row sums to 1

@@ -52,25 +52,47 @@ import gc
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+
 from perf.harness import (
-    DATASETS_DIR,
+    RESULTS_DIR,
     ROOT,
     PeakRSS,
+    gnn_benchmark,
     hardware,
+    launch,
+    module,
+    mpiexec,
+    prepared,
     result_line,
     rss,
     today,
     write_json,
 )
+from plexgt.config import load_config
+from plexgt.data.loader import PreparedGraph
+from plexgt.distributed.bootstrap import init_distributed, shutdown
+from plexgt.distributed.collectives import CommLedger
+from plexgt.distributed.grid import factorizations
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.plan.choose import choose, gps_grid
+from plexgt.plan.plexus_cost import PROCESS_BASE_BYTES
+from plexgt.tasks import build_task
+from plexgt.tasks.task import (
+    graph_sizes,
+    machine_profile,
+    model_shape,
+    plexus_coefficients_for,
+    run_plan,
+    system_model_for,
+)
+from plexgt.training import loop
 
-VENV = ROOT / ".venv" / "bin"
-DATASETS = {"physics": "ms_academic_phy.npz", "computers": "amazon_electronics_computers.npz"}
 CASES = {"physics-gcn": ("physics", "gcn"), "physics-gt": ("physics", "gt"),
          "computers-gt": ("computers", "gt"), "physics-gps": ("physics", "gps"),
          "computers-gps": ("computers", "gps")}
@@ -86,8 +108,6 @@ WITHIN = 0.10
 
 # -- configurations and predictions -------------------------------------------------------
 def _cfg(data: Path, model: str, over: dict, profile: Path):  # noqa: ANN202 - TrainConfig
-    from plexgt.config import load_config
-
     return load_config(None, {"data": str(data), **COMMON, **MODEL[model],
                               "parallel.profile": str(profile), **over})
 
@@ -96,18 +116,6 @@ def configurations(data: Path, model: str, p: int, profile: Path) -> list[dict]:
     """Every configuration of ``model`` the search can run on p ranks, as config overrides,
     with the plan train makes of it: {'over', 'label', 'predicted_s', 'predicted_bytes',
     'chosen'}, one per distinct plan; the all-'auto' one marked chosen."""
-    from plexgt.data.loader import PreparedGraph
-    from plexgt.distributed.grid import factorizations
-    from plexgt.parallel.attention.registry import default_registry
-    from plexgt.plan.choose import gps_grid
-    from plexgt.tasks.task import (
-        graph_sizes,
-        machine_profile,
-        model_shape,
-        plexus_coefficients_for,
-        run_plan,
-    )
-
     pg = PreparedGraph(data)
     cfg = _cfg(data, model, {}, profile)
     prof = machine_profile(cfg)
@@ -138,16 +146,6 @@ def configurations(data: Path, model: str, p: int, profile: Path) -> list[dict]:
 
 def any_scale_choice(data: Path, model: str, profile: Path) -> str:
     """The search's choice over every scale up to 4 ranks, as '<label> on <scale>'."""
-    from plexgt.data.loader import PreparedGraph
-    from plexgt.plan.choose import choose
-    from plexgt.tasks.task import (
-        graph_sizes,
-        machine_profile,
-        model_shape,
-        plexus_coefficients_for,
-        system_model_for,
-    )
-
     cfg = _cfg(data, model, {}, profile)
     pg = PreparedGraph(data)
     prof = machine_profile(cfg)
@@ -189,13 +187,6 @@ def _one(data: Path, model: str, over: dict, profile: Path, steps: int, ctx,  # 
          memory: bool = True) -> dict:
     """Build, warm up, time (and, with ``memory``, measure) one configuration on this rank;
     freed on return."""
-    import torch
-    import torch.distributed as dist
-
-    from plexgt.distributed.collectives import CommLedger
-    from plexgt.tasks import build_task
-    from plexgt.training import loop
-
     cfg = _cfg(data, model, over, profile)
     _malloc(memory=True)
     _trim()
@@ -228,8 +219,6 @@ def worker(args: argparse.Namespace) -> None:
     ``steps`` steps of every one: the VM's speed drifts by tens of percent over minutes,
     and a drift then weighs on every configuration alike instead of on whichever was
     measured during it. A configuration's median is over both passes' steps."""
-    from plexgt.distributed.bootstrap import init_distributed, shutdown
-
     job = json.loads(Path(args.worker).read_text())
     ctx = init_distributed("gloo", timeout_s=900)
     configs = job["configs"]
@@ -257,19 +246,13 @@ def worker(args: argparse.Namespace) -> None:
 
 # -- the driver -----------------------------------------------------------------------------
 def prep(name: str, work: Path) -> Path:
-    out = work / name
-    if not (out / "manifest.json").exists():
-        subprocess.run([str(VENV / "plexgt"), "prep", "--input",
-                        str(DATASETS_DIR / "gnn-benchmark" / DATASETS[name]), "--out", str(out),
-                        "--overwrite", "--quiet"], check=True)
-    return out
+    """The gnn-benchmark graph ``name`` as ``plexgt prep`` prepares it (auto layout)."""
+    return prepared(work / name, ["--input", str(gnn_benchmark(name))])
 
 
 def speed_probe(repeats: int = 5) -> float:
     """Median seconds of a fixed one-thread workload (a 384^3 GEMM and a pass over 32 MiB,
     each four times): how fast the VM runs now, compared between the runs of a validation."""
-    import torch
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -299,9 +282,8 @@ def measure(data: Path, model: str, p: int, configs: list[dict], profile: Path,
                                    "profile": str(profile), "steps": steps,
                                    "out": str(out)}))
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // p))}
-        subprocess.run([str(VENV / "mpiexec"), "-n", str(p), sys.executable, "-m",
-                        "perf.validate_plan",
-                        "--worker", str(job)], check=True, env=env, cwd=ROOT, timeout=3600)
+        launch(mpiexec(p, module("perf.validate_plan", "--worker", str(job))), env=env,
+               timeout=3600, capture=False)
         rows = json.loads(out.read_text())
     probe = (before + speed_probe()) / 2
     return [{**r, "probe_s": probe} for r in rows]
@@ -325,8 +307,6 @@ def _model_bytes(row: dict) -> int:
     """A row's predicted bytes beyond the process's own (the 3D model adds a fixed
     :data:`~plexgt.plan.plexus_cost.PROCESS_BASE_BYTES` for the interpreter and libraries,
     which the measurement, taken above the level before the build, does not see)."""
-    from plexgt.plan.plexus_cost import PROCESS_BASE_BYTES
-
     return row["predicted_bytes"] - (PROCESS_BASE_BYTES if row["model"] == "gcn" else 0)
 
 
@@ -393,9 +373,6 @@ def repredict(rows: list[dict], profile: Path, work: Path) -> dict[str, str]:
     """The stored measurements priced again from ``profile``: each row's prediction, which
     configuration is the choice at each (case, p), and the any-scale choices; nothing is
     measured."""
-    from plexgt.data.loader import PreparedGraph
-    from plexgt.tasks.task import run_plan
-
     any_choice = {}
     for case in sorted({r["case"] for r in rows}):
         name, model = CASES[case]
@@ -430,7 +407,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4,
                     help="timed steps per configuration in each of the two passes")
     ap.add_argument("--profile", type=Path,
-                    default=ROOT / "perf" / "results" / "bench_agp_system.json")
+                    default=RESULTS_DIR / "bench_agp_system.json")
     ap.add_argument("--work", type=Path, default=Path("/tmp/plexgt-validate-plan"))
     ap.add_argument("--keep", action="store_true",
                     help="keep the stored result's rows of the cases not run now")
@@ -442,7 +419,7 @@ def main() -> None:
         worker(args)
         return
     if args.repredict:
-        stored = json.loads((ROOT / "perf" / "results" / "validate_plan.json").read_text())
+        stored = json.loads((RESULTS_DIR / "validate_plan.json").read_text())
         rows = stored["rows"]
         any_choice = repredict(rows, args.profile, args.work)
         s = score(rows, any_choice)
@@ -463,7 +440,7 @@ def main() -> None:
             print(f"{case} p={p}: {len(configs)} configurations", flush=True)
             for r in measure(data, model, p, configs, args.profile, args.steps):
                 rows.append({"case": case, "graph": name, "model": model, "p": p, **r})
-    stored = ROOT / "perf" / "results" / "validate_plan.json"
+    stored = RESULTS_DIR / "validate_plan.json"
     if args.keep and stored.exists():  # the other cases' rows of the stored run
         old = json.loads(stored.read_text())
         ran = set(args.cases.split(","))

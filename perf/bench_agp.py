@@ -40,7 +40,8 @@ other option is not measurably slower than the fastest; and the strict hit rate 
 others, where the measurement names one fastest option. The decisions are also scored by
 median step: the fastest of tens of steps is one lucky draw, and the noisier options (more
 ranks on the 2 cores) draw luckier ones. MAPE is over distinct measurements, against the fastest
-step (the bench's t_iter) and the median step.
+step (the bench's t_iter) and the median step. MAPE and the share of choices within 10% of
+the fastest are :mod:`perf.plan_score`'s, the score validate_plan gives its own measurements.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ import torch
 import torch.distributed as dist
 from scipy.stats import mannwhitneyu, wilcoxon
 
+from perf import plan_score
 from perf.harness import (
     DATASETS_DIR,
     RESULTS_DIR,
@@ -263,7 +265,8 @@ def _choice(graph: str, label: str, pick: tuple[str, int], cands: dict, steps: d
     at the same p were alternated step by step, so those are compared pair by pair); and
     strictly by median step (a fastest step is one lucky draw, and the noisier option, more
     ranks on the 2 cores, draws luckier ones)."""
-    best = min(cands, key=cands.get)
+    by_fastest = plan_score.decision(pick, cands)
+    best = by_fastest["fastest"]
     ranked = sorted(cands.values())
 
     def slower(k: tuple[str, int]) -> float:
@@ -271,17 +274,17 @@ def _choice(graph: str, label: str, pick: tuple[str, int], cands: dict, steps: d
 
     p_slower = slower(pick)
     tied = sorted(k for k in cands if k != best and slower(k) >= NOISE_ALPHA)
-    med = {k: float(np.median(steps[k])) for k in cands}
-    best_med = min(med, key=med.get)
+    by_median = plan_score.decision(pick, {k: float(np.median(steps[k])) for k in cands})
+    best_med = by_median["fastest"]
     return {"graph": graph, "decision": label, "agp": list(pick), "fastest": list(best),
             "agp_s": cands[pick], "fastest_s": cands[best],
-            "slowdown": cands[pick] / cands[best] - 1,
+            "slowdown": by_fastest["slower"],
             "hit": pick == best,
             "p_slower": p_slower, "noise_hit": pick == best or p_slower >= NOISE_ALPHA,
             "runner_up_gap": ranked[1] / ranked[0] - 1 if len(ranked) > 1 else None,
             "tied_with_fastest": [list(k) for k in tied],
             "fastest_by_median": list(best_med), "hit_by_median": pick == best_med,
-            "slowdown_by_median": med[pick] / med[best_med] - 1}
+            "slowdown_by_median": by_median["slower"]}
 
 
 def analyse(measured: list[dict], prof: dict, paired: bool = False) -> dict:
@@ -309,8 +312,8 @@ def analyse(measured: list[dict], prof: dict, paired: bool = False) -> dict:
             att = est.memory["attention_activations"] + est.memory["dense_activations"]
             row = {**{k: m[k] for k in ("graph", "p", "n", "e", "t_iter")}, "strategy": sname,
                    "t_iter_median": med,
-                   "predicted": est.time_s, "ape": abs(est.time_s - m["t_iter"]) / m["t_iter"],
-                   "ape_median": abs(est.time_s - med) / med,
+                   "predicted": est.time_s, "ape": plan_score.ape(est.time_s, m["t_iter"]),
+                   "ape_median": plan_score.ape(est.time_s, med),
                    "alpha": est.alpha, "beta": est.beta,
                    "compute_s": est.compute_s, "copy_s": est.copy_s, "calls_s": est.calls_s,
                    "comm_s": est.comm_s,
@@ -394,14 +397,15 @@ def summarise(analysis: dict) -> dict:
     hits = [c for c in ch if c["decision"] == "scale_and_strategy"]
     strat = [c for c in ch if c["decision"].startswith("strategy_at")]
     resolved = [c for c in hits if not c["tied_with_fastest"]]
+    scored = plan_score.score([r["ape"] for r in rows], [c["slowdown"] for c in hits])
     return {
-        "mape": float(np.mean([r["ape"] for r in rows])),
-        "mape_median": float(np.mean([r["ape_median"] for r in rows])),
-        "mape_by_p": {str(p): float(np.mean([r["ape"] for r in rows if r["p"] == p]))
+        "mape": scored["mape"],
+        "mape_median": plan_score.mape(r["ape_median"] for r in rows),
+        "mape_by_p": {str(p): plan_score.mape(r["ape"] for r in rows if r["p"] == p)
                       for p in SCALES},
         "agp_hit_rate": float(np.mean([c["hit"] for c in hits])),
         "agp_noise_hit_rate": float(np.mean([c["noise_hit"] for c in hits])),
-        "agp_within_10pct": float(np.mean([c["slowdown"] <= 0.10 for c in hits])),
+        "agp_within_10pct": scored["within_10pct"],
         "agp_max_slowdown": max(c["slowdown"] for c in hits),
         "agp_hit_rate_by_median": float(np.mean([c["hit_by_median"] for c in hits])),
         "agp_max_slowdown_by_median": max(c["slowdown_by_median"] for c in hits),

@@ -27,10 +27,11 @@ and the planner prices them.
 Predictions are :func:`plexgt.plan.choose.choose`'s for the same configuration (the plan
 ``train`` would run) from the stored system profile of this machine (``--profile``; default
 perf/results/bench_agp_system.json, measured by ``plexgt profile`` under ``mpiexec -n 4``).
-Scored: MAPE of predicted against the median step, overall and by p; per (case, p) with more
-than one configuration, whether the choice's median step is within 10% of the fastest
-measured; per case, the any-scale choice (p <= 4) against the fastest at any p; memory,
-predicted over measured per configuration (median, range). Writes
+Scored (:mod:`perf.plan_score`, the score bench_agp's measurements get too): MAPE of
+predicted against the median step, overall and by p; per (case, p) with more than one
+configuration, whether the choice's median step is within 10% of the fastest measured; per
+case, the any-scale choice (p <= 4) against the fastest at any p; memory, predicted over
+measured per configuration (median, range). Writes
 perf/results/validate_plan.json and ends with one RESULT line.
 
 The VM's speed drifts by tens of percent over minutes, between the (case, p) runs as well as
@@ -54,11 +55,13 @@ import os
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from perf import plan_score
 from perf.harness import (
     RESULTS_DIR,
     ROOT,
@@ -103,7 +106,6 @@ MODEL = {"gcn": {"model.name": "gcn", "model.hidden": 64, "model.layers": 2},
 COMMON = {"progress": False, "model.dropout": 0.0, "model.input_dropout": 0.0,
           "optim.warmup_epochs": 0}
 SCALES = (1, 2, 3, 4)
-WITHIN = 0.10
 
 
 # -- configurations and predictions -------------------------------------------------------
@@ -298,8 +300,8 @@ def drift(rows: list[dict]) -> dict | None:
     ref = statistics.median(probes)
     return {"probe_median_s": ref, "probe_min_s": min(probes), "probe_max_s": max(probes),
             "probe_spread": max(probes) / min(probes) - 1,
-            "mape_drift_corrected": statistics.mean(
-                abs(r["predicted_s"] / (r["median_s"] * ref / r["probe_s"]) - 1)
+            "mape_drift_corrected": plan_score.mape(
+                plan_score.ape(r["predicted_s"], r["median_s"] * ref / r["probe_s"])
                 for r in rows)}
 
 
@@ -310,57 +312,61 @@ def _model_bytes(row: dict) -> int:
     return row["predicted_bytes"] - (PROCESS_BASE_BYTES if row["model"] == "gcn" else 0)
 
 
+def _err(r: dict) -> float:
+    """A row's prediction error against its median step."""
+    return plan_score.ape(r["predicted_s"], r["median_s"])
+
+
+def _decision(case: str, p: int | str, opts: list[dict], chosen: int | None,
+              name: Callable[[dict], str]) -> dict:
+    """The choice ``opts[chosen]`` among measured configurations, by median step (``chosen``
+    None: the choice is a configuration nobody measured, as after repricing)."""
+    row = {"case": case, "p": p, "pick": "(not measured)", "slower": None, "within": None,
+           "options": len(opts)}
+    if chosen is None:
+        return {**row, "best": name(min(opts, key=lambda r: r["median_s"]))}
+    d = plan_score.decision(chosen, {i: r["median_s"] for i, r in enumerate(opts)})
+    return {**row, "pick": name(opts[chosen]), "best": name(opts[d["fastest"]]),
+            "slower": d["slower"], "within": d["within"]}
+
+
 def score(rows: list[dict], any_choice: dict[str, str]) -> dict:
-    err = [abs(r["predicted_s"] / r["median_s"] - 1) for r in rows]
-    by_p = {p: [abs(r["predicted_s"] / r["median_s"] - 1) for r in rows if r["p"] == p]
-            for p in SCALES}
+    """The planner's score on these measurements (:func:`perf.plan_score.score`: MAPE against
+    the median step; per (case, p) with more than one configuration, and per case over every
+    p, whether the choice is within 10% of the fastest), by p and model, and the memory
+    predicted over measured."""
     decisions = []
-    for case in {r["case"] for r in rows}:
+    for case in sorted({r["case"] for r in rows}):
         mine = [r for r in rows if r["case"] == case]
         for p in SCALES:
             opts = [r for r in mine if r["p"] == p]
-            if len(opts) < 2:
-                continue
-            best = min(opts, key=lambda r: r["median_s"])
-            pick = next((r for r in opts if r["chosen"]), None)
-            if pick is None:  # repriced: the choice is a configuration nobody measured
-                decisions.append({"case": case, "p": p, "pick": "(not measured)",
-                                  "best": best["label"], "slower": None, "within": None,
-                                  "options": len(opts)})
-                continue
-            slower = pick["median_s"] / best["median_s"] - 1
-            decisions.append({"case": case, "p": p, "pick": pick["label"],
-                              "best": best["label"], "slower": slower,
-                              "within": slower <= WITHIN, "options": len(opts)})
-        best = min(mine, key=lambda r: r["median_s"])
-        pick = next((r for r in mine if f"{r['label']} on {r['p']}" == any_choice[case]),
-                    None)
-        if pick is not None:
-            slower = pick["median_s"] / best["median_s"] - 1
-            decisions.append({"case": case, "p": "any<=4", "pick": any_choice[case],
-                              "best": f"{best['label']} on {best['p']}", "slower": slower,
-                              "within": slower <= WITHIN, "options": len(mine)})
+            if len(opts) >= 2:
+                chosen = next((i for i, r in enumerate(opts) if r["chosen"]), None)
+                decisions.append(_decision(case, p, opts, chosen, lambda r: r["label"]))
+        every = [f"{r['label']} on {r['p']}" for r in mine]
+        if any_choice[case] in every:
+            decisions.append(_decision(case, "any<=4", mine, every.index(any_choice[case]),
+                                       lambda r: f"{r['label']} on {r['p']}"))
     mem = [_model_bytes(r) / max(r["measured_bytes"]) for r in rows
            if max(r["measured_bytes"]) > 0]
-    within = [d["within"] for d in decisions if d["within"] is not None]
+    scored = plan_score.score([_err(r) for r in rows], [d["slower"] for d in decisions])
     return {
-        "mape": statistics.mean(err),
+        "mape": scored["mape"],
         "drift": drift(rows),
-        "mape_by_p": {str(p): statistics.mean(v) for p, v in by_p.items() if v},
-        "mape_by_model": {m: statistics.mean(abs(r["predicted_s"] / r["median_s"] - 1)
-                                             for r in rows if r["model"] == m)
+        "mape_by_p": {str(p): plan_score.mape(_err(r) for r in rows if r["p"] == p)
+                      for p in SCALES if any(r["p"] == p for r in rows)},
+        "mape_by_model": {m: plan_score.mape(_err(r) for r in rows if r["model"] == m)
                           for m in sorted({r["model"] for r in rows})},
         "decisions": decisions,
-        "choice_within_10pct": sum(within) / max(1, len(within)),
-        "decisions_scored": len(within),
+        "choice_within_10pct": scored["within_10pct"],
+        "decisions_scored": scored["scored"],
         "memory_ratio_median": statistics.median(mem) if mem else None,
         "memory_ratio_min": min(mem) if mem else None,
         "memory_ratio_max": max(mem) if mem else None,
         "worst_time_misses": sorted(({"case": r["case"], "p": r["p"], "label": r["label"],
                                       "predicted_s": r["predicted_s"],
                                       "median_s": r["median_s"]} for r in rows),
-                                    key=lambda r: -abs(r["predicted_s"] / r["median_s"] - 1)
-                                    )[:8],
+                                    key=lambda r: -_err(r))[:8],
     }
 
 

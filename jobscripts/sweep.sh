@@ -18,4 +18,4 @@ for p in $SCALES; do
     RUN_DIR="$SWEEP_DIR/p$p" sbatch --nodes="$nodes" --ntasks-per-node="$per" \
         --job-name="plexgt-p$p" --export=ALL,RUN_DIR="$SWEEP_DIR/p$p" "$SCRIPT"
 done
-echo "submitted; when done: python perf/strong_scaling.py --runs $SWEEP_DIR"
+echo "submitted; when done: python -m perf.strong_scaling --runs $SWEEP_DIR"

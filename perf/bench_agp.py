@@ -1,7 +1,7 @@
 """AGP validation: measured vs predicted t_iter of GP-AG / GP-A2A at p = 1, 2, 4, and AGP's picks.
 
-    .venv/bin/python perf/bench_agp.py                 # everything (~10 min on 2 cores)
-    .venv/bin/python perf/bench_agp.py --graphs syn5,computers --steps 3
+    .venv/bin/python -m perf.bench_agp                 # everything (~10 min on 2 cores)
+    .venv/bin/python -m perf.bench_agp --graphs syn5,computers --steps 3
 
 1. Prepares (plexgt prep, double permutation, symmetrised) Amazon Computers, Coauthor CS,
    Coauthor Physics (real N and E; bag-of-words features projected to 128 dense dimensions by a
@@ -22,7 +22,7 @@
 Writes perf/results/bench_agp.json and .png (the profile: bench_agp_system.json; a new run
 overwrites them, the date is inside the JSON) and ends with one RESULT line.
 
-    .venv/bin/python perf/bench_agp.py --reevaluate perf/results/bench_agp.json
+    .venv/bin/python -m perf.bench_agp --reevaluate perf/results/bench_agp.json
 
 measures nothing: it recomputes the current model's predictions and AGP's choices for a stored
 run's measurements, from that run's stored profile (or ``--profile``) and graph sizes, so a
@@ -40,7 +40,8 @@ other option is not measurably slower than the fastest; and the strict hit rate 
 others, where the measurement names one fastest option. The decisions are also scored by
 median step: the fastest of tens of steps is one lucky draw, and the noisier options (more
 ranks on the 2 cores) draw luckier ones. MAPE is over distinct measurements, against the fastest
-step (the bench's t_iter) and the median step.
+step (the bench's t_iter) and the median step. MAPE and the share of choices within 10% of
+the fastest are :mod:`perf.plan_score`'s, the score validate_plan gives its own measurements.
 """
 
 from __future__ import annotations
@@ -49,23 +50,46 @@ import argparse
 import gc
 import json
 import os
-import subprocess
-import sys
 import time
+from functools import partial
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "perf"))
+import numpy as np
+import torch
+import torch.distributed as dist
+from scipy.stats import mannwhitneyu, wilcoxon
 
-import numpy as np  # noqa: E402
-from common import PeakRSS, rss  # noqa: E402
+from perf import plan_score
+from perf.harness import (
+    DATASETS_DIR,
+    RESULTS_DIR,
+    GraphSource,
+    PeakRSS,
+    hardware,
+    launch,
+    module,
+    mpiexec,
+    plexgt,
+    prepare_all,
+    projected_graph,
+    result_line,
+    rss,
+    today,
+    write_json,
+)
+from plexgt.data.loader import PreparedGraph
+from plexgt.data.synthetic import sbm
+from plexgt.distributed.bootstrap import init_distributed, shutdown
+from plexgt.distributed.collectives import Comm, CommLedger
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.parallel.gt_dist import DistGraphTransformer
+from plexgt.parallel.rows1d import all_reduce_gradients, row_cross_entropy
+from plexgt.plan.agp import SystemModel, Workload, estimate, plan
+from plexgt.tasks.attention import read_dist_graph, read_row_data
 
-REAL = {
-    "computers": "amazon_electronics_computers.npz",
-    "cs": "ms_academic_cs.npz",
-    "physics": "ms_academic_phy.npz",
-}
+REAL = ("computers", "cs", "physics")
+"""The real graphs (:data:`perf.harness.GNN_BENCHMARK`), their features projected to
+:data:`PROJECTED_FEATURES` dense dimensions."""
 # name -> (nodes, edges per node)
 SYNTHETIC = {"syn5": (8000, 5), "syn20": (6000, 20), "syn50": (4000, 50),
              "syn100": (3000, 100), "syn200": (2000, 200), "syn500": (2000, 500)}
@@ -78,58 +102,32 @@ PROJECTED_FEATURES = 128
 
 
 # -- data -------------------------------------------------------------------------------------
-def _real_graph(name: str, datasets: Path):  # noqa: ANN202 - GraphData
-    import scipy.sparse as sp
-
-    from plexgt.data.graph import GraphData, random_split
-
-    with np.load(datasets / "gnn-benchmark" / REAL[name], allow_pickle=False) as z:
-        adj = sp.csr_matrix((z["adj_data"], z["adj_indices"], z["adj_indptr"]),
-                            shape=tuple(z["adj_shape"])).tocoo()
-        attr = sp.csr_matrix((z["attr_data"], z["attr_indices"], z["attr_indptr"]),
-                             shape=tuple(z["attr_shape"]))
-        labels = np.asarray(z["labels"], dtype=np.int64)
-    rng = np.random.default_rng(0)
-    proj = rng.standard_normal((attr.shape[1], PROJECTED_FEATURES)).astype(np.float32)
-    feats = np.asarray(attr @ proj, dtype=np.float32) / np.sqrt(PROJECTED_FEATURES)
-    n = adj.shape[0]
-    return GraphData(name, n, adj.row.astype(np.int64), adj.col.astype(np.int64), feats,
-                     labels, random_split(n, 0))
-
-
-def prepare_all(names: list[str], work: Path, datasets: Path) -> dict[str, Path]:
-    from plexgt.data.shard import PrepOptions, prepare
-    from plexgt.data.source import MemorySource
-    from plexgt.data.synthetic import sbm
-
-    out = {}
+def sources(names: list[str], datasets: Path,
+            synthetic: dict[str, tuple[int, int]] | None = None) -> dict[str, GraphSource]:
+    """The graphs ``names`` for :func:`perf.harness.prepare_all`: a real one with its features
+    projected, an SBM one of ``synthetic``'s (default :data:`SYNTHETIC`) nodes and edges per
+    node (8 classes, 64 features)."""
+    synthetic = SYNTHETIC if synthetic is None else synthetic
+    out: dict[str, GraphSource] = {}
     for name in names:
-        path = work / name
-        if not (path / "manifest.json").exists():
-            if name in REAL:
-                g = _real_graph(name, datasets)
-            else:
-                n, deg = SYNTHETIC[name]
-                g = sbm(num_nodes=n, num_edges=n * deg, num_classes=8, num_features=64, seed=1)
-            prepare(MemorySource(g), PrepOptions(out=path, symmetrize=True, progress=False,
-                                                 overwrite=True, seed=3))
-        out[name] = path
+        if name in REAL:
+            out[name] = partial(projected_graph, name, PROJECTED_FEATURES, datasets)
+        else:
+            n, deg = synthetic[name]
+            out[name] = partial(sbm, num_nodes=n, num_edges=n * deg, num_classes=8,
+                                num_features=64, seed=1)
     return out
+
+
+PREP = {"symmetrize": True, "seed": 3}
+"""How :func:`sources`' graphs are prepared (symmetrised, double permutation of seed 3), here
+and in bench_ring."""
 
 
 # -- the per-rank worker (under mpiexec) ------------------------------------------------------
 def _setup(pg, sname: str, p: int, rank: int):  # noqa: ANN001, ANN202
     """(one training step, its ledger, the graph's resident bytes) of the distributed gt
     with strategy ``sname`` on this rank; the step is not yet warmed up."""
-    import torch
-    import torch.distributed as dist
-
-    from plexgt.distributed.collectives import Comm, CommLedger
-    from plexgt.parallel.attention.registry import default_registry
-    from plexgt.parallel.gt_dist import DistGraphTransformer
-    from plexgt.parallel.rows1d import all_reduce_gradients, row_cross_entropy
-    from plexgt.tasks.attention import read_dist_graph, read_row_data
-
     ledger = CommLedger()
     comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
     gc.collect()
@@ -154,8 +152,6 @@ def _setup(pg, sname: str, p: int, rank: int):  # noqa: ANN001, ANN202
 
 def _timed(step) -> float:  # noqa: ANN001
     """Seconds of one step on this rank, started together (barrier)."""
-    import torch.distributed as dist
-
     dist.barrier()
     t0 = time.perf_counter()
     step()
@@ -168,9 +164,6 @@ def _measure(pg, name: str, group: list[str], p: int, rank: int, steps: int,  # 
     steps alternated (time), or one step's peak resident set (memory, one strategy). A
     function of its own so the models, optimizer states and graphs die with it, before the
     next group or graph is built."""
-    import torch
-    import torch.distributed as dist
-
     built = {s: _setup(pg, s, p, rank) for s in group}
     for step, _, _ in built.values():
         for _ in range(1 if memory_pass else 2):
@@ -218,11 +211,6 @@ def worker(args: argparse.Namespace) -> None:
     order flipped every step (A B B A ...), so the load other jobs put on the machine, which
     drifts over seconds, falls on both alike and step i of one pairs with step i of the
     other. Memory mode: one strategy at a time, one step, its peak resident set."""
-    import torch
-
-    from plexgt.data.loader import PreparedGraph
-    from plexgt.distributed.bootstrap import init_distributed, shutdown
-
     ctx = init_distributed("gloo", timeout_s=900)
     torch.manual_seed(ctx.rank)
     p = ctx.world_size
@@ -241,11 +229,6 @@ def worker(args: argparse.Namespace) -> None:
 
 
 # -- driver -----------------------------------------------------------------------------------
-def _launch(n: int, argv: list[str], log_env: dict[str, str]) -> None:
-    cmd = [str(ROOT / ".venv/bin/mpiexec"), "-n", str(n), sys.executable, *argv]
-    subprocess.run(cmd, check=True, env=log_env, cwd=ROOT)
-
-
 NOISE_ALPHA = 0.05
 """A choice whose step times are not slower than the fastest's at this significance (one-sided
 Wilcoxon signed-rank over the alternated step pairs at the same p, Mann-Whitney U across p) is
@@ -262,8 +245,6 @@ def _slower_p(pick: list[float], best: list[float], paired: bool = False) -> flo
     same samples): one-sided Wilcoxon signed-rank over step i of one against step i of the
     other when ``paired`` (the two alternated step by step in the same launches, so a load
     spike hits both), else one-sided Mann-Whitney U."""
-    from scipy.stats import mannwhitneyu, wilcoxon
-
     if pick is best or sorted(pick) == sorted(best):
         return 1.0
     if paired:
@@ -284,7 +265,8 @@ def _choice(graph: str, label: str, pick: tuple[str, int], cands: dict, steps: d
     at the same p were alternated step by step, so those are compared pair by pair); and
     strictly by median step (a fastest step is one lucky draw, and the noisier option, more
     ranks on the 2 cores, draws luckier ones)."""
-    best = min(cands, key=cands.get)
+    by_fastest = plan_score.decision(pick, cands)
+    best = by_fastest["fastest"]
     ranked = sorted(cands.values())
 
     def slower(k: tuple[str, int]) -> float:
@@ -292,17 +274,17 @@ def _choice(graph: str, label: str, pick: tuple[str, int], cands: dict, steps: d
 
     p_slower = slower(pick)
     tied = sorted(k for k in cands if k != best and slower(k) >= NOISE_ALPHA)
-    med = {k: float(np.median(steps[k])) for k in cands}
-    best_med = min(med, key=med.get)
+    by_median = plan_score.decision(pick, {k: float(np.median(steps[k])) for k in cands})
+    best_med = by_median["fastest"]
     return {"graph": graph, "decision": label, "agp": list(pick), "fastest": list(best),
             "agp_s": cands[pick], "fastest_s": cands[best],
-            "slowdown": cands[pick] / cands[best] - 1,
+            "slowdown": by_fastest["slower"],
             "hit": pick == best,
             "p_slower": p_slower, "noise_hit": pick == best or p_slower >= NOISE_ALPHA,
             "runner_up_gap": ranked[1] / ranked[0] - 1 if len(ranked) > 1 else None,
             "tied_with_fastest": [list(k) for k in tied],
             "fastest_by_median": list(best_med), "hit_by_median": pick == best_med,
-            "slowdown_by_median": med[pick] / med[best_med] - 1}
+            "slowdown_by_median": by_median["slower"]}
 
 
 def analyse(measured: list[dict], prof: dict, paired: bool = False) -> dict:
@@ -315,9 +297,6 @@ def analyse(measured: list[dict], prof: dict, paired: bool = False) -> dict:
     fastest, by its fastest step) and within the noise (:data:`NOISE_ALPHA`; ``paired``: the
     run alternated the strategies step by step, :func:`worker`).
     """
-    from plexgt.parallel.attention.registry import default_registry
-    from plexgt.plan.agp import SystemModel, Workload, estimate, plan
-
     reg = default_registry()
     sysm = SystemModel.from_profile(prof)
     rows = []
@@ -333,8 +312,8 @@ def analyse(measured: list[dict], prof: dict, paired: bool = False) -> dict:
             att = est.memory["attention_activations"] + est.memory["dense_activations"]
             row = {**{k: m[k] for k in ("graph", "p", "n", "e", "t_iter")}, "strategy": sname,
                    "t_iter_median": med,
-                   "predicted": est.time_s, "ape": abs(est.time_s - m["t_iter"]) / m["t_iter"],
-                   "ape_median": abs(est.time_s - med) / med,
+                   "predicted": est.time_s, "ape": plan_score.ape(est.time_s, m["t_iter"]),
+                   "ape_median": plan_score.ape(est.time_s, med),
                    "alpha": est.alpha, "beta": est.beta,
                    "compute_s": est.compute_s, "copy_s": est.copy_s, "calls_s": est.calls_s,
                    "comm_s": est.comm_s,
@@ -377,8 +356,6 @@ def strategy_pairs(measured: list[dict], draws: int = 2000) -> list[dict]:
     Wilcoxon signed-rank p-value, and ``decided``: p-value < :data:`NOISE_ALPHA`, the test
     the decisions are scored with (the interval, of the median rather than the signed-rank
     test's pseudo-median, can touch 1 where the test is just below it)."""
-    from scipy.stats import wilcoxon
-
     steps = {(m["graph"], m["strategy"], m["p"]): np.asarray(m["step_s"]) for m in measured}
     out = []
     for (g, s, p), ag in steps.items():
@@ -420,14 +397,15 @@ def summarise(analysis: dict) -> dict:
     hits = [c for c in ch if c["decision"] == "scale_and_strategy"]
     strat = [c for c in ch if c["decision"].startswith("strategy_at")]
     resolved = [c for c in hits if not c["tied_with_fastest"]]
+    scored = plan_score.score([r["ape"] for r in rows], [c["slowdown"] for c in hits])
     return {
-        "mape": float(np.mean([r["ape"] for r in rows])),
-        "mape_median": float(np.mean([r["ape_median"] for r in rows])),
-        "mape_by_p": {str(p): float(np.mean([r["ape"] for r in rows if r["p"] == p]))
+        "mape": scored["mape"],
+        "mape_median": plan_score.mape(r["ape_median"] for r in rows),
+        "mape_by_p": {str(p): plan_score.mape(r["ape"] for r in rows if r["p"] == p)
                       for p in SCALES},
         "agp_hit_rate": float(np.mean([c["hit"] for c in hits])),
         "agp_noise_hit_rate": float(np.mean([c["noise_hit"] for c in hits])),
-        "agp_within_10pct": float(np.mean([c["slowdown"] <= 0.10 for c in hits])),
+        "agp_within_10pct": scored["within_10pct"],
         "agp_max_slowdown": max(c["slowdown"] for c in hits),
         "agp_hit_rate_by_median": float(np.mean([c["hit_by_median"] for c in hits])),
         "agp_max_slowdown_by_median": max(c["slowdown_by_median"] for c in hits),
@@ -517,6 +495,7 @@ def reevaluate(path: Path, profile: Path | None) -> dict:
 
 
 def plot(analysis: dict, path: Path, title: str) -> None:
+    # matplotlib is an optional dependency (the perf extra), imported only to draw
     import matplotlib
 
     matplotlib.use("Agg")
@@ -573,14 +552,12 @@ def main() -> None:
         worker(args)
         return
 
-    from common import DATASETS_DIR, RESULTS_DIR, hardware, result_line, today, write_json
-
     if args.reevaluate:
         out = reevaluate(args.reevaluate, args.profile)
         if args.write:
             args.write.write_text(json.dumps(out, indent=1, default=list) + "\n")
             print(f"wrote {args.write}")
-        _result(result_line, out["summary"], mode="reevaluate",
+        _result(out["summary"], mode="reevaluate",
                 configs=len(out["analysis"]["rows"]) - sum(
                     r["p"] == 1 and r["strategy"] != "gp_ag" for r in out["analysis"]["rows"]))
         return
@@ -591,15 +568,15 @@ def main() -> None:
         names = [g for g in names if g not in REAL]
         print("no ../shared/datasets: real graphs skipped", flush=True)
     args.work.mkdir(parents=True, exist_ok=True)
-    dirs = prepare_all(names, args.work, DATASETS_DIR)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
+    dirs = prepare_all(sources(names, DATASETS_DIR), args.work, **PREP)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     # memory pass: every allocation over 64 KiB is its own mapping, returned when freed, so the
     # resident set follows live tensors (the timing pass keeps glibc's defaults: realistic)
     env_mem = {**env, "MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "65536"}
     prof_path = args.profile or RESULTS_DIR / "bench_agp_system.json"
     if args.profile is None:
         print("profiling (mpiexec -n 4 plexgt profile) ...", flush=True)
-        _launch(4, ["-m", "plexgt", "profile", "--out", str(prof_path)], env)
+        launch(mpiexec(4, plexgt("profile", "--out", str(prof_path))), env=env, capture=False)
     prof = json.loads(Path(prof_path).read_text())
     measured = []
     spec = json.dumps({k: str(v) for k, v in dirs.items()})
@@ -615,8 +592,9 @@ def main() -> None:
         for p in SCALES:
             out = args.work / f"measured_p{p}_time{k}.json"
             print(f"measuring p={p} (time, round {k + 1}/{rounds}) ...", flush=True)
-            _launch(p, [str(Path(__file__).resolve()), "--worker", spec, "--out", str(out),
-                        "--steps", str(steps), "--mode", "time"], env)
+            launch(mpiexec(p, module("perf.bench_agp", "--worker", spec, "--out", str(out),
+                                     "--steps", str(steps), "--mode", "time")),
+                   env=env, capture=False)
             for t in json.loads(out.read_text()):
                 key = (t["graph"], t["strategy"], p)
                 if key in timed:
@@ -627,8 +605,9 @@ def main() -> None:
     for p in SCALES:
         out = args.work / f"measured_p{p}_memory.json"
         print(f"measuring p={p} (memory) ...", flush=True)
-        _launch(p, [str(Path(__file__).resolve()), "--worker", spec, "--out", str(out),
-                    "--steps", "1", "--mode", "memory"], env_mem)
+        launch(mpiexec(p, module("perf.bench_agp", "--worker", spec, "--out", str(out),
+                                 "--steps", "1", "--mode", "memory")),
+               env=env_mem, capture=False)
         for m in json.loads(out.read_text()):
             t = timed[(m["graph"], m["strategy"], p)]
             t["peak_activation_bytes"] = m["peak_activation_bytes"]
@@ -659,11 +638,11 @@ def main() -> None:
          f"({100 * summ['agp_noise_hit_rate']:.0f}% within noise)")
     report(an, summ)
     print(f"wrote {jpath}")
-    _result(result_line, summ, configs=len(measured), cpu=hw["cpu"].replace(" ", "_"),
+    _result(summ, configs=len(measured), cpu=hw["cpu"].replace(" ", "_"),
             cores=hw["usable_cores"], seconds=summ["seconds"])
 
 
-def _result(result_line, summ: dict, **extra: object) -> None:  # noqa: ANN001
+def _result(summ: dict, **extra: object) -> None:
     keys = ("mape", "mape_median", "agp_hit_rate", "agp_noise_hit_rate", "agp_within_10pct",
             "agp_max_slowdown", "agp_hit_rate_by_median", "agp_max_slowdown_by_median",
             "ties_5pct", "ties_noise", "resolved", "agp_hit_rate_resolved",

@@ -1,6 +1,6 @@
 """Sparse multi-head attention layer, forward + backward: plexgt vs gather/scatter vs PyG.
 
-    OMP_NUM_THREADS=2 .venv/bin/python perf/bench_attention.py [--graphs physics synthetic]
+    OMP_NUM_THREADS=2 .venv/bin/python -m perf.bench_attention [--graphs physics synthetic]
                                                                [--reps 7] [--devices cpu]
 
 One layer, hidden 128, 8 heads (d' = 16): Q, K, V = X W_{Q,K,V}; Y = softmax(QKᵀ/4 ⊙ A) V;
@@ -39,27 +39,31 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-# Must precede `import torch`: on shared cores OpenMP's default spin-waiting burns 3-4x the CPU
-# (measured: 2.3-3 s CPU per GT step instead of 0.6 s) whenever a thread is descheduled.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from common import (  # noqa: E402
+from perf.harness import (
     DATASETS_DIR,
+    gnn_benchmark,
     hardware,
+    launch,
+    module,
+    passive_omp_wait,
     result_line,
     today,
     write_json,
     write_text,
 )
+from plexgt.data.formats.gnn_benchmark import read_gnn_benchmark
+from plexgt.data.graph import dedup_edges, symmetrize
+from plexgt.models.layers import AttentionParams, attention_conv
+from plexgt.ops import native
+from plexgt.ops.attention import sparse_attention
+from plexgt.ops.csr import CSRGraph
 
 HIDDEN, HEADS = 128, 8
 SYNTHETIC = {"synthetic": (100_000, 1_000_000), "large": (1_000_000, 20_000_000)}
@@ -73,12 +77,8 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # ------------------------------------------------------------------------------- graphs
 def load_edges(name: str) -> tuple[torch.Tensor, torch.Tensor, int]:
     """(dst, src, N) as int64 tensors, duplicates merged, sorted by dst."""
-    from plexgt.data.graph import dedup_edges, symmetrize
-
     if name == "physics":
-        from plexgt.data.formats.gnn_benchmark import read_gnn_benchmark
-
-        g = symmetrize(read_gnn_benchmark(DATASETS_DIR / "gnn-benchmark" / "ms_academic_phy.npz"))
+        g = symmetrize(read_gnn_benchmark(gnn_benchmark("physics")))
         return torch.from_numpy(g.dst), torch.from_numpy(g.src), g.num_nodes
     if name in SYNTHETIC:
         n, e = SYNTHETIC[name]
@@ -125,8 +125,6 @@ def gather_attention(dst: torch.Tensor, src: torch.Tensor, n: int, q: torch.Tens
 class Layer(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        from plexgt.models.layers import AttentionParams
-
         self.p = AttentionParams(HIDDEN, HEADS)
 
     def qkv(self, x: torch.Tensor):
@@ -142,9 +140,6 @@ def make_step(variant: str, dst, src, n, x, layer, grad_out, attention_only: boo
     ``plexgt`` runs sparse_attention's default kernel (CPU: the compiled kernels; GPU: the
     fused Triton kernel); ``plexgt_torch_kernels`` forces torch's sparse kernels (CPU:
     PLEXGT_NATIVE=0; GPU: kernel='torch', cuSPARSE)."""
-    from plexgt.ops.attention import sparse_attention
-    from plexgt.ops.csr import CSRGraph
-
     state: dict = {}
     gpu = x.device.type == "cuda"
     kernel = "torch" if variant == "plexgt_torch_kernels" and gpu else "auto"
@@ -177,6 +172,7 @@ def make_step(variant: str, dst, src, n, x, layer, grad_out, attention_only: boo
         def attn(q, k, v):
             return gather_attention(dst, src, n, q, k, v)
     elif variant == "pyg":
+        # PyG is an optional baseline (the perf extra), imported only when it runs
         from torch_geometric.nn import TransformerConv
 
         torch.manual_seed(0)
@@ -204,8 +200,6 @@ def make_step(variant: str, dst, src, n, x, layer, grad_out, attention_only: boo
             y.backward(g_att)
             return y
     elif variant in ("plexgt", "plexgt_torch_kernels"):
-        from plexgt.models.layers import attention_conv
-
         def step():
             # the model's own layer (head-major projections feeding the kernels); the ablation
             # runs it on torch's sparse kernels (PLEXGT_NATIVE=0 is read on every call)
@@ -387,13 +381,13 @@ def spawn(mode: str, graph: str, device: str, reps: int = 0, variant: str = "",
     env = dict(os.environ)
     if mode == "memory":  # only there: it makes every large allocation a fresh mmap
         env["MALLOC_MMAP_THRESHOLD_"] = "65536"
-    cmd = [sys.executable, __file__, "--child", mode, "--graph", graph, "--device", device,
-           "--reps", str(reps), "--variant", variant, "--dtype", dtype]
+    cmd = module("perf.bench_attention", "--child", mode, "--graph", graph, "--device", device,
+                 "--reps", str(reps), "--variant", variant, "--dtype", dtype)
     if attention_only:
         cmd.append("--attention-only")
     if with_pyg:
         cmd.append("--with-pyg")
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=7200)
+    r = launch(cmd, env=env, timeout=7200, check=False)
     for line in r.stdout.splitlines():
         if line.startswith("CHILD "):
             return json.loads(line[6:])
@@ -402,6 +396,7 @@ def spawn(mode: str, graph: str, device: str, reps: int = 0, variant: str = "",
 
 
 def pyg_available() -> bool:
+    """Whether the optional PyG baseline (the perf extra) imports here."""
     try:
         import torch_geometric  # noqa: F401
         return True
@@ -433,8 +428,6 @@ def main() -> int:
         return 0
     devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
     have_pyg = pyg_available()
-    from plexgt.ops import native
-
     kernels = ("compiled (plexgt.ops.native, built here before the children start)"
                if native.load() is not None else "torch sparse (plexgt.ops.native unavailable)")
     if not have_pyg:
@@ -611,4 +604,5 @@ def markdown(results: dict) -> str:
 
 
 if __name__ == "__main__":
+    passive_omp_wait("perf.bench_attention")
     sys.exit(main())

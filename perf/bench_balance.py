@@ -14,7 +14,7 @@ drawn independently of the edges, so it goes below that floor, down to the integ
 the block counts. "balanced_seconds" is the time of the refinement alone (mean over seeds).
 An R-MAT graph of 2^24 edges shows the trend with size.
 
-Usage: python perf/bench_balance.py [--seeds 5] [--no-rmat]
+Usage: python -m perf.bench_balance [--seeds 5] [--no-rmat]
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import DATASETS_DIR, hardware, result_line, today, write_json
 
+from perf.harness import DATASETS_DIR, hardware, result_line, today, write_json
 from plexgt.data.formats.snap import read_snap
 from plexgt.data.graph import GraphData
 from plexgt.data.permute import (

@@ -1,8 +1,8 @@
 """Mixed precision against float32: gcn, gt, gps on Amazon Computers, bf16 vs float32 curves.
 
-    python perf/bench_bf16.py [--models gcn gt] [--ranks 2] [--epochs 200] [--lr 0.005]
+    python -m perf.bench_bf16 [--models gcn gt] [--ranks 2] [--epochs 200] [--lr 0.005]
 
-Both runs are ``plexgt train`` with the settings of perf/train_accuracy.py, differing only in
+Both runs are ``plexgt train`` with the settings of perf.train_accuracy, differing only in
 ``--dtype=bfloat16`` (float32 master weights, optimizer state, softmax statistics and
 reductions; bfloat16 GEMMs and activations under autocast). Reported per model: the largest
 relative difference of the per-epoch loss over the run, the test accuracy at the best
@@ -17,18 +17,27 @@ test accuracy within 0.5 points. Writes perf/results/bench_bf16.json; one RESULT
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATASETS_DIR, hardware, result_line, today, write_json  # noqa: E402
-from train_accuracy import SETTINGS  # noqa: E402
+from perf.harness import (
+    JobFailed,
+    gnn_benchmark,
+    hardware,
+    keep_earlier_runs,
+    launch,
+    mpiexec,
+    plexgt,
+    prepared,
+    read_jsonl,
+    result_line,
+    today,
+    write_json,
+)
+from perf.train_accuracy import SETTINGS
 
-BIN = Path(sys.executable).parent
 LOSS_TOLERANCE = 0.05
 """Largest relative per-epoch loss difference accepted (stated in the module docstring)."""
 ACC_TOLERANCE = 0.005
@@ -37,16 +46,15 @@ ACC_TOLERANCE = 0.005
 
 def run(data: Path, model: str, dtype: str, args: argparse.Namespace, work: Path) -> dict:
     metrics = work / f"{model}-{dtype}.jsonl"
-    launch = [str(BIN / "mpiexec"), "-n", str(args.ranks)] if args.ranks > 1 else []
-    r = subprocess.run([*launch, str(BIN / "plexgt"), "train", "--data", str(data), "--model",
-                        model, "--epochs", str(args.epochs), "--metrics", str(metrics),
-                        "--progress=false", f"--dtype={dtype}", f"--optim.lr={args.lr}",
-                        *SETTINGS[model]],
-                       capture_output=True, text=True,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if r.returncode != 0:
-        raise SystemExit(f"bench_bf16: {model} {dtype} failed: {r.stderr.strip()[-400:]}")
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    cmd = plexgt("train", "--data", str(data), "--model", model, "--epochs", str(args.epochs),
+                 "--metrics", str(metrics), "--progress=false", f"--dtype={dtype}",
+                 f"--optim.lr={args.lr}", *SETTINGS[model])
+    try:
+        launch(mpiexec(args.ranks, cmd) if args.ranks > 1 else cmd,
+               env=dict(os.environ, OMP_NUM_THREADS="1"))
+    except JobFailed as e:
+        raise SystemExit(f"bench_bf16: {model} {dtype} failed: {e.stderr.strip()[-400:]}") from e
+    rows = read_jsonl(metrics)
     best = max((x for x in rows if "valid_acc" in x), key=lambda x: x["valid_acc"])
     return {"loss": [x["loss"] for x in rows], "best_epoch": best["epoch"],
             "valid_acc": best["valid_acc"], "test_acc": best["test_acc"],
@@ -63,7 +71,7 @@ def main() -> int:
                     help="peak learning rate (plexgt's default 0.01 makes gt's loss jump after "
                          "warm-up, where any rounding difference sends the runs apart)")
     args = ap.parse_args()
-    src = DATASETS_DIR / "gnn-benchmark" / "amazon_electronics_computers.npz"
+    src = gnn_benchmark("computers")
     if not src.exists():
         sys.exit(f"bench_bf16: {src} not found")
     out = {"bench": "bf16", "date": today(), "hardware": hardware(),
@@ -72,9 +80,8 @@ def main() -> int:
            "loss_tolerance": LOSS_TOLERANCE,
            "acc_tolerance": ACC_TOLERANCE, "runs": {}}
     with tempfile.TemporaryDirectory() as d:
-        data = Path(d) / "computers"
-        subprocess.run([str(BIN / "plexgt"), "prep", "--format", "gnn-benchmark", "--input",
-                        str(src), "--symmetrize", "--out", str(data), "--quiet"], check=True)
+        data = prepared(Path(d) / "computers", ["--format", "gnn-benchmark", "--input",
+                                                str(src), "--symmetrize"])
         for model in args.models:
             f32 = run(data, model, "float32", args, Path(d))
             b16 = run(data, model, "bfloat16", args, Path(d))
@@ -89,13 +96,7 @@ def main() -> int:
                 "within_tolerance": rel[worst] <= LOSS_TOLERANCE
                 and abs(b16["test_acc"] - f32["test_acc"]) <= ACC_TOLERANCE,
             }
-    # the latest runs of other models, measured earlier, are kept beside these (with their date)
-    prev = Path(__file__).resolve().parent / "results" / "bench_bf16.json"
-    if prev.exists():
-        old = json.loads(prev.read_text())
-        out["runs"] = {**{k: {**v, "date": v.get("date", old.get("date"))}
-                          for k, v in old["runs"].items()}, **out["runs"]}
-    write_json("bench_bf16.json", out)
+    write_json("bench_bf16.json", keep_earlier_runs("bench_bf16.json", out))
     for model, r in out["runs"].items():
         result_line(bench="bf16", dataset="amazon-computers", model=model, ranks=args.ranks,
                     max_rel_loss_diff=r["max_rel_loss_diff"], test_acc_fp32=r["float32"][

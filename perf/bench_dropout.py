@@ -13,21 +13,17 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 from unittest import mock
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import hardware, result_line, today, write_json  # noqa: E402
-
-from plexgt.data.synthetic import sbm  # noqa: E402
-from plexgt.models.gt import GraphTransformer  # noqa: E402
-from plexgt.models.layers import ModelGraph  # noqa: E402
-from plexgt.ops.rng import CounterRNG  # noqa: E402
+from perf.harness import hardware, result_line, today, write_json
+from plexgt.data.synthetic import sbm
+from plexgt.models.gt import GraphTransformer
+from plexgt.models.layers import ModelGraph
+from plexgt.ops.rng import CounterRNG
 
 
 def stream_dropout(self: CounterRNG, x: torch.Tensor, p: float, site: int, col0: int = 0

@@ -1,7 +1,7 @@
 """What the edge bias and global super nodes cost, and whether the bias learns what it is given.
 
-    .venv/bin/python perf/bench_extras.py                 # ~10 min on 2 cores
-    .venv/bin/python perf/bench_extras.py --epochs 4 --accuracy-epochs 0
+    .venv/bin/python -m perf.bench_extras                 # ~10 min on 2 cores
+    .venv/bin/python -m perf.bench_extras --epochs 4 --accuracy-epochs 0
 
 One SBM graph (50,000 nodes, 1,000,000 edges, 64 node features, 8 communities) prepared once
 with 4 edge features per edge: column 0 is 1 on edges inside a community and 0 across, the rest
@@ -25,19 +25,23 @@ Writes perf/results/bench_extras.json and ends with one RESULT line.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
+from functools import partial
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "perf"))
+from perf.harness import (
+    hardware,
+    launch,
+    mpiexec,
+    plexgt,
+    prepared,
+    read_jsonl,
+    result_line,
+    today,
+    write_json,
+)
+from plexgt.data.synthetic import sbm
 
-from common import hardware, result_line, today, write_json  # noqa: E402
-
-VENV = ROOT / ".venv" / "bin"
 MODELS = {"plain": (False, 0), "bias": (True, 0), "super": (False, 4), "both": (True, 4)}
 """name -> (model.edge_bias, model.super_nodes)."""
 LAYOUTS = [(1, "gp_ag"), (2, "gp_ag"), (2, "gp_ring")]
@@ -50,12 +54,11 @@ def train(data: Path, out: Path, p: int, strategy: str, edge_bias: bool, super_n
     """One ``plexgt train`` under mpiexec; its metrics, one dict an epoch."""
     metrics = out / f"p{p}-{strategy}-{int(edge_bias)}-{super_nodes}-{epochs}.jsonl"
     metrics.unlink(missing_ok=True)
-    cmd = [str(VENV / "mpiexec"), "-n", str(p), str(VENV / "plexgt"), "train",
-           "--data", str(data), "--metrics", str(metrics), f"--epochs={epochs}",
-           f"--parallel.strategy={strategy}", f"--model.edge_bias={str(edge_bias).lower()}",
-           f"--model.super_nodes={super_nodes}", *TRAIN]
-    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=1800)
-    return [json.loads(line) for line in metrics.read_text().splitlines()]
+    launch(mpiexec(p, plexgt("train", "--data", str(data), "--metrics", str(metrics),
+                             f"--epochs={epochs}", f"--parallel.strategy={strategy}",
+                             f"--model.edge_bias={str(edge_bias).lower()}",
+                             f"--model.super_nodes={super_nodes}", *TRAIN)), timeout=1800)
+    return read_jsonl(metrics)
 
 
 def main() -> None:
@@ -65,11 +68,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/plexgt-bench-extras"))
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
-    data = args.work / "sbm"
-    if not (data / "manifest.json").exists():
-        subprocess.run([str(VENV / "plexgt"), "prep", "--format", "sbm", "--nodes", "50000",
-                        "--edges", "1000000", "--edge-features", "4", "--out", str(data),
-                        "--overwrite", "--quiet"], check=True)
+    data = prepared(args.work / "sbm", ["--format", "sbm", "--nodes", "50000", "--edges",
+                                        "1000000", "--edge-features", "4"])
     rows = []
     for p, strategy in LAYOUTS:
         base = None
@@ -86,16 +86,10 @@ def main() -> None:
             print(f"p={p} {strategy:8s} {name:6s} epoch {t:.3f}s ({row['time_vs_plain']:.2f}x)"
                   f"  peak {mem / 2**20:.0f} MiB ({row['mem_vs_plain']:.2f}x)", flush=True)
     acc = {}
-    hard = args.work / "sbm-hard"
-    if args.accuracy_epochs and not (hard / "manifest.json").exists():
-        from plexgt.data.shard import PrepOptions, prepare
-        from plexgt.data.source import MemorySource
-        from plexgt.data.synthetic import sbm
-
-        g = sbm(num_nodes=20_000, num_edges=400_000, num_classes=8, num_features=64, seed=3,
-                p_intra=0.25, centroid_scale=0.15, edge_features=4)
-        prepare(MemorySource(g), PrepOptions(out=hard, progress=False, overwrite=True))
     if args.accuracy_epochs:
+        hard = prepared(args.work / "sbm-hard", partial(
+            sbm, num_nodes=20_000, num_edges=400_000, num_classes=8, num_features=64, seed=3,
+            p_intra=0.25, centroid_scale=0.15, edge_features=4))
         for name in ("plain", "bias"):
             bias, sn = MODELS[name]
             m = train(hard, args.work, 1, "gp_ag", bias, sn, args.accuracy_epochs)

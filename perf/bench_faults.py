@@ -24,8 +24,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import hardware, prep_sbm, result_line, today, write_json  # noqa: E402
+from perf.harness import hardware, prep_sbm, result_line, today, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -1,6 +1,6 @@
 """Compiled CPU attention kernels vs torch's sparse kernels, across head widths d'.
 
-    OMP_NUM_THREADS=2 .venv/bin/python perf/bench_kernels.py [--widths 8,16,32,64] [--rounds 7]
+    OMP_NUM_THREADS=2 .venv/bin/python -m perf.bench_kernels [--widths 8,16,32,64] [--rounds 7]
 
 plexgt.ops.sparse_attention forward + backward (q, k, v leaf tensors [N, h, d'], float32) on
 two uniform random graphs (50K nodes of degree 10; 4K nodes of degree 200), 4 heads, each
@@ -21,21 +21,15 @@ import argparse
 import hashlib
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "perf"))
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch
 
-import torch  # noqa: E402
-from common import hardware, result_line, today, write_json  # noqa: E402
-
-from plexgt.ops import native  # noqa: E402
-from plexgt.ops.attention import sparse_attention  # noqa: E402
-from plexgt.plan.measure import random_graph  # noqa: E402
+from perf.harness import ROOT, hardware, passive_omp_wait, result_line, today, write_json
+from plexgt.ops import native
+from plexgt.ops.attention import sparse_attention
+from plexgt.plan.measure import random_graph
 
 GRAPHS = {"sparse_50k_deg10": (50_000, 10), "dense_4k_deg200": (4_000, 200)}
 HEADS = 4
@@ -111,4 +105,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    passive_omp_wait("perf.bench_kernels")
     main()

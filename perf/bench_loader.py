@@ -14,18 +14,19 @@ rank of each grid, 2 layers (A1 then A2):
   ideal if nothing were replicated; 3D parallelism replicates blocks along one axis, so
   needed > share is expected when Gy > 1.
 
-Usage: python perf/bench_loader.py
+Usage: python -m perf.bench_loader
 """
 
 from __future__ import annotations
 
+import argparse
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-from common import hardware, result_line, today, write_json
 
+from perf.harness import hardware, result_line, today, write_json
 from plexgt.data.loader import PreparedGraph, read_rank_blocks
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
@@ -55,6 +56,7 @@ def dataset_bytes(pg: PreparedGraph) -> int:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     t0 = time.time()
     g = sbm(50_000, 1_000_000, 8, 64, seed=0)
     res: dict = {"bench": "loader", "date": today(), "hardware": hardware(),

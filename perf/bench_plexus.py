@@ -8,7 +8,7 @@
    (oversubscribed), with Spearman's rank correlation. Coefficients are calibrated in this run
    (SpMM and GEMM from the 1-rank epoch, bytes/latency from an all-reduce sweep at 8 ranks).
 
-Usage: python perf/bench_plexus.py [--epochs 3] [--hidden 64] [--rounds 3]. Workers are started with
+Usage: python -m perf.bench_plexus [--epochs 3] [--hidden 64] [--rounds 3]. Workers are started with
 mpiexec; results go to perf/results/bench_plexus.json, last line ``RESULT ...``.
 """
 
@@ -17,49 +17,50 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
+import torch
+import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATASETS_DIR, hardware, result_line, today, write_json  # noqa: E402
+from perf.gcn1d_baseline import Row1DGCN, read_row1d
+from perf.harness import (
+    DATASETS_DIR,
+    JobFailed,
+    gnn_benchmark,
+    hardware,
+    launch,
+    module,
+    mpiexec,
+    prepared,
+    result_line,
+    today,
+    write_json,
+)
+from plexgt.data.formats.gnn_benchmark import read_gnn_benchmark
+from plexgt.data.graph import GraphData, random_split, symmetrize
+from plexgt.data.loader import PreparedGraph
+from plexgt.distributed.bootstrap import init_distributed, shutdown
+from plexgt.distributed.collectives import Comm, CommLedger
+from plexgt.distributed.grid import block_bounds, build_groups, factorizations, padded, parse_grid
+from plexgt.distributed.layout3d import layer_layouts
+from plexgt.parallel.plexus3d import Plexus3DGCN, plexus_comms
+from plexgt.parallel.plexus_loss import _ParallelCrossEntropy, parallel_cross_entropy
+from plexgt.plan.plexus_cost import Coefficients, estimate, row1d_step_bytes
+from plexgt.tasks.gcn import read_plexus_inputs
 
-HERE = Path(__file__).resolve()
-BIN = Path(sys.executable).parent
 
-
-def _prep(workdir: Path) -> Path:
-    from plexgt.data.formats.gnn_benchmark import read_gnn_benchmark
-    from plexgt.data.graph import random_split, symmetrize
-    from plexgt.data.shard import PrepOptions, prepare
-    from plexgt.data.source import MemorySource
-
-    out = workdir / "physics"
-    if (out / "manifest.json").exists():
-        return out
-    g = symmetrize(read_gnn_benchmark(DATASETS_DIR / "gnn-benchmark" / "ms_academic_phy.npz"))
+def _physics() -> GraphData:
+    g = symmetrize(read_gnn_benchmark(gnn_benchmark("physics")))
     g.splits = random_split(g.num_nodes, 0)
-    prepare(MemorySource(g), PrepOptions(out=out, tiles=8, progress=False, seed=0))
-    return out
+    return g
 
 
 # ------------------------------------------------------------------------------ workers
 def worker_plexus(args: argparse.Namespace) -> None:
-    import torch
-
-    from plexgt.data.loader import PreparedGraph
-    from plexgt.distributed.bootstrap import init_distributed, shutdown
-    from plexgt.distributed.collectives import CommLedger
-    from plexgt.distributed.grid import build_groups, parse_grid
-    from plexgt.distributed.layout3d import layer_layouts
-    from plexgt.parallel.plexus3d import Plexus3DGCN, plexus_comms
-    from plexgt.parallel.plexus_loss import parallel_cross_entropy
-    from plexgt.tasks.gcn import read_plexus_inputs
-
     ctx = init_distributed("gloo")
     grid = parse_grid(args.grid)
     pg = PreparedGraph(args.data)
@@ -112,10 +113,11 @@ def worker_plexus(args: argparse.Namespace) -> None:
 
 def _calibrate(model, data, lays, ctx) -> dict:  # noqa: ANN001 - bench internals
     """Seconds per SpMM nonzero·column and per GEMM multiply-add on this machine."""
-    import torch
-
     adj = model.adj[0]
-    h = data.x[:, : min(64, data.x.shape[1])].contiguous()
+    # a dense operand of the features' shape: the SpMM's time is the shape's, and the input
+    # itself may be CSR (prep's auto layout stores Physics' 0.39%-dense features so)
+    h = torch.randn(adj.shape[1], min(64, lays[0].d_in),
+                    generator=torch.Generator().manual_seed(0))
     t0 = time.perf_counter()
     for blk in adj.fwd:
         torch.sparse.mm(blk, h)
@@ -131,9 +133,6 @@ def _calibrate(model, data, lays, ctx) -> dict:  # noqa: ANN001 - bench internal
 
 def _comm_sweep(ctx) -> dict:  # noqa: ANN001
     """Latency and seconds per byte of an all-reduce among all ranks (least squares)."""
-    import torch
-    import torch.distributed as dist
-
     sizes, times = [], []
     for nbytes in (1 << 12, 1 << 18, 1 << 21, 1 << 23):
         x = torch.zeros(nbytes // 4)
@@ -150,15 +149,6 @@ def _comm_sweep(ctx) -> dict:  # noqa: ANN001
 
 
 def worker_row1d(args: argparse.Namespace) -> None:
-    import torch
-    from gcn1d_baseline import Row1DGCN, read_row1d
-
-    from plexgt.data.loader import PreparedGraph
-    from plexgt.distributed.bootstrap import init_distributed, shutdown
-    from plexgt.distributed.collectives import Comm, CommLedger
-    from plexgt.distributed.grid import block_bounds, padded
-    from plexgt.parallel.plexus_loss import _ParallelCrossEntropy
-
     ctx = init_distributed("gloo")
     pg = PreparedGraph(args.data)
     p = ctx.world_size
@@ -188,15 +178,12 @@ def worker_row1d(args: argparse.Namespace) -> None:
 
 
 def worker_pyg(args: argparse.Namespace) -> None:
-    import torch
-
-    try:
+    try:  # PyG is an optional baseline (the perf extra): without it the row is empty
+        import torch_geometric
         from torch_geometric.nn import GCNConv
     except ImportError:
         print("JSON " + json.dumps({"pyg": None}), flush=True)
         return
-    from plexgt.data.loader import PreparedGraph
-
     pg = PreparedGraph(args.data)
     a = pg.read_adjacency("A1").tocoo()
     # the graph in P order on both sides: relabel columns Q -> P through the permutations
@@ -224,8 +211,6 @@ def worker_pyg(args: argparse.Namespace) -> None:
     t0 = time.perf_counter()
     for _ in range(args.epochs):
         epoch()
-    import torch_geometric
-
     print("JSON " + json.dumps({"pyg": torch_geometric.__version__,
                                 "epoch_s": (time.perf_counter() - t0) / args.epochs}),
           flush=True)
@@ -233,10 +218,8 @@ def worker_pyg(args: argparse.Namespace) -> None:
 
 # ------------------------------------------------------------------------------ driver
 def _run(cmd: list[str]) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed:\n{r.stderr[-3000:]}")
+    """The JSON line a worker printed; :class:`~perf.harness.JobFailed` when it failed."""
+    r = launch(cmd, env=dict(os.environ, OMP_NUM_THREADS="1"), timeout=3600)
     line = [l for l in r.stdout.splitlines() if l.startswith("JSON ")][-1]
     return json.loads(line[5:])
 
@@ -272,24 +255,20 @@ def main() -> None:
         {"plexus": worker_plexus, "row1d": worker_row1d, "pyg": worker_pyg}[args.worker](args)
         return
 
-    from plexgt.distributed.grid import factorizations
-    from plexgt.plan.plexus_cost import Coefficients, estimate, row1d_step_bytes
-
-    if not (DATASETS_DIR / "gnn-benchmark" / "ms_academic_phy.npz").exists():
+    if not gnn_benchmark("physics").exists():
         sys.exit(f"bench_plexus: Coauthor Physics not found under {DATASETS_DIR}")
-    data = _prep(Path(args.workdir))
-    me = [sys.executable, str(HERE), "--data", str(data), "--epochs", str(args.epochs),
-          "--hidden", str(args.hidden)]
-    mpi = [str(BIN / "mpiexec"), "-n"]
+    data = prepared(Path(args.workdir) / "physics", _physics, tiles=8, seed=0)
+    me = module("perf.bench_plexus", "--data", str(data), "--epochs", str(args.epochs),
+                "--hidden", str(args.hidden))
     # parts 1 and 3 in interleaved rounds, the fastest of each kept: load from other jobs on a
     # shared machine then falls on every variant alike instead of on whichever ran during it
     runs: dict[str, list[dict]] = {}
     variants = {
-        "one": [*mpi, "1", *me, "--worker", "plexus", "--grid", "1x1x1"],
-        "one_agg": [*mpi, "1", *me, "--worker", "plexus", "--grid", "1x1x1",
-                    "--order", "aggregate_first"],
+        "one": mpiexec(1, [*me, "--worker", "plexus", "--grid", "1x1x1"]),
+        "one_agg": mpiexec(1, [*me, "--worker", "plexus", "--grid", "1x1x1",
+                               "--order", "aggregate_first"]),
         "pyg": [*me, "--worker", "pyg"],
-        **{g: [*mpi, "2", *me, "--worker", "plexus", "--grid", g]
+        **{g: mpiexec(2, [*me, "--worker", "plexus", "--grid", g])
            for g in ("2x1x1", "1x2x1", "1x1x2")},
     }
     for rnd in range(args.rounds):
@@ -304,8 +283,6 @@ def main() -> None:
 
     one, one_agg, pyg = fastest("one"), fastest("one_agg"), fastest("pyg")
     two = [fastest(g) for g in ("2x1x1", "1x2x1", "1x1x2")]
-    from plexgt.data.loader import PreparedGraph
-
     pg = PreparedGraph(data)
     dims = [pg.F, args.hidden, pg.C]
     # 8 ranks share this machine's memory: a grid the memory model says will not fit in an
@@ -319,21 +296,19 @@ def main() -> None:
                             "available_per_rank": _available_bytes() // 8})
             continue
         try:
-            eight.append(_run([*mpi, "8", *me, "--worker", "plexus", "--grid", str(g),
-                               *(["--calibrate"] if not eight else [])]))
-        except RuntimeError as e:  # e.g. killed for memory: report it, go on
+            eight.append(_run(mpiexec(8, [*me, "--worker", "plexus", "--grid", str(g),
+                                          *(["--calibrate"] if not eight else [])])))
+        except JobFailed as e:  # e.g. killed for memory: report it, go on
             failed.append({"grid": str(g), "predicted_mem_bytes": need, "error": str(e)[-500:]})
             continue
         eight[-1]["predicted_mem_bytes"] = need
-    row1d = _run([*mpi, "8", *me, "--worker", "row1d"])
+    row1d = _run(mpiexec(8, [*me, "--worker", "row1d"]))
     cores = len(os.sched_getaffinity(0))
     calib = runs["one"][0]  # the calibrated launch (round 0)
     coef = Coefficients(spmm_s_per_nnz_col=calib["spmm_s_per_nnz_col"],
                         gemm_s_per_fma=calib["gemm_s_per_fma"],
                         latency_s=eight[0]["latency_s"], s_per_byte=eight[0]["s_per_byte"])
     for r in eight:
-        from plexgt.distributed.grid import parse_grid
-
         est = estimate(parse_grid(r["grid"]), pg.N, pg.E, dims, 4, coef)
         r["predicted_s"] = est.time_s
         # 8 single-thread ranks share the usable cores: compute runs that many times slower

@@ -6,7 +6,7 @@ alone. The claim under test: peak RSS stays flat (<= 2 GB) while E grows 16x, an
 linearly in E. A featured run (F=128 float16, the papers100M shape) measures feature-row
 throughput; both rates extrapolate the prep time of ogbn-papers100M per rank.
 
-Usage: python perf/bench_prep.py [--max-log2 26] [--mpi 2]
+Usage: python -m perf.bench_prep [--max-log2 26] [--mpi 2]
 """
 
 from __future__ import annotations
@@ -15,25 +15,24 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import hardware, result_line, today, write_json
+from perf.harness import hardware, job_env, mpiexec, plexgt, result_line, today, write_json
 
-ROOT = Path(__file__).resolve().parents[1]
 # ogbn-papers100M: 111,059,956 nodes, 1,615,685,872 edges, 128 float16 features
 PAPERS_N, PAPERS_E, PAPERS_F = 111_059_956, 1_615_685_872, 128
 
 
 def run_prep(args: list[str], out: Path, mpi: int = 1) -> dict:
     """One prep in a fresh process: wall seconds, peak RSS (MiB, largest rank), manifest."""
-    cmd = [sys.executable, "-m", "plexgt", "prep", *args, "--out", str(out), "--quiet"]
+    cmd = plexgt("prep", *args, "--out", str(out), "--quiet")
     if mpi > 1:
-        cmd = [str(Path(sys.executable).parent / "mpiexec"), "-n", str(mpi), *cmd]
+        cmd = mpiexec(mpi, cmd)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    # not harness.launch: wait4 gives this child's own rusage (its peak RSS)
+    proc = subprocess.Popen(cmd, env=job_env(), stderr=subprocess.PIPE, text=True)
     err = proc.stderr.read()
     _, status, ru = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - t0

@@ -13,16 +13,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import hardware, prep_sbm, result_line, today, write_json  # noqa: E402
+from perf.harness import (
+    BIN,
+    JobFailed,
+    hardware,
+    launch,
+    mpiexec,
+    plexgt,
+    prep_sbm,
+    result_line,
+    today,
+    write_json,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 CASES = {
     "gcn 8 ranks 2x2x2 -> 4 ranks 4x1x1": ("gcn", 8, ["--grid", "2x2x2"], 4, ["--grid", "4x1x1"]),
     "gt 4 ranks gp_a2a -> 2 ranks gp_ag": ("gt", 4, ["--strategy", "gp_a2a"], 2,
@@ -33,12 +39,11 @@ CASES = {
 
 
 def train(data: Path, n: int, args: list[str]) -> str:
-    cmd = [str(BIN / "mpiexec"), "-n", str(n), sys.executable, "-m", "plexgt", "train",
-           "--data", str(data), *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT,
-                       env={"OMP_NUM_THREADS": "1", "PATH": f"{BIN}:/usr/bin:/bin"})
-    if r.returncode != 0:
-        raise SystemExit(f"bench_resume: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
+    try:
+        r = launch(mpiexec(n, plexgt("train", "--data", str(data), *args)),
+                   env={"OMP_NUM_THREADS": "1", "PATH": f"{BIN}:/usr/bin:/bin"})
+    except JobFailed as e:
+        raise SystemExit(f"bench_resume: {e}") from e
     return r.stderr
 
 

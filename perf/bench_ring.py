@@ -1,7 +1,7 @@
 """Ring attention side by side: GP-AG, GP-A2A, GP-Ring (overlapped and blocking), GP-2D.
 
-    .venv/bin/python perf/bench_ring.py                      # Physics + SBM 200K/4M, p = 1, 2, 4
-    .venv/bin/python perf/bench_ring.py --graphs physics --steps 3
+    .venv/bin/python -m perf.bench_ring                      # Physics + SBM 200K/4M, p = 1, 2, 4
+    .venv/bin/python -m perf.bench_ring --graphs physics --steps 3
 
 For p = 1, 2, 4 (one mpiexec each; p = 4 oversubscribes the 2 cores) and each graph, the
 distributed gt (hidden 64, 4 heads, 2 layers, float32, AdamW) is built with each strategy in
@@ -30,20 +30,43 @@ import argparse
 import gc
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "perf"))
+import numpy as np
+import torch
+import torch.distributed as dist
 
-import numpy as np  # noqa: E402
-from bench_agp import MODEL, REAL, PeakRSS, _real_graph, _rss  # noqa: E402
-from common import hardware, result_line, today, write_json  # noqa: E402
+import plexgt.parallel.attention.ring as ring_mod
+from perf.bench_agp import MODEL, PREP, REAL, sources
+from perf.harness import (
+    DATASETS_DIR,
+    PeakRSS,
+    hardware,
+    launch,
+    module,
+    mpiexec,
+    prepare_all,
+    result_line,
+    rss,
+    today,
+    write_json,
+)
+from plexgt.data.loader import PreparedGraph
+from plexgt.distributed.bootstrap import init_distributed, shutdown
+from plexgt.distributed.collectives import Comm, CommLedger, wait
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.parallel.attention.ring import chunk_bounds
+from plexgt.parallel.attention.strategy import head_splits
+from plexgt.parallel.gt_dist import DistGraphTransformer
+from plexgt.parallel.rows1d import all_reduce_gradients, row_cross_entropy
+from plexgt.plan.agp import Workload
+from plexgt.plan.step_cost import model_memory
+from plexgt.tasks.attention import read_dist_graph, read_row_data
 
-SYNTHETIC = {"sbm200k": (200_000, 4_000_000)}
+SYNTHETIC = {"sbm200k": (200_000, 10)}
+"""Nodes and edges per node before symmetrising: 200,000 nodes, 4,000,000 edges."""
 SCALES = (1, 2, 4)
 CONFIGS = [("gp_ag", 1, True, 1), ("gp_a2a", 1, True, 1), ("gp_ring", 1, True, 1),
            ("gp_ring", 1, False, 1), ("gp_ring", 1, True, 8), ("gp_2d", 2, True, 1)]
@@ -52,41 +75,8 @@ rank: the others are the same computation), at p = 2 GP-2D is 2 x 1. GP-Ring wit
 holds an eighth of a K/V block in flight, for 8 times the messages."""
 
 
-def prepare(names: list[str], work: Path, datasets: Path) -> dict[str, Path]:
-    from plexgt.data.shard import PrepOptions
-    from plexgt.data.shard import prepare as prep
-    from plexgt.data.source import MemorySource
-    from plexgt.data.synthetic import sbm
-
-    out = {}
-    for name in names:
-        path = work / name
-        if not (path / "manifest.json").exists():
-            if name in REAL:
-                g = _real_graph(name, datasets)
-            else:
-                n, e = SYNTHETIC[name]
-                g = sbm(num_nodes=n, num_edges=e // 2, num_classes=8, num_features=64, seed=1)
-            prep(MemorySource(g), PrepOptions(out=path, symmetrize=True, progress=False,
-                                              overwrite=True, seed=3))
-        out[name] = path
-    return out
-
-
 def _run_config(pg, name: str, sname: str, a: int, overlap: bool, chunks: int, p: int,
                 rank: int, steps: int) -> dict | None:
-    import torch
-    import torch.distributed as dist
-
-    import plexgt.parallel.attention.ring as ring_mod
-    from plexgt.distributed.collectives import Comm, CommLedger, wait
-    from plexgt.parallel.attention.registry import default_registry
-    from plexgt.parallel.gt_dist import DistGraphTransformer
-    from plexgt.parallel.rows1d import all_reduce_gradients, row_cross_entropy
-    from plexgt.plan.agp import Workload
-    from plexgt.plan.step_cost import model_memory
-    from plexgt.tasks.attention import read_dist_graph, read_row_data
-
     shift = ring_mod.shift_async
     if not overlap:
         def blocking(x, out, comm, offset=1):  # noqa: ANN001, ANN202
@@ -117,7 +107,7 @@ def _run_config(pg, name: str, sname: str, a: int, overlap: bool, chunks: int, p
         gc.collect()
         dist.barrier()
         with PeakRSS() as mem:
-            base = _rss()
+            base = rss()
             step()
         peak = mem.peak - base
         times, waits = [], []
@@ -164,9 +154,6 @@ def kv_bytes(sname: str, prob, p: int, layers: int) -> int:  # noqa: ANN001
     gathered [N, h, d'] pair for every layer plus their gradients for one; a ring's own block
     for every layer plus, for one, its gradients and the pieces in flight; GP-A2A's and
     GP-2D's head-partitioned K, V on all (group) rows."""
-    from plexgt.parallel.attention.ring import chunk_bounds
-    from plexgt.parallel.attention.strategy import head_splits
-
     n_loc, d, e = prob.rows(p), prob.d, prob.esize
     if sname == "gp_ag":
         return (2 * layers + 2) * p * n_loc * d * e
@@ -181,11 +168,6 @@ def kv_bytes(sname: str, prob, p: int, layers: int) -> int:  # noqa: ANN001
 
 
 def worker(args: argparse.Namespace) -> None:
-    import torch
-
-    from plexgt.data.loader import PreparedGraph
-    from plexgt.distributed.bootstrap import init_distributed, shutdown
-
     ctx = init_distributed("gloo", timeout_s=900)
     torch.manual_seed(ctx.rank)
     p = ctx.world_size
@@ -240,7 +222,7 @@ def main() -> None:
     ap.add_argument("--graphs", default="physics,sbm200k")
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--work", type=Path, default=Path("/tmp/plexgt-bench-ring"))
-    ap.add_argument("--datasets", type=Path, default=ROOT.parent / "shared" / "datasets")
+    ap.add_argument("--datasets", type=Path, default=DATASETS_DIR)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -250,16 +232,16 @@ def main() -> None:
     names = [g for g in args.graphs.split(",") if g]
     if any(n in REAL for n in names) and not args.datasets.is_dir():
         sys.exit(f"bench_ring: {args.datasets} not found (Coauthor Physics needs it)")
-    paths = prepare(names, args.work, args.datasets)
+    paths = prepare_all(sources(names, args.datasets, SYNTHETIC), args.work, **PREP)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MALLOC_TRIM_THRESHOLD_": "0",
            "MALLOC_MMAP_THRESHOLD_": "65536"}
     rows: list[dict] = []
     for p in SCALES:
         out = args.work / f"rows-{p}.json"
-        cmd = [str(ROOT / ".venv/bin/mpiexec"), "-n", str(p), sys.executable, __file__,
-               "--worker", json.dumps({k: str(v) for k, v in paths.items()}),
-               "--out", str(out), "--steps", str(args.steps)]
-        subprocess.run(cmd, check=True, env=env, timeout=3600)
+        launch(mpiexec(p, module("perf.bench_ring", "--worker",
+                                 json.dumps({k: str(v) for k, v in paths.items()}),
+                                 "--out", str(out), "--steps", str(args.steps))),
+               env=env, timeout=3600, capture=False)
         rows += json.loads(out.read_text())
     summary = summarise(rows)
     payload = {"date": today(), "hardware": hardware(), "model": MODEL, "steps": args.steps,

@@ -1,7 +1,7 @@
 """Sparse input features against dense: epoch time and peak memory on bag-of-words graphs.
 
-    .venv/bin/python perf/bench_sparse_features.py            # ~15 min on 2 cores
-    .venv/bin/python perf/bench_sparse_features.py --epochs 4 --datasets physics
+    .venv/bin/python -m perf.bench_sparse_features            # ~15 min on 2 cores
+    .venv/bin/python -m perf.bench_sparse_features --epochs 4 --datasets physics
 
 Coauthor Physics (34,493 nodes, 8,415 features, 0.39% nonzero) and Amazon Computers (13,752
 nodes, 767 features, 35% nonzero) from ../shared/datasets/gnn-benchmark are prepared twice,
@@ -21,18 +21,22 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "perf"))
+from perf.harness import (
+    gnn_benchmark,
+    hardware,
+    launch,
+    mpiexec,
+    plexgt,
+    prepared,
+    read_jsonl,
+    result_line,
+    today,
+    write_json,
+)
 
-from common import DATASETS_DIR, hardware, result_line, today, write_json  # noqa: E402
-
-VENV = ROOT / ".venv" / "bin"
-DATASETS = {"physics": "ms_academic_phy.npz", "computers": "amazon_electronics_computers.npz"}
 MODELS = {
     "gcn": ["--model.name=gcn", "--model.hidden=64", "--model.layers=2"],
     "gt": ["--model.name=gt", "--model.hidden=64", "--model.heads=4", "--model.layers=2"],
@@ -41,9 +45,7 @@ LAYOUTS = {"gcn": [(1, "1x1x1"), (2, "1x1x2")], "gt": [(1, "gp_ag"), (2, "gp_ag"
 
 
 def prep(src: Path, out: Path, sparse: str) -> dict:
-    if not (out / "manifest.json").exists():
-        subprocess.run([str(VENV / "plexgt"), "prep", "--input", str(src), "--out", str(out),
-                        "--sparse-features", sparse, "--overwrite", "--quiet"], check=True)
+    prepared(out, ["--input", str(src), "--sparse-features", sparse])
     return json.loads((out / "manifest.json").read_text())
 
 
@@ -52,11 +54,10 @@ def train(data: Path, out: Path, model: str, p: int, layout: str, epochs: int) -
     metrics = out / f"{data.name}-{model}-p{p}-{layout}.jsonl"
     metrics.unlink(missing_ok=True)
     where = f"--parallel.grid={layout}" if model == "gcn" else f"--parallel.strategy={layout}"
-    cmd = [str(VENV / "mpiexec"), "-n", str(p), str(VENV / "plexgt"), "train", "--data",
-           str(data), "--metrics", str(metrics), f"--epochs={epochs}", where,
-           "--optim.warmup_epochs=2", *MODELS[model]]
-    subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=3600)
-    return [json.loads(line) for line in metrics.read_text().splitlines()]
+    launch(mpiexec(p, plexgt("train", "--data", str(data), "--metrics", str(metrics),
+                             f"--epochs={epochs}", where, "--optim.warmup_epochs=2",
+                             *MODELS[model])), timeout=3600)
+    return read_jsonl(metrics)
 
 
 def main() -> None:
@@ -68,7 +69,7 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     rows, graphs = [], {}
     for name in args.datasets.split(","):
-        src = DATASETS_DIR / "gnn-benchmark" / DATASETS[name]
+        src = gnn_benchmark(name)
         if not src.exists():
             sys.exit(f"bench_sparse_features: {src} is missing (../shared/datasets)")
         mans = {s: prep(src, args.work / f"{name}-{s}", s) for s in ("yes", "no")}

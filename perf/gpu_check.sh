@@ -69,8 +69,8 @@ done
 # the ring attention's block kernels on the GPU (one rank: one block; cuSPARSE SDDMM / SpMM)
 step train_gt_ring 45 "$LAUNCH $PY -m plexgt train --data $WORK/sbm --model gt --strategy gp_ring --epochs 3 --metrics $WORK/m-gt-ring.jsonl --parallel.backend=nccl"
 step train_gt_extras 60 "$PY -m plexgt prep --format sbm --nodes 20000 --edges 400000 --edge-features 4 --out $WORK/sbm-ef --overwrite --quiet && $LAUNCH $PY -m plexgt train --data $WORK/sbm-ef --model gt --strategy gp_ring --epochs 3 --model.super_nodes=4 --metrics $WORK/m-gt-extras.jsonl --parallel.backend=nccl"
-step dropout 45 "$PY perf/bench_dropout.py --device cuda --rows 2000000 --nodes 200000 --edges 4000000 --out bench_dropout_cuda.json"
-step attention 170 "$PY perf/bench_attention.py --devices cuda --graphs synthetic large --dtypes float32 bfloat16 --reps 5 --name bench_attention_cuda"
+step dropout 45 "$PY -m perf.bench_dropout --device cuda --rows 2000000 --nodes 200000 --edges 4000000 --out bench_dropout_cuda.json"
+step attention 170 "$PY -m perf.bench_attention --devices cuda --graphs synthetic large --dtypes float32 bfloat16 --reps 5 --name bench_attention_cuda"
 step profile 60 "$LAUNCH $PY -m plexgt profile --quick --backend nccl --out $OUT/profile_gpu.json"
 
 if [ "$DRY" = 1 ]; then

@@ -1,6 +1,6 @@
 """Which attention strategies fit a graph transformer on ogbn-papers100M, and which AGP picks.
 
-    .venv/bin/python perf/plan_papers100m.py [--profile system.json]
+    .venv/bin/python -m perf.plan_papers100m [--profile system.json]
 
 gt with hidden 128, 8 heads, 3 layers, float32, on the sizes of papers100M (111,059,956 nodes,
 1,615,685,872 directed edges + one self loop per node, 128 features, 172 classes), planned from
@@ -17,16 +17,16 @@ perf/results/plan_papers100m.json and ends with one RESULT line.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "perf"))
-
-from common import hardware, result_line, today, write_json  # noqa: E402
+from perf.harness import hardware, result_line, today, write_json
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.plan.agp import plan
+from plexgt.plan.choose import GraphSizes, ModelShape, workload
+from plexgt.plan.profile import read_profile
+from plexgt.tasks.task import system_model_for
 
 N, E_DIRECTED, F, C = 111_059_956, 1_615_685_872, 128, 172
 E = E_DIRECTED + N
@@ -38,12 +38,6 @@ RING_CHUNKS = 8
 
 
 def main() -> None:
-    from plexgt.parallel.attention.registry import default_registry
-    from plexgt.plan.agp import plan
-    from plexgt.plan.choose import GraphSizes, ModelShape, workload
-    from plexgt.plan.profile import read_profile
-    from plexgt.tasks.task import system_model_for
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--profile", type=Path)
     args = ap.parse_args()

@@ -1,6 +1,6 @@
 """How long the search over every configuration takes, and whether its shortcut loses anything.
 
-    .venv/bin/python perf/plan_search.py                 # ~3 min on 2 cores
+    .venv/bin/python -m perf.plan_search                 # ~3 min on 2 cores
 
 For ogbn-papers100M's sizes (N = 111,059,956, E = 1,726,745,828 + N self loops; bfloat16
 activations) on the Perlmutter and Frontier machine descriptions (a model projection, not a
@@ -17,23 +17,17 @@ be. Writes perf/results/plan_search.json and ends with one RESULT line.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import argparse
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "perf"))
-
-from common import hardware, result_line, today, write_json  # noqa: E402
-
-from plexgt.parallel.attention.registry import default_registry  # noqa: E402
-from plexgt.plan.agp import Workload, gcn_grid_for  # noqa: E402
-from plexgt.plan.choose import GraphSizes, ModelShape, choose  # noqa: E402
-from plexgt.plan.machine import load_machine  # noqa: E402
-from plexgt.plan.plexus_cost import Coefficients  # noqa: E402
-from plexgt.plan.search import search_gcn  # noqa: E402
-from plexgt.plan.search_attention import search_attention  # noqa: E402
-from plexgt.tasks.task import system_model_for  # noqa: E402
+from perf.harness import hardware, result_line, today, write_json
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.plan.agp import Workload, gcn_grid_for
+from plexgt.plan.choose import GraphSizes, ModelShape, choose
+from plexgt.plan.machine import load_machine
+from plexgt.plan.plexus_cost import Coefficients
+from plexgt.plan.search import search_gcn
+from plexgt.plan.search_attention import search_attention
+from plexgt.tasks.task import system_model_for
 
 N, E = 111_059_956, 1_726_745_828
 DIMS = [128, 128, 128, 172]
@@ -75,6 +69,7 @@ def _check(fast, full, seconds: tuple[float, float]) -> dict:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     rows: dict = {}
     sizes = GraphSizes(N, E + N, 128, 172)
     for machine in ("perlmutter", "frontier"):

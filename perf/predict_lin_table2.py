@@ -1,6 +1,6 @@
 """What the planner predicts for the workloads of Lin, Madduri and Kandemir (DAC 2026), Table 2.
 
-    .venv/bin/python perf/predict_lin_table2.py
+    .venv/bin/python -m perf.predict_lin_table2
 
 Their Table 2 gives per-kernel times of one graph-attention layer on an A100 (hidden 128,
 8 heads): M (the dense projections), SpMM and SDDMM, for ogbn-arxiv, ogbn-proteins,
@@ -15,19 +15,13 @@ Writes perf/results/predict_lin_table2.json and ends with one RESULT line.
 
 from __future__ import annotations
 
-import sys
+import argparse
 from dataclasses import replace
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "perf"))
-
-from common import result_line, today, write_json  # noqa: E402
-
-from plexgt.parallel.attention.registry import default_registry  # noqa: E402
-from plexgt.plan.agp import SystemModel, Workload, plan  # noqa: E402
-from plexgt.plan.machine import load_machine  # noqa: E402
+from perf.harness import result_line, today, write_json
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.plan.agp import SystemModel, Workload, plan
+from plexgt.plan.machine import load_machine
 
 TABLE2 = {  # name: (N, E, M ms, SpMM ms, SDDMM ms), Lin et al. Table 2 (A100)
     "ogbn-arxiv": (169_343, 1_166_243, 0.33, 0.97, 0.45),
@@ -39,6 +33,7 @@ HIDDEN, HEADS = 128, 8
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     mach = load_machine("dgx-a100")
     out, fields = {}, {}
     for name, (n, e, m_ms, spmm_ms, sddmm_ms) in TABLE2.items():

@@ -1,13 +1,13 @@
 """Strong scaling of ``plexgt train``: run (or read) a sweep over rank counts, tabulate, plot.
 
 Modes:
-  python perf/strong_scaling.py --data DIR [--ranks 1 2 4 8] [--epochs 10]
+  python -m perf.strong_scaling --data DIR [--ranks 1 2 4 8] [--epochs 10]
       runs ``mpiexec -n p plexgt train`` for each p on this machine, then reports;
-  python perf/strong_scaling.py --runs SWEEP_DIR
+  python -m perf.strong_scaling --runs SWEEP_DIR
       reads a cluster sweep (``jobscripts/sweep.sh``: SWEEP_DIR/p<P>/metrics.jsonl);
-  python perf/strong_scaling.py --simulate [--profile system.json]
+  python -m perf.strong_scaling --simulate [--profile system.json]
       projects ogbn-papers100M epoch time at 8 ... 2048 GPUs from the cost model;
-  python perf/strong_scaling.py --simulate --machine perlmutter|frontier|FILE.toml
+  python -m perf.strong_scaling --simulate --machine perlmutter|frontier|FILE.toml
       the same from a machine description (plexgt/plan/machines), for gcn (3 layers, hidden
       128, as Plexus runs it: every Gx x Gy x Gz) and gt (hidden 128, 8 heads, 3 layers: every
       attention strategy and head axis), each p's fastest configuration that fits the
@@ -21,24 +21,38 @@ costs such as GEMM tuning).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import hardware, result_line, today, write_json, write_text  # noqa: E402
+from perf.harness import (
+    RESULTS_DIR,
+    JobFailed,
+    hardware,
+    launch,
+    mpiexec,
+    plexgt,
+    read_jsonl,
+    result_line,
+    today,
+    write_json,
+    write_text,
+)
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.plan.agp import SystemModel, plan
+from plexgt.plan.choose import GraphSizes, ModelShape, workload
+from plexgt.plan.machine import load_machine
+from plexgt.plan.plexus_cost import Coefficients, rank_grids
+from plexgt.plan.profile import read_profile
 
-BIN = Path(sys.executable).parent
 KEYS = ("time_epoch", "time_compute", "time_comm", "time_wait")
 
 
 def summarize(metrics: Path) -> dict:
-    rows = [json.loads(l) for l in metrics.read_text().splitlines() if l.strip()]
+    rows = read_jsonl(metrics)
     if not rows:
         raise SystemExit(f"strong_scaling: {metrics} holds no epochs")
     body = rows[1:] or rows
@@ -54,13 +68,14 @@ def run_local(args: argparse.Namespace, workdir: Path) -> list[dict]:
     res = []
     for p in args.ranks:
         m = workdir / f"p{p}.jsonl"
-        cmd = [str(BIN / "mpiexec"), "-n", str(p), str(BIN / "plexgt"), "train", "--data",
-               args.data, "--model", args.model, "--epochs", str(args.epochs), "--metrics",
-               str(m), *(["--config", args.config] if args.config else []), *args.extra]
+        cmd = plexgt("train", "--data", args.data, "--model", args.model, "--epochs",
+                     str(args.epochs), "--metrics", str(m),
+                     *(["--config", args.config] if args.config else []), *args.extra)
         env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if r.returncode != 0:
-            raise SystemExit(f"strong_scaling: p={p} failed:\n{r.stderr[-2000:]}")
+        try:
+            launch(mpiexec(p, cmd), env=env)
+        except JobFailed as e:
+            raise SystemExit(f"strong_scaling: p={p} failed:\n{e.stderr[-2000:]}") from e
         res.append(summarize(m))
     return res
 
@@ -75,9 +90,6 @@ def read_sweep(root: Path) -> list[dict]:
 def simulate(args: argparse.Namespace) -> list[dict]:
     """papers100M (N=111M, 3.34B stored nonzeros with both directions and self loops,
     F=128 float16 input, hidden 256, 172 classes, 3 layers) at 8 ... 2048 ranks."""
-    from plexgt.plan.plexus_cost import Coefficients, rank_grids
-    from plexgt.plan.profile import read_profile
-
     coef = Coefficients.from_profile(read_profile(args.profile) if args.profile else None)
     n, nnz, dims = 111_059_956, 3_339_000_000, [128, 256, 256, 172]
     res = []
@@ -94,12 +106,6 @@ def simulate(args: argparse.Namespace) -> list[dict]:
 def simulate_machine(args: argparse.Namespace) -> list[dict]:
     """papers100M on a machine description at 8 ... 2048 GPUs: gcn through the 3D model,
     gt through AGP; each p's fastest configuration on exactly p ranks that fits a GPU."""
-    from plexgt.parallel.attention.registry import default_registry
-    from plexgt.plan.agp import SystemModel, plan
-    from plexgt.plan.choose import GraphSizes, ModelShape, workload
-    from plexgt.plan.machine import load_machine
-    from plexgt.plan.plexus_cost import Coefficients, rank_grids
-
     m = load_machine(args.machine)
     n, e, f, c = 111_059_956, 3_339_000_000, 128, 172
     res = []
@@ -151,7 +157,7 @@ def report(res: list[dict], label: str, hw: dict) -> None:
     stem = f"strong_scaling_{label}"
     write_text(stem + ".md", "\n".join(lines) + "\n")
     write_json(stem + ".json", {"date": today(), "hardware": hw, "label": label, "runs": res})
-    try:
+    try:  # matplotlib is an optional dependency (the perf extra): without it, no plot
         import matplotlib
 
         matplotlib.use("Agg")
@@ -169,7 +175,7 @@ def report(res: list[dict], label: str, hw: dict) -> None:
         a2.set(xscale="log", yscale="log", xlabel="ranks", ylabel="speedup")
         a2.legend()
         fig.tight_layout()
-        fig.savefig(Path(__file__).resolve().parent / "results" / (stem + ".png"), dpi=90)
+        fig.savefig(RESULTS_DIR / (stem + ".png"), dpi=90)
     except ImportError:
         print("strong_scaling: matplotlib not installed; no plot", file=sys.stderr)
     print("\n".join(lines))
@@ -195,8 +201,6 @@ def main() -> None:
     ap.add_argument("extra", nargs="*", help="passed to plexgt train (--key=value)")
     args = ap.parse_args()
     if args.simulate and args.machine:
-        from plexgt.plan.machine import load_machine
-
         mach = load_machine(args.machine)
         hw = {"cpu": f"model projection for {mach.description} ({mach.path}), not a "
                      "measurement", "usable_cores": 0}

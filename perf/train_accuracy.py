@@ -1,24 +1,33 @@
 """Accuracy of the main job: ``mpiexec -n 4 plexgt train`` on Amazon Computers (issue target:
 gt >= 0.89, gcn >= 0.88 test accuracy at the best validation epoch).
 
-Usage: python perf/train_accuracy.py [--models gcn gt] [--ranks 4] [--epochs 300]
+Usage: python -m perf.train_accuracy [--models gcn gt] [--ranks 4] [--epochs 300]
 Writes perf/results/train_accuracy.json; ends with one RESULT line per model.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import DATASETS_DIR, hardware, result_line, today, write_json  # noqa: E402
+from perf.harness import (
+    JobFailed,
+    gnn_benchmark,
+    hardware,
+    keep_earlier_runs,
+    launch,
+    mpiexec,
+    plexgt,
+    prepared,
+    read_jsonl,
+    result_line,
+    today,
+    write_json,
+)
 
-BIN = Path(sys.executable).parent
 #: per-model overrides (the rest are plexgt's defaults)
 SETTINGS = {
     "gcn": ["--model.hidden=128", "--eval_every=5"],
@@ -33,7 +42,7 @@ def main() -> None:
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--epochs", type=int, default=300)
     args = ap.parse_args()
-    src = DATASETS_DIR / "gnn-benchmark" / "amazon_electronics_computers.npz"
+    src = gnn_benchmark("computers")
     if not src.exists():
         sys.exit(f"train_accuracy: {src} not found")
     env = dict(os.environ, OMP_NUM_THREADS="1")
@@ -41,20 +50,20 @@ def main() -> None:
            "(symmetrised, self loops, 60/20/20 random split, seed 0)", "ranks": args.ranks,
            "epochs": args.epochs, "runs": {}}
     with tempfile.TemporaryDirectory() as d:
-        data = Path(d) / "computers"
-        subprocess.run([str(BIN / "plexgt"), "prep", "--format", "gnn-benchmark", "--input",
-                        str(src), "--symmetrize", "--out", str(data), "--quiet"], check=True)
+        data = prepared(Path(d) / "computers", ["--format", "gnn-benchmark", "--input",
+                                                str(src), "--symmetrize"])
         for model in args.models:
             m = Path(d) / f"{model}.jsonl"
-            r = subprocess.run([str(BIN / "mpiexec"), "-n", str(args.ranks), str(BIN / "plexgt"),
-                                "train", "--data", str(data), "--model", model, "--epochs",
-                                str(args.epochs), "--metrics", str(m), "--progress=false",
-                                *SETTINGS.get(model, [])], capture_output=True, text=True,
-                               env=env)
-            if r.returncode != 0:
-                out["runs"][model] = {"error": r.stderr.strip().splitlines()[-1]}
+            try:
+                r = launch(mpiexec(args.ranks, plexgt(
+                    "train", "--data", str(data), "--model", model, "--epochs",
+                    str(args.epochs), "--metrics", str(m), "--progress=false",
+                    *SETTINGS.get(model, []))), env=env)
+            except JobFailed as e:
+                out["runs"][model] = {"error": (e.stderr.strip().splitlines()
+                                                or [f"exit {e.returncode}"])[-1]}
                 continue
-            rows = [json.loads(l) for l in m.read_text().splitlines()]
+            rows = read_jsonl(m)
             evald = [x for x in rows if "valid_acc" in x]
             best = max(evald, key=lambda x: x["valid_acc"])
             out["runs"][model] = {
@@ -64,15 +73,7 @@ def main() -> None:
                 "median_epoch_s": sorted(x["time_epoch"] for x in rows)[len(rows) // 2],
                 "final_line": r.stdout.strip().splitlines()[-1],
             }
-    # the latest runs of other models, measured earlier, are kept beside these (with their date)
-    name = "train_accuracy.json"
-    prev = Path(__file__).resolve().parent / "results" / name
-    if prev.exists():
-        old = json.loads(prev.read_text())
-        out["runs"] = {**{k: {**v, "date": v.get("date", old.get("date"))}
-                          for k, v in old["runs"].items()},
-                       **out["runs"]}
-    write_json(name, out)
+    write_json("train_accuracy.json", keep_earlier_runs("train_accuracy.json", out))
     for model, res in out["runs"].items():
         if "error" in res:
             result_line(dataset="amazon-computers", model=model, error=res["error"][:80]

@@ -1,7 +1,7 @@
 """Train the single-process reference models full-graph on real data and record test accuracy.
 
-    OMP_NUM_THREADS=2 .venv/bin/python perf/train_reference.py            # everything
-    .venv/bin/python perf/train_reference.py --datasets computers --models gcn --seeds 0
+    OMP_NUM_THREADS=2 .venv/bin/python -m perf.train_reference            # everything
+    .venv/bin/python -m perf.train_reference --datasets computers --models gcn --seeds 0
 
 Datasets (gnn-benchmark npz, symmetrised): Amazon Computers, Coauthor CS, Coauthor Physics;
 random 60/20/20 split per seed (plexgt.data.graph.random_split), model init from the same seed.
@@ -13,33 +13,30 @@ perf/results/reference_accuracy.json and .md and prints one RESULT line per (dat
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-# Must precede `import torch`: on shared cores OpenMP's default spin-waiting burns 3-4x the CPU
-# (measured: 2.3-3 s CPU per GT step instead of 0.6 s) whenever a thread is descheduled.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import numpy as np
+import scipy.sparse as sp
+import torch
+import torch.nn.functional as F
 
-import numpy as np  # noqa: E402
-import scipy.sparse as sp  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from common import DATASETS_DIR, hardware, result_line, today, write_json, write_text  # noqa: E402
+from perf.harness import (
+    DATASETS_DIR,
+    gnn_benchmark,
+    hardware,
+    passive_omp_wait,
+    result_line,
+    today,
+    write_json,
+    write_text,
+)
+from plexgt.data.formats.gnn_benchmark import read_gnn_benchmark
+from plexgt.data.graph import random_split, symmetrize
+from plexgt.models import MODELS, ModelGraph, sparse_features
 
-from plexgt.data.formats.gnn_benchmark import read_gnn_benchmark  # noqa: E402
-from plexgt.data.graph import random_split, symmetrize  # noqa: E402
-from plexgt.models import MODELS, ModelGraph, sparse_features  # noqa: E402
-
-DATASETS = {
-    "computers": ("Amazon Computers", "amazon_electronics_computers.npz"),
-    "cs": ("Coauthor CS", "ms_academic_cs.npz"),
-    "physics": ("Coauthor Physics", "ms_academic_phy.npz"),
-}
+DATASETS = {"computers": "Amazon Computers", "cs": "Coauthor CS", "physics": "Coauthor Physics"}
 PUBLISHED_GCN = {"computers": (0.89, 0.91), "cs": (0.92, 0.94), "physics": (0.95, 0.97)}
 
 
@@ -92,8 +89,8 @@ class Data:
 
 
 def load(key: str, row_normalize: bool) -> Data:
-    title, fname = DATASETS[key]
-    g = symmetrize(read_gnn_benchmark(DATASETS_DIR / "gnn-benchmark" / fname))
+    title = DATASETS[key]
+    g = symmetrize(read_gnn_benchmark(gnn_benchmark(key)))
     assert g.features is not None and g.labels is not None
     feats = sp.csr_matrix(g.features)
     if row_normalize:  # PyG's NormalizeFeatures: each row sums to 1
@@ -235,4 +232,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    passive_omp_wait("perf.train_reference")
     sys.exit(main())

@@ -1,7 +1,7 @@
 """The planner scored on this machine: predicted against measured step time and memory.
 
-    .venv/bin/python perf/validate_plan.py --profile SYSTEM.json   # ~45 min on 2 cores
-    .venv/bin/python perf/validate_plan.py --cases physics-gcn --keep   # rerun one case
+    .venv/bin/python -m perf.validate_plan --profile SYSTEM.json   # ~45 min on 2 cores
+    .venv/bin/python -m perf.validate_plan --cases physics-gcn --keep   # rerun one case
 
 Coauthor Physics (34,493 nodes, 8,415 features, 0.39% nonzero: CSR input) and Amazon
 Computers (13,752 nodes, 767 features, dense input) from ../shared/datasets/gnn-benchmark,
@@ -27,10 +27,11 @@ and the planner prices them.
 Predictions are :func:`plexgt.plan.choose.choose`'s for the same configuration (the plan
 ``train`` would run) from the stored system profile of this machine (``--profile``; default
 perf/results/bench_agp_system.json, measured by ``plexgt profile`` under ``mpiexec -n 4``).
-Scored: MAPE of predicted against the median step, overall and by p; per (case, p) with more
-than one configuration, whether the choice's median step is within 10% of the fastest
-measured; per case, the any-scale choice (p <= 4) against the fastest at any p; memory,
-predicted over measured per configuration (median, range). Writes
+Scored (:mod:`perf.plan_score`, the score bench_agp's measurements get too): MAPE of
+predicted against the median step, overall and by p; per (case, p) with more than one
+configuration, whether the choice's median step is within 10% of the fastest measured; per
+case, the any-scale choice (p <= 4) against the fastest at any p; memory, predicted over
+measured per configuration (median, range). Writes
 perf/results/validate_plan.json and ends with one RESULT line.
 
 The VM's speed drifts by tens of percent over minutes, between the (case, p) runs as well as
@@ -52,28 +53,49 @@ import gc
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "perf"))
+import torch
+import torch.distributed as dist
 
-from common import (  # noqa: E402
-    DATASETS_DIR,
+from perf import plan_score
+from perf.harness import (
+    RESULTS_DIR,
+    ROOT,
     PeakRSS,
+    gnn_benchmark,
     hardware,
+    launch,
+    module,
+    mpiexec,
+    prepared,
     result_line,
     rss,
     today,
     write_json,
 )
+from plexgt.config import load_config
+from plexgt.data.loader import PreparedGraph
+from plexgt.distributed.bootstrap import init_distributed, shutdown
+from plexgt.distributed.collectives import CommLedger
+from plexgt.distributed.grid import factorizations
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.plan.choose import choose, gps_grid
+from plexgt.plan.plexus_cost import PROCESS_BASE_BYTES
+from plexgt.tasks import build_task
+from plexgt.tasks.task import (
+    graph_sizes,
+    machine_profile,
+    model_shape,
+    plexus_coefficients_for,
+    run_plan,
+    system_model_for,
+)
+from plexgt.training import loop
 
-VENV = ROOT / ".venv" / "bin"
-DATASETS = {"physics": "ms_academic_phy.npz", "computers": "amazon_electronics_computers.npz"}
 CASES = {"physics-gcn": ("physics", "gcn"), "physics-gt": ("physics", "gt"),
          "computers-gt": ("computers", "gt"), "physics-gps": ("physics", "gps"),
          "computers-gps": ("computers", "gps")}
@@ -84,13 +106,10 @@ MODEL = {"gcn": {"model.name": "gcn", "model.hidden": 64, "model.layers": 2},
 COMMON = {"progress": False, "model.dropout": 0.0, "model.input_dropout": 0.0,
           "optim.warmup_epochs": 0}
 SCALES = (1, 2, 3, 4)
-WITHIN = 0.10
 
 
 # -- configurations and predictions -------------------------------------------------------
 def _cfg(data: Path, model: str, over: dict, profile: Path):  # noqa: ANN202 - TrainConfig
-    from plexgt.config import load_config
-
     return load_config(None, {"data": str(data), **COMMON, **MODEL[model],
                               "parallel.profile": str(profile), **over})
 
@@ -99,18 +118,6 @@ def configurations(data: Path, model: str, p: int, profile: Path) -> list[dict]:
     """Every configuration of ``model`` the search can run on p ranks, as config overrides,
     with the plan train makes of it: {'over', 'label', 'predicted_s', 'predicted_bytes',
     'chosen'}, one per distinct plan; the all-'auto' one marked chosen."""
-    from plexgt.data.loader import PreparedGraph
-    from plexgt.distributed.grid import factorizations
-    from plexgt.parallel.attention.registry import default_registry
-    from plexgt.plan.choose import gps_grid
-    from plexgt.tasks.task import (
-        graph_sizes,
-        machine_profile,
-        model_shape,
-        plexus_coefficients_for,
-        run_plan,
-    )
-
     pg = PreparedGraph(data)
     cfg = _cfg(data, model, {}, profile)
     prof = machine_profile(cfg)
@@ -141,16 +148,6 @@ def configurations(data: Path, model: str, p: int, profile: Path) -> list[dict]:
 
 def any_scale_choice(data: Path, model: str, profile: Path) -> str:
     """The search's choice over every scale up to 4 ranks, as '<label> on <scale>'."""
-    from plexgt.data.loader import PreparedGraph
-    from plexgt.plan.choose import choose
-    from plexgt.tasks.task import (
-        graph_sizes,
-        machine_profile,
-        model_shape,
-        plexus_coefficients_for,
-        system_model_for,
-    )
-
     cfg = _cfg(data, model, {}, profile)
     pg = PreparedGraph(data)
     prof = machine_profile(cfg)
@@ -192,13 +189,6 @@ def _one(data: Path, model: str, over: dict, profile: Path, steps: int, ctx,  # 
          memory: bool = True) -> dict:
     """Build, warm up, time (and, with ``memory``, measure) one configuration on this rank;
     freed on return."""
-    import torch
-    import torch.distributed as dist
-
-    from plexgt.distributed.collectives import CommLedger
-    from plexgt.tasks import build_task
-    from plexgt.training import loop
-
     cfg = _cfg(data, model, over, profile)
     _malloc(memory=True)
     _trim()
@@ -231,8 +221,6 @@ def worker(args: argparse.Namespace) -> None:
     ``steps`` steps of every one: the VM's speed drifts by tens of percent over minutes,
     and a drift then weighs on every configuration alike instead of on whichever was
     measured during it. A configuration's median is over both passes' steps."""
-    from plexgt.distributed.bootstrap import init_distributed, shutdown
-
     job = json.loads(Path(args.worker).read_text())
     ctx = init_distributed("gloo", timeout_s=900)
     configs = job["configs"]
@@ -260,19 +248,13 @@ def worker(args: argparse.Namespace) -> None:
 
 # -- the driver -----------------------------------------------------------------------------
 def prep(name: str, work: Path) -> Path:
-    out = work / name
-    if not (out / "manifest.json").exists():
-        subprocess.run([str(VENV / "plexgt"), "prep", "--input",
-                        str(DATASETS_DIR / "gnn-benchmark" / DATASETS[name]), "--out", str(out),
-                        "--overwrite", "--quiet"], check=True)
-    return out
+    """The gnn-benchmark graph ``name`` as ``plexgt prep`` prepares it (auto layout)."""
+    return prepared(work / name, ["--input", str(gnn_benchmark(name))])
 
 
 def speed_probe(repeats: int = 5) -> float:
     """Median seconds of a fixed one-thread workload (a 384^3 GEMM and a pass over 32 MiB,
     each four times): how fast the VM runs now, compared between the runs of a validation."""
-    import torch
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -302,8 +284,8 @@ def measure(data: Path, model: str, p: int, configs: list[dict], profile: Path,
                                    "profile": str(profile), "steps": steps,
                                    "out": str(out)}))
         env = {**os.environ, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // p))}
-        subprocess.run([str(VENV / "mpiexec"), "-n", str(p), sys.executable, __file__,
-                        "--worker", str(job)], check=True, env=env, cwd=ROOT, timeout=3600)
+        launch(mpiexec(p, module("perf.validate_plan", "--worker", str(job))), env=env,
+               timeout=3600, capture=False)
         rows = json.loads(out.read_text())
     probe = (before + speed_probe()) / 2
     return [{**r, "probe_s": probe} for r in rows]
@@ -318,8 +300,8 @@ def drift(rows: list[dict]) -> dict | None:
     ref = statistics.median(probes)
     return {"probe_median_s": ref, "probe_min_s": min(probes), "probe_max_s": max(probes),
             "probe_spread": max(probes) / min(probes) - 1,
-            "mape_drift_corrected": statistics.mean(
-                abs(r["predicted_s"] / (r["median_s"] * ref / r["probe_s"]) - 1)
+            "mape_drift_corrected": plan_score.mape(
+                plan_score.ape(r["predicted_s"], r["median_s"] * ref / r["probe_s"])
                 for r in rows)}
 
 
@@ -327,62 +309,64 @@ def _model_bytes(row: dict) -> int:
     """A row's predicted bytes beyond the process's own (the 3D model adds a fixed
     :data:`~plexgt.plan.plexus_cost.PROCESS_BASE_BYTES` for the interpreter and libraries,
     which the measurement, taken above the level before the build, does not see)."""
-    from plexgt.plan.plexus_cost import PROCESS_BASE_BYTES
-
     return row["predicted_bytes"] - (PROCESS_BASE_BYTES if row["model"] == "gcn" else 0)
 
 
+def _err(r: dict) -> float:
+    """A row's prediction error against its median step."""
+    return plan_score.ape(r["predicted_s"], r["median_s"])
+
+
+def _decision(case: str, p: int | str, opts: list[dict], chosen: int | None,
+              name: Callable[[dict], str]) -> dict:
+    """The choice ``opts[chosen]`` among measured configurations, by median step (``chosen``
+    None: the choice is a configuration nobody measured, as after repricing)."""
+    row = {"case": case, "p": p, "pick": "(not measured)", "slower": None, "within": None,
+           "options": len(opts)}
+    if chosen is None:
+        return {**row, "best": name(min(opts, key=lambda r: r["median_s"]))}
+    d = plan_score.decision(chosen, {i: r["median_s"] for i, r in enumerate(opts)})
+    return {**row, "pick": name(opts[chosen]), "best": name(opts[d["fastest"]]),
+            "slower": d["slower"], "within": d["within"]}
+
+
 def score(rows: list[dict], any_choice: dict[str, str]) -> dict:
-    err = [abs(r["predicted_s"] / r["median_s"] - 1) for r in rows]
-    by_p = {p: [abs(r["predicted_s"] / r["median_s"] - 1) for r in rows if r["p"] == p]
-            for p in SCALES}
+    """The planner's score on these measurements (:func:`perf.plan_score.score`: MAPE against
+    the median step; per (case, p) with more than one configuration, and per case over every
+    p, whether the choice is within 10% of the fastest), by p and model, and the memory
+    predicted over measured."""
     decisions = []
-    for case in {r["case"] for r in rows}:
+    for case in sorted({r["case"] for r in rows}):
         mine = [r for r in rows if r["case"] == case]
         for p in SCALES:
             opts = [r for r in mine if r["p"] == p]
-            if len(opts) < 2:
-                continue
-            best = min(opts, key=lambda r: r["median_s"])
-            pick = next((r for r in opts if r["chosen"]), None)
-            if pick is None:  # repriced: the choice is a configuration nobody measured
-                decisions.append({"case": case, "p": p, "pick": "(not measured)",
-                                  "best": best["label"], "slower": None, "within": None,
-                                  "options": len(opts)})
-                continue
-            slower = pick["median_s"] / best["median_s"] - 1
-            decisions.append({"case": case, "p": p, "pick": pick["label"],
-                              "best": best["label"], "slower": slower,
-                              "within": slower <= WITHIN, "options": len(opts)})
-        best = min(mine, key=lambda r: r["median_s"])
-        pick = next((r for r in mine if f"{r['label']} on {r['p']}" == any_choice[case]),
-                    None)
-        if pick is not None:
-            slower = pick["median_s"] / best["median_s"] - 1
-            decisions.append({"case": case, "p": "any<=4", "pick": any_choice[case],
-                              "best": f"{best['label']} on {best['p']}", "slower": slower,
-                              "within": slower <= WITHIN, "options": len(mine)})
+            if len(opts) >= 2:
+                chosen = next((i for i, r in enumerate(opts) if r["chosen"]), None)
+                decisions.append(_decision(case, p, opts, chosen, lambda r: r["label"]))
+        every = [f"{r['label']} on {r['p']}" for r in mine]
+        if any_choice[case] in every:
+            decisions.append(_decision(case, "any<=4", mine, every.index(any_choice[case]),
+                                       lambda r: f"{r['label']} on {r['p']}"))
     mem = [_model_bytes(r) / max(r["measured_bytes"]) for r in rows
            if max(r["measured_bytes"]) > 0]
-    within = [d["within"] for d in decisions if d["within"] is not None]
+    scored = plan_score.score([_err(r) for r in rows], [d["slower"] for d in decisions])
     return {
-        "mape": statistics.mean(err),
+        "mape": scored["mape"],
         "drift": drift(rows),
-        "mape_by_p": {str(p): statistics.mean(v) for p, v in by_p.items() if v},
-        "mape_by_model": {m: statistics.mean(abs(r["predicted_s"] / r["median_s"] - 1)
-                                             for r in rows if r["model"] == m)
+        "mape_by_p": {str(p): plan_score.mape(_err(r) for r in rows if r["p"] == p)
+                      for p in SCALES if any(r["p"] == p for r in rows)},
+        "mape_by_model": {m: plan_score.mape(_err(r) for r in rows if r["model"] == m)
                           for m in sorted({r["model"] for r in rows})},
         "decisions": decisions,
-        "choice_within_10pct": sum(within) / max(1, len(within)),
-        "decisions_scored": len(within),
+        "choice_within_10pct": scored["within_10pct"],
+        "decisions_scored": scored["scored"],
         "memory_ratio_median": statistics.median(mem) if mem else None,
         "memory_ratio_min": min(mem) if mem else None,
         "memory_ratio_max": max(mem) if mem else None,
         "worst_time_misses": sorted(({"case": r["case"], "p": r["p"], "label": r["label"],
                                       "predicted_s": r["predicted_s"],
                                       "median_s": r["median_s"]} for r in rows),
-                                    key=lambda r: -abs(r["predicted_s"] / r["median_s"] - 1)
-                                    )[:8],
+                                    key=lambda r: -_err(r))[:8],
     }
 
 
@@ -395,9 +379,6 @@ def repredict(rows: list[dict], profile: Path, work: Path) -> dict[str, str]:
     """The stored measurements priced again from ``profile``: each row's prediction, which
     configuration is the choice at each (case, p), and the any-scale choices; nothing is
     measured."""
-    from plexgt.data.loader import PreparedGraph
-    from plexgt.tasks.task import run_plan
-
     any_choice = {}
     for case in sorted({r["case"] for r in rows}):
         name, model = CASES[case]
@@ -432,7 +413,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4,
                     help="timed steps per configuration in each of the two passes")
     ap.add_argument("--profile", type=Path,
-                    default=ROOT / "perf" / "results" / "bench_agp_system.json")
+                    default=RESULTS_DIR / "bench_agp_system.json")
     ap.add_argument("--work", type=Path, default=Path("/tmp/plexgt-validate-plan"))
     ap.add_argument("--keep", action="store_true",
                     help="keep the stored result's rows of the cases not run now")
@@ -444,7 +425,7 @@ def main() -> None:
         worker(args)
         return
     if args.repredict:
-        stored = json.loads((ROOT / "perf" / "results" / "validate_plan.json").read_text())
+        stored = json.loads((RESULTS_DIR / "validate_plan.json").read_text())
         rows = stored["rows"]
         any_choice = repredict(rows, args.profile, args.work)
         s = score(rows, any_choice)
@@ -465,7 +446,7 @@ def main() -> None:
             print(f"{case} p={p}: {len(configs)} configurations", flush=True)
             for r in measure(data, model, p, configs, args.profile, args.steps):
                 rows.append({"case": case, "graph": name, "model": model, "p": p, **r})
-    stored = ROOT / "perf" / "results" / "validate_plan.json"
+    stored = RESULTS_DIR / "validate_plan.json"
     if args.keep and stored.exists():  # the other cases' rows of the stored run
         old = json.loads(stored.read_text())
         ran = set(args.cases.split(","))

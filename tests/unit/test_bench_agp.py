@@ -3,14 +3,13 @@ stored run is a synthetic one written here, no result file under perf/results is
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import statistics
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from perf import bench_agp
 
 PROFILE = {
     "format": "plexgt-system-profile", "version": 1,
@@ -81,10 +80,7 @@ def _measured() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_agp", ROOT / "perf" / "bench_agp.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return bench_agp
 
 
 @pytest.fixture

@@ -370,13 +370,11 @@ class Estimate:
     redistribution makes ranks differ)."""
     head_parallel: int = 1
     """gp_2d: the head axis a it was priced with."""
-
-    @property
-    def label(self) -> str:
-        """The strategy, with gp_2d's factorisation ('gp_2d 4x16': a x b)."""
-        if self.strategy == "gp_2d":
-            return f"gp_2d {self.head_parallel}x{self.scale // self.head_parallel}"
-        return self.strategy
+    label: str = ""
+    """The strategy as plans name it, with its head axis where it has one ('gp_2d 4x16':
+    a x b; :meth:`~plexgt.parallel.attention.strategy.AttentionStrategy.label`)."""
+    rings: bool = False
+    """The strategy's K/V blocks travel around a ring (its ring pieces apply)."""
 
     @property
     def gcn_label(self) -> str:
@@ -494,7 +492,7 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     return Estimate(strategy.name, s, compute / max(1, w.e), (copy + calls + comm) / w.n,
                     compute, copy, calls, comm, sum(o.total_sent for _, o in ops), mem,
                     ("3d" if grid is not None else "1d") if w.gcn else "", grid, comm_rank,
-                    head_parallel)
+                    head_parallel, strategy.label(s, head_parallel), strategy.rings)
 
 
 def step_calibration(sysm: SystemModel, steps: Iterable[list[float]]) -> float:
@@ -504,7 +502,7 @@ def step_calibration(sysm: SystemModel, steps: Iterable[list[float]]) -> float:
     taken off the measurement first). 1.0 with fewer than two usable samples: one step alone,
     a disturbed one, would rescale every kernel term at every scale."""
 
-    one_rank = default_registry().get("gp_ag")  # on one rank every strategy is the same step
+    one_rank = default_registry().baseline()
     # the samples ran at the profiled thread count: priced without the thread speedup
     base = replace(sysm, compute_scale=1.0, host=replace(sysm.host, thread_speedup={}))
     ratios = []

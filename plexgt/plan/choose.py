@@ -135,14 +135,16 @@ class Layout(NamedTuple):
     head_parallel: int = 1
 
 
-def _head_axis(strategy: str, world_size: int, head_parallel: int) -> int:
-    """gp_2d's a as configured (checked against the ranks), else 1."""
-    if strategy != "gp_2d":
-        return 1
-    if head_parallel and world_size % head_parallel:
-        raise ConfigError(f"parallel.head_parallel: {head_parallel} does not divide the "
-                          f"{world_size} ranks")
-    return head_parallel
+def check_head_axis(cands: list[AttentionStrategy], world_size: int, head_parallel: int
+                    ) -> None:
+    """ConfigError when a configured head axis cannot tile the ranks for a candidate that
+    has one (strategies without a head axis ignore ``parallel.head_parallel``)."""
+    for c in cands:
+        try:
+            c.check_head_axis(world_size, head_parallel)
+        except ValueError:
+            raise ConfigError(f"parallel.head_parallel: {head_parallel} does not divide the "
+                              f"{world_size} ranks") from None
 
 
 def gps_grid(sizes: GraphSizes, shape: ModelShape, s: int, coef: Coefficients) -> Grid3D:
@@ -221,15 +223,16 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
         return Choice(RunPlan("gcn", c.scale, c.grid, gcn_order=c.order,
                               block_rows=c.block_rows, time_s=c.est.time_s,
                               memory_bytes=c.est.memory_bytes, label=c.label), found)
-    _head_axis("gp_2d", world_size, head_parallel)  # a head axis that cannot tile: an error
     w = workload(sizes, shape)
     cands = candidates(strategy)
+    check_head_axis(cands, world_size, head_parallel)
     vary = (shape.ring_chunks == 0, shape.attention_block_rows == 0)
     gps3 = None
     if shape.name == "gps" and world_size > 1:
         gps3 = (lambda s: fixed) if fixed is not None else (
             lambda s: gps_grid(sizes, shape, s, coef))
-    whole = (strategy != "auto" and (head_parallel or strategy != "gp_2d") and not any(vary)
+    whole = (strategy != "auto" and (head_parallel or cands[0].head_axes is None)
+             and not any(vary)
              and (shape.name != "gps" or fixed is not None))
     found = search_attention(w, cands, world_size, sysm, None if whole else memory_per_rank,
                              scales, head_parallel, gps3, refine=any_scale, vary=vary,

@@ -241,13 +241,14 @@ def gt_step(n: int, deg: int, hidden: int, heads: int, device: torch.device
             ) -> tuple[int, Callable[[], Any]]:
     """(E, one training step of the row-parallel gt on one rank: forward, loss, backward,
     AdamW) on a uniform random graph of n nodes, ``deg`` neighbours a node: the code
-    ``plexgt train`` runs (GP-AG, whose collectives are the identity on one rank), not the
-    single-process model, whose layout shortcuts make it faster."""
+    ``plexgt train`` runs (the registry's baseline strategy, whose collectives are the
+    identity on one rank), not the single-process model, whose layout shortcuts make it
+    faster."""
 
     shape = GT_STEP_SHAPE
     pattern = random_graph(n, deg, 200 + n, torch.device("cpu")).to_scipy()
     comm = Comm.single("rows", CommLedger())
-    graph = build_dist_graph(n, pattern, comm, default_registry().get("gp_ag"), heads)
+    graph = build_dist_graph(n, pattern, comm, default_registry().baseline(), heads)
     model = DistGraphTransformer(shape["features"], hidden, shape["classes"], shape["layers"],
                                  heads, dropout=0.0, ffn_mult=shape["ffn_mult"])
     step = RowParallel(model, graph.to(device), comm).to(device)

@@ -91,7 +91,7 @@ class AttentionConfig:
     def label(self) -> str:
         """'gp_2d 2x8 chunks=2', 'gp_ag blocks of 4096 rows', '+ gcn 3d 2x2x4' for gps."""
         out = self.est.label
-        if self.est.strategy in ("gp_ring", "gp_2d") and self.ring_chunks > 1:
+        if self.est.rings and self.ring_chunks > 1:
             out += f" chunks={self.ring_chunks}"
         if self.block_rows:
             out += f" block_rows={self.block_rows}"
@@ -117,10 +117,6 @@ class AttentionSearch:
     seconds: float = 0.0
 
 
-def _ring(c: AttentionStrategy) -> bool:
-    return c.name in ("gp_ring", "gp_2d")
-
-
 def _local_rows(c: AttentionStrategy, w: Workload, s: int) -> int:
     """Query rows of the busiest rank's attention (what blocking cuts)."""
     n_loc = -(-w.n // s)
@@ -132,7 +128,7 @@ def variants(c: AttentionStrategy, w: Workload, s: int, vary: tuple[bool, bool] 
     """(ring chunks, attention block rows) of ``c`` on s ranks, the workload's first, then
     the memory-saving ones (more pieces; rows in :data:`BLOCKS` blocks) where ``vary``
     (chunks, rows) allows."""
-    if _ring(c):
+    if c.rings:
         chunks = [w.ring_chunks] + [k for k in RING_CHUNKS if k != w.ring_chunks]
         return [(k, 0) for k in chunks] if s > 1 and vary[0] else [(w.ring_chunks, 0)]
     rows = _local_rows(c, w, s)

@@ -7,8 +7,6 @@ whose bytes sit beside their forwards in :mod:`plexgt.parallel`), the loss stati
 gradient all-reduce of the replicated parameters. Everything is exact, so a run's
 :class:`~plexgt.distributed.collectives.CommLedger` equals :func:`step_bytes_named` to the byte
 on every rank; AGP (:mod:`plexgt.plan.agp`) prices these operations and checks the memory.
-
-:func:`table1` gives the paper's closed forms (elements), for printing next to the exact ones.
 """
 
 from __future__ import annotations
@@ -22,17 +20,6 @@ from plexgt.parallel.attention.strategy import AttentionProblem, AttentionStrate
 from plexgt.parallel.attention.super_nodes import super_comm
 from plexgt.parallel.gps_dist import gcn1d_comm
 from plexgt.parallel.redistribute import gcn3d_comm
-
-
-def table1(problem: AttentionProblem, p: int) -> dict[str, dict[str, float]]:
-    """The paper's closed forms in elements (for printing next to the exact functions)."""
-    n, e, d, h = problem.n, problem.e, problem.d, problem.heads
-    return {
-        "gp_ag": {"calls": 4, "comm_elems": 4 * n * d, "act_elems": 4 * n * d + e * h / p,
-                  "graph": n / p + e / p},
-        "gp_a2a": {"calls": 8, "comm_elems": 8 * n * d / p,
-                   "act_elems": 4 * n * d / p + e * h / p, "graph": n + e},
-    }
 
 
 # -- whole models -----------------------------------------------------------------------------

@@ -36,7 +36,6 @@ from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.distributed.grid import Grid3D, block_bounds, build_groups
 from plexgt.errors import ConfigError
 from plexgt.models.node_embedding import NodeEmbedding
-from plexgt.parallel.attention.gp_2d import make_groups
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionStrategy
 from plexgt.parallel.gps_dist import DistGPS
@@ -87,8 +86,8 @@ def read_dist_graph(pg: PreparedGraph, comm: Comm, strategy: AttentionStrategy, 
     mine = pattern if want == rows else read_adjacency_q(pg, rows)
     held = pattern if want != rows else None
     groups = None
-    if strategy.name == "gp_2d":
-        groups = make_groups(comm, head_parallel, comm.ledger, timeout)
+    if strategy.groups is not None:
+        groups = strategy.groups(comm, head_parallel, comm.ledger, timeout)
     g3 = None
     if gcn and grid is not None:
         g3 = read_adjacency_q(pg, gcn3d_rows(grid, comm.rank, pg.N))
@@ -139,7 +138,8 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
         groups = build_groups(grid, ctx.rank, ctx.world_size, ctx.timeout)
         axis = {a: Comm.from_group(g, a, ledger) for a, g in groups.axis.items()}
     before = pg.bytes_read
-    graph = read_dist_graph(pg, comm, default_registry().get(sname), cfg.model.heads, gcn=gps,
+    strategy = default_registry().get(sname)
+    graph = read_dist_graph(pg, comm, strategy, cfg.model.heads, gcn=gps,
                             dtype=dt, grid=grid, axis_comms=axis,
                             block_rows=cfg.parallel.block_rows or None,
                             head_parallel=head_axis, ring_chunks=rp.ring_chunks,
@@ -173,8 +173,8 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
         if metric == "rocauc" else None,
         ledger=ledger,
         grid=str(grid) if grid is not None else f"rows{ctx.world_size}",
-        strategy=(f"gp_2d {head_axis}x{ctx.world_size // head_axis}" if sname == "gp_2d"
-                  else sname) + ("+plexus3d" if grid is not None else ""),
+        strategy=strategy.label(ctx.world_size, head_axis)
+        + ("+plexus3d" if grid is not None else ""),
         bytes_read=pg.bytes_read - before,
         amp=AMP.get(cfg.dtype),
         node_order=node_order(pg) if emb else "",

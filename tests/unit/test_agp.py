@@ -29,6 +29,7 @@ from plexgt.parallel.attention.strategy import (
     head_splits,
 )
 from plexgt.parallel.attention.super_nodes import super_comm
+from plexgt.parallel.attention.table1 import table1
 from plexgt.parallel.redistribute import (
     gcn3d_comm,
     plexus_in_layout,
@@ -62,7 +63,7 @@ from plexgt.plan.profile import (
     memory_factor,
     per_element_curve,
 )
-from plexgt.plan.step_cost import gcn1d_comm, step_bytes, step_comm, step_comm_named, table1
+from plexgt.plan.step_cost import gcn1d_comm, step_bytes, step_comm, step_comm_named
 from tests.parallel_helpers import redistribute_bytes
 
 

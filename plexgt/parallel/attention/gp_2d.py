@@ -201,4 +201,6 @@ GP_2D = AttentionStrategy(
     pattern_rows=group_rows,
     prepare=_prepare,
     head_axes=factorisations,
+    groups=make_groups,
+    rings=True,
 )

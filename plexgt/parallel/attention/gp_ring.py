@@ -97,4 +97,5 @@ GP_RING = AttentionStrategy(
     work=gp_ring_work,
     full_graph=False,
     prepare=_prepare,
+    rings=True,
 )

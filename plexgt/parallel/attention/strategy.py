@@ -24,11 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from typing import Any
 
 import torch
 
-from plexgt.distributed.collectives import Comm, CommOp
+from plexgt.distributed.collectives import Comm, CommLedger, CommOp
 from plexgt.distributed.grid import block_bounds
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.super_nodes import super_columns, super_positions
@@ -232,6 +233,7 @@ CommFunction = Callable[[AttentionProblem, int, int], list[CommOp]]
 MemoryFunction = Callable[[AttentionProblem, int], MemoryEstimate]
 WorkFunction = Callable[[AttentionProblem, int], KernelWork]
 PatternRows = Callable[[int, int, int, int], Range]
+GroupsFunction = Callable[[Comm, int, CommLedger, timedelta | None], dict[str, Comm]]
 
 
 @dataclass(frozen=True)
@@ -258,6 +260,26 @@ class AttentionStrategy:
     head_axes: Callable[[int], list[int]] | None = None
     """p -> the head-axis sizes a the strategy can run with on p ranks (gp_2d: the divisors
     of p); None: only a = 1."""
+    groups: GroupsFunction | None = None
+    """(comm, a, ledger, timeout) -> the sub-groups the forward runs over beyond ``comm``
+    (gp_2d: 'heads' and 'ring'), created collectively by every rank of the job; None: none."""
+    rings: bool = False
+    """K/V blocks travel around a ring: ``ring_chunks`` applies (pieces in flight), and the
+    backward rebuilds the scores from the saved lse, so row blocking is moot."""
+
+    def label(self, p: int, head_parallel: int = 1) -> str:
+        """How plans and metrics name the strategy on p ranks: its name, with the head axis
+        as a x b where it has one ('gp_2d 2x4')."""
+        if self.head_axes is None:
+            return self.name
+        return f"{self.name} {head_parallel}x{p // max(1, head_parallel)}"
+
+    def check_head_axis(self, p: int, head_parallel: int) -> None:
+        """ValueError when a configured head axis cannot tile p ranks (0: the plan's)."""
+        if head_parallel and self.head_axes is not None and head_parallel not in \
+                self.head_axes(p):
+            raise ValueError(f"{self.name}: head_parallel={head_parallel} does not divide "
+                             f"{p} ranks")
 
     def layouts(self, p: int, head_parallel: int = 0) -> list[int]:
         """The head axes a plan prices on p ranks: ``head_parallel`` when given (and valid),
@@ -321,6 +343,13 @@ class StrategyRegistry:
 
     def names(self) -> list[str]:
         return list(self._items)
+
+    def baseline(self) -> AttentionStrategy:
+        """The strategy a one-rank step is measured and priced as: on one rank every strategy
+        computes the same step, so the first registered one stands for all."""
+        if not self._items:
+            raise KeyError("no attention strategy is registered")
+        return next(iter(self._items.values()))
 
     def __iter__(self) -> Iterator[AttentionStrategy]:
         return iter(self._items.values())

@@ -123,7 +123,7 @@ def read_reddit(root: str | Path) -> GraphData:
 
 
 def _recognise(probe: Probe) -> bool:
-    return probe.holds("reddit_*.npz") or CSR_KEYS <= probe.npz_keys
+    return probe.holds_match("reddit_*.npz") or CSR_KEYS <= probe.npz_keys
 
 
 def _open(args: argparse.Namespace, comm: Comm | None) -> GraphSource:

@@ -50,9 +50,12 @@ class Probe:
         """The name without a ``.gz`` (what a compressed text file is underneath)."""
 
     def holds(self, *relative: str) -> bool:
-        """Whether the path is a directory holding any of ``relative`` (paths or globs)."""
-        return self.is_dir and any(next(self.path.glob(r), None) is not None
-                                   for r in relative)
+        """Whether the path is a directory holding any of the paths ``relative``."""
+        return self.is_dir and any((self.path / r).exists() for r in relative)
+
+    def holds_match(self, pattern: str) -> bool:
+        """Whether the path is a directory with an entry matching the glob ``pattern``."""
+        return self.is_dir and next(self.path.glob(pattern), None) is not None
 
     @cached_property
     def npz_keys(self) -> frozenset[str]:

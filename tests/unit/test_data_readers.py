@@ -673,3 +673,18 @@ def test_format_names_appear_only_in_the_formats_package():
              if "formats" not in p.relative_to(root).parts[:2]
              for m in quoted.finditer(p.read_text())]
     assert found == []
+
+
+def test_the_split_index_is_recorded_with_the_source(tmp_path):
+    """--split-index chooses the labels trained on, so --resume must see it: the source's
+    description had left it out (a resume given another --split-index passed the check)."""
+    g = small_graph(20, 60, f=2)
+    masks = np.random.default_rng(0).random((2, 20)) < 0.5
+    p = tmp_path / "s.npz"
+    np.savez(p, edges=np.stack([g.src, g.dst], 1), node_labels=g.labels, train_masks=masks,
+             val_masks=~masks)
+    for k, extra in ((0, []), (1, ["--split-index", "1"])):
+        out = tmp_path / f"o{k}"
+        assert main(["prep", "--input", str(p), "--out", str(out), "--quiet", *extra]) == 0
+        source = json.loads((out / "manifest.json").read_text())["source"]
+        assert source.get("split_index") == (k or None)

@@ -123,3 +123,15 @@ def test_an_agreed_error_ends_the_rank_with_no_process_group_left(monkeypatch, c
         if dist.is_initialized():
             dist.destroy_process_group()
     assert capsys.readouterr().err.count("error:") == (failure == "this rank's")
+
+
+def test_prep_starts_without_torch():
+    """``plexgt prep`` on 64 ranks must not pay for torch: its command, the format registry
+    and every format's module import numpy, scipy, h5py and pyarrow only."""
+    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "plexgt", "prep", "--help"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and "--format" in r.stdout, r.stderr[-2000:]
+    modules = {line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines()
+               if line.startswith("import time:")}
+    assert "plexgt.data.formats.registry" in modules
+    assert not {m for m in modules if m.split(".")[0] == "torch"}

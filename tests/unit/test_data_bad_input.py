@@ -362,3 +362,24 @@ def test_options_the_format_would_ignore_are_refused(capsys, tmp_path):
              "--node-table; none is given"),
             ("edgelist", ("--id-column", "node"), "--id-column names a column")):
         assert msg in _run(capsys, tmp_path, fmt, g, *extra)
+
+
+def test_format_auto_says_what_it_found_and_what_it_looked_for(capsys, tmp_path):
+    """What each format looks for is its spec's; the message gathers them all, after what the
+    path showed (an npz's keys)."""
+    p = tmp_path / "odd.npz"
+    np.savez(p, weights=np.zeros(2))
+    err = _run(capsys, tmp_path, "auto", p)
+    assert f"{p}: an npz with keys weights; --format auto cannot tell its format; it looked " \
+        "for a directory holding raw/data.npz or raw/edge.csv.gz (ogb); " in err
+    for looked in ("adj_data/adj_indices/adj_indptr (gnn-benchmark)",
+                   "an .npz with edges or edge_index (npz)", "%%MatrixMarket banner (mtx)",
+                   "'# Nodes: N Edges: E' header (snap)", ".edgelist[.gz] (edgelist)"):
+        assert looked in err
+    assert "--format auto needs --input PATH (or name a generator: --format rmat|sbm)" in \
+        _run(capsys, tmp_path, "auto", None)
+    assert "--input is not used with --format sbm" in _run(capsys, tmp_path, "sbm", p)
+    assert "--format mtx needs --input PATH" in _run(capsys, tmp_path, "mtx", None)
+    assert "--nodes 0: must be positive" in _run(capsys, tmp_path, "sbm", None, "--nodes", "0")
+    assert "--nodes/--edges do not apply to --format mtx" in _run(
+        capsys, tmp_path, "mtx", _text(tmp_path, "m.mtx", ""), "--nodes", "3")

@@ -2,28 +2,33 @@
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import json
 import re
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from plexgt.cli import main
+from plexgt.commands import prep
 from plexgt.data.formats.detect import detect_format
 from plexgt.data.formats.edgelist import EdgeListSource, detect_layout
 from plexgt.data.formats.gnn_benchmark import read_gnn_benchmark
 from plexgt.data.formats.mtx import read_mtx
 from plexgt.data.formats.npz_edges import read_edge_npz
 from plexgt.data.formats.ogb import open_ogb, read_ogb
+from plexgt.data.formats.registry import default_registry
 from plexgt.data.formats.snap import read_snap
+from plexgt.data.formats.spec import FormatSpec, option
 from plexgt.data.graph import GraphData, dedup_edges
 from plexgt.data.loader import PreparedGraph
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import RMAT_CHUNK, RmatSource, rmat, sbm
-from plexgt.errors import DataError
+from plexgt.errors import DataError, UsageError
 from tests.datagen import (
     multilabel,
     small_graph,
@@ -587,3 +592,99 @@ def test_multilabel_bad_input_names_the_node_and_task(tmp_path):
     with pytest.raises(DataError, match=re.escape("e.npz: 'node_labels': label of node 4 task "
                                                   "2 is 2.0; multi-label tasks hold 0 or 1")):
         read_edge_npz(tmp_path / "e.npz")
+
+
+def _ring_open(args, comm):
+    n = int(args.input.read_text())
+    ids = np.arange(n, dtype=np.int64)
+    return MemorySource(GraphData(f"ring({n})", n, ids, (ids + args.ring_step) % n),
+                        [args.input])
+
+
+RING_STEP = option("--ring-step", "ring: how far each edge reaches", type=int, default=1)
+RING = FormatSpec("ring", "a ring of N nodes; the file holds N", _ring_open,
+                  input="a .ring file", recognise=lambda probe: probe.stem.endswith(".ring"),
+                  looked_for="a .ring file", order=5, options=(RING_STEP,))
+"""A toy format as a format module would declare it: the test is its only file."""
+
+
+def _prep_with(formats, argv):
+    parser = argparse.ArgumentParser()
+    prep.add_arguments(parser, formats)
+    return prep.run(parser.parse_args(argv), formats)
+
+
+def test_a_format_is_one_spec_and_one_registry_line(tmp_path, capsys):
+    """Registering a FormatSpec is all prep needs: its name among --format's choices,
+    recognised by --format auto, its option read by it and refused for the others."""
+    formats = default_registry()
+    formats.register(RING)
+    (tmp_path / "g.ring").write_text("12")
+    args = ["--out", str(tmp_path / "o"), "--quiet", "--tiles", "2", "--no-self-loops"]
+    assert _prep_with(formats, ["--input", str(tmp_path / "g.ring"), "--ring-step", "5",
+                                *args]) == 0
+    m = json.loads((tmp_path / "o" / "manifest.json").read_text())
+    assert (m["name"], m["N"], m["E"]) == ("ring(12)", 12, 12)
+    assert m["source"]["ring_step"] == 5 and m["source"]["format"] == "auto"
+    with PreparedGraph(tmp_path / "o") as pg:
+        a = pg.read_adjacency("A1").tocoo()  # P A Q^T
+        p, q = pg.read_perm("P"), pg.read_perm("Q")
+        pairs = sorted(zip(q[a.col].tolist(), p[a.row].tolist(), strict=True))
+    assert pairs == [(i, (i + 5) % 12) for i in range(12)]  # message src -> dst: A[dst, src]
+    assert detect_format(tmp_path / "g.ring", formats) == "ring"
+    with pytest.raises(DataError, match="cannot tell its format"):  # the built-in lack it
+        detect_format(tmp_path / "g.ring")
+    snap = tmp_path / "s.txt"
+    snap.write_text("0 1\n")
+    with pytest.raises(UsageError, match=re.escape(
+            "--ring-step goes with --format ring, not snap")):
+        _prep_with(formats, ["--format", "snap", "--input", str(snap), "--ring-step", "2",
+                             "--out", str(tmp_path / "x")])
+    (tmp_path / "x.bin").write_bytes(b"\0")
+    with pytest.raises(DataError, match=r"it looked for a \.ring file \(ring\); a directory"):
+        detect_format(tmp_path / "x.bin", formats)
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(SystemExit):  # the built-in parser has no such format
+        _prep_with(default_registry(), ["--format", "ring", "--out", str(tmp_path / "y")])
+    assert "invalid choice: 'ring'" in capsys.readouterr().err
+
+
+def test_format_registry_refuses_clashes():
+    formats = default_registry()
+    with pytest.raises(ValueError, match="already registered"):
+        formats.register(default_registry().get("snap"))
+    with pytest.raises(ValueError, match="--format's own"):
+        formats.register(FormatSpec("auto", "", _ring_open))
+    twin = option("--ring-step", "another", type=int)
+    with pytest.raises(ValueError, match="option --ring-step is declared twice"):
+        formats.register(FormatSpec("ring", "", _ring_open, options=(RING_STEP,)))
+        formats.register(FormatSpec("ring2", "", _ring_open, options=(twin,)))
+    with pytest.raises(KeyError, match="unknown source format 'nope'; known: gnn-benchmark"):
+        formats.get("nope")
+
+
+def test_format_names_appear_only_in_the_formats_package():
+    """The rule of the registry: a format's name is written in its own module alone (prep's
+    choices, help, checks and detection come from the specs)."""
+    root = Path(__file__).resolve().parents[2] / "plexgt"
+    names = "|".join(re.escape(n) for n in default_registry().names())
+    quoted = re.compile(rf"[\"']({names})[\"']")
+    found = [f"{p.relative_to(root)}: {m.group(0)}" for p in sorted(root.rglob("*.py"))
+             if "formats" not in p.relative_to(root).parts[:2]
+             for m in quoted.finditer(p.read_text())]
+    assert found == []
+
+
+def test_the_split_index_is_recorded_with_the_source(tmp_path):
+    """--split-index chooses the labels trained on, so --resume must see it: the source's
+    description had left it out (a resume given another --split-index passed the check)."""
+    g = small_graph(20, 60, f=2)
+    masks = np.random.default_rng(0).random((2, 20)) < 0.5
+    p = tmp_path / "s.npz"
+    np.savez(p, edges=np.stack([g.src, g.dst], 1), node_labels=g.labels, train_masks=masks,
+             val_masks=~masks)
+    for k, extra in ((0, []), (1, ["--split-index", "1"])):
+        out = tmp_path / f"o{k}"
+        assert main(["prep", "--input", str(p), "--out", str(out), "--quiet", *extra]) == 0
+        source = json.loads((out / "manifest.json").read_text())["source"]
+        assert source.get("split_index") == (k or None)

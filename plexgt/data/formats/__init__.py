@@ -1,1 +1,1 @@
-"""One reader per source format; each returns a validated :class:`plexgt.data.graph.GraphData`."""
+"""One module per source format (its reader, then its ``SPEC``); :mod:`.registry` lists them."""

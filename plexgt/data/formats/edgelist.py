@@ -21,15 +21,25 @@ skipped by starting the split after it.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from plexgt.data.formats.node_table import TABLE_OPTIONS, NodeTable, NodeTableSource, count_rows
+from plexgt.data.formats.spec import (
+    EDGE_LIST_SUFFIXES,
+    NODES,
+    FormatOption,
+    FormatSpec,
+    Probe,
+    option,
+)
 from plexgt.data.graph import first_id_error
 from plexgt.data.runtime import Comm
-from plexgt.data.source import CountedEdgeSource
+from plexgt.data.source import CountedEdgeSource, GraphSource
 from plexgt.data.textio import BOM, has_mtx_banner, iter_blocks, parse, read_head, strip_comment
 from plexgt.errors import DataError
 
@@ -190,3 +200,38 @@ class EdgeListSource(CountedEdgeSource):
                 raise DataError(f"{path}: line {line}: node id "
                                 f"{v + 1 if lay.one_based else v} is outside the {n} nodes")
             yield arr
+
+
+DELIMITER = option("--delimiter", "field separator (default: detected from the first line)",
+                   choices=tuple(DELIMITERS))
+HEADER = FormatOption("header", "--header/--no-header", (
+    ("--header", {"dest": "header", "action": "store_const", "const": True,
+                  "help": "the first line names the columns"}),
+    ("--no-header", {"dest": "header", "action": "store_const", "const": False,
+                     "help": "the first line is an edge"})))
+ONE_BASED = option("--one-based", "ids count from 1", action="store_true")
+
+
+def _recognise(probe: Probe) -> bool:
+    return not probe.is_dir and probe.stem.endswith(EDGE_LIST_SUFFIXES)
+
+
+def _open(args: argparse.Namespace, comm: Comm | None) -> GraphSource:
+    layout = detect_layout(args.input, args.delimiter, args.header, args.one_based)
+    table = None
+    if args.node_table is not None:
+        table = NodeTable(args.node_table, args.id_column, args.label_column,
+                          args.feature_columns, args.one_based)
+    n = args.nodes if table is None else count_rows(table)
+    src: GraphSource = EdgeListSource(args.input, layout, n, comm=comm,
+                                      chunk_edges=args.chunk_edges,
+                                      count_degrees=args.permutation == "degree")
+    return src if table is None else NodeTableSource(src, table, n)
+
+
+SPEC = FormatSpec(
+    "edgelist", "delimited src,dst[,weight] lines (delimiter and header row detected unless "
+    "given), streamed; nodes' labels and features from a --node-table", _open,
+    input="a delimited edge list", recognise=_recognise, order=60,
+    looked_for=f"any other edge list {'/'.join(EDGE_LIST_SUFFIXES)}[.gz]",
+    options=(NODES, DELIMITER, HEADER, ONE_BASED, *TABLE_OPTIONS))

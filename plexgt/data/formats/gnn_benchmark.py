@@ -12,14 +12,20 @@ reads it, and :func:`read_gnn_benchmark` dispatches to it when given such a dire
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 
+from plexgt.data.formats.spec import FormatSpec, Probe
 from plexgt.data.graph import GraphData, class_ids, integer_ids
 from plexgt.data.npzio import NPZ_ERRORS, require_arrays
+from plexgt.data.runtime import Comm
+from plexgt.data.source import GraphSource, MemorySource
 from plexgt.errors import DataError
+
+CSR_KEYS = frozenset({"adj_data", "adj_indices", "adj_indptr"})
 
 
 def _csr(z: np.lib.npyio.NpzFile, prefix: str, path: Path) -> sp.csr_matrix:
@@ -114,3 +120,19 @@ def read_reddit(root: str | Path) -> GraphData:
                   splits)
     g.validate()
     return g
+
+
+def _recognise(probe: Probe) -> bool:
+    return probe.holds_match("reddit_*.npz") or CSR_KEYS <= probe.npz_keys
+
+
+def _open(args: argparse.Namespace, comm: Comm | None) -> GraphSource:
+    files = sorted(args.input.glob("*.npz")) if args.input.is_dir() else [args.input]
+    return MemorySource(read_gnn_benchmark(args.input), files)
+
+
+SPEC = FormatSpec(
+    "gnn-benchmark", "Shchur et al.'s npz (CSR adjacency, features, labels), or Reddit's "
+    "reddit_*.npz pair", _open, input="an .npz, or the Reddit directory of reddit_*.npz",
+    recognise=_recognise, order=20, looked_for="a directory of reddit_*.npz or an .npz with "
+    "adj_data/adj_indices/adj_indptr")

@@ -13,16 +13,20 @@ checked against N as it streams, the entry count against the claimed nnz at the 
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
+from plexgt.data.formats.spec import FormatSpec, Probe
 from plexgt.data.graph import GraphData, first_id_error
-from plexgt.data.source import TextEdgeSource, collect_edges
+from plexgt.data.runtime import Comm
+from plexgt.data.source import GraphSource, TextEdgeSource, collect_edges
 from plexgt.data.textio import (
     BLOCK_BYTES,
     BOM,
+    has_mtx_banner,
     iter_blocks,
     max_data_lines,
     open_text,
@@ -152,3 +156,19 @@ def read_mtx(path: str | Path) -> GraphData:
     g = GraphData(str(src.path), src.num_nodes, src_ids, dst)
     g.validate()
     return g
+
+
+def _recognise(probe: Probe) -> bool:
+    """By its name, or by its banner whatever its name (a MatrixMarket file named .txt read as
+    an edge list would take its size line for an edge)."""
+    return not probe.is_dir and (probe.stem.endswith(".mtx") or has_mtx_banner(probe.head))
+
+
+def _open(args: argparse.Namespace, comm: Comm | None) -> GraphSource:
+    return MtxSource(args.input)
+
+
+SPEC = FormatSpec(
+    "mtx", "MatrixMarket coordinate files (SuiteSparse), streamed", _open,
+    input="a .mtx[.gz] file", recognise=_recognise, order=40,
+    looked_for="a .mtx[.gz] file, or any file opening with the %%MatrixMarket banner")

@@ -21,11 +21,25 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from plexgt.data.formats.spec import option
 from plexgt.data.graph import node_labels
 from plexgt.data.source import GraphSource, NodeDataOver, check_finite
 from plexgt.errors import DataError
 
 BATCH_ROWS = 1 << 16
+
+_NO_TABLE = "{label} names a column of the --node-table; none is given"
+NODE_TABLE = option("--node-table", "CSV or Parquet table of the nodes (one row each; N is its "
+                    "row count): their labels and features", type=Path)
+ID_COLUMN = option("--id-column", "--node-table: the node id column", default="id",
+                   requires="node_table", refused=_NO_TABLE)
+LABEL_COLUMN = option("--label-column", "--node-table: the class id column, or several "
+                      "(a,b,c or prefix*): one 0/1 task each (multi-label)",
+                      requires="node_table", refused=_NO_TABLE)
+FEATURE_COLUMNS = option("--feature-columns", "--node-table: feature columns, 'a,b,c' or a "
+                         "prefix 'feat_*'", requires="node_table", refused=_NO_TABLE)
+TABLE_OPTIONS = (NODE_TABLE, ID_COLUMN, LABEL_COLUMN, FEATURE_COLUMNS)
+"""What a format that takes a node table reads (the columns only with the table)."""
 
 
 @dataclass(frozen=True)

@@ -21,12 +21,16 @@ every error names the file, the key and the problem.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import numpy as np
 
+from plexgt.data.formats.spec import FormatSpec, Probe, option
 from plexgt.data.graph import GraphData, integer_ids, node_labels
 from plexgt.data.npzio import NPZ_ERRORS
+from plexgt.data.runtime import Comm
+from plexgt.data.source import GraphSource, MemorySource
 from plexgt.errors import DataError
 
 EDGE_KEYS = ("edges", "edge_index")
@@ -39,7 +43,7 @@ MASK_KEYS = {"train": ("train_masks", "train_mask"), "valid": ("val_masks", "val
              "test": ("test_masks", "test_mask")}
 
 
-def is_edge_npz(keys: set[str]) -> bool:
+def is_edge_npz(keys: set[str] | frozenset[str]) -> bool:
     """Whether an npz's keys are this layout's."""
     return any(k in keys for k in EDGE_KEYS)
 
@@ -147,3 +151,23 @@ def read_edge_npz(path: str | Path, split_index: int = 0) -> GraphData:
     g = GraphData(str(path), n, src, dst, x, y, splits, edge_attr=attr)
     g.validate()
     return g
+
+
+SPLIT_INDEX = option(
+    "--split-index", "which of several stored splits (masks [K, N]) to use (default 0)",
+    type=int, refused="--split-index chooses among an npz's stored splits; --format {fmt} "
+    "has none to choose")
+
+
+def _recognise(probe: Probe) -> bool:
+    return is_edge_npz(probe.npz_keys)
+
+
+def _open(args: argparse.Namespace, comm: Comm | None) -> GraphSource:
+    return MemorySource(read_edge_npz(args.input, args.split_index or 0), [args.input])
+
+
+SPEC = FormatSpec(
+    "npz", "edge-index npz: edges/edge_index, node_features, node_labels, masks (several "
+    "splits), edge_feat", _open, input="an .npz", recognise=_recognise, order=30,
+    looked_for="an .npz with edges or edge_index", options=(SPLIT_INDEX,))

@@ -18,12 +18,15 @@ splits (node-sized arrays) are read whole.
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import numpy as np
 
+from plexgt.data.formats.spec import FormatSpec, Probe, option
 from plexgt.data.graph import GraphData, first_id_error, node_labels
 from plexgt.data.npzio import NpzArray, npz_keys, require_arrays
+from plexgt.data.runtime import Comm
 from plexgt.data.source import (
     GraphSource,
     TextEdgeSource,
@@ -401,3 +404,21 @@ def _read_csv(src: OgbCsvSource) -> GraphData:
                   edge_attr=attr)
     g.validate()
     return g
+
+
+SPLIT = option("--split", "OGB split directory name (default: the first found)",
+               refused="--split names an OGB split directory; --format {fmt} has none")
+
+
+def _recognise(probe: Probe) -> bool:
+    return probe.holds("raw/data.npz", "raw/edge.csv.gz")
+
+
+def _open(args: argparse.Namespace, comm: Comm | None) -> GraphSource:
+    return open_ogb(args.input, args.split)
+
+
+SPEC = FormatSpec(
+    "ogb", "OGB node-property raw layouts (csv.gz, or papers100M's npz), streamed", _open,
+    input="the dataset root directory", recognise=_recognise, order=10,
+    looked_for="a directory holding raw/data.npz or raw/edge.csv.gz", options=(SPLIT,))

@@ -18,15 +18,17 @@ pass for.
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
+from plexgt.data.formats.spec import EDGE_LIST_SUFFIXES, NODES, FormatSpec, Probe
 from plexgt.data.graph import GraphData, first_id_error
 from plexgt.data.runtime import Comm
-from plexgt.data.source import CountedEdgeSource, check_edge_total, collect_edges
+from plexgt.data.source import CountedEdgeSource, GraphSource, check_edge_total, collect_edges
 from plexgt.data.textio import BLOCK_BYTES, has_mtx_banner, iter_blocks, parse, read_head
 from plexgt.errors import DataError
 
@@ -90,3 +92,21 @@ def read_snap(path: str | Path, num_nodes: int | None = None) -> GraphData:
     g = GraphData(str(path), n, src, dst)
     g.validate()
     return g
+
+
+def _recognise(probe: Probe) -> bool:
+    head = probe.head if not probe.is_dir and probe.stem.endswith(EDGE_LIST_SUFFIXES) else b""
+    return b"Nodes:" in head and head.lstrip().startswith(b"#")
+
+
+def _open(args: argparse.Namespace, comm: Comm | None) -> GraphSource:
+    return SnapSource(args.input, args.nodes, comm=comm, chunk_edges=args.chunk_edges,
+                      count_degrees=args.permutation == "degree")
+
+
+SPEC = FormatSpec(
+    "snap", "SNAP edge lists (# comments, two ids a line), streamed; --nodes fixes N and "
+    "skips the counting pass that otherwise parses the whole file once to find N", _open,
+    input="a .txt[.gz] edge list", recognise=_recognise, order=50,
+    looked_for=f"an edge list {'/'.join(EDGE_LIST_SUFFIXES)}[.gz] opening with a SNAP "
+    "'# Nodes: N Edges: E' header", options=(NODES,))

@@ -26,6 +26,18 @@ import h5py
 import numpy as np
 import scipy.sparse as sp
 
+from plexgt.data.checks import (
+    check_counts_layout,
+    check_csr,
+    check_degrees,
+    check_edge_features,
+    check_finite,
+    check_ids,
+    check_indices,
+    check_labels,
+    check_masks,
+    tile_indptr,
+)
 from plexgt.data.prepared import (
     A1,
     A2,
@@ -128,11 +140,15 @@ class PreparedGraph:
             self._files[rel] = f
         return f
 
-    def _read(self, rel: str, name: str, sel: Any = ()) -> np.ndarray:
+    def _dataset(self, rel: str, name: str) -> h5py.Dataset:
         try:
-            a = self._file(rel)[name][sel]
+            return self._file(rel)[name]
         except KeyError:
             raise DataError(f"{self.path / rel}: missing dataset {name!r}") from None
+
+    def _read(self, rel: str, name: str, sel: Any = ()) -> np.ndarray:
+        try:
+            a = self._dataset(rel, name)[sel]
         except OSError as e:
             raise DataError(f"{self.path / rel}: corrupt dataset {name!r} ({e})") from None
         a = np.asarray(a)
@@ -203,15 +219,16 @@ class PreparedGraph:
                 for tj in range(c0 // s, math.ceil(c1 / s)):
                     tc = tj * s
                     ca, cb = max(c0, tc) - tc, min(c1, tc + s) - tc
-                    cnt, ind, start = self._tile_rows(rel, tile_group(tj), a, b)
+                    tile = tile_group(tj)
+                    cnt, ind, start = self._tile_rows(rel, tile, a, b, self._tile_len(ti))
                     lr = np.repeat(np.arange(b - a, dtype=np.int64), cnt)
+                    where = f"{self.path / rel}[{tile}]"
+                    check_indices(where, ind, lr, self._tile_len(tj))
                     keep = (ind >= ca) & (ind < cb)
                     rr.append(lr[keep] + (tr + a - r0))
                     cc.append(ind[keep].astype(np.int64) + (tc - c0))
                     if edge_features:
-                        ef = self._read(rel, f"{tile_group(tj)}/{EDGE_FEAT}",
-                                        np.s_[start : start + ind.size])
-                        ff.append(ef[keep])
+                        ff.append(self._edge_features(rel, tile, start, ind.size)[keep])
         shape = (r1 - r0, c1 - c0)
         if not edge_features:
             return _csr(rr, cc, shape), None
@@ -219,30 +236,53 @@ class PreparedGraph:
         feats = np.concatenate(ff) if ff else np.empty((0, self.FE), np.float32)
         return _csr(rr, cc, shape), feats[order]
 
+    def _tile_len(self, t: int) -> int:
+        """Rows (or columns) of tile row (column) ``t``: the last is cut at N."""
+        return max(0, min(self.N, (t + 1) * self.tile_size) - t * self.tile_size)
+
     def read_tile_rows(self, rel: str, tile: str, a: int, b: int
                        ) -> tuple[np.ndarray, np.ndarray]:
         """(counts [b-a] int64, indices) of local rows [a, b) of one tile (encoded by
-        :func:`plexgt.data.prep_stages.encode_counts`).
-
-        One anchor gives the offset of row (a // stride) * stride; fewer than ``stride`` counts
-        before ``a`` are summed to reach row a.
-        """
-        cnt, ind, _ = self._tile_rows(rel, tile, a, b)
+        :func:`plexgt.data.prep_stages.encode_counts`), checked as :meth:`_tile_rows` says."""
+        ti = int(Path(rel).stem.split("_")[-1])
+        cnt, ind, _ = self._tile_rows(rel, tile, a, b, self._tile_len(ti))
         return cnt, ind
 
-    def _tile_rows(self, rel: str, tile: str, a: int, b: int
+    def _tile_rows(self, rel: str, tile: str, a: int, b: int, rows: int
                    ) -> tuple[np.ndarray, np.ndarray, int]:
-        """:meth:`read_tile_rows` and the offset of row a's first entry in the tile."""
+        """:meth:`read_tile_rows` of a tile of ``rows`` rows, and the offset of row a's first
+        entry in the tile.
+
+        Reads the anchors from row (a // stride) * stride to the first at or past row b and
+        the counts between them (fewer than ``stride`` extra counts on each side), so every
+        anchor read is checked against the counts (:func:`~plexgt.data.checks.tile_indptr`)
+        before the indices are sliced by them.
+        """
         if b <= a:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int32), 0
+        where = f"{self.path / rel}[{tile}]"
+        counts = self._dataset(rel, f"{tile}/{COUNTS}")
+        check_counts_layout(where, counts.shape, counts.dtype, rows)
+        nnz = self._dataset(rel, f"{tile}/{INDICES}").shape[0]
         stride = self.anchor_stride
-        k = a // stride
-        base = int(self._read(rel, f"{tile}/{ANCHORS}", np.s_[k : k + 1])[0])
-        cnt = self._read(rel, f"{tile}/{COUNTS}", np.s_[k * stride : b]).astype(np.int64)
-        start = base + int(cnt[: a - k * stride].sum())
-        cnt = cnt[a - k * stride :]
-        ind = self._read(rel, f"{tile}/{INDICES}", np.s_[start : start + int(cnt.sum())])
-        return cnt, ind, start
+        k, kk = a // stride, -(-b // stride)
+        anchors = self._read(rel, f"{tile}/{ANCHORS}", np.s_[k : kk + 1])
+        cnt = self._read(rel, f"{tile}/{COUNTS}", np.s_[k * stride : min(rows, kk * stride)])
+        ip = tile_indptr(where, cnt, anchors, k, stride, rows, nnz)
+        start, end = int(ip[a - k * stride]), int(ip[b - k * stride])
+        ind = self._read(rel, f"{tile}/{INDICES}", np.s_[start:end])
+        return np.diff(ip[a - k * stride : b - k * stride + 1]), ind, start
+
+    def _edge_features(self, rel: str, tile: str, start: int, n: int) -> np.ndarray:
+        """[n, F_e] features of a tile's entries [start, start + n), the dataset checked to
+        hold one row per index."""
+        where = f"{self.path / rel}[{tile}]"
+        ds = self._dataset(rel, f"{tile}/{EDGE_FEAT}")
+        check_edge_features(where, ds.shape, self._dataset(rel, f"{tile}/{INDICES}").shape[0],
+                            self.FE)
+        ef = self._read(rel, f"{tile}/{EDGE_FEAT}", np.s_[start : start + n])
+        check_finite(where, ef, start, "entry")
+        return ef
 
     # -- node data --------------------------------------------------------------------
     def read_features(self, rows: Range | None = None, cols: Range | None = None) -> np.ndarray:
@@ -260,8 +300,9 @@ class PreparedGraph:
         for b in range(r0 // fb, math.ceil(r1 / fb)):
             lo = b * fb
             a, z = max(r0, lo) - lo, min(r1, lo + fb) - lo
-            out[lo + a - r0 : lo + z - r0] = self._read(feature_file(b), FEATURES_X,
-                                                        np.s_[a:z, c0:c1])
+            x = self._read(feature_file(b), FEATURES_X, np.s_[a:z, c0:c1])
+            check_finite(f"{self.path / feature_file(b)}[{FEATURES_X}]", x, a)
+            out[lo + a - r0 : lo + z - r0] = x
         return out
 
     def read_features_csr(self, rows: Range | None = None, cols: Range | None = None
@@ -279,15 +320,17 @@ class PreparedGraph:
         for b in range(r0 // fb, math.ceil(r1 / fb)):
             lo = b * fb
             a, z = max(r0, lo) - lo, min(r1, lo + fb) - lo
-            ptr = self._read(feature_file(b), FEATURES_INDPTR, np.s_[a:z + 1]).astype(np.int64)
-            e0, e1 = int(ptr[0]), int(ptr[-1])
-            idx = self._read(feature_file(b), FEATURES_INDICES, np.s_[e0:e1])
-            val = self._read(feature_file(b), FEATURES_DATA, np.s_[e0:e1])
+            rel = feature_file(b)
+            ptr = self._read(rel, FEATURES_INDPTR, np.s_[a:z + 1]).astype(np.int64)
+            stored = self._dataset(rel, FEATURES_INDICES).shape[0]
+            e0, e1 = (int(ptr[0]), int(ptr[-1])) if ptr.size else (0, 0)
+            e0, e1 = min(max(e0, 0), stored), min(max(e1, 0), stored)
+            idx = self._read(rel, FEATURES_INDICES, np.s_[e0:e1])
+            val = self._read(rel, FEATURES_DATA, np.s_[e0:e1])
+            check_csr(str(self.path / rel), ptr, idx, val, self.F, a == 0,
+                      z == min(fb, self.N - lo), stored)
             if val.dtype == np.float16:  # scipy's sparse matrices have no float16
                 val = val.astype(np.float32)
-            if idx.size and (idx.min() < 0 or idx.max() >= self.F):
-                raise DataError(f"{self.path / feature_file(b)}: feature column index outside "
-                                f"[0, F={self.F})")
             parts.append(sp.csr_matrix((val, idx, ptr - e0), shape=(z - a, self.F)))
         if not parts:
             return sp.csr_matrix((r1 - r0, c1 - c0), dtype=np.promote_types(dtype, np.float32))
@@ -298,7 +341,10 @@ class PreparedGraph:
         """[rows] int64 class ids or, multi-label, [rows, C] int8 0/1 per task (-1
         unlabelled), in P or Q order."""
         lo, hi = self._range(rows, self.N, "label row")
-        return self._read(NODES, labels_ds(self._order(order)), np.s_[lo:hi])
+        name = labels_ds(self._order(order))
+        labels = self._read(NODES, name, np.s_[lo:hi])
+        check_labels(f"{self.path / NODES}[{name}]", labels, hi - lo, self.C, self.multilabel)
+        return labels
 
     def read_mask(self, split: str, rows: Range | None = None, order: str = "P") -> np.ndarray:
         """[rows] bool mask of split 'train' | 'valid' | 'test' in P or Q order."""
@@ -306,6 +352,14 @@ class PreparedGraph:
             raise DataError(f"split {split!r}: expected train, valid or test")
         lo, hi = self._range(rows, self.N, "mask row")
         return self._read(NODES, mask_ds(split, self._order(order)), np.s_[lo:hi])
+
+    def read_masks(self, rows: Range | None = None, order: str = "P") -> dict[str, np.ndarray]:
+        """Every split's [rows] mask in P or Q order, checked to put no node in two splits."""
+        masks = {s: self.read_mask(s, rows, order) for s in SPLITS}
+        lo, hi = self._range(rows, self.N, "mask row")
+        check_masks(f"{self.path / NODES}[{mask_ds('{train,valid,test}', order)}]", masks,
+                    hi - lo)
+        return masks
 
     def read_degrees(self, rows: Range | None = None, order: str = "P") -> np.ndarray:
         """[rows] int64 row counts of A1 (order P) or A2 (order Q), self loops included.
@@ -318,7 +372,10 @@ class PreparedGraph:
     def read_perm(self, order: str = "P", rows: Range | None = None) -> np.ndarray:
         """[rows] int64 original node id of each position of the P or Q order."""
         lo, hi = self._range(rows, self.N, "permutation row")
-        return self._read(NODES, perm_ds(self._order(order)), np.s_[lo:hi])
+        name = perm_ds(self._order(order))
+        perm = self._read(NODES, name, np.s_[lo:hi])
+        check_ids(f"{self.path / NODES}[{name}]", perm, self.N)
+        return perm
 
     def to_original(self, values: np.ndarray, order: str = "P") -> np.ndarray:
         """[N, ...] values in P or Q order -> the same values in original node order."""
@@ -384,6 +441,17 @@ class RankBlocks:
     bytes_read: int = 0
 
 
+def read_block_degrees(pg: PreparedGraph, adj: sp.csr_matrix, rows: Range,
+                       cols: Range | None, order: str) -> np.ndarray:
+    """[rows] degrees of a block's rows (order: theirs), checked against the block's row
+    counts: equal when it spans every column, at least them otherwise (the rest of a row
+    lies in other ranks' blocks)."""
+    deg = pg.read_degrees(rows, order)
+    complete = cols is None or (cols[0], cols[1]) == (0, pg.N)
+    check_degrees(f"{pg.path / NODES}[{deg_ds(order)}]", deg, np.diff(adj.indptr), complete)
+    return deg
+
+
 def check_grid(pg: PreparedGraph, grid: Grid3D, num_layers: int = 1) -> None:
     """Raise :class:`DataError` when this prepared graph cannot serve ``grid``.
 
@@ -413,7 +481,7 @@ def read_rank_blocks(pg: PreparedGraph, grid: Grid3D, rank: int, num_layers: int
         out_o, in_o = ROW_ORDER[lay.matrix], COL_ORDER[lay.matrix]
         adj = pg.read_adjacency(lay.matrix, lay.rows, lay.cols)
         layers.append(LayerBlock(lay.layer, lay.matrix, lay.rows, lay.cols, adj,
-                                 pg.read_degrees(lay.rows, out_o),
+                                 read_block_degrees(pg, adj, lay.rows, lay.cols, out_o),
                                  pg.read_degrees(lay.cols, in_o)))
     first, last = lays[0], lays[-1]
     frows = first.cols
@@ -421,7 +489,7 @@ def read_rank_blocks(pg: PreparedGraph, grid: Grid3D, rank: int, num_layers: int
     feats = pg.read_features(frows, fcols)
     orows, order = last.rows, last.out_order
     labels = pg.read_labels(orows, order)
-    masks = {s: pg.read_mask(s, orows, order) for s in SPLITS}
+    masks = pg.read_masks(orows, order)
     return RankBlocks(grid, rank, num_layers, layers, frows, fcols, feats, orows, order, labels,
                       masks, pg.bytes_read - before)
 
@@ -483,8 +551,8 @@ def read_row_block(pg: PreparedGraph, i: int, p: int) -> RowBlock:
     rows = block_bounds(pg.N, p, i)
     adj = read_adjacency_q(pg, rows)
     return RowBlock(rows, adj, pg.read_features(rows), pg.read_labels(rows, "Q"),
-                    {s: pg.read_mask(s, rows, "Q") for s in SPLITS},
-                    pg.read_degrees(rows, "Q"), pg.bytes_read - before)
+                    pg.read_masks(rows, "Q"), read_block_degrees(pg, adj, rows, None, "Q"),
+                    pg.bytes_read - before)
 
 
 @dataclass
@@ -505,8 +573,8 @@ def read_targets(pg: PreparedGraph, rows: Range, order: str, rows_pad: int) -> N
         raise ValueError(f"rows {rows} do not fit in {rows_pad} padded rows")
     mine = pg.read_labels(rows, order).astype(np.int64)
     labels = np.concatenate([mine, np.full((pad, *mine.shape[1:]), -1, dtype=np.int64)])
-    masks = {s: np.concatenate([pg.read_mask(s, rows, order).astype(bool),
-                                np.zeros(pad, dtype=bool)]) for s in SPLITS}
+    masks = {s: np.concatenate([m, np.zeros(pad, dtype=bool)])
+             for s, m in pg.read_masks(rows, order).items()}
     return NodeTargets(labels, masks)
 
 
@@ -562,8 +630,9 @@ def read_plexus_arrays(pg: PreparedGraph, layouts: Sequence[LayerLayout]) -> Ple
     blocks, ids = [], []
     for lay in layouts:
         out_o, in_o = ("P", "Q") if lay.matrix == A1 else ("Q", "P")
-        blocks.append((pg.read_adjacency(lay.matrix, lay.rows, lay.cols),
-                       pg.read_degrees(lay.rows, out_o), pg.read_degrees(lay.cols, in_o)))
+        adj = pg.read_adjacency(lay.matrix, lay.rows, lay.cols)
+        blocks.append((adj, read_block_degrees(pg, adj, lay.rows, lay.cols, out_o),
+                       pg.read_degrees(lay.cols, in_o)))
         ids.append(read_node_ids(pg, in_o, lay.cols, lay.cols_pad))
     first, last = layouts[0], layouts[-1]
     feats: np.ndarray | sp.csr_matrix

@@ -28,7 +28,6 @@ from plexgt.data.checks import (
     check_indices,
     tile_indptr,
 )
-from plexgt.data.loader import PreparedGraph
 from plexgt.data.permute import edge_hash, is_permutation
 from plexgt.data.prepared import (
     A1,
@@ -56,6 +55,7 @@ from plexgt.data.prepared import (
     tile_file,
     tile_group,
 )
+from plexgt.data.prepared_graph import PreparedGraph
 from plexgt.data.runtime import sha256_file
 from plexgt.errors import DataError
 

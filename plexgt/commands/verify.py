@@ -1,12 +1,20 @@
-"""``plexgt verify DIR``: check every checksum and invariant of a prepared directory."""
+"""``plexgt verify DIR``: check every checksum and invariant of a prepared directory.
+
+Under a launcher (``mpiexec -n P plexgt verify DIR``) rank 0 alone checks the directory and
+prints the one summary; the other ranks have nothing to do and end at once. No rank starts
+MPI: a failure on rank 0 is its own exit status, not a job to abort (the launch's abort hook
+would start MPI to abort ranks that have already ended, and wait in MPI's start-up forever).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
+import threading
 
 from plexgt.data.verify import verify
-from plexgt.errors import DataError
+from plexgt.distributed.launch import launch_rank
+from plexgt.errors import DataError, PlexgtError, mark_agreed
 
 HELP = "Check a prepared directory: checksums, tile invariants, permutations, A1/A2 partner."
 
@@ -18,6 +26,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    rank, size = launch_rank()
+    if size > 1:  # a crash too ends this rank alone, with its traceback and status 1
+        sys.excepthook, threading.excepthook = sys.__excepthook__, threading.__excepthook__
+    if rank != 0:
+        return 0
+    try:
+        return _verify(args)
+    except PlexgtError as e:
+        # no other rank waits for this one: the CLI prints it and returns 2, without the MPI
+        # Abort that ends a job whose other ranks would wait for it in a collective
+        mark_agreed(e, rank)
+        raise
+
+
+def _verify(args: argparse.Namespace) -> int:
     res = verify(args.dir, checksums=not args.no_checksums)
     if not res["ok"]:
         probs = res["problems"]

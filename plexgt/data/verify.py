@@ -19,7 +19,15 @@ from typing import Any
 import h5py
 import numpy as np
 
-from plexgt.data.loader import PreparedGraph
+from plexgt.data.checks import (
+    check_counts_layout,
+    check_csr,
+    check_degrees,
+    check_edge_features,
+    check_finite,
+    check_indices,
+    tile_indptr,
+)
 from plexgt.data.permute import edge_hash, is_permutation
 from plexgt.data.prepared import (
     A1,
@@ -34,10 +42,12 @@ from plexgt.data.prepared import (
     INDICES,
     MATRICES,
     NODES,
+    ORDERS,
     ROW_ORDER,
     SPLITS,
     TILE_DEG,
     data_files,
+    deg_ds,
     feature_file,
     labels_ds,
     mask_ds,
@@ -45,6 +55,7 @@ from plexgt.data.prepared import (
     tile_file,
     tile_group,
 )
+from plexgt.data.prepared_graph import PreparedGraph
 from plexgt.data.runtime import sha256_file
 from plexgt.errors import DataError
 
@@ -88,57 +99,37 @@ def _check_nodes(pg: PreparedGraph, bad: _Problems) -> tuple[np.ndarray, np.ndar
         if not is_permutation(perm, n):
             bad.add(f"{where}: {name} is not a permutation of 0..{n - 1}")
             return None
-    try:
-        lp, lq = pg.read_labels(None, "P"), pg.read_labels(None, "Q")
-        if pg.multilabel:
-            if lp.shape != (n, pg.C) or (lp.size and (lp.min() < -1 or lp.max() > 1)):
-                bad.add(f"{where}: multi-label labels are not [N, C={pg.C}] of -1/0/1")
-        elif lp.size and (lp.min() < -1 or lp.max() >= pg.C):
-            bad.add(f"{where}: labels outside [-1, C={pg.C})")
-        if not np.array_equal(_orig(lp, p), _orig(lq, q)):
-            bad.add(f"{where}: {labels_ds('P')} and {labels_ds('Q')} disagree on some node")
-        seen = np.zeros(n, dtype=bool)
+    labels, masks = {}, {}
+    for o in ORDERS:  # each read checks the ranges and the splits the reader checks
+        try:
+            labels[o] = pg.read_labels(None, o)
+        except DataError as e:
+            bad.add(str(e))
+        try:
+            masks[o] = pg.read_masks(None, o)
+        except DataError as e:
+            bad.add(str(e))
+    if len(labels) == 2 and not np.array_equal(_orig(labels["P"], p), _orig(labels["Q"], q)):
+        bad.add(f"{where}: {labels_ds('P')} and {labels_ds('Q')} disagree on some node")
+    if len(masks) == 2:
         for s in SPLITS:
-            mp, mq = pg.read_mask(s, None, "P"), pg.read_mask(s, None, "Q")
-            op = _orig(mp, p)
-            if not np.array_equal(op, _orig(mq, q)):
+            op = _orig(masks["P"][s], p)
+            if not np.array_equal(op, _orig(masks["Q"][s], q)):
                 bad.add(f"{where}: {mask_ds(s, 'P')} and {mask_ds(s, 'Q')} disagree on some "
                         "node")
             if int(op.sum()) != pg.manifest.get("splits", {}).get(s, -1):
                 bad.add(f"{where}: split {s} holds {int(op.sum())} nodes, manifest says "
                         f"{pg.manifest.get('splits', {}).get(s)}")
-            if np.any(seen & op):
-                bad.add(f"{where}: split {s} overlaps an earlier split")
-            seen |= op
-    except DataError as e:
-        bad.add(str(e))
     return p, q
 
 
 def _check_tile(where: str, cnt: np.ndarray, anchors: np.ndarray, ind: np.ndarray,
-                nrows: int, ncols: int, stride: int, bad: _Problems) -> np.ndarray | None:
-    """The tile's indptr [nrows + 1] when every invariant holds, else None (problem added)."""
-    if cnt.shape != (nrows,) or cnt.dtype.kind != "u":
-        bad.add(f"{where}: counts have shape {cnt.shape} dtype {cnt.dtype}, expected "
-                f"({nrows},) unsigned")
-        return None
-    ip = np.zeros(nrows + 1, dtype=np.int64)
-    np.cumsum(cnt, out=ip[1:])
-    if ip[-1] != ind.shape[0]:
-        bad.add(f"{where}: row counts sum to {ip[-1]}, but the tile holds {ind.shape[0]} indices")
-        return None
-    if not np.array_equal(anchors, np.append(ip[:-1:stride], ip[-1])):
-        bad.add(f"{where}: anchors disagree with the row counts (indptr not monotone)")
-        return None
-    if ind.size and (ind.min() < 0 or ind.max() >= ncols):
-        bad.add(f"{where}: column index outside [0, {ncols})")
-        return None
-    if ind.size > 1:
-        rows = np.repeat(np.arange(nrows), np.diff(ip))
-        same = rows[1:] == rows[:-1]
-        if np.any(same & (ind[1:] <= ind[:-1])):
-            bad.add(f"{where}: indices not strictly increasing within a row (duplicates?)")
-            return None
+                nrows: int, ncols: int, stride: int) -> np.ndarray:
+    """The tile's indptr [nrows + 1]; DataError unless every invariant holds (the reader's
+    rules, :mod:`plexgt.data.checks`, on the whole tile)."""
+    check_counts_layout(where, cnt.shape, cnt.dtype, nrows)
+    ip = tile_indptr(where, cnt, anchors, 0, stride, nrows, ind.shape[0])
+    check_indices(where, ind, np.repeat(np.arange(nrows), np.diff(ip)), ncols)
     return ip
 
 
@@ -171,9 +162,11 @@ def _check_matrix(pg: PreparedGraph, which: str, p: np.ndarray, q: np.ndarray,
                 except (KeyError, OSError) as e:
                     bad.add(f"{where}: unreadable tile ({e})")
                     continue
-                ip = _check_tile(where, cnt, anchors, ind, r1 - r0, c1 - c0, pg.anchor_stride,
-                                 bad)
-                if ip is None:
+                try:
+                    ip = _check_tile(where, cnt, anchors, ind, r1 - r0, c1 - c0,
+                                     pg.anchor_stride)
+                except DataError as e:
+                    bad.add(str(e))
                     continue
                 if tile_nnz is not None and tile_nnz[ti][tj] != ind.size:
                     bad.add(f"{where}: {ind.size} nonzeros, manifest says {tile_nnz[ti][tj]}")
@@ -191,9 +184,11 @@ def _check_matrix(pg: PreparedGraph, which: str, p: np.ndarray, q: np.ndarray,
                     except (KeyError, OSError) as e:
                         bad.add(f"{where}: unreadable edge features ({e})")
                         continue
-                    if ef.shape != (ind.size, pg.FE) or not np.isfinite(ef).all():
-                        bad.add(f"{where}: edge features {ef.shape} are not {ind.size} finite "
-                                f"rows of FE={pg.FE}")
+                    try:
+                        check_edge_features(where, ef.shape, ind.size, pg.FE)
+                        check_finite(where, ef, 0, "entry")
+                    except DataError as e:
+                        bad.add(str(e))
                         continue
                     h_feat = (h_feat + edge_hash(dst, src, n, ef)) % 2**64
             try:
@@ -204,8 +199,11 @@ def _check_matrix(pg: PreparedGraph, which: str, p: np.ndarray, q: np.ndarray,
             except OSError as e:  # a damaged chunk (its checksum), as for the tiles above
                 bad.add(f"{path}: unreadable dataset {TILE_DEG!r} ({e})")
                 continue
-            if not np.array_equal(stored, deg) or not np.array_equal(deg_all[r0:r1], deg):
-                bad.add(f"{path}: degrees disagree with the tiles' row counts")
+            try:
+                check_degrees(f"{path}[{TILE_DEG}]", stored, deg, True)
+                check_degrees(f"{pg.path / NODES}[{deg_ds(order)}]", deg_all[r0:r1], deg, True)
+            except DataError as e:
+                bad.add(str(e))
     return total, h_fwd, h_rev, loops, h_feat
 
 
@@ -227,25 +225,25 @@ def _check_features(pg: PreparedGraph, bad: _Problems) -> None:
                     continue
                 step = max(1, (64 << 20) // max(1, pg.F * x.dtype.itemsize))
                 for a in range(0, hi - lo, step):
-                    if not np.isfinite(x[a : a + step]).all():
-                        bad.add(f"{path}: non-finite feature value near row {lo + a}")
-                        break
+                    check_finite(f"{path}[{FEATURES_X}]", x[a : a + step], a)
         except (OSError, KeyError) as e:
             bad.add(f"{path}: unreadable features ({e})")
+        except DataError as e:
+            bad.add(str(e))
 
 
 def _check_csr_block(f: h5py.File, path: Path, rows: int, ncols: int, bad: _Problems) -> None:
     """A CSR feature block: indptr [rows + 1] from 0, non-decreasing, ending at nnz; column
-    indices in [0, F); finite values."""
+    indices in [0, F); finite values (the reader's rule, on the whole block)."""
     ptr, idx, val = f[FEATURES_INDPTR][()], f[FEATURES_INDICES][()], f[FEATURES_DATA][()]
-    if ptr.shape != (rows + 1,) or ptr[0] != 0 or np.any(np.diff(ptr) < 0) or \
-            ptr[-1] != idx.size or idx.size != val.size:
-        bad.add(f"{path}: CSR features are inconsistent (indptr {ptr.shape}, {idx.size} "
-                f"indices, {val.size} values for {rows} rows)")
-    elif idx.size and (idx.min() < 0 or idx.max() >= ncols):
-        bad.add(f"{path}: a feature column index is outside [0, F={ncols})")
-    elif not np.isfinite(val).all():
-        bad.add(f"{path}: non-finite feature value")
+    if ptr.shape != (rows + 1,):
+        bad.add(f"{path}: CSR features have an indptr of {ptr.shape[0]} entries for {rows} "
+                "rows")
+        return
+    try:
+        check_csr(str(path), ptr, idx, val, ncols, True, True, idx.size)
+    except DataError as e:
+        bad.add(str(e))
 
 
 def verify(path: str | Path, checksums: bool = True) -> dict[str, Any]:

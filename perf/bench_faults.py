@@ -25,7 +25,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator

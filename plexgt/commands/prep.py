@@ -12,8 +12,8 @@ from pathlib import Path
 from plexgt.data.formats import options as source_options
 from plexgt.data.formats.registry import default_registry
 from plexgt.data.formats.spec import FormatRegistry
-from plexgt.data.runtime import world_comm
 from plexgt.data.shard import PrepOptions, prepare
+from plexgt.distributed.hostcomm import world_comm
 from plexgt.errors import UsageError
 
 HELP = "Shard a dataset into adjacency tiles, features and node arrays (out of core, MPI)."

@@ -20,7 +20,7 @@ from typing import Any
 import h5py
 import numpy as np
 
-from plexgt.data.runtime import sha256_file
+from plexgt.util.files import sha256_file
 
 
 class _Unfailing(io.RawIOBase):

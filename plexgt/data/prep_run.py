@@ -20,9 +20,10 @@ import numpy as np
 
 from plexgt.data.permute import inverse, permutations
 from plexgt.data.prepared import FEATURE_UNIT, FORMAT_VERSION, MATRICES, done_file, unit_file
-from plexgt.data.runtime import Comm, physical_memory
 from plexgt.data.source import GraphSource
+from plexgt.distributed.hostcomm import HostComm
 from plexgt.errors import DataError
+from plexgt.util.system import physical_memory
 
 #: target nonzeros per tile when --tiles is not given (bounds the memory of one tile build)
 TILE_TARGET_NNZ = 8 << 20
@@ -141,7 +142,7 @@ class PrepRun:
 
     src: GraphSource
     opts: PrepOptions
-    comm: Comm
+    comm: HostComm
     n: int
     """N: nodes."""
     t: int
@@ -178,7 +179,7 @@ class PrepRun:
     """Feature blocks are stored as CSR (:func:`resolve_sparse`)."""
 
     @classmethod
-    def create(cls, source: GraphSource, opts: PrepOptions, comm: Comm) -> PrepRun:
+    def create(cls, source: GraphSource, opts: PrepOptions, comm: HostComm) -> PrepRun:
         """Check ``opts`` against ``source`` (:class:`DataError`) and fix every size."""
         n = source.num_nodes
         if n <= 0:
@@ -249,7 +250,7 @@ class PrepRun:
         return self.out / rel
 
     def local(self, fn: Callable[[], T]) -> T | None:
-        """Run ``fn`` on this rank and agree with the others (:meth:`Comm.run`), a full disk
+        """Run ``fn`` on this rank and agree with the others (:meth:`HostComm.run`), a full disk
         turned into a :class:`DataError` first. Why here: agreement re-raises a DataError as a
         DataError on every rank, anything else as a RuntimeError on the others, so the rank
         whose write failed raised an OSError, the others a RuntimeError, and none cleaned up."""

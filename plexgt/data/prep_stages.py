@@ -5,8 +5,9 @@
 tile of A1 and of A2 (buckets.py), and its feature rows keyed by row block; (3)
 :func:`build_stage`: every unit (a row block of A1, of A2, or of features) is built by one rank
 from the buckets; (4) :func:`finish_stage`: rank 0 writes nodes.h5 and, last, the manifest.
-Each stage ends in an agreement of all ranks (runtime.Comm), so an error anywhere stops every
-rank at the same boundary. File names: prepared.py.
+Each stage ends in an agreement of all ranks
+(:class:`~plexgt.distributed.hostcomm.HostComm`), so an error anywhere stops every rank at the
+same boundary. File names: prepared.py.
 """
 
 from __future__ import annotations
@@ -67,9 +68,10 @@ from plexgt.data.prepared import (
     tile_group,
     unit_file,
 )
-from plexgt.data.runtime import Progress, read_json, sha256_file, write_json_atomic
 from plexgt.data.source import check_finite, check_train_labels, collect_edges, parts_of
 from plexgt.errors import DataError
+from plexgt.util.files import read_json, sha256_file, write_json_atomic
+from plexgt.util.progress import Progress
 
 Streams = dict[str, tuple[np.dtype, int | None]]
 

@@ -54,8 +54,8 @@ from plexgt.data.prepared import (
     tile_file,
     tile_group,
 )
-from plexgt.data.runtime import read_json
 from plexgt.errors import DataError
+from plexgt.util.files import read_json
 
 Range = tuple[int, int]
 

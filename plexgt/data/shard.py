@@ -51,9 +51,10 @@ from plexgt.data.prepared import (
     STAGING,
     remove_prepared,
 )
-from plexgt.data.runtime import Comm, read_json, write_json_atomic
 from plexgt.data.source import GraphSource
+from plexgt.distributed.hostcomm import HostComm
 from plexgt.errors import DataError
+from plexgt.util.files import read_json, write_json_atomic
 
 # the names other modules import from here (most were defined here before the split)
 __all__ = ["ANCHOR", "FORMAT_VERSION", "SPLITS", "TILE_TARGET_NNZ", "PrepOptions", "choose_tiles",
@@ -195,7 +196,7 @@ def _gib(b: int) -> str:
     return f"{b / 2**30:.3g}"
 
 
-def prepare(source: GraphSource, opts: PrepOptions, comm: Comm | None = None,
+def prepare(source: GraphSource, opts: PrepOptions, comm: HostComm | None = None,
             fail_after: int | None = None) -> dict[str, Any]:
     """Run prep on every rank of ``comm``; returns the manifest (identical on every rank).
 
@@ -204,7 +205,7 @@ def prepare(source: GraphSource, opts: PrepOptions, comm: Comm | None = None,
     resumed directory's work; never a file the format does not name); any other interruption
     leaves a directory ``--resume`` completes.
     """
-    comm = comm or Comm(None)
+    comm = comm or HostComm(None)
     t_start = time.monotonic()
     out = Path(opts.out)
     err: BaseException | None = None

@@ -23,9 +23,10 @@ from pathlib import Path
 import numpy as np
 
 from plexgt.data.graph import GraphData, first_id_error
-from plexgt.data.runtime import Comm, physical_memory
 from plexgt.data.textio import Comments, block_bytes_for, estimate_data_lines, max_data_lines
+from plexgt.distributed.hostcomm import HostComm
 from plexgt.errors import DataError
+from plexgt.util.system import physical_memory
 
 
 class GraphSource:
@@ -168,7 +169,7 @@ class CountedEdgeSource(TextEdgeSource):
     comments: Comments = "#"
     """What starts a comment in the format's lines (estimates of the edge count skip them)."""
 
-    def __init__(self, path: str | Path, num_nodes: int | None, comm: Comm | None,
+    def __init__(self, path: str | Path, num_nodes: int | None, comm: HostComm | None,
                  chunk_edges: int, count_degrees: bool, line_bytes: int) -> None:
         self.path = Path(path)
         self.name = str(self.path)
@@ -177,7 +178,7 @@ class CountedEdgeSource(TextEdgeSource):
         self.line_bytes = line_bytes
         self._degrees: tuple[int, int, np.ndarray] | None = None
         if num_nodes is None:
-            self.counted, hi = self._count(comm or Comm(None), chunk_edges, count_degrees)
+            self.counted, hi = self._count(comm or HostComm(None), chunk_edges, count_degrees)
             self.num_nodes = max(hi + 1, self.claimed_n or 0)
         else:
             self.num_nodes = num_nodes
@@ -186,7 +187,7 @@ class CountedEdgeSource(TextEdgeSource):
                 ) -> Iterator[np.ndarray]:
         raise NotImplementedError
 
-    def _count(self, comm: Comm, chunk: int, degrees: bool) -> tuple[int, int]:
+    def _count(self, comm: HostComm, chunk: int, degrees: bool) -> tuple[int, int]:
         """The counting pass: (edges, largest id) over all parts (collective over ``comm``)."""
         def count_part() -> tuple[int, int]:
             count, hi = 0, -1

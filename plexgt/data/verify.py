@@ -56,8 +56,8 @@ from plexgt.data.prepared import (
     tile_group,
 )
 from plexgt.data.prepared_graph import PreparedGraph
-from plexgt.data.runtime import sha256_file
 from plexgt.errors import DataError
+from plexgt.util.files import sha256_file
 
 
 class _Problems(list):

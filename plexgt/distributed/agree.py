@@ -18,6 +18,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from plexgt.distributed.hostcomm import HostComm
 from plexgt.distributed.launch import mpi_world
 from plexgt.errors import PeerFailed, mark_agreed
 
@@ -44,7 +45,7 @@ def agreed(fn: Callable[[], T], device: torch.device | str = "cpu") -> T:
         # before torch.distributed exists (reading the configuration): every rank is on the
         # same path, so MPI's untimed all-reduce cannot wait on a rank that went elsewhere
         rank, world = comm.Get_rank(), comm.Get_size()
-        first = min(comm.allgather(rank if err is not None else world))
+        first = HostComm(comm).first_failure(err)[0]
     else:
         rank, world = 0, 1
         first = 0 if err is not None else 1

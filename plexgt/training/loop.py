@@ -31,7 +31,6 @@ import torch
 import torch.distributed as dist
 
 from plexgt.config import TrainConfig, load_config, to_toml
-from plexgt.data.runtime import Progress
 from plexgt.distributed.agree import agreed
 from plexgt.distributed.bootstrap import DistContext
 from plexgt.errors import CheckpointError, ConfigError, TrainingError, mark_agreed
@@ -41,6 +40,7 @@ from plexgt.training import checkpoint as ckpt
 from plexgt.training import ownfiles
 from plexgt.training.state import canonical_state, load_canonical_state
 from plexgt.training.tensorboard import TensorBoardLog
+from plexgt.util.progress import Progress
 
 
 def lr_at(cfg: TrainConfig, epoch: int) -> float:
@@ -347,7 +347,7 @@ def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> d
         if root is not None and not cfg.resume:  # a fresh run writes into no other's
             agreed(lambda: ckpt.check_fresh(root) if rank0 else None, ctx.device)
         state = resume(cfg, ctx, task, opt, log) if cfg.resume else RunState()
-        state.run = state.run or _new_run_id(ctx.device)
+        state.run = state.run or _new_run_id()
         if root is not None:
             agreed(lambda: _prepare_dir(root, cfg) if rank0 else None, ctx.device)
         return _epochs(cfg, ctx, task, opt, state, log)
@@ -396,12 +396,11 @@ def _epochs(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opt
     return _summary("", last, best, task.metric)
 
 
-def _new_run_id(device: torch.device) -> str:
-    """A fresh run's identity, rank 0's on every rank: recorded in each COMPLETE it writes
-    (and kept by a run resumed from one), it says whose checkpoints pruning may remove."""
-    t = torch.tensor([secrets.randbits(62)], dtype=torch.int64, device=device)
-    dist.broadcast(t, src=0)
-    return f"{int(t.item()):016x}"
+def _new_run_id() -> str:
+    """A fresh run's identity: recorded in each COMPLETE it writes (and kept by a run resumed
+    from one), it says whose checkpoints pruning may remove. Only rank 0 writes COMPLETE and
+    prunes, so only its draw is ever used: nothing to broadcast (and no device sync)."""
+    return f"{secrets.randbits(62):016x}"
 
 
 def _why(signum: int) -> str:

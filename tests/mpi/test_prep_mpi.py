@@ -15,18 +15,18 @@ from pathlib import Path
 import pytest
 from mpi4py import MPI
 
-from plexgt.data.runtime import Comm
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import RmatSource
 from plexgt.data.verify import verify
+from plexgt.distributed.hostcomm import HostComm
 from plexgt.distributed.mpiwait import arrive
 from plexgt.errors import DataError
 from tests.datagen import small_graph
 
 from .conftest import ALL_GRIDS
 
-COMM = Comm(MPI.COMM_WORLD)
+COMM = HostComm(MPI.COMM_WORLD)
 pytestmark = [
     pytest.mark.timeout(120),
     # 2, 3 (uneven) and 4 ranks cover the split (the small files leave ranks owning nothing

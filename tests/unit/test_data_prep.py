@@ -191,7 +191,7 @@ def test_verify_detects_corruption(prepared, tmp_path):
 def test_verify_detects_broken_partner_with_valid_checksums(prepared, tmp_path):
     import shutil
 
-    from plexgt.data.runtime import sha256_file
+    from plexgt.util.files import sha256_file
 
     _, out, *_ = prepared
     bad = tmp_path / "bad"

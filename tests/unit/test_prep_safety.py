@@ -15,10 +15,10 @@ import pytest
 from plexgt.cli import main
 from plexgt.data import prep_stages, shard
 from plexgt.data.prep_run import PrepRun
-from plexgt.data.runtime import Comm
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.verify import verify
+from plexgt.distributed.hostcomm import HostComm
 from plexgt.errors import DataError
 from tests.datagen import small_graph, write_snap
 
@@ -374,7 +374,7 @@ def test_the_estimate_covers_what_prep_holds_at_its_peak(tmp_path, monkeypatch, 
     src = MemorySource(g)
     src.random_access_features = not streamed  # streamed: feature rows go through buckets
     opts = PrepOptions(out=tmp_path / "o", tiles=3, progress=False, sparse_features=sparse)
-    need = shard.prep_bytes(PrepRun.create(src, opts, Comm(None)))
+    need = shard.prep_bytes(PrepRun.create(src, opts, HostComm(None)))
     prepare(src, opts)
     assert peak and need >= peak[0], (need, peak)
     assert need < 3 * peak[0] + (1 << 20)  # an estimate, not a blanket refusal

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import sys
 
-from plexgt.data.runtime import Progress
+from plexgt.util.progress import Progress
 
 
 class _Tty(io.StringIO):

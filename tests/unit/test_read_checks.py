@@ -29,12 +29,12 @@ from plexgt.data.loader import (
     read_row_block,
     read_targets,
 )
-from plexgt.data.runtime import sha256_file
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.verify import verify
 from plexgt.distributed.grid import Grid3D
 from plexgt.errors import DataError
+from plexgt.util.files import sha256_file
 from tests.datagen import small_graph
 
 pytestmark = pytest.mark.timeout(300)

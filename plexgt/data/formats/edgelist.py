@@ -38,9 +38,9 @@ from plexgt.data.formats.spec import (
     option,
 )
 from plexgt.data.graph import first_id_error
-from plexgt.data.runtime import Comm
 from plexgt.data.source import CountedEdgeSource, GraphSource
 from plexgt.data.textio import BOM, has_mtx_banner, iter_blocks, parse, read_head, strip_comment
+from plexgt.distributed.hostcomm import HostComm
 from plexgt.errors import DataError
 
 DELIMITERS = {"comma": ",", "tab": "\t", "space": None}
@@ -161,7 +161,7 @@ class EdgeListSource(CountedEdgeSource):
     comments = COMMENTS
 
     def __init__(self, path: str | Path, layout: EdgeListLayout, num_nodes: int | None = None,
-                 comm: Comm | None = None, chunk_edges: int = 1 << 21,
+                 comm: HostComm | None = None, chunk_edges: int = 1 << 21,
                  count_degrees: bool = False) -> None:
         self.layout = layout
         super().__init__(path, num_nodes, comm, chunk_edges, count_degrees, LINE_BYTES)
@@ -216,7 +216,7 @@ def _recognise(probe: Probe) -> bool:
     return not probe.is_dir and probe.stem.endswith(EDGE_LIST_SUFFIXES)
 
 
-def _open(args: argparse.Namespace, comm: Comm | None) -> GraphSource:
+def _open(args: argparse.Namespace, comm: HostComm | None) -> GraphSource:
     layout = detect_layout(args.input, args.delimiter, args.header, args.one_based)
     table = None
     if args.node_table is not None:

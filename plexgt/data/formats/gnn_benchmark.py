@@ -21,8 +21,8 @@ import scipy.sparse as sp
 from plexgt.data.formats.spec import FormatSpec, Probe
 from plexgt.data.graph import GraphData, class_ids, integer_ids
 from plexgt.data.npzio import NPZ_ERRORS, require_arrays
-from plexgt.data.runtime import Comm
 from plexgt.data.source import GraphSource, MemorySource
+from plexgt.distributed.hostcomm import HostComm
 from plexgt.errors import DataError
 
 CSR_KEYS = frozenset({"adj_data", "adj_indices", "adj_indptr"})
@@ -126,7 +126,7 @@ def _recognise(probe: Probe) -> bool:
     return probe.holds_match("reddit_*.npz") or CSR_KEYS <= probe.npz_keys
 
 
-def _open(args: argparse.Namespace, comm: Comm | None) -> GraphSource:
+def _open(args: argparse.Namespace, comm: HostComm | None) -> GraphSource:
     files = sorted(args.input.glob("*.npz")) if args.input.is_dir() else [args.input]
     return MemorySource(read_gnn_benchmark(args.input), files)
 

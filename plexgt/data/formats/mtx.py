@@ -21,7 +21,6 @@ import numpy as np
 
 from plexgt.data.formats.spec import FormatSpec, Probe
 from plexgt.data.graph import GraphData, first_id_error
-from plexgt.data.runtime import Comm
 from plexgt.data.source import GraphSource, TextEdgeSource, collect_edges
 from plexgt.data.textio import (
     BLOCK_BYTES,
@@ -33,6 +32,7 @@ from plexgt.data.textio import (
     parse,
     read_errors,
 )
+from plexgt.distributed.hostcomm import HostComm
 from plexgt.errors import DataError
 
 _FIELDS = {"pattern": 2, "real": 3, "integer": 3, "double": 3, "complex": 4}
@@ -164,7 +164,7 @@ def _recognise(probe: Probe) -> bool:
     return not probe.is_dir and (probe.stem.endswith(".mtx") or has_mtx_banner(probe.head))
 
 
-def _open(args: argparse.Namespace, comm: Comm | None) -> GraphSource:
+def _open(args: argparse.Namespace, comm: HostComm | None) -> GraphSource:
     return MtxSource(args.input)
 
 

@@ -29,8 +29,8 @@ import numpy as np
 from plexgt.data.formats.spec import FormatSpec, Probe, option
 from plexgt.data.graph import GraphData, integer_ids, node_labels
 from plexgt.data.npzio import NPZ_ERRORS
-from plexgt.data.runtime import Comm
 from plexgt.data.source import GraphSource, MemorySource
+from plexgt.distributed.hostcomm import HostComm
 from plexgt.errors import DataError
 
 EDGE_KEYS = ("edges", "edge_index")
@@ -163,7 +163,7 @@ def _recognise(probe: Probe) -> bool:
     return is_edge_npz(probe.npz_keys)
 
 
-def _open(args: argparse.Namespace, comm: Comm | None) -> GraphSource:
+def _open(args: argparse.Namespace, comm: HostComm | None) -> GraphSource:
     return MemorySource(read_edge_npz(args.input, args.split_index or 0), [args.input])
 
 

@@ -26,7 +26,6 @@ import numpy as np
 from plexgt.data.formats.spec import FormatSpec, Probe, option
 from plexgt.data.graph import GraphData, first_id_error, node_labels
 from plexgt.data.npzio import NpzArray, npz_keys, require_arrays
-from plexgt.data.runtime import Comm
 from plexgt.data.source import (
     GraphSource,
     TextEdgeSource,
@@ -47,6 +46,7 @@ from plexgt.data.textio import (
     parse,
     read_all_rows,
 )
+from plexgt.distributed.hostcomm import HostComm
 from plexgt.errors import DataError
 
 SPLIT_KEYS = ("train", "valid", "test")
@@ -414,7 +414,7 @@ def _recognise(probe: Probe) -> bool:
     return probe.holds("raw/data.npz", "raw/edge.csv.gz")
 
 
-def _open(args: argparse.Namespace, comm: Comm | None) -> GraphSource:
+def _open(args: argparse.Namespace, comm: HostComm | None) -> GraphSource:
     return open_ogb(args.input, args.split)
 
 

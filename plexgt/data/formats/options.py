@@ -15,8 +15,8 @@ from typing import Any
 
 from plexgt.data.formats.detect import detect_format
 from plexgt.data.formats.spec import AUTO, FormatOption, FormatRegistry, FormatSpec
-from plexgt.data.runtime import Comm
 from plexgt.data.source import GeneratedFeatures, GraphSource
+from plexgt.distributed.hostcomm import HostComm
 from plexgt.errors import UsageError
 
 
@@ -105,7 +105,7 @@ def resolve(args: argparse.Namespace, formats: FormatRegistry) -> FormatSpec:
 
 
 def open_source(args: argparse.Namespace, formats: FormatRegistry,
-                comm: Comm | None = None) -> GraphSource:
+                comm: HostComm | None = None) -> GraphSource:
     """The source of the run's ``--format`` and options; ``comm`` may split a counting pass."""
     spec = resolve(args, formats)
     check_options(args, spec, formats)

@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 
 from plexgt.data.formats.spec import EDGE_FEATURES, EDGES, NODES, FormatSpec
-from plexgt.data.runtime import Comm
 from plexgt.data.source import GraphSource
 from plexgt.data.synthetic import RmatSource
+from plexgt.distributed.hostcomm import HostComm
 from plexgt.errors import UsageError
 
 
-def _open(args: argparse.Namespace, comm: Comm | None) -> GraphSource:
+def _open(args: argparse.Namespace, comm: HostComm | None) -> GraphSource:
     if args.nodes is None or args.edges is None:
         raise UsageError("--format rmat needs --nodes and --edges")
     return RmatSource(args.nodes, args.edges, args.seed, edge_features=args.edge_features or 0)

@@ -6,16 +6,16 @@ from __future__ import annotations
 import argparse
 
 from plexgt.data.formats.spec import EDGE_FEATURES, EDGES, NODES, FormatSpec
-from plexgt.data.runtime import Comm
 from plexgt.data.source import GraphSource, MemorySource
 from plexgt.data.synthetic import sbm
+from plexgt.distributed.hostcomm import HostComm
 
 _PARAMETERS = (("num_nodes", "nodes"), ("num_edges", "edges"), ("num_classes", "classes"),
                ("num_features", "features"), ("edge_features", "edge_features"))
 """sbm's keyword -> prep's option (an option left out keeps sbm's default)."""
 
 
-def _open(args: argparse.Namespace, comm: Comm | None) -> GraphSource:
+def _open(args: argparse.Namespace, comm: HostComm | None) -> GraphSource:
     kw = {k: getattr(args, a) for k, a in _PARAMETERS if getattr(args, a)}
     return MemorySource(sbm(seed=args.seed, **kw))
 

@@ -27,9 +27,9 @@ import numpy as np
 
 from plexgt.data.formats.spec import EDGE_LIST_SUFFIXES, NODES, FormatSpec, Probe
 from plexgt.data.graph import GraphData, first_id_error
-from plexgt.data.runtime import Comm
 from plexgt.data.source import CountedEdgeSource, GraphSource, check_edge_total, collect_edges
 from plexgt.data.textio import BLOCK_BYTES, has_mtx_banner, iter_blocks, parse, read_head
+from plexgt.distributed.hostcomm import HostComm
 from plexgt.errors import DataError
 
 _HEADER = re.compile(rb"^#.*?Nodes:\s*(\d+)\s+Edges:\s*(\d+)", re.MULTILINE)
@@ -70,7 +70,7 @@ class SnapSource(CountedEdgeSource):
     :class:`~plexgt.data.source.CountedEdgeSource`: the counting pass, split over ``comm``,
     and the degrees it can count on the way); N and E may come from its header."""
 
-    def __init__(self, path: str | Path, num_nodes: int | None = None, comm: Comm | None = None,
+    def __init__(self, path: str | Path, num_nodes: int | None = None, comm: HostComm | None = None,
                  chunk_edges: int = 1 << 21, count_degrees: bool = False) -> None:
         self.claimed_n, self.claimed_e = _claims(Path(path))
         super().__init__(path, num_nodes, comm, chunk_edges, count_degrees, LINE_BYTES)
@@ -99,7 +99,7 @@ def _recognise(probe: Probe) -> bool:
     return b"Nodes:" in head and head.lstrip().startswith(b"#")
 
 
-def _open(args: argparse.Namespace, comm: Comm | None) -> GraphSource:
+def _open(args: argparse.Namespace, comm: HostComm | None) -> GraphSource:
     return SnapSource(args.input, args.nodes, comm=comm, chunk_edges=args.chunk_edges,
                       count_degrees=args.permutation == "degree")
 

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from plexgt.data.npzio import npz_keys
-from plexgt.data.runtime import Comm
 from plexgt.data.source import GraphSource
 from plexgt.data.textio import read_head
+from plexgt.distributed.hostcomm import HostComm
 
 AUTO = "auto"
 """The ``--format`` that asks the registry's recognisers; no format may take the name."""
@@ -147,9 +147,10 @@ class FormatSpec:
     name: str
     description: str
     """One line for ``--help``."""
-    open: Callable[[argparse.Namespace, Comm | None], GraphSource]
+    open: Callable[[argparse.Namespace, HostComm | None], GraphSource]
     """The source, from prep's parsed arguments (only the options it reads are set) and the
-    ranks (a :class:`~plexgt.data.runtime.Comm` that a counting pass may split; or None)."""
+    ranks (a :class:`~plexgt.distributed.hostcomm.HostComm` that a counting pass may split;
+    or None)."""
     input: str | None = None
     """What ``--input`` names for it, for ``--help``; None: it takes no input (a generator)."""
     recognise: Callable[[Probe], bool] | None = None

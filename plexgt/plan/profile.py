@@ -223,6 +223,9 @@ def read_profile(path: Path | str) -> dict[str, Any]:
         prof = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
         raise ValueError(f"{path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a text file (byte {e.start} is not UTF-8); a profile "
+                         f"is the JSON plexgt profile writes") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
     return check_profile(prof, str(path))

@@ -429,3 +429,9 @@ def test_a_profile_with_an_impossible_number_is_refused(tmp_path, capsys, where,
     bad.write_text(json.dumps(prof))
     assert main([*SMALL, "--profile", str(bad)]) == 0
 
+
+def test_a_binary_profile_is_one_line_naming_the_file(tmp_path, capsys):
+    bad = tmp_path / "system.json"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary")
+    err = _one_line_error(capsys, [*SMALL, "--profile", str(bad)])
+    assert str(bad) in err and "not a text file" in err

@@ -204,6 +204,11 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--ring-chunks {args.ring_chunks}: plan prices at most "
                          f"{MAX_RING_CHUNKS} pieces a K/V block (each piece is one more "
                          f"message per ring step to price, and latency-bound far sooner)")
+    named = [x.strip() for x in (args.strategies or "").split(",") if x.strip()]
+    if args.head_parallel > 1 and (args.model == "gcn" or named and "gp_2d" not in named):
+        raise UsageError(f"--head-parallel {args.head_parallel} would be ignored: "
+                         + ("gcn has no attention" if args.model == "gcn" else
+                            f"--strategies {args.strategies} has no head axis (gp_2d has)"))
     if args.model != "gcn" and args.hidden % args.heads:
         raise UsageError(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
 

@@ -349,6 +349,7 @@ def _one_line_error(capsys, argv: list[str]) -> str:
     ("--classes", "0", "the task has no class"),
     ("--features", "-3", "--features must be >= 0"),
     ("--nodes", str(2**63), "must fit int64 indices"),
+    ("--head-parallel", "2", "--head-parallel 2 would be ignored: gcn has no attention"),
 ])
 def test_plan_refuses_what_it_cannot_price_in_one_line(capsys, flag, value, msg):
     """Sizes the search cannot price in seconds (10⁶ ranks ran past two minutes), numbers no
@@ -435,3 +436,9 @@ def test_a_binary_profile_is_one_line_naming_the_file(tmp_path, capsys):
     bad.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary")
     err = _one_line_error(capsys, [*SMALL, "--profile", str(bad)])
     assert str(bad) in err and "not a text file" in err
+
+
+def test_plan_head_axis_without_gp_2d_is_refused(capsys):
+    err = _one_line_error(capsys, ["plan", *PAPERS, "--world-size", "4", "--head-parallel",
+                                   "2", "--strategies", "gp_ring,gp_ag"])
+    assert "--strategies gp_ring,gp_ag has no head axis" in err

@@ -19,6 +19,7 @@ from typing import Any, get_type_hints
 
 from plexgt.distributed.grid import parse_grid
 from plexgt.errors import ConfigError, GridError
+from plexgt.parallel.attention.registry import default_registry
 from plexgt.plan.choose import STRATEGIES
 from plexgt.plan.profile import read_profile
 
@@ -288,6 +289,9 @@ def validate(cfg: TrainConfig) -> None:
     if m.super_nodes < 0 or (m.super_nodes and m.name == "gcn"):
         raise ConfigError(f"config key 'model.super_nodes': {m.super_nodes} must be >= 0, "
                           "and 0 for gcn (super nodes join attention: gt, gps)")
+    if m.node_embedding < 0:
+        raise ConfigError(f"config key 'model.node_embedding': {m.node_embedding} is negative "
+                          "(0: no embedding, D > 0: D learned columns)")
     for k in ("dropout", "input_dropout"):
         if not 0.0 <= getattr(m, k) < 1.0:
             raise ConfigError(f"config key 'model.{k}' must be in [0, 1)")
@@ -311,6 +315,12 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("config keys parallel.head_parallel, ring_chunks, "
                           "attention_block_rows, block_rows, memory_per_rank_gb must be >= 0 "
                           "(0: the plan's choice)")
+    if par.head_parallel > 1 and (m.name == "gcn" or par.strategy not in ("auto", "gp_2d")
+                                  and default_registry().get(par.strategy).head_axes is None):
+        what = "gcn has no attention" if m.name == "gcn" else \
+            f"parallel.strategy {par.strategy} has no head axis (gp_2d has)"
+        raise ConfigError(f"config key 'parallel.head_parallel': {par.head_parallel} would be "
+                          f"ignored: {what}")
     if cfg.parallel.grid != "auto":
         try:
             parse_grid(cfg.parallel.grid)

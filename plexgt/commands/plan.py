@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -92,9 +93,35 @@ def _manifest(path: Path, embedding: int = 0) -> tuple[GraphSizes, str]:
     pg = PreparedGraph(path)  # refuses directories without a manifest
     name = pg.manifest.get("name", str(path))
     pg.close()
-    if pg.N < 1 or pg.E < 0:
-        raise DataError(f"{path}: manifest has N={pg.N}, E={pg.E}")
+    problem = graph_problem(pg.N, pg.E, pg.F + embedding, max(1, pg.C))
+    if problem:
+        raise DataError(f"{path}: manifest has N={pg.N}, E={pg.E}, F={pg.F}: {problem}"
+                        + (" (a featureless graph plans with --node-embedding)"
+                           if pg.F + embedding < 1 else ""))
     return graph_sizes(pg, embedding), name
+
+
+INDEX_LIMIT = 2**63
+"""Nodes and stored edges must fit the int64 indices prep writes and training reads."""
+
+
+def graph_problem(n: int, e: int, features: int, classes: int) -> str:
+    """What makes these sizes a graph no run can have ('' when none): no nodes, no edges,
+    more edges than node pairs (E counts stored entries of the N x N pattern, so E <= N²),
+    no input or no class, or counts past int64."""
+    if n < 1:
+        return "a graph needs nodes (N >= 1)"
+    if max(n, e) >= INDEX_LIMIT:
+        return "N and E must fit int64 indices (< 2^63)"
+    if e < 1:
+        return "a graph with no edges has nothing to aggregate or attend over (E >= 1)"
+    if e > n * n:
+        return f"E > N² = {n * n}: an N-node pattern holds at most N² entries"
+    if features < 1:
+        return "the input has no feature (F >= 1)"
+    if classes < 1:
+        return "the task has no class (C >= 1)"
+    return ""
 
 
 def load_profile(path: Path | None) -> dict[str, Any] | None:
@@ -108,6 +135,21 @@ def load_profile(path: Path | None) -> dict[str, Any] | None:
 
 
 SIZE_FLAGS = ("nodes", "edges", "features", "classes")
+MAX_WORLD_SIZE = 8192
+"""The most ranks plan searches. Its search prices every factorisation of every scale
+1..P: 72,003 grids at P = 2048 (5.5 s on the benchmark's 2-core VM, under the 10 s target),
+390,836 at 8192 (41 s on that VM shared with other jobs), 896,188 at 16384 (92 s), and past
+that listing the factorisations alone grows faster than P² (65536: 377 s before any pricing;
+10⁶ never ends). 8192 covers Perlmutter's whole GPU partition (7,168 GPUs)."""
+MAX_RANK_LAYERS = MAX_WORLD_SIZE * 3
+"""The most ranks x layers plan prices: every configuration is priced layer by layer, so
+the search's time grows with both (1,000 gcn layers on 64 ranks took 97 s); 8192 ranks of
+the benchmark's 3 layers is the bound, 2048 ranks may have 12 layers, 64 ranks 384."""
+MAX_RING_CHUNKS = 16
+"""The most pieces a K/V block travels in that plan prices: the ring's cost lists one
+message per piece and step, so the search's time grows with them (gt on papers100M at
+P = 2048: 2.3 s with the search's own 1, 2 and 4 pieces, 4.9 s with 16, 21 s with 64); a
+block cut finer sends latency-bound messages."""
 
 
 def _sizes(args: argparse.Namespace) -> tuple[GraphSizes, str]:
@@ -121,11 +163,13 @@ def _sizes(args: argparse.Namespace) -> tuple[GraphSizes, str]:
         missing = [f"--{f}" for f in SIZE_FLAGS if f not in given]
         raise UsageError(f"give --data, or all of --nodes --edges --features --classes "
                          f"(missing {' '.join(missing)})")
-    if args.nodes < 1 or args.edges < 0 or args.features < 0 or args.classes < 1 or \
-            args.features + args.node_embedding < 1:
-        raise UsageError(f"sizes must be positive: --nodes {args.nodes} --edges {args.edges} "
-                         f"--features {args.features} --classes {args.classes} "
-                         f"(--features 0 needs --node-embedding)")
+    problem = "--features must be >= 0" if args.features < 0 else graph_problem(
+        args.nodes, args.edges, args.features + args.node_embedding, args.classes)
+    if problem:
+        raise UsageError(f"--nodes {args.nodes} --edges {args.edges} --features "
+                         f"{args.features} --classes {args.classes}: {problem}"
+                         + (" (--features 0 needs --node-embedding)"
+                            if args.features + args.node_embedding < 1 else ""))
     return (GraphSizes(args.nodes, args.edges, args.features + args.node_embedding,
                        args.classes),
             f"N={args.nodes} E={args.edges}")
@@ -144,8 +188,27 @@ def _check(args: argparse.Namespace) -> None:
         v = getattr(args, name)
         if v < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be positive (got {v})")
-    if args.memory_per_rank is not None and not args.memory_per_rank > 0:
-        raise UsageError(f"--memory-per-rank must be positive (got {args.memory_per_rank})")
+    if args.memory_per_rank is not None and not 0 < args.memory_per_rank < math.inf:
+        raise UsageError(f"--memory-per-rank must be positive and finite, in GiB "
+                         f"(got {args.memory_per_rank})")
+    if args.world_size > MAX_WORLD_SIZE:
+        raise UsageError(f"--world-size {args.world_size}: plan searches at most "
+                         f"{MAX_WORLD_SIZE} ranks (its every-scale grid search grows faster "
+                         f"than P and takes minutes beyond)")
+    if args.world_size * args.layers > MAX_RANK_LAYERS:
+        raise UsageError(f"--world-size {args.world_size} x --layers {args.layers} = "
+                         f"{args.world_size * args.layers}: plan prices at most "
+                         f"{MAX_RANK_LAYERS} ranks x layers in about a minute (each "
+                         f"configuration is priced layer by layer at every scale)")
+    if args.ring_chunks > MAX_RING_CHUNKS:
+        raise UsageError(f"--ring-chunks {args.ring_chunks}: plan prices at most "
+                         f"{MAX_RING_CHUNKS} pieces a K/V block (each piece is one more "
+                         f"message per ring step to price, and latency-bound far sooner)")
+    named = [x.strip() for x in (args.strategies or "").split(",") if x.strip()]
+    if args.head_parallel > 1 and (args.model == "gcn" or named and "gp_2d" not in named):
+        raise UsageError(f"--head-parallel {args.head_parallel} would be ignored: "
+                         + ("gcn has no attention" if args.model == "gcn" else
+                            f"--strategies {args.strategies} has no head axis (gp_2d has)"))
     if args.model != "gcn" and args.hidden % args.heads:
         raise UsageError(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
 

@@ -10,8 +10,11 @@ bytes per rank with peak memory. One process, no MPI, no torch.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,26 +29,60 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="write the plot here (PNG)")
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The epochs of a metrics file; UsageError naming the file and line when it is not one."""
+NUMBER_PREFIXES = ("time_", "bytes_", "peak_mem_")
+"""Keys whose values the summary and the plot compute with, besides 'loss', 'lr' and each
+split's metric: numbers (NaN and infinities included: a ROC-AUC can be undefined, and a loss
+non-finite where the run stopped on it)."""
+
+
+def read_metrics(path: Path, note: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """The epochs of a metrics file; UsageError naming the file and line when it is not one.
+
+    A last line with no newline that is not JSON is what a run killed while writing leaves
+    (a killed run's metrics are normal input): it is skipped, and ``note`` says so."""
     try:
-        text = path.read_text()
+        data = path.read_bytes()
     except OSError as e:
         raise UsageError(f"{path}: {e.strerror or e}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"{path}: not a text file (byte {e.start} is not UTF-8); a metrics "
+                         "file is the JSONL plexgt train --metrics writes") from None
+    lines = text.splitlines()
     rows = []
-    for k, line in enumerate(text.splitlines(), 1):
+    for k, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             row = json.loads(line)
         except json.JSONDecodeError as e:
+            if k == len(lines) and not text.endswith(("\n", "\r")):
+                note(f"{path}: line {k} is cut short (a run killed while writing it); "
+                     "skipped")
+                continue
             raise UsageError(f"{path}: line {k}: not JSON ({e.msg})") from None
         if not isinstance(row, dict) or "epoch" not in row:
             raise UsageError(f"{path}: line {k}: not an epoch record (no 'epoch')")
+        check_types(row, f"{path}: line {k}")
         rows.append(row)
     if not rows:
         raise UsageError(f"{path}: no epochs")
     return rows
+
+
+def check_types(row: dict[str, Any], where: str) -> None:
+    """UsageError naming the key unless every value the report computes with has its type:
+    the epoch a whole number, the loss, rate, metrics, times, bytes and memory numbers."""
+    epoch = row["epoch"]
+    if isinstance(epoch, bool) or not isinstance(epoch, int):
+        raise UsageError(f"{where}: 'epoch' is {json.dumps(epoch)}, not a whole number")
+    metrics = {f"{s}_" for s in SPLITS}
+    for key, v in row.items():
+        if key in ("loss", "lr") or key.startswith(NUMBER_PREFIXES) or (
+                key.startswith(tuple(metrics)) and key.count("_") == 1):
+            if isinstance(v, bool) or not isinstance(v, (int, float)):
+                raise UsageError(f"{where}: {key!r} is {json.dumps(v)}, not a number")
 
 
 def metric_name(rows: list[dict[str, Any]]) -> str:
@@ -102,7 +139,8 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
         if f"{s}_{m}" in rows[0]:
             ax[0, 1].plot(ep, [r.get(f"{s}_{m}") for r in rows], label=s)
     ax[0, 1].set(title=m, xlabel="epoch")
-    ax[0, 1].legend()
+    if ax[0, 1].lines:  # a run with no metric (eval_every past its epochs) has no legend
+        ax[0, 1].legend()
     bottom = [0.0] * len(rows)
     for k in ("compute", "comm", "wait"):
         vals = [r.get(f"time_{k}", 0.0) for r in rows]
@@ -122,14 +160,16 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
         fig.savefig(tmp, dpi=90)
         tmp.replace(out)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only file system refuses even this
+            tmp.unlink(missing_ok=True)
         raise UsageError(f"--out {out}: {e.strerror or e}") from None
     finally:
         plt.close(fig)
 
 
 def run(args: argparse.Namespace) -> int:
-    rows = read_metrics(args.metrics)
+    rows = read_metrics(args.metrics, lambda m: print(f"plexgt report: note: {m}",
+                                                       file=sys.stderr, flush=True))
     print("\n".join(summary(rows)))
     if args.out is not None:
         plot(rows, args.out)

@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--deterministic", action="store_true", default=None)
     p.add_argument("--backend", choices=["auto", "nccl", "gloo"])
     p.set_defaults(accepts_overrides=True)
+    # no abbreviated flags: an override such as --metric=accuracy would otherwise be taken
+    # for --metrics (the metrics file 'accuracy'), and the metric key silently left as it was
+    p.allow_abbrev = False
     p.epilog = ("Any config key can be set as --key=value, dotted for tables: "
                 "--model.hidden=256 --optim.lr=0.005 --parallel.block_rows=4096")
 

@@ -17,6 +17,7 @@ one on the network's. Strided groups inside a node are priced as contiguous ones
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,6 +176,8 @@ def load_machine(spec: str | Path) -> Machine:
                 or (integer and not isinstance(node, int)):
             raise MachineError(f"{path}: {where} = {node!r} must be a positive "
                                f"{'integer' if integer else 'number'}")
+        if not math.isfinite(node):  # TOML reads inf, and 1e400 as inf
+            raise MachineError(f"{path}: {where} = {node!r} must be finite")
         return node
 
     def link(which: str) -> Link:

@@ -220,9 +220,12 @@ def fit_plexus_coefficients(kfits: dict[str, float], cfits: dict[str, dict[str, 
 def read_profile(path: Path | str) -> dict[str, Any]:
     """A system profile file, validated; ValueError naming the file and the problem."""
     try:
-        prof = json.loads(Path(path).read_text())
+        prof = json.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as e:
         raise ValueError(f"{path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not a text file (byte {e.start} is not UTF-8); a profile "
+                         f"is the JSON plexgt profile writes") from None
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
     return check_profile(prof, str(path))
@@ -237,7 +240,33 @@ def check_profile(prof: Any, where: str) -> dict[str, Any]:
     for key in ("kernel_fits", "collective_fits", "plexus"):
         if key not in prof:
             raise ValueError(f"{where}: profile has no {key!r}")
+    if not isinstance(prof["plexus"], dict):
+        raise ValueError(f"{where}: profile's 'plexus' is not a table of coefficients")
     for k, v in prof["plexus"].items():
-        if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                or v < 0:
             raise ValueError(f"{where}: plexus coefficient {k}={v!r} is not a finite number >= 0")
+    bad = _bad_number(prof, "")
+    if bad:
+        raise ValueError(f"{where}: {bad[0]} = {bad[1]!r} is not a finite number >= 0 (every "
+                         f"time, size and rate of a profile is)")
     return prof
+
+
+def _bad_number(node: Any, where: str) -> tuple[str, float] | None:
+    """The first number under ``node`` that no measurement gives (infinite, NaN or
+    negative: JSON readers take 1e400 as infinity), with its path; None when all are sane."""
+    if isinstance(node, dict):
+        items = ((f"{where}.{k}" if where else str(k), v) for k, v in node.items())
+    elif isinstance(node, list):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(node))
+    else:
+        if isinstance(node, (int, float)) and not isinstance(node, bool) and not (
+                math.isfinite(node) and node >= 0):
+            return where, node
+        return None
+    for path, v in items:
+        got = _bad_number(v, path)
+        if got:
+            return got
+    return None

@@ -33,6 +33,7 @@ from plexgt.parallel.plexus_loss import (
     parallel_scores,
 )
 from plexgt.plan.choose import gcn_dims
+from plexgt.tasks.limits import check_memory
 from plexgt.tasks.task import (
     AMP,
     DTYPES,
@@ -60,6 +61,7 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
     if pg.C < 1:
         raise ConfigError(f"{pg.path}: the prepared graph has no labels to train on")
     check_inputs(cfg, pg)
+    check_memory(cfg, pg, ctx.world_size, ctx.device)
     metric = task_metric(cfg, pg)
     rp = run_plan(cfg, pg, ctx.world_size, ctx.device)
     grid = rp.grid  # gcn's plan always has one

@@ -13,6 +13,7 @@ Tags group by kind: ``loss/train``, ``<metric>/<split>`` (``acc/valid``, ``rocau
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -55,9 +56,14 @@ class TensorBoardLog:
         path = Path(logdir)
         try:
             path.mkdir(parents=True, exist_ok=True)
+            # a file of our own, created and removed: the writer's thread would meet a
+            # directory it cannot write in with a traceback of its own, then raise in ours
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".plexgt-probe-"):
+                pass
+            self.writer = SummaryWriter(str(path), purge_step=start + 1 if start else None)
         except OSError as e:
-            raise ConfigError(f"config key 'tensorboard': {path}: {e.strerror or e}") from None
-        self.writer = SummaryWriter(str(path), purge_step=start + 1 if start else None)
+            raise ConfigError(f"config key 'tensorboard': {path}: cannot write there "
+                              f"({e.strerror or e})") from None
 
     def write(self, row: dict[str, Any]) -> None:
         for tag, value in scalars(row).items():

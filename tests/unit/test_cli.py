@@ -135,3 +135,47 @@ def test_prep_starts_without_torch():
                if line.startswith("import time:")}
     assert "plexgt.data.formats.registry" in modules
     assert not {m for m in modules if m.split(".")[0] == "torch"}
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory):
+    """A small class-labelled graph and a multi-label one, prepared."""
+    from plexgt.data.shard import PrepOptions, prepare
+    from plexgt.data.source import MemorySource
+    from plexgt.data.synthetic import sbm
+    from tests.datagen import multilabel
+
+    root = tmp_path_factory.mktemp("cli")
+    g = sbm(num_nodes=300, num_edges=3000, num_classes=4, num_features=8, seed=1)
+    prepare(MemorySource(g), PrepOptions(out=root / "sbm", progress=False))
+    prepare(MemorySource(multilabel(g, tasks=3)), PrepOptions(out=root / "ml", progress=False))
+    return root
+
+
+def _train_one_process(cwd, *argv: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PLEXGT_NO_MPI": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "plexgt", "train", "--model.hidden=16",
+                           "--epochs", "1", "--progress=false", *argv], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=240)
+
+
+@pytest.mark.parametrize("data,argv,msg", [
+    ("ml", ["--model", "gcn", "--metric=accuracy"],
+     "config key 'metric': {path}: metric accuracy needs class labels; the graph has 3 "
+     "multi-label tasks (use rocauc)"),
+    ("sbm", ["--model", "gcn", "--model.node_embedding=100000000"],
+     "config key 'model.node_embedding': 100000000 needs at least 480,000,000,000 bytes"),
+    ("sbm", ["--model", "gt", "--model.super_nodes=1000000000"],
+     "config key 'model.super_nodes': 1000000000 needs at least 2,656,000,000,000 bytes"),
+])
+def test_train_refuses_what_it_would_ignore_or_could_not_hold(graphs, tmp_path, data, argv,
+                                                              msg):
+    """--metric=accuracy was taken for an abbreviation of --metrics (a metrics file named
+    'accuracy', ROC-AUC reported as ever); 10⁸-10⁹ table rows ended in a MemoryError
+    traceback. Each is one line naming the key, exit 2, nothing written."""
+    path = graphs / data
+    r = _train_one_process(tmp_path, "--data", str(path), *argv)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1, r.stderr
+    assert err[0].startswith("plexgt train: error: " + msg.format(path=path)), err[0]
+    assert list(tmp_path.iterdir()) == []

@@ -36,6 +36,14 @@ def test_precedence_and_types(tmp_path):
     (["--model.ffn_mult=0"], "model.ffn_mult must be >= 1"),
     (["--model.name=gt", "--model.super_nodes=-1"], "'model.super_nodes': -1 must be >= 0"),
     (["--model.super_nodes=2"], "and 0 for gcn"),
+    (["--model.node_embedding=-5"], "config key 'model.node_embedding': -5 is negative"),
+    (["--model.name=gt", "--parallel.strategy=gp_ring", "--parallel.head_parallel=2"],
+     "config key 'parallel.head_parallel': 2 would be ignored: parallel.strategy gp_ring has "
+     "no head axis"),
+    (["--model.name=gps", "--parallel.strategy=gp_ag", "--parallel.head_parallel=4"],
+     "parallel.strategy gp_ag has no head axis"),
+    (["--parallel.head_parallel=2"], "'parallel.head_parallel': 2 would be ignored: gcn has "
+                                     "no attention"),
 ])
 def test_bad_values_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -119,3 +127,36 @@ def test_multilabel_roc_auc_is_ogbs_mean_over_tasks(tmp_path):
     with pytest.raises(ValueError, match="metric accuracy needs class labels; the graph has "
                                          "112 multi-label tasks"):
         resolve_metric("accuracy", 112, multilabel=True)
+
+
+def test_a_head_axis_is_kept_where_a_strategy_has_one():
+    """gp_2d, and 'auto' (which may choose gp_2d), take parallel.head_parallel; an axis of 1
+    is every strategy's (perf/validate_plan.py sets it so for the others)."""
+    for strategy, a in (("gp_2d", 2), ("auto", 2), ("gp_ring", 1), ("gp_a2a", 1)):
+        cfg = load_config(None, {}, ["--model.name=gt", f"--parallel.strategy={strategy}",
+                                     f"--parallel.head_parallel={a}"])
+        assert cfg.parallel.head_parallel == a
+
+
+@pytest.mark.parametrize("overrides,key,limit", [
+    (["--model.node_embedding=100000000"], "model.node_embedding", "physical memory"),
+    (["--model.name=gt", "--model.super_nodes=1000000000"], "model.super_nodes",
+     "physical memory"),
+    (["--model.node_embedding=1000000", "--parallel.memory_per_rank_gb=1"],
+     "model.node_embedding", "parallel.memory_per_rank_gb (1,073,741,824 bytes)"),
+])
+def test_a_table_no_rank_can_hold_is_refused_before_allocating(overrides, key, limit):
+    """10⁸ embedding columns or 10⁹ super nodes of a 400-node graph: one line naming the key
+    and the bytes, against the rank's limit or the machine's memory (a MemoryError traceback
+    in the first array before)."""
+    from types import SimpleNamespace
+
+    from plexgt.tasks.limits import check_memory
+
+    pg = SimpleNamespace(N=400)
+    cfg = load_config(None, {}, overrides)
+    with pytest.raises(ConfigError, match=f"config key '{key}': .* needs at least .* bytes a "
+                                          "rank on 2 rank") as e:
+        check_memory(cfg, pg, 2)
+    assert limit in str(e.value) and "\n" not in str(e.value)
+    check_memory(load_config(None, {}, ["--model.node_embedding=64"]), pg, 2)  # a sane one

@@ -323,3 +323,122 @@ def test_gcn_search_covers_every_scale_and_matches_full_enumeration(n, nnz, dims
     capped = search_gcn(n, nnz, dims, 4, coef, 24, memory_limit=limit)
     assert all(c.est.memory_bytes <= limit for c in capped.best_per_scale)
     assert 1 not in {c.scale for c in capped.best_per_scale}
+
+
+SMALL = ["plan", "--model", "gcn", "--nodes", "1000", "--edges", "20000", "--features", "16",
+         "--classes", "4", "--world-size", "4"]
+
+
+def _one_line_error(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("plexgt plan: error: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("flag,value,msg", [
+    ("--world-size", "1000000", "plan searches at most 8192 ranks"),
+    ("--world-size", "10000", "plan searches at most 8192 ranks"),
+    ("--layers", "100000", "--world-size 4 x --layers 100000 = 400000"),
+    ("--ring-chunks", "1000", "--ring-chunks 1000: plan prices at most 16 pieces"),
+    ("--memory-per-rank", "inf", "--memory-per-rank must be positive and finite"),
+    ("--memory-per-rank", "nan", "--memory-per-rank must be positive and finite"),
+    ("--edges", "0", "a graph with no edges"),
+    ("--edges", "1000001", "E > N² = 1000000"),
+    ("--nodes", "0", "a graph needs nodes"),
+    ("--classes", "0", "the task has no class"),
+    ("--features", "-3", "--features must be >= 0"),
+    ("--nodes", str(2**63), "must fit int64 indices"),
+    ("--head-parallel", "2", "--head-parallel 2 would be ignored: gcn has no attention"),
+])
+def test_plan_refuses_what_it_cannot_price_in_one_line(capsys, flag, value, msg):
+    """Sizes the search cannot price in seconds (10⁶ ranks ran past two minutes), numbers no
+    run has and graphs none can be are one line, exit 2, before any pricing."""
+    argv = list(SMALL)
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    else:
+        argv += [flag, value]
+    assert msg in _one_line_error(capsys, argv)
+
+
+def test_plan_at_the_largest_world_size_still_plans(capsys):
+    """The bound is a bound, not a ban: 8192 ranks (all of Perlmutter's GPUs and more) plan;
+    one strategy of one layer keeps the test quick (about a second of search)."""
+    from plexgt.commands.plan import MAX_WORLD_SIZE
+
+    assert main(["plan", "--model", "gt", "--nodes", "111059956", "--edges", "1615685872",
+                 "--features", "128", "--classes", "172", "--hidden", "128", "--heads", "8",
+                 "--layers", "1", "--strategies", "gp_ring", "--machine", "perlmutter",
+                 "--world-size", str(MAX_WORLD_SIZE)]) == 0
+    out = capsys.readouterr().out
+    assert f"search over every scale 1..{MAX_WORLD_SIZE}" in out
+    assert f"on {MAX_WORLD_SIZE} ranks (what train" in out
+
+
+def test_a_prepared_graph_with_no_edges_is_refused(prepared, tmp_path, capsys):
+    import shutil
+
+    copy = tmp_path / "sbm"
+    shutil.copytree(prepared, copy)
+    man = json.loads((copy / "manifest.json").read_text())
+    man["E"] = 0
+    (copy / "manifest.json").write_text(json.dumps(man))
+    err = _one_line_error(capsys, ["plan", "--data", str(copy), "--model", "gcn",
+                                   "--world-size", "2"])
+    assert str(copy) in err and "a graph with no edges" in err
+
+
+@pytest.mark.parametrize("value", ["1e400", "inf", "nan"])
+def test_a_machine_description_with_an_infinite_number_is_refused(tmp_path, capsys, value):
+    from plexgt.plan.machine import MACHINES_DIR
+
+    text = (MACHINES_DIR / "perlmutter.toml").read_text()
+    bad = tmp_path / "m.toml"
+    bad.write_text(text.replace("latency_us = ", f"latency_us = {value} # ", 1))
+    err = _one_line_error(capsys, [*SMALL, "--machine", str(bad)])
+    assert str(bad) in err and "latency_us" in err and ("must be finite" in err or
+                                                         "must be a positive number" in err)
+
+
+def _machine_profile() -> dict:
+    from plexgt.plan.machine import load_machine
+    from plexgt.plan.profile import FORMAT, VERSION
+
+    return {"format": FORMAT, "version": VERSION, **load_machine("perlmutter").profile(4)}
+
+
+@pytest.mark.parametrize("where,text", [
+    ("collective_fits.all_gather.2.latency_s", "1e400"),
+    ("kernel_fits.spmm_s_per_nnz_col", "NaN"),
+    ("kernel_fits.gemm_s_per_fma", "-1e-12"),
+    ("plexus.latency_s", "Infinity"),
+])
+def test_a_profile_with_an_impossible_number_is_refused(tmp_path, capsys, where, text):
+    prof = _machine_profile()
+    node = prof
+    *path, last = where.split(".")
+    for k in path:
+        node = node[k]
+    node[last] = "@@"
+    bad = tmp_path / "p.json"
+    bad.write_text(json.dumps(prof).replace('"@@"', text))
+    assert main([*SMALL, "--profile", str(bad)]) == 2  # the same profile unchanged plans:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(bad) in err[0] and where.split(".")[-1] in err[0]
+    node[last] = 1e-6
+    bad.write_text(json.dumps(prof))
+    assert main([*SMALL, "--profile", str(bad)]) == 0
+
+
+def test_a_binary_profile_is_one_line_naming_the_file(tmp_path, capsys):
+    bad = tmp_path / "system.json"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe binary")
+    err = _one_line_error(capsys, [*SMALL, "--profile", str(bad)])
+    assert str(bad) in err and "not a text file" in err
+
+
+def test_plan_head_axis_without_gp_2d_is_refused(capsys):
+    err = _one_line_error(capsys, ["plan", *PAPERS, "--world-size", "4", "--head-parallel",
+                                   "2", "--strategies", "gp_ring,gp_ag"])
+    assert "--strategies gp_ring,gp_ag has no head axis" in err

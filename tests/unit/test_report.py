@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 
@@ -47,3 +48,78 @@ def test_report_refuses_what_is_not_a_metrics_file(tmp_path, capsys):
     assert main(["report", str(tmp_path / "empty.jsonl"), "--out",
                  str(tmp_path / "x.png")]) == 2
     assert not (tmp_path / "x.png").exists()
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("plexgt report: error: "), err
+    return err[0]
+
+
+def test_a_binary_file_is_one_line_naming_it(tmp_path, capsys):
+    bad = tmp_path / "m.jsonl"
+    bad.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff binary")
+    assert main(["report", str(bad)]) == 2
+    err = _one_line(capsys)
+    assert str(bad) in err and "not a text file" in err
+
+
+@pytest.mark.parametrize("field,value,msg", [
+    ("loss", "abc", "line 3: 'loss' is \"abc\", not a number"),
+    ("epoch", None, "line 3: 'epoch' is null, not a whole number"),
+    ("epoch", 2.5, "line 3: 'epoch' is 2.5, not a whole number"),
+    ("valid_acc", None, "line 3: 'valid_acc' is null, not a number"),
+    ("time_epoch", [1], "line 3: 'time_epoch' is [1], not a number"),
+    ("peak_mem_bytes", True, "line 3: 'peak_mem_bytes' is true, not a number"),
+])
+def test_a_wrongly_typed_field_is_one_line_naming_the_key(tmp_path, capsys, field, value, msg):
+    m = _metrics(tmp_path / "m.jsonl")
+    rows = [json.loads(line) for line in m.read_text().splitlines()]
+    rows[2][field] = value
+    m.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["report", str(m)]) == 2
+    assert f"{m}: {msg}" in _one_line(capsys)
+
+
+def test_a_last_line_a_kill_cut_short_is_skipped_with_a_note(tmp_path, capsys):
+    m = _metrics(tmp_path / "m.jsonl")
+    text = m.read_text()
+    m.write_text(text + text.splitlines()[0][:25])  # a 6th line, cut mid-write
+    assert main(["report", str(m)]) == 0
+    got = capsys.readouterr()
+    assert got.err.strip() == (f"plexgt report: note: {m}: line 6 is cut short (a run killed "
+                               "while writing it); skipped")
+    assert got.out.startswith("5 epochs on 2 rank(s)")
+    m.write_text(text + text.splitlines()[0][:25] + "\n")  # ended: damage, not a kill
+    assert main(["report", str(m)]) == 2
+    assert "line 6: not JSON" in _one_line(capsys)
+
+
+def test_an_out_on_a_read_only_file_system_is_one_line(tmp_path, capsys, monkeypatch):
+    """A read-only file system refuses the plot and also the unlink of its temporary (EROFS,
+    even for a file that is not there: the cleanup raised inside the handler, a traceback).
+    Tests run as root, where chmod stops nothing: the refusal is monkeypatched."""
+    import errno
+    import pathlib
+
+    figure = pytest.importorskip("matplotlib.figure")
+
+    def refuse(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    monkeypatch.setattr(figure.Figure, "savefig", refuse)
+    monkeypatch.setattr(pathlib.Path, "unlink", refuse)
+    m = _metrics(tmp_path / "m.jsonl")
+    assert main(["report", str(m), "--out", str(tmp_path / "r.png")]) == 2
+    assert _one_line(capsys) == f"plexgt report: error: --out {tmp_path / 'r.png'}: Read-only " \
+                                "file system"
+
+
+def test_a_run_without_metrics_plots_without_a_warning(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    m = tmp_path / "m.jsonl"
+    m.write_text('{"epoch": 1, "loss": 1.0}\n{"epoch": 2, "loss": 0.5}\n')
+    with warnings.catch_warnings(record=True) as caught:  # printed to stderr outside pytest
+        warnings.simplefilter("always")
+        assert main(["report", str(m), "--out", str(tmp_path / "r.png")]) == 0
+    assert [str(w.message) for w in caught] == [] and capsys.readouterr().err == ""

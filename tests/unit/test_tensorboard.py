@@ -46,3 +46,21 @@ def test_an_unwritable_directory_is_a_one_line_config_error(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(ConfigError, match="config key 'tensorboard'.*file/tb"):
         TensorBoardLog(str(tmp_path / "file" / "tb"), start=0)
+
+
+def test_a_directory_it_cannot_write_in_is_a_one_line_config_error():
+    """A read-only directory (tests run as root, which chmod does not stop: sysfs refuses
+    every new file, as a read-only directory does a user): one line, no writer thread's
+    traceback (the writer's first flush raised FileNotFoundError / PermissionError)."""
+    import tempfile
+
+    from plexgt.errors import ConfigError
+
+    try:
+        with tempfile.NamedTemporaryFile(dir="/sys"):
+            pytest.skip("/sys takes new files here")
+    except OSError:
+        pass
+    with pytest.raises(ConfigError, match=r"config key 'tensorboard': /sys: cannot write "
+                                          r"there \(Permission denied\)"):
+        TensorBoardLog("/sys", start=0)

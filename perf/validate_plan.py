@@ -77,19 +77,18 @@ from perf.harness import (
     today,
     write_json,
 )
-from plexgt.config import load_config
 from plexgt.data.loader import PreparedGraph
 from plexgt.distributed.bootstrap import init_distributed, shutdown
 from plexgt.distributed.collectives import CommLedger
 from plexgt.distributed.grid import factorizations
 from plexgt.parallel.attention.registry import default_registry
-from plexgt.plan.choose import choose, gps_grid
+from plexgt.plan.choose import ModelShape, choose, gps_grid
+from plexgt.plan.knobs import load_config
 from plexgt.plan.plexus_cost import PROCESS_BASE_BYTES
 from plexgt.tasks import build_task
 from plexgt.tasks.task import (
     graph_sizes,
     machine_profile,
-    model_shape,
     plexus_coefficients_for,
     run_plan,
     system_model_for,
@@ -121,7 +120,7 @@ def configurations(data: Path, model: str, p: int, profile: Path) -> list[dict]:
     pg = PreparedGraph(data)
     cfg = _cfg(data, model, {}, profile)
     prof = machine_profile(cfg)
-    grid3 = gps_grid(graph_sizes(pg), model_shape(cfg), p, plexus_coefficients_for(prof))
+    grid3 = gps_grid(graph_sizes(pg), ModelShape.of(cfg), p, plexus_coefficients_for(prof))
     overs: list[dict] = [{}]
     if model == "gcn":
         overs += [{"parallel.grid": str(g)} for g in factorizations(p)]
@@ -151,7 +150,7 @@ def any_scale_choice(data: Path, model: str, profile: Path) -> str:
     cfg = _cfg(data, model, {}, profile)
     pg = PreparedGraph(data)
     prof = machine_profile(cfg)
-    rp = choose(graph_sizes(pg), model_shape(cfg), 4, system_model_for(prof),
+    rp = choose(graph_sizes(pg), ModelShape.of(cfg), 4, system_model_for(prof),
                 plexus_coefficients_for(prof), any_scale=True).plan
     pg.close()
     return f"{rp.label} on {rp.scale}"

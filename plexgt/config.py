@@ -4,6 +4,12 @@ Precedence: defaults < TOML file < command-line flags < ``--key=value`` override
 checked: an unknown key or a value of the wrong type is a one-line error naming it. The
 resolved configuration is logged by rank 0 and stored with every checkpoint (with its hash, so
 a resume under a different configuration is refused rather than silently mixed).
+
+Why this module imports nothing of plexgt but its errors: it is the bottom schema every layer
+reads (``plexgt train`` and ``plexgt plan`` build the same record from the same defaults).
+The checks that need a layer above it (a strategy the registry knows, a grid that parses, a
+profile that reads) are :func:`plexgt.plan.knobs.check_config`'s; :func:`read_config` here
+checks what the schema alone can.
 """
 
 from __future__ import annotations
@@ -17,11 +23,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from plexgt.distributed.grid import parse_grid
-from plexgt.errors import ConfigError, GridError
-from plexgt.parallel.attention.registry import default_registry
-from plexgt.plan.choose import STRATEGIES
-from plexgt.plan.profile import read_profile
+from plexgt.errors import ConfigError
+
+ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}
+"""Bytes per activation element of each ``dtype`` (bfloat16 keeps float32 master weights but
+its activations and their collectives are 2 bytes): the one table the planners' memory and
+traffic models and the task's memory check count with."""
 
 
 @dataclass(frozen=True)
@@ -74,21 +81,20 @@ class ParallelConfig:
     grid: str = "auto"
     """'auto' (the planner's choice) or 'GxxGyxGz' for 3D aggregation."""
     strategy: str = "auto"
-    """Attention strategy (gt, gps): 'auto' (AGP's choice), 'gp_ag' (node partition, K and V
-    all-gathered), 'gp_a2a' (head partition by all-to-all), 'gp_ring' (node partition, K and
-    V rotated around a ring) or 'gp_2d' (heads inside groups, a ring across them): the names
-    of plan and metrics."""
+    """Attention strategy (gt, gps): 'auto' (the plan's choice) or a name of the attention
+    registry (``plexgt plan --help`` lists them; docs/planner.md says how each splits the
+    work): the names of plan and metrics."""
     head_parallel: int = 0
-    """gp_2d: ranks a of the head axis (a divisor of the world size; consecutive ranks, so a
-    node's GPUs when a divides the GPUs per node); 0 = AGP's choice."""
+    """Strategies with a head axis: ranks a of that axis (a divisor of the world size;
+    consecutive ranks, so a node's GPUs when a divides the GPUs per node); 0 = the plan's."""
     ring_chunks: int = 0
-    """gp_ring / gp_2d: pieces each rank's K/V block travels in; c pieces hold 1/c of the
+    """Ring strategies: pieces each rank's K/V block travels in; c pieces hold 1/c of the
     block in flight for c times the messages. 0 = the plan's (1, or more where the memory
     per rank needs them)."""
     attention_block_rows: int = 0
-    """gp_ag / gp_a2a: query rows per attention block; blocked, a layer keeps the [h, rows]
-    log-sum-exp instead of the [h, E] probabilities and rebuilds scores in backward (one
-    more SDDMM for [h, E_block] of memory). 0 = the plan's (whole, or blocks where the
+    """Strategies without a ring: query rows per attention block; blocked, a layer keeps the
+    [h, rows] log-sum-exp instead of the [h, E] probabilities and rebuilds scores in backward
+    (one more SDDMM for [h, E_block] of memory). 0 = the plan's (whole, or blocks where the
     memory per rank needs them)."""
     block_rows: int = 0
     """Rows per aggregation block (overlap of SpMM and all-reduce); 0 = the plan's (the cost
@@ -158,6 +164,11 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @property
+    def esize(self) -> int:
+        """Bytes per activation element of ``dtype`` (:data:`ELEMENT_BYTES`)."""
+        return ELEMENT_BYTES[self.dtype]
+
     def computation(self) -> dict[str, Any]:
         """The keys that determine the computation: not paths, the epoch count (a run may be
         extended on resume), bookkeeping, or the layout (``parallel``: every grid, world size
@@ -178,11 +189,12 @@ class TrainConfig:
 CHOICES = {
     "metric": ("auto", "accuracy", "rocauc"),
     "model.name": ("gcn", "gt", "gps"),
-    "parallel.strategy": STRATEGIES,
     "parallel.gcn_order": ("auto", "aggregate_first", "gemm_first"),
     "parallel.backend": ("auto", "nccl", "gloo"),
-    "dtype": ("float32", "float64", "bfloat16"),
+    "dtype": tuple(ELEMENT_BYTES),
 }
+"""The keys whose values the schema lists (``parallel.strategy``'s are the attention
+registry's, checked by :func:`plexgt.plan.knobs.check_config`)."""
 
 
 def _coerce(key: str, typ: Any, value: Any) -> Any:
@@ -243,10 +255,12 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load_config(path: str | Path | None = None, flags: dict[str, Any] | None = None,
+def read_config(path: str | Path | None = None, flags: dict[str, Any] | None = None,
                 overrides: list[str] | None = None) -> TrainConfig:
     """Resolve a :class:`TrainConfig` from a TOML file, flags ({dotted key: value}) and
-    ``key=value`` override strings (dotted keys, e.g. ``model.hidden=256``)."""
+    ``key=value`` override strings (dotted keys, e.g. ``model.hidden=256``), checked as far as
+    the schema can (:func:`validate`); a run loads it through :func:`plexgt.plan.knobs.
+    load_config`, which adds the layout's checks."""
     tree: dict[str, Any] = {}
     if path:
         p = Path(path)
@@ -271,7 +285,7 @@ def load_config(path: str | Path | None = None, flags: dict[str, Any] | None = N
 
 
 def validate(cfg: TrainConfig) -> None:
-    """Value checks that types cannot express."""
+    """Value checks that types cannot express and the schema alone can make."""
     d = cfg.to_dict()
     for key, allowed in CHOICES.items():
         node: Any = d
@@ -315,22 +329,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("config keys parallel.head_parallel, ring_chunks, "
                           "attention_block_rows, block_rows, memory_per_rank_gb must be >= 0 "
                           "(0: the plan's choice)")
-    if par.head_parallel > 1 and (m.name == "gcn" or par.strategy not in ("auto", "gp_2d")
-                                  and default_registry().get(par.strategy).head_axes is None):
-        what = "gcn has no attention" if m.name == "gcn" else \
-            f"parallel.strategy {par.strategy} has no head axis (gp_2d has)"
+    if par.head_parallel > 1 and m.name == "gcn":
         raise ConfigError(f"config key 'parallel.head_parallel': {par.head_parallel} would be "
-                          f"ignored: {what}")
-    if cfg.parallel.grid != "auto":
-        try:
-            parse_grid(cfg.parallel.grid)
-        except GridError as e:
-            raise ConfigError(f"config key 'parallel.grid': {e}") from None
-    if cfg.parallel.profile:
-        try:
-            read_profile(cfg.parallel.profile)
-        except ValueError as e:
-            raise ConfigError(f"config key 'parallel.profile': {e}") from None
+                          "ignored: gcn has no attention")
 
 
 def to_toml(cfg: TrainConfig) -> str:

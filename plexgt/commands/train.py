@@ -7,12 +7,12 @@ import sys
 
 import torch
 
-from plexgt.config import load_config, to_toml
+from plexgt.config import to_toml
 from plexgt.distributed.agree import agreed
 from plexgt.distributed.bootstrap import init_distributed, shutdown
 from plexgt.distributed.collectives import CommLedger
 from plexgt.errors import UsageError
-from plexgt.plan.choose import STRATEGIES
+from plexgt.plan.knobs import load_config, strategy_choices
 from plexgt.tasks import build_task
 from plexgt.training.loop import train
 from plexgt.training.numerics import apply_numerics
@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", choices=["gcn", "gt", "gps"])
     p.add_argument("--config", help="TOML file of the run (see plexgt/config.py)")
     p.add_argument("--grid", help="auto or GxxGyxGz")
-    p.add_argument("--strategy", choices=list(STRATEGIES))
+    p.add_argument("--strategy", choices=strategy_choices())
     p.add_argument("--epochs", type=int)
     p.add_argument("--metrics", help="JSONL file of per-epoch metrics")
     p.add_argument("--tensorboard", metavar="DIR",

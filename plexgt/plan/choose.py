@@ -19,18 +19,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from plexgt.config import TrainConfig
 from plexgt.distributed.grid import Grid3D, check_world_size, parse_grid
 from plexgt.errors import ConfigError
 from plexgt.models.gcn import layer_widths
 from plexgt.parallel.attention.registry import default_registry
-from plexgt.parallel.attention.strategy import AttentionStrategy
+from plexgt.parallel.attention.strategy import AttentionStrategy, StrategyRegistry
 from plexgt.plan.agp import SystemModel, Workload, gcn_grid_for
 from plexgt.plan.plexus_cost import Coefficients
 from plexgt.plan.search import GcnSearch, search_gcn
 from plexgt.plan.search_attention import AttentionSearch, search_attention
-
-STRATEGIES = ("auto", "gp_ag", "gp_a2a", "gp_ring", "gp_2d")
-"""What ``parallel.strategy`` and ``--strategy`` accept: the registry's names, or AGP's pick."""
 
 
 @dataclass(frozen=True)
@@ -84,8 +82,17 @@ class ModelShape:
     trained_input: bool = False
     """The input is trained (a node embedding): gcn's layer 0 communicates its gradient."""
     attention_block_rows: int = 0
-    """gp_ag / gp_a2a: query rows per attention block; 0: the plan's (whole unless the
-    memory needs blocks)."""
+    """Strategies without a ring: query rows per attention block; 0: the plan's (whole unless
+    the memory needs blocks)."""
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> ModelShape:
+        """The planners' view of a run's configuration: the one place the config's model and
+        layout keys become a shape (``plexgt train`` and ``plexgt plan`` both come here)."""
+        m, par = cfg.model, cfg.parallel
+        return cls(m.name, m.hidden, m.layers, m.heads, m.ffn_mult, cfg.esize,
+                   par.gcn_order, par.block_rows or None, par.ring_chunks, m.super_nodes,
+                   m.node_embedding > 0, par.attention_block_rows)
 
 
 def gcn_dims(sizes: GraphSizes, shape: ModelShape) -> list[int]:
@@ -115,9 +122,10 @@ def workload(sizes: GraphSizes, shape: ModelShape, grid: Grid3D | None = None) -
                     feature_density=sizes.feature_density)
 
 
-def candidates(strategy: str) -> list[AttentionStrategy]:
+def candidates(strategy: str, registry: StrategyRegistry | None = None
+               ) -> list[AttentionStrategy]:
     """The strategies a choice may take: every registered one for 'auto', else that one."""
-    reg = default_registry()
+    reg = registry or default_registry()
     if strategy == "auto":
         return list(reg)
     if strategy not in reg:

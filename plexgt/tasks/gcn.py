@@ -32,7 +32,7 @@ from plexgt.parallel.plexus_loss import (
     parallel_cross_entropy,
     parallel_scores,
 )
-from plexgt.plan.choose import gcn_dims
+from plexgt.plan.choose import ModelShape, gcn_dims
 from plexgt.tasks.limits import check_memory
 from plexgt.tasks.task import (
     AMP,
@@ -42,7 +42,6 @@ from plexgt.tasks.task import (
     dataset_identity,
     dataset_name,
     graph_sizes,
-    model_shape,
     node_order,
     run_plan,
     task_metric,
@@ -68,7 +67,7 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
     check_grid(pg, grid, cfg.model.layers)
     dt = DTYPES[cfg.dtype]
     emb = cfg.model.node_embedding
-    sizes, shape = graph_sizes(pg, emb), model_shape(cfg)
+    sizes, shape = graph_sizes(pg, emb), ModelShape.of(cfg)
     lays = layer_layouts(grid, ctx.rank, pg.N, gcn_dims(sizes, shape), rp.gcn_order,
                          first_order="gemm_first" if pg.sparse_features else None)
     groups = build_groups(grid, ctx.rank, ctx.world_size, ctx.timeout)

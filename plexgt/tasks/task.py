@@ -33,7 +33,6 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.
 bfloat16 run keeps float32 masters and computes in bfloat16 under autocast (:data:`AMP`)."""
 AMP = {"bfloat16": torch.bfloat16}
 """Compute dtype of the mixed-precision ``dtype`` settings."""
-ACTIVATION_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}
 
 LossFn = Callable[[Tensor], Tensor]
 """loss(out) -> replicated scalar (mean cross-entropy over the training nodes; multi-label
@@ -130,21 +129,6 @@ def dataset_name(pg: PreparedGraph) -> str:
     return f"{pg.path} ({pg.manifest.get('name', '?')})"
 
 
-def esize_of(cfg: TrainConfig) -> int:
-    """Bytes per activation element of the configured dtype (what the planners' memory and
-    traffic models count)."""
-    return ACTIVATION_BYTES[cfg.dtype]
-
-
-def model_shape(cfg: TrainConfig) -> ModelShape:
-    """The planners' view of the configured model."""
-    m = cfg.model
-    return ModelShape(m.name, m.hidden, m.layers, m.heads, m.ffn_mult, esize_of(cfg),
-                      cfg.parallel.gcn_order, cfg.parallel.block_rows or None,
-                      cfg.parallel.ring_chunks, m.super_nodes, m.node_embedding > 0,
-                      cfg.parallel.attention_block_rows)
-
-
 def memory_limit(cfg: TrainConfig, device: torch.device | None = None) -> int | None:
     """Bytes one rank may use: parallel.memory_per_rank_gb, else the GPU's memory, else (CPU
     ranks) no limit."""
@@ -161,7 +145,7 @@ def run_plan(cfg: TrainConfig, pg: PreparedGraph, world_size: int,
     configured values, the plan's where they are left open. The same on every rank, since it
     reads only sizes, the config and the profile."""
     prof = machine_profile(cfg)
-    return choose(graph_sizes(pg, cfg.model.node_embedding), model_shape(cfg), world_size,
+    return choose(graph_sizes(pg, cfg.model.node_embedding), ModelShape.of(cfg), world_size,
                   system_model_for(prof), plexus_coefficients_for(prof),
                   memory_limit(cfg, device), cfg.parallel.strategy, cfg.parallel.grid,
                   cfg.parallel.head_parallel).plan

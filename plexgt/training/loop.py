@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from plexgt.config import TrainConfig, load_config, to_toml
+from plexgt.config import TrainConfig, read_config, to_toml
 from plexgt.distributed.agree import agreed
 from plexgt.distributed.bootstrap import DistContext
 from plexgt.errors import CheckpointError, ConfigError, TrainingError, mark_agreed
@@ -419,7 +419,7 @@ def _own_config(text: str) -> bool:
     if text.startswith(CONFIG_MARK):
         return True
     try:
-        return to_toml(load_config(None, dict(_dotted(tomllib.loads(text))))) == text
+        return to_toml(read_config(None, dict(_dotted(tomllib.loads(text))))) == text
     except (tomllib.TOMLDecodeError, ConfigError, ValueError, TypeError):
         return False
 

@@ -188,8 +188,8 @@ def test_sparse_features_train_the_dense_one_rank_curve(tmp_path):
 def test_gps_trains_on_the_gcn_path_agp_chooses(data, tmp_path):
     """gps with grid 'auto': the GCN path (1D, or 3D on the planner's grid) and strategy AGP
     predicts fastest, named in the metrics; an explicit grid runs the 3D path as given."""
-    from plexgt.config import load_config
     from plexgt.data.loader import PreparedGraph
+    from plexgt.plan.knobs import load_config
     from plexgt.tasks.task import run_plan
 
     for grid_arg in ("auto", "1x1x2"):

@@ -5,11 +5,11 @@ import os
 import pytest
 import torch
 
-from plexgt.config import load_config
 from plexgt.distributed import grid as grid_mod
 from plexgt.distributed.bootstrap import check_distinct_gpus, pick_gpu
 from plexgt.distributed.grid import build_groups, parse_grid
 from plexgt.errors import DeviceError
+from plexgt.plan.knobs import load_config
 from plexgt.training.numerics import CUBLAS_WORKSPACE, apply_numerics
 
 

@@ -19,10 +19,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
-from plexgt.config import load_config
 from plexgt.errors import CheckpointError, ConfigError
 from plexgt.models.gt import GraphTransformer
 from plexgt.parallel.rows1d import RowParallel
+from plexgt.plan.knobs import load_config
 from plexgt.training import checkpoint as ckpt
 from plexgt.training import dcp_safe, ownfiles
 from plexgt.training.loop import open_metrics

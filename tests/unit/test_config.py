@@ -6,8 +6,9 @@ import sys
 import numpy as np
 import pytest
 
-from plexgt.config import load_config, to_toml
+from plexgt.config import to_toml
 from plexgt.errors import ConfigError
+from plexgt.plan.knobs import load_config
 from plexgt.tasks.metrics import resolve_metric, roc_auc, task_roc_auc
 
 

@@ -12,7 +12,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from plexgt.config import load_config
 from plexgt.data.loader import PreparedGraph
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
@@ -21,6 +20,7 @@ from plexgt.distributed.bootstrap import DistContext
 from plexgt.distributed.collectives import CommLedger
 from plexgt.ops import attention_triton
 from plexgt.parallel.plexus3d import Plexus3DGCN
+from plexgt.plan.knobs import load_config
 from plexgt.tasks import build_task
 from plexgt.training import loop
 from tests.device_audit import DECLARED, DeviceAudit, DeviceMismatch, OnDevice

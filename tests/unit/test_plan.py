@@ -105,8 +105,8 @@ def test_profile_file_is_complete_and_feeds_both_planners(prepared, profile_json
 
 def test_training_config_plans_with_the_profile(prepared, profile_json, tmp_path):
     """parallel.profile feeds --grid auto and --strategy auto; a bad one is a one-line error."""
-    from plexgt.config import load_config
     from plexgt.errors import ConfigError
+    from plexgt.plan.knobs import load_config
     from plexgt.tasks.task import machine_profile, plexus_coefficients_for, run_plan
 
     pg = PreparedGraph(prepared)
@@ -185,10 +185,10 @@ def test_gps_grid_auto_takes_the_faster_gcn_path(prepared, strategy):
     1D and 3D on it; the faster is taken (an explicit grid is kept as given)."""
     from dataclasses import replace
 
-    from plexgt.config import load_config
     from plexgt.distributed.grid import Grid3D
     from plexgt.parallel.attention.registry import default_registry
     from plexgt.plan.agp import Workload, estimate, gcn_grid_for
+    from plexgt.plan.knobs import load_config
     from plexgt.tasks.task import run_plan
 
     pg = PreparedGraph(prepared)

@@ -1,0 +1,64 @@
+"""The run configuration as a run and a plan load it: the schema's checks
+(:func:`plexgt.config.read_config`) plus those that need the layers below the planner.
+
+Why here and not in :mod:`plexgt.config`: the config is the bottom schema every layer reads,
+so it cannot ask the attention registry which strategies exist, the grid which shapes parse,
+or the profile reader whether a file is a profile. ``plexgt train`` and ``plexgt plan`` both
+load through :func:`load_config`, so a value one refuses the other refuses too, in the same
+words.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from plexgt.config import TrainConfig, read_config
+from plexgt.distributed.grid import parse_grid
+from plexgt.errors import ConfigError, GridError
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.parallel.attention.strategy import StrategyRegistry
+from plexgt.plan.profile import read_profile
+
+
+def strategy_choices(registry: StrategyRegistry | None = None) -> tuple[str, ...]:
+    """What ``parallel.strategy`` accepts: 'auto' (the plan's pick) or a registered name."""
+    return ("auto", *(registry or default_registry()).names())
+
+
+def check_config(cfg: TrainConfig, registry: StrategyRegistry | None = None) -> None:
+    """ConfigError naming the key when the layout keys name what does not exist: a strategy
+    the registry lacks, a head axis the strategy has not, a grid that does not parse, a
+    profile that does not read."""
+    reg = registry or default_registry()
+    par = cfg.parallel
+    allowed = strategy_choices(reg)
+    if par.strategy not in allowed:
+        raise ConfigError(f"config key 'parallel.strategy': {par.strategy!r} is not one of "
+                          f"{', '.join(allowed)}")
+    if par.head_parallel > 1 and par.strategy != "auto" \
+            and reg.get(par.strategy).head_axes is None:
+        with_axis = [s.name for s in reg if s.head_axes is not None]
+        raise ConfigError(f"config key 'parallel.head_parallel': {par.head_parallel} would be "
+                          f"ignored: parallel.strategy {par.strategy} has no head axis "
+                          f"({', '.join(with_axis) or 'no strategy'} has)")
+    if par.grid != "auto":
+        try:
+            parse_grid(par.grid)
+        except GridError as e:
+            raise ConfigError(f"config key 'parallel.grid': {e}") from None
+    if par.profile:
+        try:
+            read_profile(par.profile)
+        except ValueError as e:
+            raise ConfigError(f"config key 'parallel.profile': {e}") from None
+
+
+def load_config(path: str | Path | None = None, flags: dict[str, Any] | None = None,
+                overrides: list[str] | None = None,
+                registry: StrategyRegistry | None = None) -> TrainConfig:
+    """A run's :class:`TrainConfig`: TOML file < flags ({dotted key: value}) < ``key=value``
+    overrides, every key checked by the schema and by :func:`check_config`."""
+    cfg = read_config(path, flags, overrides)
+    check_config(cfg, registry)
+    return cfg

@@ -60,6 +60,7 @@ import torch.distributed as dist
 from scipy.stats import mannwhitneyu, wilcoxon
 
 from perf import plan_score
+from perf.agp_algorithm3 import plan
 from perf.harness import (
     DATASETS_DIR,
     RESULTS_DIR,
@@ -84,7 +85,7 @@ from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.gt_dist import DistGraphTransformer
 from plexgt.parallel.rows1d import all_reduce_gradients, row_cross_entropy
-from plexgt.plan.agp import SystemModel, Workload, estimate, plan
+from plexgt.plan.agp import SystemModel, Workload, estimate
 from plexgt.tasks.attention import read_dist_graph, read_row_data
 
 REAL = ("computers", "cs", "physics")

@@ -21,9 +21,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from perf.agp_algorithm3 import plan
 from perf.harness import hardware, result_line, today, write_json
 from plexgt.parallel.attention.registry import default_registry
-from plexgt.plan.agp import plan
 from plexgt.plan.choose import GraphSizes, ModelShape, workload
 from plexgt.plan.profile import read_profile
 from plexgt.tasks.task import system_model_for

@@ -18,9 +18,10 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+from perf.agp_algorithm3 import plan
 from perf.harness import result_line, today, write_json
 from plexgt.parallel.attention.registry import default_registry
-from plexgt.plan.agp import SystemModel, Workload, plan
+from plexgt.plan.agp import SystemModel, Workload
 from plexgt.plan.machine import load_machine
 
 TABLE2 = {  # name: (N, E, M ms, SpMM ms, SDDMM ms), Lin et al. Table 2 (A100)

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from perf.agp_algorithm3 import plan
 from perf.harness import (
     RESULTS_DIR,
     JobFailed,
@@ -42,7 +43,7 @@ from perf.harness import (
     write_text,
 )
 from plexgt.parallel.attention.registry import default_registry
-from plexgt.plan.agp import SystemModel, plan
+from plexgt.plan.agp import SystemModel
 from plexgt.plan.choose import GraphSizes, ModelShape, workload
 from plexgt.plan.machine import load_machine
 from plexgt.plan.plexus_cost import Coefficients, rank_grids

@@ -1,18 +1,15 @@
-"""``plexgt plan``: predicted time and memory per rank of every strategy and scale, and a choice.
+"""``plexgt plan``: what ``plexgt train`` would run, on P ranks and on every scale up to P.
 
-gt / gps: the attention strategies (GP-AG, GP-A2A, GP-Ring, GP-2D at every head axis) x
-scales 1, 2, 4, ..., P, chosen by AGP (:mod:`plexgt.plan.agp`); for gps each scale s > 1 is
-priced with the GCN path in the 1D layout and 3D on the 3D planner's best grid of s ranks (as
-``plexgt train`` with ``parallel.grid = "auto"`` decides), one row each, the path shown. gcn:
-every Gx x Gy x Gz of P ranked by the 3D tensor-parallel cost model
-(:func:`plexgt.plan.plexus_cost.rank_grids`: what ``train --grid auto`` picks), then the
-search over every scale 1..P, grid, layer order and blocking
-(:func:`plexgt.plan.search.search_gcn`) with its fastest fitting configuration and
-time-memory frontier. Sizes come from the prepared directory's manifest (``--data``) or from
-``--nodes --edges --features --classes`` (plan papers100M before preparing it); machine
-coefficients from ``--profile`` (``plexgt profile``), from a machine description
-(``--machine perlmutter|frontier|dgx-a100|FILE.toml``, :mod:`plexgt.plan.machine`), or
-defaults. One process, no MPI.
+One chooser: every line it prints is a view of what :func:`plexgt.plan.choose.choose` priced,
+the search ``train --grid auto --strategy auto`` runs, and its exit status is that search's
+(0: a configuration fits on P ranks; 1: none does, with the least memory per rank any needs
+and the smallest world size that fits). The model comes from the same configuration loader
+as train's (:func:`plexgt.plan.knobs.load_config`: a ``--config`` TOML, these flags and
+``--key=value`` overrides, train's defaults and checks), so the two cannot disagree. Sizes
+come from a prepared directory's manifest (``--data``) or from ``--nodes --edges --features
+--classes`` (plan papers100M before preparing it); machine coefficients from ``--profile``
+(``plexgt profile``), a machine description (``--machine perlmutter|frontier|dgx-a100|
+FILE.toml``, :mod:`plexgt.plan.machine`), or defaults. One process, no MPI.
 """
 
 from __future__ import annotations
@@ -23,31 +20,56 @@ import math
 from pathlib import Path
 from typing import Any
 
+from plexgt.config import ELEMENT_BYTES, TrainConfig
 from plexgt.data.loader import PreparedGraph
-from plexgt.distributed.layout3d import layer_orders
 from plexgt.errors import ConfigError, DataError, UsageError
 from plexgt.parallel.attention.registry import default_registry
-from plexgt.plan.agp import format_plan, plan, scales_for
+from plexgt.parallel.attention.strategy import StrategyRegistry
 from plexgt.plan.choose import (
+    Choice,
     GraphSizes,
     ModelShape,
+    NothingFits,
     RunPlan,
     choose,
     gcn_dims,
-    gps_grid,
-    workload,
+    smallest_fitting_world,
 )
 from plexgt.plan.host import Host
+from plexgt.plan.knobs import load_config
 from plexgt.plan.machine import MachineError, load_machine, merge_profile
-from plexgt.plan.pareto import frontier
-from plexgt.plan.plexus_cost import Coefficients, rank_grids
 from plexgt.plan.profile import read_profile
 from plexgt.plan.search import GcnConfig, GcnSearch
 from plexgt.plan.search_attention import AttentionConfig
 from plexgt.tasks.task import graph_sizes, plexus_coefficients_for, system_model_for
 
-HELP = "Predict time and memory of each strategy and scale; choose one (AGP / Plexus)."
-ESIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2}
+HELP = "Predict time and memory per rank; choose the layout train would run (one search)."
+
+MODEL_FLAGS = {  # flag -> (config key, help): defaults are the config's, as train's
+    "model": ("model.name", "model (default: the config's, gcn)"),
+    "hidden": ("model.hidden", "hidden width d"),
+    "layers": ("model.layers", "layers (gcn) or blocks (gt, gps)"),
+    "heads": ("model.heads", "attention heads (gt, gps)"),
+    "ffn_mult": ("model.ffn_mult", "feed-forward width in units of d (gt, gps)"),
+    "super_nodes": ("model.super_nodes", "gt / gps: global super nodes"),
+    "node_embedding": ("model.node_embedding",
+                       "a learnable node embedding of D columns in the input: priced as D "
+                       "more input features"),
+    "dtype": ("dtype", "activation dtype"),
+    "strategy": ("parallel.strategy", "attention strategy, or auto"),
+    "grid": ("parallel.grid", "gcn / gps: GxxGyxGz, or auto"),
+    "head_parallel": ("parallel.head_parallel",
+                      "strategies with a head axis: its ranks a (default 0: every divisor "
+                      "of each scale)"),
+    "ring_chunks": ("parallel.ring_chunks",
+                    "ring strategies: pieces each K/V block travels in (default 0: the "
+                    "search's)"),
+    "attention_block_rows": ("parallel.attention_block_rows",
+                             "strategies without a ring: query rows per attention block "
+                             "(default 0: the search's)"),
+}
+INT_FLAGS = ("hidden", "layers", "heads", "ffn_mult", "super_nodes", "node_embedding",
+             "head_parallel", "ring_chunks", "attention_block_rows")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -57,34 +79,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--edges", type=int, help="stored edges E, self loops included")
     p.add_argument("--features", type=int, help="input features F")
     p.add_argument("--classes", type=int, help="classes C")
-    p.add_argument("--model", required=True, choices=["gcn", "gt", "gps"])
     p.add_argument("--world-size", required=True, type=int, help="ranks available (P)")
+    p.add_argument("--config", help="the run's TOML file (as train's): the model to price")
     p.add_argument("--profile", type=Path, help="system profile JSON from plexgt profile")
     p.add_argument("--machine", help="machine description: a shipped one (perlmutter, "
                    "frontier, dgx-a100) or a TOML file; memory per rank defaults to its GPUs'")
     p.add_argument("--memory-per-rank", type=float, metavar="GB",
                    help="memory per rank in GiB; what does not fit is never chosen")
-    p.add_argument("--hidden", type=int, default=64)
-    p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--heads", type=int, default=4, help="attention heads (gt, gps)")
-    p.add_argument("--ffn-mult", type=int, default=2)
-    p.add_argument("--dtype", default="float32", choices=sorted(ESIZE))
-    p.add_argument("--head-parallel", type=int, default=0,
-                   help="gp_2d: the head axis a (default: every divisor of each scale)")
-    p.add_argument("--ring-chunks", type=int, default=0,
-                   help="gp_ring / gp_2d: pieces each K/V block travels in (default 0: "
-                        "the search's; the table prices 1)")
-    p.add_argument("--attention-block-rows", type=int, default=0,
-                   help="gp_ag / gp_a2a: query rows per attention block (default 0: the "
-                        "search's; the table prices whole)")
-    p.add_argument("--super-nodes", type=int, default=0,
-                   help="gt / gps: global super nodes (model.super_nodes)")
-    p.add_argument("--node-embedding", type=int, default=0, metavar="D",
-                   help="a learnable node embedding of D columns in the input "
-                        "(model.node_embedding): priced as D more input features")
+    for flag, (_key, text) in MODEL_FLAGS.items():
+        opt = "--" + flag.replace("_", "-")
+        if flag == "model":
+            p.add_argument(opt, choices=["gcn", "gt", "gps"], help=text)
+        elif flag == "dtype":
+            p.add_argument(opt, choices=list(ELEMENT_BYTES), help=text)
+        else:
+            p.add_argument(opt, type=int if flag in INT_FLAGS else str, help=text,
+                           metavar="D" if flag == "node_embedding" else None)
     p.add_argument("--strategies", default=None,
-                   help="comma-separated attention strategies (default: all registered)")
-    p.add_argument("--json", type=Path, help="also write the table as JSON here")
+                   help="comma-separated attention strategies the search may take "
+                        "(default: every registered one)")
+    p.add_argument("--json", type=Path, help="also write what it printed as JSON here")
+    p.set_defaults(accepts_overrides=True)
+    p.allow_abbrev = False
+    p.epilog = ("Any config key can be set as --key=value, as for train "
+                "(--model.hidden=256 --parallel.ring_chunks=2); the defaults are train's.")
 
 
 def _manifest(path: Path, embedding: int = 0) -> tuple[GraphSizes, str]:
@@ -164,29 +182,42 @@ def _sizes(args: argparse.Namespace) -> tuple[GraphSizes, str]:
         raise UsageError(f"give --data, or all of --nodes --edges --features --classes "
                          f"(missing {' '.join(missing)})")
     problem = "--features must be >= 0" if args.features < 0 else graph_problem(
-        args.nodes, args.edges, args.features + args.node_embedding, args.classes)
+        args.nodes, args.edges, args.features + (args.node_embedding or 0), args.classes)
     if problem:
         raise UsageError(f"--nodes {args.nodes} --edges {args.edges} --features "
                          f"{args.features} --classes {args.classes}: {problem}"
                          + (" (--features 0 needs --node-embedding)"
-                            if args.features + args.node_embedding < 1 else ""))
-    return (GraphSizes(args.nodes, args.edges, args.features + args.node_embedding,
+                            if args.features + (args.node_embedding or 0) < 1 else ""))
+    return (GraphSizes(args.nodes, args.edges, args.features + (args.node_embedding or 0),
                        args.classes),
             f"N={args.nodes} E={args.edges}")
 
 
+def _config(args: argparse.Namespace, registry: StrategyRegistry) -> TrainConfig:
+    """The model and layout to price, loaded as train loads them (flags over ``--config``,
+    ``--key=value`` over both); a bad value is train's one line, as a usage error here."""
+    flags = {key: getattr(args, flag) for flag, (key, _) in MODEL_FLAGS.items()}
+    if args.memory_per_rank is not None:
+        flags["parallel.memory_per_rank_gb"] = args.memory_per_rank
+    try:
+        return load_config(args.config, flags, getattr(args, "overrides", []), registry)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+
+
 def _check(args: argparse.Namespace) -> None:
-    if args.node_embedding < 0:
+    """The flags' own bounds: what no run has, and what the search cannot price in seconds."""
+    ints = {f: getattr(args, f) for f in INT_FLAGS if getattr(args, f) is not None}
+    if ints.get("node_embedding", 0) < 0:
         raise UsageError(f"--node-embedding {args.node_embedding} is negative")
-    if min(args.head_parallel, args.ring_chunks, args.super_nodes,
-           args.attention_block_rows) < 0:
-        raise UsageError(f"--head-parallel, --ring-chunks, --attention-block-rows and "
-                         f"--super-nodes must be >= 0 (got {args.head_parallel}, "
-                         f"{args.ring_chunks}, {args.attention_block_rows}, "
-                         f"{args.super_nodes})")
+    four = [ints.get(f, 0) for f in ("head_parallel", "ring_chunks", "attention_block_rows",
+                                     "super_nodes")]
+    if min(four) < 0:
+        raise UsageError("--head-parallel, --ring-chunks, --attention-block-rows and "
+                         f"--super-nodes must be >= 0 (got {', '.join(map(str, four))})")
     for name in ("world_size", "hidden", "layers", "heads", "ffn_mult"):
         v = getattr(args, name)
-        if v < 1:
+        if v is not None and v < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be positive (got {v})")
     if args.memory_per_rank is not None and not 0 < args.memory_per_rank < math.inf:
         raise UsageError(f"--memory-per-rank must be positive and finite, in GiB "
@@ -195,28 +226,53 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(f"--world-size {args.world_size}: plan searches at most "
                          f"{MAX_WORLD_SIZE} ranks (its every-scale grid search grows faster "
                          f"than P and takes minutes beyond)")
-    if args.world_size * args.layers > MAX_RANK_LAYERS:
-        raise UsageError(f"--world-size {args.world_size} x --layers {args.layers} = "
-                         f"{args.world_size * args.layers}: plan prices at most "
+
+
+def _check_config(args: argparse.Namespace, cfg: TrainConfig) -> None:
+    """Bounds on what the configuration asks the search to price."""
+    m, par = cfg.model, cfg.parallel
+    if args.world_size * m.layers > MAX_RANK_LAYERS:
+        raise UsageError(f"--world-size {args.world_size} x --layers {m.layers} = "
+                         f"{args.world_size * m.layers}: plan prices at most "
                          f"{MAX_RANK_LAYERS} ranks x layers in about a minute (each "
                          f"configuration is priced layer by layer at every scale)")
-    if args.ring_chunks > MAX_RING_CHUNKS:
-        raise UsageError(f"--ring-chunks {args.ring_chunks}: plan prices at most "
+    if par.ring_chunks > MAX_RING_CHUNKS:
+        raise UsageError(f"--ring-chunks {par.ring_chunks}: plan prices at most "
                          f"{MAX_RING_CHUNKS} pieces a K/V block (each piece is one more "
                          f"message per ring step to price, and latency-bound far sooner)")
-    named = [x.strip() for x in (args.strategies or "").split(",") if x.strip()]
-    if args.head_parallel > 1 and (args.model == "gcn" or named and "gp_2d" not in named):
+    if m.name != "gcn" and m.hidden % m.heads:
+        raise UsageError(f"--hidden {m.hidden} is not divisible by --heads {m.heads}")
+
+
+def _registry(args: argparse.Namespace, base: StrategyRegistry) -> StrategyRegistry:
+    """The strategies the search may take: ``--strategies``' names of ``base``, or all."""
+    if not args.strategies:
+        return base
+    names = [x.strip() for x in args.strategies.split(",") if x.strip()]
+    reg = StrategyRegistry()
+    for s in names:
+        if s not in base:
+            raise UsageError(f"--strategies: unknown {s!r}; known: {', '.join(base.names())}")
+        reg.register(base.get(s))
+    if args.head_parallel and args.head_parallel > 1 and args.model != "gcn" \
+            and all(c.head_axes is None for c in reg):
         raise UsageError(f"--head-parallel {args.head_parallel} would be ignored: "
-                         + ("gcn has no attention" if args.model == "gcn" else
-                            f"--strategies {args.strategies} has no head axis (gp_2d has)"))
-    if args.model != "gcn" and args.hidden % args.heads:
-        raise UsageError(f"--hidden {args.hidden} is not divisible by --heads {args.heads}")
+                         f"--strategies {args.strategies} has no head axis ("
+                         + ", ".join(c.name for c in base if c.head_axes is not None)
+                         + " has)")
+    return reg
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> int:
+    """Plan on ``registry``'s strategies (default: the built-in ones), as train would."""
     _check(args)
+    reg = _registry(args, registry or default_registry())
+    cfg = _config(args, reg)
+    _check_config(args, cfg)
+    args.node_embedding = cfg.model.node_embedding
     sizes, name = _sizes(args)
-    prof = load_profile(args.profile)
+    prof = load_profile(args.profile or (Path(cfg.parallel.profile)
+                                         if cfg.parallel.profile else None))
     src = f"profile {args.profile}" if prof else "default coefficients (no --profile)"
     limit = None if args.memory_per_rank is None else int(args.memory_per_rank * 2**30)
     if args.machine:
@@ -229,25 +285,33 @@ def run(args: argparse.Namespace) -> int:
         limit = mach.memory_per_gpu_bytes if limit is None else limit
         src = (f"machine description {mach.name} ({mach.path}; a model projection, not a "
                "measurement)" + (f", overridden by profile {args.profile}" if measured else ""))
-    shape = ModelShape(args.model, args.hidden, args.layers, args.heads, args.ffn_mult,
-                       ESIZE[args.dtype], ring_chunks=args.ring_chunks,
-                       super_nodes=args.super_nodes, trained_input=args.node_embedding > 0,
-                       attention_block_rows=args.attention_block_rows)
-    print(f"{name}: {args.model} on up to {args.world_size} ranks, {src}")
+    shape = ModelShape.of(cfg)
+    m = cfg.model
+    print(f"{name}: {m.name} (hidden {m.hidden}, {m.layers} layers"
+          + (f", {m.heads} heads" if m.name != "gcn" else "") + f", {cfg.dtype}) on up to "
+          f"{args.world_size} ranks, {src}")
+    print("memory per rank: " + ("no limit" if limit is None else
+                                 f"at most {limit / 2**30:.2f} GiB"))
     node = Host.from_profile(prof)
     if node.device == "cpu":
         print(describe_node(node))
-    if args.model == "gcn":
-        table = _plan_gcn(args, sizes, shape, prof, limit)
-    else:
-        table = _plan_attention(args, sizes, shape, prof, limit)
-    table["search"] = _search(args, sizes, shape, prof, limit)
+    if m.name == "gcn":
+        print(f"layer widths {gcn_dims(sizes, shape)}, stored nonzeros {sizes.e}")
+    out = _search(args, cfg, sizes, shape, prof, limit, reg)
+    out.update(model=m.name, config=_model_fields(cfg))
     if args.json is not None:
         try:
-            args.json.write_text(json.dumps(table, indent=1) + "\n")
+            args.json.write_text(json.dumps(out, indent=1) + "\n")
         except OSError as e:
             raise UsageError(f"--json {args.json}: {e.strerror or e}") from None
-    return 0 if table.get("choice") else 1
+    return 0 if out.get("choice") else 1
+
+
+def _model_fields(cfg: TrainConfig) -> dict[str, Any]:
+    m = cfg.model
+    return {"name": m.name, "hidden": m.hidden, "layers": m.layers, "heads": m.heads,
+            "ffn_mult": m.ffn_mult, "super_nodes": m.super_nodes,
+            "node_embedding": m.node_embedding, "dtype": cfg.dtype}
 
 
 def describe_node(node: Host) -> str:
@@ -259,130 +323,114 @@ def describe_node(node: Host) -> str:
             f"{speed or 'none measured'}); slowdown of ranks at once: {kappa or 'none measured'}")
 
 
-def _plan_gcn(args: argparse.Namespace, sizes: GraphSizes, shape: ModelShape,
-              prof: dict[str, Any] | None, limit: int | None) -> dict[str, Any]:
-    coef = Coefficients.from_profile(prof)
-    dims = gcn_dims(sizes, shape)
-    nnz = sizes.e  # the stored pattern, self loops included (what train's grid choice prices)
-    ests = rank_grids(args.world_size, sizes.n, nnz, dims, shape.esize, coef, limit,
-                      input_grad=shape.trained_input, input_density=sizes.feature_density)
-    print(f"dims {dims}, nnz(Â) = {nnz}, layer orders {layer_orders(dims)}")
-    print(f"{'grid':<10} {'time s':>9} {'comm s':>9} {'compute s':>9} {'MB/rank':>9} "
-          f"{'mem GiB':>8} fits")
-    fits = [limit is None or e.memory_bytes <= limit for e in ests]
-    best = next((i for i, f in enumerate(fits) if f), None)
-    ok_i = [i for i, f in enumerate(fits) if f]
-    front = {ok_i[j] for j in frontier([ests[i] for i in ok_i], lambda e: e.time_s,
-                                       lambda e: e.memory_bytes)}
-    rows = []
-    for i, (e, ok) in enumerate(zip(ests, fits)):
-        mark = "   <- recommended" if i == best else "   (frontier)" if i in front else ""
-        print(f"{str(e.grid):<10} {e.time_s:>9.4f} {e.comm_s:>9.4f} {e.compute_s:>9.4f} "
-              f"{e.bytes_per_rank / 1e6:>9.2f} {e.memory_bytes / 2**30:>8.3f} "
-              f"{'yes' if ok else 'no'}{mark}")
-        rows.append({"grid": str(e.grid), "time_s": e.time_s, "comm_s": e.comm_s,
-                     "compute_s": e.compute_s, "bytes_per_rank": e.bytes_per_rank,
-                     "memory_bytes": e.memory_bytes, "fits": ok, "chosen": i == best,
-                     "frontier": i in front})
-    choice = None if best is None else str(ests[best].grid)
-    print("no grid fits the memory limit" if choice is None else f"choice: grid {choice}")
-    return {"model": "gcn", "rows": rows, "choice": choice}
-
-
-def _plan_attention(args: argparse.Namespace, sizes: GraphSizes, shape: ModelShape,
-                    prof: dict[str, Any] | None, limit: int | None) -> dict[str, Any]:
-    reg = default_registry()
-    names = reg.names() if not args.strategies else [s.strip() for s in
-                                                     args.strategies.split(",") if s.strip()]
-    for s in names:
-        if s not in reg:
-            raise UsageError(f"--strategies: unknown {s!r}; known: {', '.join(reg.names())}")
-    w = workload(sizes, shape)
-    sysm = system_model_for(prof)
-    scales = scales_for(args.world_size)
-    grids = None
-    if w.gcn:
-        coef = plexus_coefficients_for(prof)
-        grids = {s: gps_grid(sizes, shape, s, coef) for s in scales if s > 1}
-        print(f"GCN path: 1D (rows), or 3D on the 3D planner's grid for a {args.hidden} -> "
-              f"{args.hidden} layer: "
-              + (", ".join(f"{s} ranks {g}" for s, g in grids.items()) or "none (1 rank)"))
-    pl = plan(w, [reg.get(s) for s in names], scales, sysm, limit, grids, args.head_parallel)
-    lines = format_plan(pl)
-    print("\n".join(lines[:-1]))
-    fitting = [i for i, r in enumerate(pl.rows) if r.fits]
-    front = [fitting[j] for j in frontier([pl.rows[i] for i in fitting],
-                                          lambda r: r.est.time_s,
-                                          lambda r: r.est.memory["total"])]
-    print("Pareto frontier (no other fitting configuration is both faster and smaller): "
-          + ("; ".join(f"{pl.rows[i].est.label} on {pl.rows[i].est.scale}: "
-                       f"{pl.rows[i].est.time_s:.4g} s, "
-                       f"{pl.rows[i].est.memory['total'] / 2**30:.3g} GiB" for i in front)
-             or "none fits"))
-    print(lines[-1])
-    c = pl.choice
-    out: dict[str, Any] = {
-        "model": args.model, "k": pl.k,
-        "rows": [{"strategy": r.est.strategy, "label": r.est.label,
-                  "head_parallel": r.est.head_parallel, "scale": r.est.scale,
-                  "time_s": r.est.time_s,
-                  "alpha": r.est.alpha, "beta": r.est.beta, "comm_s": r.est.comm_s,
-                  "comm_bytes": r.est.comm_bytes, "memory": r.est.memory, "fits": r.fits,
-                  "passes": r.passes, "chosen": r.chosen, "why": r.why,
-                  "frontier": i in front,
-                  **(_gcn_fields(r.est) if w.gcn else {})} for i, r in enumerate(pl.rows)],
-        "choice": None if c is None else {"strategy": c.est.strategy, "scale": c.est.scale,
-                                          "head_parallel": c.est.head_parallel},
-    }
-    if w.gcn:
-        out["gcn"] = {"grids": {str(s): str(g) for s, g in (grids or {}).items()},
-                      "choice": None if c is None else _gcn_fields(c.est)}
-    return out
-
-
-def _gcn_fields(est: Any) -> dict[str, Any]:
-    """The GCN path an estimate assumed: '1d' or '3d' and its grid."""
-    return {"gcn_path": est.gcn_path,
-            "gcn_grid": None if est.gcn_grid is None else str(est.gcn_grid)}
-
-
-def _search(args: argparse.Namespace, sizes: GraphSizes, shape: ModelShape,
-            prof: dict[str, Any] | None, limit: int | None) -> dict[str, Any]:
-    """The whole-space search (:func:`plexgt.plan.choose.choose`) over every scale 1..P, and
-    its choice on exactly P ranks (what ``plexgt train`` on P ranks runs); printed, and
-    returned for the JSON."""
+def _search(args: argparse.Namespace, cfg: TrainConfig, sizes: GraphSizes, shape: ModelShape,
+            prof: dict[str, Any] | None, limit: int | None, reg: StrategyRegistry
+            ) -> dict[str, Any]:
+    """The one search (:func:`plexgt.plan.choose.choose`) over every scale 1..P and on
+    exactly P ranks (what ``plexgt train`` on P ranks runs), printed as views, and returned
+    for the JSON."""
     sysm, coef = system_model_for(prof), plexus_coefficients_for(prof)
-    names = [s.strip() for s in args.strategies.split(",")] if args.strategies else []
-    strategy = names[0] if len(names) == 1 else "auto"
-    kw = dict(memory_per_rank=limit, strategy=strategy, head_parallel=args.head_parallel)
-    out: dict[str, Any] = {}
-    for key, any_scale in (("any_scale", True), ("at_world_size", False)):
-        try:
-            got = choose(sizes, shape, args.world_size, sysm, coef, any_scale=any_scale, **kw)
-        except ConfigError as e:
-            print(f"search ({key.replace('_', ' ')}): {e}")
-            out[key] = None
-            continue
-        rp, found = got
-        out[key] = _run_plan_fields(rp)
-        if any_scale:
-            what = (f"{found.grids} grids, " if isinstance(found, GcnSearch) else "")
-            print(f"search over every scale 1..{args.world_size}: {what}{found.priced} "
-                  f"configurations priced, {getattr(found, 'pruned', 0)} dropped on memory "
-                  f"before pricing, in {found.seconds:.2f} s")
-            print(f"fastest that fits at any scale: {rp.label} on {rp.scale} ranks, "
-                  f"{rp.time_s:.4g} s, {rp.memory_bytes / 2**30:.3g} GiB")
-            front = [_config_fields(c) for c in found.frontier]
-            print("frontier across scales (time vs memory per rank): " + "; ".join(
-                f"{f['label']} on {f['scale']}: {f['time_s']:.4g} s, "
-                f"{f['memory_bytes'] / 2**30:.3g} GiB" for f in front))
-            out.update(priced=found.priced, pruned=getattr(found, "pruned", 0),
-                       seconds=found.seconds, frontier=front,
-                       best_per_scale=[_config_fields(c) for c in found.best_per_scale])
-        else:
-            print(f"on {args.world_size} ranks (what train --grid auto --strategy auto runs): "
-                  f"{rp.label}, {rp.time_s:.4g} s, {rp.memory_bytes / 2**30:.3g} GiB")
+    par = cfg.parallel
+    kw = dict(memory_per_rank=limit, strategy=par.strategy, grid=par.grid,
+              head_parallel=par.head_parallel, registry=reg)
+    P = args.world_size
+    out: dict[str, Any] = {"search": {}, "choice": None, "rows": []}
+    try:
+        wide = choose(sizes, shape, P, sysm, coef, any_scale=True, **kw)
+    except NothingFits as e:
+        wide = None
+        out["search"]["any_scale"] = None
+        out["search"]["least_memory_bytes"] = (None if e.least_memory is None
+                                               else e.least_memory[0])
+    if wide is not None:
+        _print_scales(wide, P, out)
+    try:
+        rp = choose(sizes, shape, P, sysm, coef, **kw).plan
+    except NothingFits as e:
+        out["search"]["at_world_size"] = None
+        more = smallest_fitting_world(sizes, shape, P, MAX_WORLD_SIZE, sysm, coef,
+                                      limit or 0, par.strategy, par.head_parallel, reg) \
+            if limit is not None and P < MAX_WORLD_SIZE else None
+        out["search"]["smallest_world_size"] = None if more is None else more.scale
+        print(f"{e}; " + (f"the smallest world size that fits is {more.scale} ranks "
+                          f"({more.label}, {more.memory_bytes / 2**30:.3g} GiB per rank)"
+                          if more is not None else
+                          f"no world size up to {MAX_WORLD_SIZE} ranks fits"))
+        return out
+    out["search"]["at_world_size"] = out["choice"] = _run_plan_fields(rp)
+    print(f"choice on {P} ranks (what train --grid auto --strategy auto runs): {rp.label}, "
+          f"{rp.time_s:.4g} s a step, {rp.memory_bytes / 2**30:.3g} GiB per rank")
+    print("next: " + train_command(args, cfg, rp))
     return out
+
+
+def _print_scales(wide: Choice, P: int, out: dict[str, Any]) -> None:
+    """The every-scale search as a table: each scale's fastest fitting configuration, the
+    Pareto set marked."""
+    rp, found = wide
+    front = {(c.scale, c.label) for c in found.frontier}
+    what = f"{found.grids} grids, " if isinstance(found, GcnSearch) else ""
+    print(f"search over every scale 1..{P}: {what}{found.priced} configurations priced, "
+          f"{getattr(found, 'pruned', 0)} dropped on memory before pricing, in "
+          f"{found.seconds:.2f} s")
+    print(f"{'ranks':>6}  {'configuration':<44} {'step s':>10} {'GiB/rank':>9}")
+    rows = []
+    for c in found.best_per_scale:
+        f = _config_fields(c)
+        on = (c.scale, c.label) in front
+        chosen = (c.scale, c.label) == (rp.scale, rp.label)
+        rows.append({**f, "frontier": on, "chosen": chosen, "fits": True})
+        if on or c.scale in (1, P) or c.scale & (c.scale - 1) == 0:
+            print(f"{c.scale:>6}  {c.label:<44} {f['time_s']:>10.4g} "
+                  f"{f['memory_bytes'] / 2**30:>9.3g}"
+                  + ("  * Pareto" if on else "") + ("  <- fastest" if chosen else ""))
+    print("(each row: the fastest configuration of that many ranks that fits, listed at powers "
+          "of two, P and\n the Pareto set: those no other configuration beats on both time and "
+          "memory; step s: one\n training step's predicted seconds; GiB/rank: its predicted "
+          "peak memory per rank)")
+    print(f"fastest at any scale: {rp.label} on {rp.scale} ranks, {rp.time_s:.4g} s, "
+          f"{rp.memory_bytes / 2**30:.3g} GiB")
+    out["rows"] = rows
+    out["search"].update(any_scale=_run_plan_fields(rp), priced=found.priced,
+                         pruned=getattr(found, "pruned", 0), seconds=found.seconds,
+                         frontier=[_config_fields(c) for c in found.frontier],
+                         best_per_scale=[_config_fields(c) for c in found.best_per_scale])
+
+
+def train_command(args: argparse.Namespace, cfg: TrainConfig, rp: RunPlan) -> str:
+    """The ``plexgt train`` line that runs the chosen layout (the plan's values made explicit,
+    so the run does not search again)."""
+    parts = [f"mpiexec -n {rp.scale} plexgt train",
+             f"--data {args.data}" if args.data is not None else "--data PREPARED",
+             f"--model {cfg.model.name}"]
+    if args.config:
+        parts.append(f"--config {args.config}")
+    m, d = cfg.model, TrainConfig().model
+    for key in ("hidden", "layers", "heads", "ffn_mult", "super_nodes", "node_embedding"):
+        if getattr(m, key) != getattr(d, key):
+            parts.append(f"--model.{key}={getattr(m, key)}")
+    if cfg.dtype != TrainConfig().dtype:
+        parts.append(f"--dtype={cfg.dtype}")
+    if rp.grid is not None:
+        parts.append(f"--grid {rp.grid}")
+    if rp.strategy:
+        parts.append(f"--strategy {rp.strategy}")
+        if rp.head_parallel > 1:
+            parts.append(f"--parallel.head_parallel={rp.head_parallel}")
+        if rp.ring_chunks > 1:
+            parts.append(f"--parallel.ring_chunks={rp.ring_chunks}")
+        if rp.attention_block_rows:
+            parts.append(f"--parallel.attention_block_rows={rp.attention_block_rows}")
+    else:
+        if rp.gcn_order != "auto":
+            parts.append(f"--parallel.gcn_order={rp.gcn_order}")
+        if rp.block_rows:
+            parts.append(f"--parallel.block_rows={rp.block_rows}")
+    if args.profile is not None:
+        parts.append(f"--parallel.profile={args.profile}")
+    if args.memory_per_rank is not None:
+        parts.append(f"--parallel.memory_per_rank_gb={args.memory_per_rank}")
+    return " ".join(parts)
 
 
 def _run_plan_fields(rp: RunPlan) -> dict[str, Any]:

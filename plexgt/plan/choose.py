@@ -204,9 +204,19 @@ class Choice(NamedTuple):
     search: GcnSearch | AttentionSearch
 
 
+class NothingFits(ConfigError):
+    """No configuration fits the memory per rank: the one line says the limit, the ranks and
+    the least memory per rank any priced configuration needs."""
+
+    least_memory: tuple[int, int] | None = None
+    """(bytes per rank, scale) of the configuration that needs the least, or None when the
+    search priced nothing."""
+
+
 def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemModel,
            coef: Coefficients, memory_per_rank: int | None = None, strategy: str = "auto",
-           grid: str = "auto", head_parallel: int = 0, any_scale: bool = False) -> Choice:
+           grid: str = "auto", head_parallel: int = 0, any_scale: bool = False,
+           registry: StrategyRegistry | None = None) -> Choice:
     """The fastest predicted configuration that fits ``memory_per_rank``, searched over what
     the configuration leaves open ('auto' grid and strategy, head_parallel 0, gcn_order
     'auto', block rows / ring chunks / attention block rows 0): on exactly ``world_size``
@@ -215,7 +225,7 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
     search_gcn`; gt / gps: :func:`~plexgt.plan.search_attention.search_attention`. A
     configuration given whole is priced, not checked against the memory: the user's call.
 
-    Raises ConfigError when nothing fits."""
+    Raises :class:`NothingFits` (a ConfigError) when nothing fits."""
     fixed = resolve_grid(grid, world_size)
     scales = None if any_scale and fixed is None else [world_size]
     if shape.name == "gcn":
@@ -227,12 +237,12 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
                            block_rows=shape.block_rows)
         c = found.chosen
         if c is None:
-            raise ConfigError(_none_fits(memory_per_rank, world_size, any_scale))
+            raise _none_fits(memory_per_rank, world_size, any_scale, found.least_memory)
         return Choice(RunPlan("gcn", c.scale, c.grid, gcn_order=c.order,
                               block_rows=c.block_rows, time_s=c.est.time_s,
                               memory_bytes=c.est.memory_bytes, label=c.label), found)
     w = workload(sizes, shape)
-    cands = candidates(strategy)
+    cands = candidates(strategy, registry)
     check_head_axis(cands, world_size, head_parallel)
     vary = (shape.ring_chunks == 0, shape.attention_block_rows == 0)
     gps3 = None
@@ -247,14 +257,56 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
                              only_3d=fixed is not None)
     c = found.chosen
     if c is None:
-        raise ConfigError(_none_fits(memory_per_rank, world_size, any_scale))
+        raise _none_fits(memory_per_rank, world_size, any_scale, found.least_memory)
     return Choice(RunPlan(shape.name, c.scale, c.gcn_grid, c.strategy, c.head_parallel,
                           c.ring_chunks, c.block_rows, time_s=c.est.time_s,
                           memory_bytes=c.memory_bytes, label=c.label), found)
 
 
-def _none_fits(limit: int | None, world_size: int, any_scale: bool) -> str:
+def _none_fits(limit: int | None, world_size: int, any_scale: bool,
+               least: tuple[int, int] | None) -> NothingFits:
     where = f"on up to {world_size} ranks" if any_scale else f"on {world_size} ranks"
-    return (f"no configuration fits {limit / 2**30:.2f} GiB per rank {where} (the memory "
-            "model's prediction; parallel.memory_per_rank_gb sets the limit)"
-            if limit is not None else f"no configuration {where}")
+    if limit is None:
+        return NothingFits(f"no configuration {where}")
+    need = "" if least is None else (f"; the least any needs is {least[0] / 2**30:.3g} GiB "
+                                     f"per rank, on {least[1]} ranks")
+    err = NothingFits(f"no configuration fits {limit / 2**30:.2f} GiB per rank {where} (the "
+                      f"memory model's prediction{need}; parallel.memory_per_rank_gb sets "
+                      "the limit)")
+    err.least_memory = least
+    return err
+
+
+def smallest_fitting_world(sizes: GraphSizes, shape: ModelShape, above: int, most: int,
+                           sysm: SystemModel, coef: Coefficients, memory_per_rank: int,
+                           strategy: str = "auto", head_parallel: int = 0,
+                           registry: StrategyRegistry | None = None) -> RunPlan | None:
+    """The plan on the fewest ranks in (above, most] that fits ``memory_per_rank``, or None:
+    what to ask for when a job of ``above`` ranks has no configuration that fits. Doubling
+    finds a world size that fits, then bisection the least; it assumes that more ranks need
+    no more memory each (true of every layout's shards; a world size whose only grids are
+    lopsided can break it, so the answer is the least the bisection met)."""
+
+    def at(p: int) -> RunPlan | None:
+        try:
+            return choose(sizes, shape, p, sysm, coef, memory_per_rank, strategy,
+                          head_parallel=head_parallel, registry=registry).plan
+        except NothingFits:
+            return None
+        except ConfigError:  # a configured head axis that does not tile p ranks
+            return None
+
+    lo, hi, found = above, above, None
+    while found is None and hi < most:
+        lo, hi = hi, min(most, 2 * hi)
+        found = at(hi)
+    if found is None:
+        return None
+    while hi - lo > 1:  # lo does not fit, hi does
+        mid = (lo + hi) // 2
+        got = at(mid)
+        if got is None:
+            lo = mid
+        else:
+            hi, found = mid, got
+    return found

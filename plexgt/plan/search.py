@@ -72,6 +72,9 @@ class GcnSearch:
     """Configurations priced in all."""
     seconds: float = 0.0
     """Wall time of the search."""
+    least_memory: tuple[int, int] | None = None
+    """(bytes per rank, scale) of the configuration priced that needs the least memory,
+    fitting or not: what a limit nothing fits under would have to be raised to."""
 
 
 def _block_rows(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
@@ -96,7 +99,12 @@ def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients
     def price(g: Grid3D, o: str, br: int | None) -> GcnConfig:
         return GcnConfig(g, o, br, estimate(g, n, nnz, dims, esize, coef, br, o, **kw))
 
+    least: tuple[int, int] | None = None
+
     def fits(c: GcnConfig) -> bool:
+        nonlocal least
+        if least is None or c.est.memory_bytes < least[0]:
+            least = (c.est.memory_bytes, c.scale)
         return memory_limit is None or c.est.memory_bytes <= memory_limit
 
     grids, priced = 0, 0
@@ -133,4 +141,4 @@ def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients
         best.append(min(cands, key=lambda c: c.est.time_s))
     chosen, front = chosen_and_frontier(best, lambda c: c.est.time_s,
                                         lambda c: c.est.memory_bytes, lambda c: c.scale)
-    return GcnSearch(best, chosen, front, grids, priced, time.perf_counter() - t0)
+    return GcnSearch(best, chosen, front, grids, priced, time.perf_counter() - t0, least)

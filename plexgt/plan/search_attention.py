@@ -115,6 +115,10 @@ class AttentionSearch:
     pruned: int = 0
     """Configurations dropped on memory before pricing."""
     seconds: float = 0.0
+    """Wall time of the search."""
+    least_memory: tuple[int, int] | None = None
+    """(bytes per rank, scale) of the configuration that needs the least memory, fitting or
+    not: what a limit nothing fits under would have to be raised to."""
 
 
 def _local_rows(c: AttentionStrategy, w: Workload, s: int) -> int:
@@ -169,7 +173,12 @@ def search_attention(w: Workload, strategies: list[AttentionStrategy], world_siz
     priced = pruned = 0
     seen: set[tuple] = set()
 
-    def fits(mem: dict[str, int]) -> bool:
+    least: tuple[int, int] | None = None
+
+    def fits(mem: dict[str, int], s: int) -> bool:
+        nonlocal least
+        if least is None or mem["total"] < least[0]:
+            least = (mem["total"], s)
         return memory_limit is None or mem["total"] <= memory_limit
 
     def price(c: AttentionStrategy, s: int, a: int, chunks: int, br: int,
@@ -181,7 +190,7 @@ def search_attention(w: Workload, strategies: list[AttentionStrategy], world_siz
         seen.add(key)
         wv = replace(w, ring_chunks=chunks, attention_block_rows=br,
                      gcn_grid=grid if w.gcn else None)
-        if not fits(memory_of(c, wv, s, a)):
+        if not fits(memory_of(c, wv, s, a), s):
             pruned += 1
             return None
         priced += 1
@@ -257,4 +266,4 @@ def search_attention(w: Workload, strategies: list[AttentionStrategy], world_siz
     best = [x for x in leaders() if eligible(x)]
     chosen, front = chosen_and_frontier(best, lambda x: x.est.time_s,
                                         lambda x: x.memory_bytes, lambda x: x.scale)
-    return AttentionSearch(best, chosen, front, priced, pruned, time.perf_counter() - t0)
+    return AttentionSearch(best, chosen, front, priced, pruned, time.perf_counter() - t0, least)

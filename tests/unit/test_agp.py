@@ -12,6 +12,7 @@ import scipy.sparse as sp
 import torch
 
 import plexgt.plan.measure as profile_module
+from perf.agp_algorithm3 import format_plan, plan, scales_for
 from plexgt.distributed.collectives import all_reduce_bytes
 from plexgt.distributed.grid import Grid3D
 from plexgt.models.gps import GPS
@@ -44,12 +45,9 @@ from plexgt.plan.agp import (
     count_params,
     curve_time,
     estimate,
-    format_plan,
     gcn_grid_for,
     memory_of,
     monotone_curve,
-    plan,
-    scales_for,
     step_calibration,
     step_ops,
 )
@@ -206,7 +204,7 @@ def test_algorithm3_expensive_network_stays_on_one_rank():
 
 
 def test_plan_flags_near_ties():
-    from plexgt.plan.agp import NEAR_TIE
+    from perf.agp_algorithm3 import NEAR_TIE
 
     flags = []
     for scales in ([1, 2, 4, 8], [1, 2]):  # the second: GP-AG and GP-A2A at 2 within 1%

@@ -74,7 +74,7 @@ def test_plan_with_a_machine(capsys):
                  "--machine", "perlmutter"]) == 0
     out = capsys.readouterr().out
     assert "machine description perlmutter" in out and "a model projection" in out
-    assert "> 40.00 GiB per rank" in out  # its GPUs' memory is the default limit
+    assert "at most 40.00 GiB" in out  # its GPUs' memory is the default limit
     assert main(["plan", "--model", "gcn", *PAPERS, "--world-size", "64",
                  "--machine", "frontier"]) == 0
     assert main(["plan", "--model", "gt", *PAPERS, "--world-size", "8", "--machine",
@@ -109,8 +109,8 @@ def test_plan_marks_the_pareto_frontier(tmp_path, capsys):
     assert any(r["chosen"] for r in front)  # the fastest fitting one is on it
     for r in front:  # nothing that fits beats a frontier row on both
         assert not any(o["fits"] and o["time_s"] < r["time_s"]
-                       and o["memory"]["total"] < r["memory"]["total"] for o in rows)
-    assert "Pareto frontier" in capsys.readouterr().out
+                       and o["memory_bytes"] < r["memory_bytes"] for o in rows)
+    assert "* Pareto" in capsys.readouterr().out
 
 
 def test_pareto_frontier_keeps_what_nothing_beats_on_both():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 import os
@@ -38,38 +39,100 @@ def profile_json(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("model", ["gt", "gps"])
-def test_plan_attention_table_and_choice(prepared, tmp_path, capsys, model):
+@pytest.mark.parametrize("model", ["gt", "gps", "gcn"])
+def test_plan_prints_the_choice_train_runs(prepared, tmp_path, capsys, model):
+    """One chooser: plan's choice on P ranks is run_plan's (what train --grid auto --strategy
+    auto runs), its table is the same search's best of each scale, and it prints the train
+    command of its choice, which train's own parser accepts."""
+    from plexgt.commands import train as train_cmd
+    from plexgt.plan.knobs import load_config
+    from plexgt.tasks.task import run_plan
+
     js = tmp_path / "plan.json"
     rc = main(["plan", "--data", str(prepared), "--model", model, "--world-size", "8",
                "--hidden", "16", "--heads", "4", "--json", str(js)])
     out = capsys.readouterr().out
     assert rc == 0
-    assert "k = t_iter(1)/N" in out and "choice:" in out
     table = json.loads(js.read_text())
-    labels = {(r["label"], r["scale"]) for r in table["rows"]}
-    assert labels == {(s, p) for s in ("gp_ag", "gp_a2a", "gp_ring") for p in (1, 2, 4, 8)} | {
-        (f"gp_2d {a}x{p // a}", p) for p in (1, 2, 4, 8) for a in (1, 2, 4, 8) if p % a == 0}
-    chosen = [r for r in table["rows"] if r["chosen"]]
-    assert len(chosen) == 1 and chosen[0]["fits"] and chosen[0]["passes"]
-    assert table["choice"] == {"strategy": chosen[0]["strategy"], "scale": chosen[0]["scale"],
-                               "head_parallel": chosen[0]["head_parallel"]}
+    cfg = load_config(None, None, [f"--data={prepared}", f"--model.name={model}",
+                                   "--model.hidden=16", "--model.heads=4"])
+    rp = run_plan(cfg, PreparedGraph(prepared), 8)
+    assert table["choice"]["label"] == rp.label and table["choice"]["scale"] == 8
+    assert f"choice on 8 ranks (what train --grid auto --strategy auto runs): {rp.label}" in out
+    assert [r["scale"] for r in table["rows"]] == list(range(1, 9))
+    assert sum(r["chosen"] for r in table["rows"]) <= 1 and any(r["frontier"]
+                                                                for r in table["rows"])
+    nxt = next(ln for ln in out.splitlines() if ln.startswith("next: "))[len("next: "):]
+    words = nxt.split()
+    assert words[:4] == ["mpiexec", "-n", "8", "plexgt"] and words[4] == "train"
+    parser = argparse.ArgumentParser()
+    train_cmd.add_arguments(parser)
+    args, extra = parser.parse_known_args(words[5:])
+    over = [e for e in extra if e.startswith("--") and "=" in e]
+    assert len(over) == len(extra)
+    ran = load_config(None, {"model.name": args.model, "parallel.grid": args.grid,
+                             "parallel.strategy": args.strategy, "data": args.data}, over)
+    assert run_plan(ran, PreparedGraph(prepared), 8).label == rp.label
+
+
+def test_plan_takes_trains_defaults_and_config(prepared, tmp_path, capsys):
+    """Plan's model is train's: the config's defaults (hidden 128, not a default of its own),
+    a --config TOML and --key=value overrides, refused in train's words."""
+    js = tmp_path / "plan.json"
+    assert main(["plan", "--data", str(prepared), "--model", "gt", "--world-size", "2",
+                 "--json", str(js)]) == 0
+    assert json.loads(js.read_text())["config"]["hidden"] == 128
+    toml = tmp_path / "run.toml"
+    toml.write_text('[model]\nname = "gt"\nhidden = 32\nheads = 2\n')
+    assert main(["plan", "--data", str(prepared), "--config", str(toml), "--world-size", "2",
+                 "--model.layers=3", "--json", str(js)]) == 0
+    got = json.loads(js.read_text())["config"]
+    assert (got["name"], got["hidden"], got["heads"], got["layers"]) == ("gt", 32, 2, 3)
+    capsys.readouterr()
+    assert main(["plan", "--data", str(prepared), "--world-size", "2",
+                 "--model.hiden=3"]) == 2
+    assert "unknown config key 'model.hiden'" in capsys.readouterr().err
 
 
 def test_plan_memory_limit_excludes_and_can_leave_nothing(prepared, capsys):
+    """Nothing fits: one line with the least memory any configuration needs and the
+    smallest world size that fits; exit 1, the search's verdict."""
     rc = main(["plan", "--data", str(prepared), "--model", "gt", "--world-size", "4",
                "--memory-per-rank", "0.000001"])
     out = capsys.readouterr().out
-    assert rc == 1 and "no strategy and scale fits the memory limit" in out
+    assert rc == 1
+    line = next(ln for ln in out.splitlines() if ln.startswith("no configuration fits"))
+    assert "the least any needs is" in line and "GiB per rank" in line
+    assert "the smallest world size that fits" in line or "no world size up to" in line
+
+
+def test_the_smallest_world_size_that_fits_is_the_least_one():
+    from plexgt.plan.choose import (
+        GraphSizes,
+        ModelShape,
+        NothingFits,
+        choose,
+        smallest_fitting_world,
+    )
+
+    sizes, shape, coef = GraphSizes(2_000_000, 40_000_000, 128, 40), ModelShape("gcn", 128, 2), \
+        Coefficients()
+    limit = int(1.5 * 2**30)  # 4 ranks need 4.2 GiB each, 16 ranks 1.9, 64 ranks 1.0
+    with pytest.raises(NothingFits) as e:
+        choose(sizes, shape, 4, SystemModel(), coef, limit)
+    assert e.value.least_memory[0] > limit
+    got = smallest_fitting_world(sizes, shape, 4, 256, SystemModel(), coef, limit)
+    assert got is not None and got.memory_bytes <= limit and 16 < got.scale < 64
+    with pytest.raises(NothingFits):
+        choose(sizes, shape, got.scale - 1, SystemModel(), coef, limit)
 
 
 def test_plan_gcn_ranks_grids(prepared, capsys):
     assert main(["plan", "--data", str(prepared), "--model", "gcn", "--world-size", "8",
                  "--hidden", "32", "--layers", "3"]) == 0
     out = capsys.readouterr().out
-    assert "dims [16, 32, 32, 4]" in out
-    assert out.count("<- recommended") == 1 and "choice: grid" in out
-    assert "2x2x2" in out and "8x1x1" in out
+    assert "layer widths [16, 32, 32, 4]" in out
+    assert out.count("<- fastest") == 1 and out.count("choice on 8 ranks") == 1
 
 
 def test_profile_file_is_complete_and_feeds_both_planners(prepared, profile_json, capsys):
@@ -127,7 +190,7 @@ def test_training_config_plans_with_the_profile(prepared, profile_json, tmp_path
 
 @pytest.mark.parametrize("argv,msg", [
     (["--world-size", "0"], "--world-size must be positive"),
-    (["--heads", "3"], "is not divisible by --heads 3"),
+    (["--heads", "3"], "16 is not divisible by model.heads=3"),
     (["--memory-per-rank", "-1"], "--memory-per-rank must be positive"),
     (["--strategies", "gp_ag,ring"], "unknown 'ring'"),
 ])
@@ -159,24 +222,15 @@ def test_plan_bad_files_exit_2(prepared, tmp_path, capsys):
     assert "is a directory" in capsys.readouterr().err
 
 
-def test_plan_gps_shows_the_gcn_path_of_every_row(prepared, tmp_path, capsys):
+def test_plan_gps_shows_the_gcn_path_of_its_rows(prepared, tmp_path, capsys):
     js = tmp_path / "plan.json"
     assert main(["plan", "--data", str(prepared), "--model", "gps", "--world-size", "4",
                  "--hidden", "16", "--heads", "4", "--json", str(js)]) == 0
-    out = capsys.readouterr().out
     table = json.loads(js.read_text())
-    grids = table["gcn"]["grids"]
-    assert set(grids) == {"2", "4"} and f"4 ranks {grids['4']}" in out
-    paths = {(r["strategy"], r["scale"], r["gcn_path"], r["gcn_grid"]) for r in table["rows"]
-             if r["strategy"] != "gp_2d" or r["head_parallel"] == 1}
-    names = ("gp_ag", "gp_a2a", "gp_ring", "gp_2d")
-    assert paths == {(s, p, "1d", None) for s in names for p in (1, 2, 4)} | {
-        (s, p, "3d", grids[str(p)]) for s in names for p in (2, 4)}
-    chosen = next(r for r in table["rows"] if r["chosen"])
-    assert table["gcn"]["choice"] == {"gcn_path": chosen["gcn_path"],
-                                      "gcn_grid": chosen["gcn_grid"]}
-    assert "GCN path" in next(ln for ln in out.splitlines() if ln.startswith("choice:"))
+    assert all("gcn_grid" in r for r in table["rows"])
+    assert all(r["gcn_grid"] is None for r in table["rows"] if r["scale"] == 1)
     assert table["search"]["at_world_size"]["scale"] == 4 and table["search"]["frontier"]
+    assert table["choice"]["grid"] == table["search"]["at_world_size"]["grid"]
 
 
 @pytest.mark.parametrize("strategy", ["gp_ag", "gp_a2a", "auto"])
@@ -231,12 +285,11 @@ def test_plan_from_sizes_alone_papers100m(tmp_path, capsys):
     js = tmp_path / "plan.json"
     assert main(["plan", *PAPERS, "--world-size", "64", "--memory-per-rank", "80",
                  "--json", str(js)]) == 0
-    rows = [r for r in json.loads(js.read_text())["rows"] if r["scale"] == 64]
-    fits = {r["strategy"] for r in rows if r["fits"]}
-    assert fits == {"gp_ring", "gp_2d"}
     table = json.loads(js.read_text())
-    assert table["choice"]["strategy"] in fits and table["choice"]["scale"] == 64
+    assert table["choice"]["strategy"] in ("gp_ring", "gp_2d") and table["choice"]["scale"] == 64
     assert "N=111059956" in capsys.readouterr().out
+    assert main(["plan", *PAPERS, "--world-size", "64", "--memory-per-rank", "80",
+                 "--strategies", "gp_ag,gp_a2a"]) == 1
 
 
 def test_plan_sizes_and_data_are_exclusive_and_complete(prepared, capsys):
@@ -278,7 +331,7 @@ def test_plan_prices_a_node_embedding_and_a_sparse_input(tmp_path, capsys):
     assert "--features 0 needs --node-embedding" in capsys.readouterr().err
     js = tmp_path / "p.json"
     assert main([*base, "--features", "0", "--node-embedding", "64", "--json", str(js)]) == 0
-    assert "dims [64, 64, 8]" in capsys.readouterr().out
+    assert "layer widths [64, 128, 8]" in capsys.readouterr().out  # train's hidden 128
     grid, dims, coef = parse_grid("1x2x2"), [500, 64, 8], Coefficients()
     plain = estimate(grid, 20000, 400000, dims, 4, coef)
     trained = estimate(grid, 20000, 400000, dims, 4, coef, input_grad=True)
@@ -349,7 +402,8 @@ def _one_line_error(capsys, argv: list[str]) -> str:
     ("--classes", "0", "the task has no class"),
     ("--features", "-3", "--features must be >= 0"),
     ("--nodes", str(2**63), "must fit int64 indices"),
-    ("--head-parallel", "2", "--head-parallel 2 would be ignored: gcn has no attention"),
+    ("--head-parallel", "2", "'parallel.head_parallel': 2 would be ignored: gcn has no "
+                             "attention"),
 ])
 def test_plan_refuses_what_it_cannot_price_in_one_line(capsys, flag, value, msg):
     """Sizes the search cannot price in seconds (10⁶ ranks ran past two minutes), numbers no

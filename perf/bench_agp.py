@@ -86,6 +86,7 @@ from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.gt_dist import DistGraphTransformer
 from plexgt.parallel.rows1d import all_reduce_gradients, row_cross_entropy
 from plexgt.plan.agp import SystemModel, Workload, estimate
+from plexgt.plan.choose import ModelShape, RunPlan
 from plexgt.tasks.attention import read_dist_graph, read_row_data
 
 REAL = ("computers", "cs", "physics")
@@ -133,7 +134,8 @@ def _setup(pg, sname: str, p: int, rank: int):  # noqa: ANN001, ANN202
     comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
     gc.collect()
     rss0 = rss()
-    graph = read_dist_graph(pg, comm, default_registry().get(sname), MODEL["heads"])
+    shape = ModelShape("gt", MODEL["hidden"], MODEL["layers"], MODEL["heads"], MODEL["ffn_mult"])
+    graph = read_dist_graph(pg, comm, RunPlan("gt", p, strategy=sname, shape=shape))
     data = read_row_data(pg, p, rank)
     graph_rss = rss() - rss0
     torch.manual_seed(0)

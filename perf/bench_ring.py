@@ -62,6 +62,7 @@ from plexgt.parallel.attention.strategy import head_splits
 from plexgt.parallel.gt_dist import DistGraphTransformer
 from plexgt.parallel.rows1d import all_reduce_gradients, row_cross_entropy
 from plexgt.plan.agp import Workload
+from plexgt.plan.choose import ModelShape, RunPlan
 from plexgt.plan.step_cost import model_memory
 from plexgt.tasks.attention import read_dist_graph, read_row_data
 
@@ -86,9 +87,9 @@ def _run_config(pg, name: str, sname: str, a: int, overlap: bool, chunks: int, p
     try:
         ledger = CommLedger()
         comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
-        strat = default_registry().get(sname)
-        graph = read_dist_graph(pg, comm, strat, MODEL["heads"], head_parallel=a,
-                                ring_chunks=chunks)
+        shape = ModelShape("gt", MODEL["hidden"], MODEL["layers"], MODEL["heads"],
+                           MODEL["ffn_mult"], ring_chunks=chunks)
+        graph = read_dist_graph(pg, comm, RunPlan("gt", p, None, sname, a, chunks, shape=shape))
         data = read_row_data(pg, p, rank)
         torch.manual_seed(0)
         model = DistGraphTransformer(pg.F, MODEL["hidden"], pg.C, MODEL["layers"],
@@ -130,8 +131,8 @@ def _run_config(pg, name: str, sname: str, a: int, overlap: bool, chunks: int, p
                  MODEL["layers"], MODEL["ffn_mult"], 4)
     prob = w.problem.__class__(w.n, w.e, w.hidden, w.heads, 4, head_parallel=a,
                                ring_chunks=chunks)
-    mem_model = model_memory(strat, prob, p, w.layers, w.features, w.classes, w.num_params,
-                             w.ffn_mult)
+    mem_model = model_memory(default_registry().get(sname), prob, p, w.layers, w.features,
+                             w.classes, w.num_params, w.ffn_mult)
     t = stats[0].numpy()
     label = f"gp_2d {a}x{p // a}" if sname == "gp_2d" else sname
     label += f" c{chunks}" if chunks > 1 else ""

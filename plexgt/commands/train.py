@@ -12,6 +12,7 @@ from plexgt.distributed.agree import agreed
 from plexgt.distributed.bootstrap import init_distributed, shutdown
 from plexgt.distributed.collectives import CommLedger
 from plexgt.errors import UsageError
+from plexgt.parallel.attention.strategy import StrategyRegistry
 from plexgt.plan.knobs import load_config, strategy_choices
 from plexgt.tasks import build_task
 from plexgt.training.loop import train
@@ -44,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                 "--model.hidden=256 --optim.lr=0.005 --parallel.block_rows=4096")
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> int:
+    """Train on ``registry``'s attention strategies (default: the built-in ones)."""
     flags = {
         "data": args.data, "model.name": args.model, "parallel.grid": args.grid,
         "parallel.strategy": args.strategy, "epochs": args.epochs, "metrics": args.metrics,
@@ -54,14 +56,14 @@ def run(args: argparse.Namespace) -> int:
         "parallel.backend": args.backend, "stop_after": args.stop_after,
     }
     # every rank reads the configuration; one copy of an error (rank 0's), whoever failed
-    cfg = agreed(lambda: load_config(args.config, flags, args.overrides))
+    cfg = agreed(lambda: load_config(args.config, flags, args.overrides, registry))
     if not cfg.data:
         raise UsageError("--data (or data in the config file) is required")
     apply_numerics(cfg)
     torch.manual_seed(cfg.seed)
     ctx = init_distributed(cfg.parallel.backend, cfg.parallel.timeout_s)
     ledger = CommLedger(device=ctx.device)
-    task = agreed(lambda: build_task(cfg, ctx, ledger), ctx.device)
+    task = agreed(lambda: build_task(cfg, ctx, ledger, registry), ctx.device)
     if ctx.rank == 0:
         rp = task.plan
         planned = (f"; plan {rp.label}: predicted {rp.time_s:.4g} s a step, "

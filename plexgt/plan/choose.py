@@ -190,6 +190,10 @@ class RunPlan:
     label: str = ""
     """The searched configuration's name ('2x2x4 gemm_first block_rows=whole',
     'gp_2d 2x8 chunks=2 gcn 3d 2x2x4')."""
+    shape: ModelShape | None = None
+    """The model it was priced for (the config's, :meth:`ModelShape.of`): what a reader of the
+    plan needs beyond the layout (heads, super nodes, aggregation blocks), so it takes the
+    plan whole instead of a dozen loose arguments."""
 
     @property
     def layout(self) -> Layout:
@@ -240,7 +244,8 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
             raise _none_fits(memory_per_rank, world_size, any_scale, found.least_memory)
         return Choice(RunPlan("gcn", c.scale, c.grid, gcn_order=c.order,
                               block_rows=c.block_rows, time_s=c.est.time_s,
-                              memory_bytes=c.est.memory_bytes, label=c.label), found)
+                              memory_bytes=c.est.memory_bytes, label=c.label, shape=shape),
+                      found)
     w = workload(sizes, shape)
     cands = candidates(strategy, registry)
     check_head_axis(cands, world_size, head_parallel)
@@ -260,7 +265,7 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
         raise _none_fits(memory_per_rank, world_size, any_scale, found.least_memory)
     return Choice(RunPlan(shape.name, c.scale, c.gcn_grid, c.strategy, c.head_parallel,
                           c.ring_chunks, c.block_rows, time_s=c.est.time_s,
-                          memory_bytes=c.memory_bytes, label=c.label), found)
+                          memory_bytes=c.memory_bytes, label=c.label, shape=shape), found)
 
 
 def _none_fits(limit: int | None, world_size: int, any_scale: bool,

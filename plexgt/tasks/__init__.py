@@ -14,11 +14,15 @@ from plexgt.data.loader import PreparedGraph
 from plexgt.distributed.bootstrap import DistContext
 from plexgt.distributed.collectives import CommLedger
 from plexgt.errors import ConfigError
+from plexgt.parallel.attention.strategy import StrategyRegistry
 from plexgt.tasks.attention import build_attention_task
 from plexgt.tasks.gcn import build_gcn_task
 from plexgt.tasks.task import Task
 
-Builder = Callable[[TrainConfig, DistContext, PreparedGraph, CommLedger], Task]
+Builder = Callable[[TrainConfig, DistContext, PreparedGraph, CommLedger,
+                    StrategyRegistry | None], Task]
+"""(config, context, prepared graph, ledger, attention strategies or None: the built-in
+ones) -> the rank's Task."""
 
 BUILDERS: dict[str, Builder] = {
     "gcn": build_gcn_task,
@@ -27,11 +31,13 @@ BUILDERS: dict[str, Builder] = {
 }
 
 
-def build_task(cfg: TrainConfig, ctx: DistContext, ledger: CommLedger) -> Task:
-    """The Task of ``cfg.model.name`` on this rank, reading ``cfg.data``."""
+def build_task(cfg: TrainConfig, ctx: DistContext, ledger: CommLedger,
+               registry: StrategyRegistry | None = None) -> Task:
+    """The Task of ``cfg.model.name`` on this rank, reading ``cfg.data``; attention strategies
+    from ``registry`` (default: the built-in ones)."""
     if cfg.model.name not in BUILDERS:
         raise ConfigError(
             f"model '{cfg.model.name}' has no distributed implementation in plexgt train yet "
             f"(available: {', '.join(BUILDERS)})"
         )
-    return BUILDERS[cfg.model.name](cfg, ctx, PreparedGraph(cfg.data), ledger)
+    return BUILDERS[cfg.model.name](cfg, ctx, PreparedGraph(cfg.data), ledger, registry)

@@ -33,11 +33,11 @@ from plexgt.data.loader import (
 )
 from plexgt.distributed.bootstrap import DistContext
 from plexgt.distributed.collectives import Comm, CommLedger
-from plexgt.distributed.grid import Grid3D, block_bounds, build_groups
+from plexgt.distributed.grid import block_bounds, build_groups
 from plexgt.errors import ConfigError
 from plexgt.models.node_embedding import NodeEmbedding
 from plexgt.parallel.attention.registry import default_registry
-from plexgt.parallel.attention.strategy import AttentionStrategy
+from plexgt.parallel.attention.strategy import StrategyRegistry
 from plexgt.parallel.gps_dist import DistGPS
 from plexgt.parallel.gt_dist import DistGraphTransformer
 from plexgt.parallel.node_embedding import WithNodeEmbedding
@@ -52,6 +52,7 @@ from plexgt.parallel.rows1d import (
     row_cross_entropy,
     row_scores,
 )
+from plexgt.plan.choose import RunPlan
 from plexgt.tasks.limits import check_memory
 from plexgt.tasks.task import (
     AMP,
@@ -66,16 +67,24 @@ from plexgt.tasks.task import (
 )
 
 
-def read_dist_graph(pg: PreparedGraph, comm: Comm, strategy: AttentionStrategy, heads: int,
-                    gcn: bool = False, dtype: torch.dtype = torch.float32,
-                    setup_ledger: CommLedger | None = None, grid: Grid3D | None = None,
+def read_dist_graph(pg: PreparedGraph, comm: Comm, rp: RunPlan,
+                    registry: StrategyRegistry | None = None,
+                    dtype: torch.dtype = torch.float32,
+                    setup_ledger: CommLedger | None = None,
                     axis_comms: dict[str, Comm] | None = None,
-                    block_rows: int | None = None, head_parallel: int = 1,
-                    ring_chunks: int = 1, timeout: timedelta | None = None,
-                    super_nodes: int = 0, edge_bias: bool = True) -> DistGraph:
-    """Read what ``comm.rank``'s operators need and build them
-    (:func:`~plexgt.parallel.rows1d.build_dist_graph` has the arguments); gp_2d's head and
-    ring groups are created here, collectively over ``comm``."""
+                    timeout: timedelta | None = None, edge_bias: bool = True) -> DistGraph:
+    """Read what ``comm.rank``'s operators need for the plan ``rp`` and build them: its
+    strategy (looked up in ``registry``, default the built-in one) on its head axis and ring
+    pieces, its shape's heads and super nodes, and for gps the GCN path (3D on ``rp.grid``
+    with the shape's aggregation blocks, over ``axis_comms``; else 1D)
+    (:func:`~plexgt.parallel.rows1d.build_dist_graph` has the details); a strategy's own
+    sub-groups are created here, collectively over ``comm``."""
+    if rp.shape is None:
+        raise ValueError("read_dist_graph needs a plan with its shape (plan.choose's)")
+    strategy = (registry or default_registry()).get(rp.strategy)
+    heads, super_nodes = rp.shape.heads, rp.shape.super_nodes
+    gcn, grid, block_rows = rp.model == "gps", rp.grid, rp.shape.block_rows
+    head_parallel, ring_chunks = rp.head_parallel, rp.ring_chunks
     rows = block_bounds(pg.N, comm.size, comm.rank)
     want = strategy.rows_held(pg.N, comm.size, comm.rank, head_parallel)
     edge_attr = None
@@ -121,8 +130,9 @@ def read_row_data(pg: PreparedGraph, p: int, i: int, dtype: torch.dtype = torch.
 
 
 def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
-                         ledger: CommLedger) -> Task:
-    """A :class:`Task` for ``model.name`` 'gt' or 'gps'."""
+                         ledger: CommLedger, registry: StrategyRegistry | None = None) -> Task:
+    """A :class:`Task` for ``model.name`` 'gt' or 'gps', its strategy from ``registry``
+    (default: the built-in strategies)."""
     if pg.C < 1:
         raise ConfigError(f"{pg.path}: the prepared graph has no labels to train on")
     if ctx.world_size > pg.N:
@@ -133,20 +143,15 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
     metric = task_metric(cfg, pg)
     comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
     gps = cfg.model.name == "gps"
-    rp = run_plan(cfg, pg, ctx.world_size, ctx.device)
+    rp = run_plan(cfg, pg, ctx.world_size, ctx.device, registry)
     sname, grid, head_axis = rp.layout
     axis = None
     if grid is not None:
         groups = build_groups(grid, ctx.rank, ctx.world_size, ctx.timeout)
         axis = {a: Comm.from_group(g, a, ledger) for a, g in groups.axis.items()}
     before = pg.bytes_read
-    strategy = default_registry().get(sname)
-    graph = read_dist_graph(pg, comm, strategy, cfg.model.heads, gcn=gps,
-                            dtype=dt, grid=grid, axis_comms=axis,
-                            block_rows=cfg.parallel.block_rows or None,
-                            head_parallel=head_axis, ring_chunks=rp.ring_chunks,
-                            timeout=ctx.timeout,
-                            super_nodes=cfg.model.super_nodes,
+    strategy = (registry or default_registry()).get(sname)
+    graph = read_dist_graph(pg, comm, rp, registry, dt, axis_comms=axis, timeout=ctx.timeout,
                             edge_bias=cfg.model.edge_bias).to(ctx.device)
     emb = cfg.model.node_embedding
     data = read_row_data(pg, ctx.world_size, ctx.rank, dt, emb).to(ctx.device)

@@ -24,6 +24,7 @@ from plexgt.distributed.layout3d import LayerLayout, layer_layouts
 from plexgt.errors import ConfigError
 from plexgt.models.gcn import GCN
 from plexgt.models.node_embedding import NodeEmbedding
+from plexgt.parallel.attention.strategy import StrategyRegistry
 from plexgt.parallel.node_embedding import WithNodeEmbedding
 from plexgt.parallel.plexus3d import Plexus3DGCN, PlexusInputs, plexus_comms
 from plexgt.parallel.plexus_loss import (
@@ -54,9 +55,9 @@ def read_plexus_inputs(pg: PreparedGraph, layouts: Sequence[LayerLayout], dtype:
     return PlexusInputs.from_arrays(read_plexus_arrays(pg, layouts), dtype)
 
 
-def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: CommLedger
-                   ) -> Task:
-    """A :class:`Task` for ``model.name = "gcn"``."""
+def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: CommLedger,
+                   registry: StrategyRegistry | None = None) -> Task:
+    """A :class:`Task` for ``model.name = "gcn"`` (``registry`` unused: no attention)."""
     if pg.C < 1:
         raise ConfigError(f"{pg.path}: the prepared graph has no labels to train on")
     check_inputs(cfg, pg)

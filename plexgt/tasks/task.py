@@ -21,6 +21,7 @@ from plexgt.config import TrainConfig
 from plexgt.data.loader import PreparedGraph
 from plexgt.distributed.collectives import CommLedger
 from plexgt.errors import ConfigError
+from plexgt.parallel.attention.strategy import StrategyRegistry
 from plexgt.plan.agp import SystemModel
 from plexgt.plan.choose import GraphSizes, ModelShape, RunPlan, choose
 from plexgt.plan.plexus_cost import Coefficients
@@ -140,7 +141,8 @@ def memory_limit(cfg: TrainConfig, device: torch.device | None = None) -> int | 
 
 
 def run_plan(cfg: TrainConfig, pg: PreparedGraph, world_size: int,
-             device: torch.device | None = None) -> RunPlan:
+             device: torch.device | None = None,
+             registry: StrategyRegistry | None = None) -> RunPlan:
     """The run's layout on ``world_size`` ranks (:func:`plexgt.plan.choose.choose`): the
     configured values, the plan's where they are left open. The same on every rank, since it
     reads only sizes, the config and the profile."""
@@ -148,7 +150,7 @@ def run_plan(cfg: TrainConfig, pg: PreparedGraph, world_size: int,
     return choose(graph_sizes(pg, cfg.model.node_embedding), ModelShape.of(cfg), world_size,
                   system_model_for(prof), plexus_coefficients_for(prof),
                   memory_limit(cfg, device), cfg.parallel.strategy, cfg.parallel.grid,
-                  cfg.parallel.head_parallel).plan
+                  cfg.parallel.head_parallel, registry=registry).plan
 
 
 def machine_profile(cfg: TrainConfig) -> dict[str, Any] | None:

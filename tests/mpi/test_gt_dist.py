@@ -32,6 +32,7 @@ from plexgt.parallel.rows1d import (
     row_cross_entropy,
     row_scores,
 )
+from plexgt.plan.choose import ModelShape, RunPlan
 from plexgt.plan.step_cost import step_bytes
 from plexgt.tasks.attention import read_dist_graph, read_row_data
 from plexgt.tasks.metrics import roc_auc, task_roc_auc
@@ -106,9 +107,11 @@ def setup_rank(pg, groups, p, strategy, gcn=False, grid=None, axis_groups=None,
     axis = None
     if grid is not None:
         axis = {a: Comm.from_group(g, a, ledger) for a, g in axis_groups.items()}
-    graph = read_dist_graph(pg, comm, reg.get(strategy), HEADS, gcn=gcn, dtype=DT, grid=grid,
-                            axis_comms=axis, block_rows=4, head_parallel=head_parallel,
-                            ring_chunks=ring_chunks, super_nodes=super_nodes)
+    shape = ModelShape("gps" if gcn else "gt", HIDDEN, LAYERS, HEADS, block_rows=4,
+                       ring_chunks=ring_chunks, super_nodes=super_nodes)
+    rp = RunPlan(shape.name, comm.size, grid, strategy, head_parallel, ring_chunks,
+                 shape=shape)
+    graph = read_dist_graph(pg, comm, rp, reg, DT, axis_comms=axis)
     data = read_row_data(pg, comm.size, comm.rank, DT)
     return ledger, comm, graph, data
 

@@ -102,6 +102,11 @@ class ParallelConfig:
     memory_per_rank_gb: float = 0.0
     """GiB one rank may use: what the plan predicts above it is never chosen. 0 = the GPU's
     memory on GPUs, no limit on CPUs."""
+    axis_order: str = "auto"
+    """Which grid axis is innermost in the rank numbering (consecutive ranks, so one node's
+    GPUs: NVLink, xGMI), then the next: 'yxz' (Plexus's, the default order), 'xyz', ...; or
+    'auto', the plan's (searched where a machine description gives the placement, else yxz).
+    The results are the same under every order; the collectives' cost is not."""
     gcn_order: str = "auto"
     """GCN layer order: 'aggregate_first' (Â·H)·W, 'gemm_first' Â·(H·W), or 'auto' (GEMM
     first where a layer narrows, so the SpMM runs on the narrower width; same results)."""
@@ -329,6 +334,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("config keys parallel.head_parallel, ring_chunks, "
                           "attention_block_rows, block_rows, memory_per_rank_gb must be >= 0 "
                           "(0: the plan's choice)")
+    if par.axis_order != "auto" and sorted(par.axis_order) != ["x", "y", "z"]:
+        raise ConfigError(f"config key 'parallel.axis_order': {par.axis_order!r} must be 'auto' "
+                          "or the axes x, y, z once each, innermost first (e.g. yxz)")
     if par.head_parallel > 1 and m.name == "gcn":
         raise ConfigError(f"config key 'parallel.head_parallel': {par.head_parallel} would be "
                           "ignored: gcn has no attention")

@@ -360,6 +360,9 @@ def _search(args: argparse.Namespace, cfg: TrainConfig, sizes: GraphSizes, shape
     out["search"]["at_world_size"] = out["choice"] = _run_plan_fields(rp)
     print(f"choice on {P} ranks (what train --grid auto --strategy auto runs): {rp.label}, "
           f"{rp.time_s:.4g} s a step, {rp.memory_bytes / 2**30:.3g} GiB per rank")
+    print("where the step's predicted time goes:")
+    for what, t in rp.split:
+        print(f"  {t:>10.4g} s  {what}")
     print("next: " + train_command(args, cfg, rp))
     return out
 
@@ -438,6 +441,7 @@ def _run_plan_fields(rp: RunPlan) -> dict[str, Any]:
             "grid": None if rp.grid is None else str(rp.grid), "strategy": rp.strategy,
             "head_parallel": rp.head_parallel, "ring_chunks": rp.ring_chunks,
             "attention_block_rows": rp.attention_block_rows, "gcn_order": rp.gcn_order,
+            "split": [{"what": w, "seconds": t} for w, t in rp.split],
             "block_rows": rp.block_rows, "time_s": rp.time_s, "memory_bytes": rp.memory_bytes}
 
 

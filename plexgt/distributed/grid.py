@@ -1,11 +1,13 @@
 """The Gx x Gy x Gz virtual process grid: pure rank arithmetic, and its process groups.
 
-Ranks are laid out with Y varying fastest, then X, then Z::
+By default ranks are laid out with Y varying fastest, then X, then Z::
 
     rank = y + gy * (x + gx * z)
 
 so that the ranks of one Y group are consecutive. Job launchers (srun, mpiexec) place consecutive
-ranks on the same node, which keeps the Y axis, whose all-reduces run every layer, inside a node.
+ranks on the same node, which keeps the innermost axis inside a node (NVLink, xGMI). Which axis
+is innermost is a free choice (``Grid3D.order``, ``parallel.axis_order``): the planner searches
+it, since the axis whose groups stay inside a node is the one whose collectives are cheap.
 
 Everything here except :func:`build_groups` is a pure function of integers and is tested without
 MPI. The groups are created on every rank in the same order, as torch.distributed requires.
@@ -24,6 +26,10 @@ from plexgt.errors import GridError
 
 AXES: tuple[str, str, str] = ("x", "y", "z")
 PLANES: tuple[str, str, str] = ("xy", "yz", "zx")
+DEFAULT_ORDER = "yxz"
+"""Rank order innermost axis first: Y consecutive, then X, then Z (Plexus's)."""
+ORDERS: tuple[str, ...] = ("yxz", "xyz", "yzx", "zyx", "xzy", "zxy")
+"""Every axis order, the default first."""
 
 
 
@@ -37,12 +43,19 @@ class Grid3D:
     """Ranks along Y (fastest-varying, kept inside a node)."""
     gz: int
     """Ranks along Z."""
+    order: str = DEFAULT_ORDER
+    """The axes from innermost (consecutive ranks, one node's GPUs) to outermost, e.g. 'yxz':
+    where each axis's groups sit on the machine, so what their collectives cost; the
+    computation is the same under every order."""
 
     def __post_init__(self) -> None:
         for name in AXES:
             v = getattr(self, "g" + name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise GridError(f"grid factor g{name}={v!r} must be a positive integer")
+        if not isinstance(self.order, str) or sorted(self.order) != list(AXES):
+            raise GridError(f"axis order {self.order!r} must name x, y and z once each, "
+                            "innermost first (e.g. yxz)")
 
     @property
     def size(self) -> int:
@@ -58,23 +71,42 @@ class Grid3D:
         return getattr(self, "g" + _check_axis(axis))
 
     def __str__(self) -> str:
-        return f"{self.gx}x{self.gy}x{self.gz}"
+        base = f"{self.gx}x{self.gy}x{self.gz}"
+        return base if self.order == DEFAULT_ORDER else f"{base}:{self.order}"
+
+    def stride(self, axis: str) -> int:
+        """Rank distance between neighbours along ``axis``: the product of the extents of the
+        axes inside it in :attr:`order` (1 for the innermost)."""
+        out = 1
+        for a in self.order:
+            if a == _check_axis(axis):
+                return out
+            out *= self.dim(a)
+        return out
+
+    def with_order(self, order: str) -> Grid3D:
+        """The same extents with another rank order."""
+        return Grid3D(self.gx, self.gy, self.gz, order)
 
     # -- rank <-> coordinates -------------------------------------------------------------
     def coords(self, rank: int) -> tuple[int, int, int]:
         """(x, y, z) of ``rank``."""
         if not 0 <= rank < self.size:
             raise GridError(f"rank {rank} is outside grid {self} of {self.size} ranks")
-        y = rank % self.gy
-        x = (rank // self.gy) % self.gx
-        z = rank // (self.gy * self.gx)
-        return (x, y, z)
+        c = {}
+        for a in self.order:
+            c[a], rank = rank % self.dim(a), rank // self.dim(a)
+        return (c["x"], c["y"], c["z"])
 
     def rank(self, x: int, y: int, z: int) -> int:
         """Rank at coordinates (x, y, z)."""
         if not (0 <= x < self.gx and 0 <= y < self.gy and 0 <= z < self.gz):
             raise GridError(f"coordinates ({x}, {y}, {z}) are outside grid {self}")
-        return y + self.gy * (x + self.gx * z)
+        c = {"x": x, "y": y, "z": z}
+        out = 0
+        for a in reversed(self.order):
+            out = out * self.dim(a) + c[a]
+        return out
 
     def coord(self, rank: int, axis: str) -> int:
         """Coordinate of ``rank`` along ``axis``."""
@@ -140,11 +172,13 @@ def _check_plane(plane: str) -> tuple[str, str]:
 
 
 def parse_grid(text: str) -> Grid3D:
-    """Parse ``'GxxGyxGz'`` (e.g. ``'2x2x1'``)."""
-    parts = text.lower().split("x")
+    """Parse ``'GxxGyxGz'`` (e.g. ``'2x2x1'``), optionally with an axis order innermost first
+    (``'4x2x2:xyz'``; default yxz)."""
+    shape, sep, order = text.lower().partition(":")
+    parts = shape.split("x")
     if len(parts) != 3 or not all(p.isdigit() for p in parts):
         raise GridError(f"grid {text!r} is not of the form GxxGyxGz, e.g. 2x2x1")
-    return Grid3D(*(int(p) for p in parts))
+    return Grid3D(*(int(p) for p in parts), order if sep else DEFAULT_ORDER)
 
 
 def check_world_size(grid: Grid3D, world_size: int) -> None:

@@ -25,8 +25,8 @@ from plexgt.errors import ConfigError
 from plexgt.models.gcn import layer_widths
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionStrategy, StrategyRegistry
-from plexgt.plan.agp import SystemModel, Workload, gcn_grid_for
-from plexgt.plan.plexus_cost import Coefficients
+from plexgt.plan.agp import Estimate, SystemModel, Workload, gcn_grid_for
+from plexgt.plan.plexus_cost import Coefficients, PlexusEstimate, comm_split
 from plexgt.plan.search import GcnSearch, search_gcn
 from plexgt.plan.search_attention import AttentionSearch, search_attention
 
@@ -84,6 +84,8 @@ class ModelShape:
     attention_block_rows: int = 0
     """Strategies without a ring: query rows per attention block; 0: the plan's (whole unless
     the memory needs blocks)."""
+    axis_order: str = "auto"
+    """The grid's rank order, innermost axis first; 'auto': the plan's."""
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> ModelShape:
@@ -92,7 +94,7 @@ class ModelShape:
         m, par = cfg.model, cfg.parallel
         return cls(m.name, m.hidden, m.layers, m.heads, m.ffn_mult, cfg.esize,
                    par.gcn_order, par.block_rows or None, par.ring_chunks, m.super_nodes,
-                   m.node_embedding > 0, par.attention_block_rows)
+                   m.node_embedding > 0, par.attention_block_rows, par.axis_order)
 
 
 def gcn_dims(sizes: GraphSizes, shape: ModelShape) -> list[int]:
@@ -100,11 +102,14 @@ def gcn_dims(sizes: GraphSizes, shape: ModelShape) -> list[int]:
     return layer_widths(sizes.features, shape.hidden, max(1, sizes.classes), shape.layers)
 
 
-def resolve_grid(text: str, world_size: int) -> Grid3D | None:
-    """An explicit 'GxxGyxGz' checked against the world size, or None for 'auto'."""
+def resolve_grid(text: str, world_size: int, axis_order: str = "auto") -> Grid3D | None:
+    """An explicit 'GxxGyxGz' (with its ':order', else ``axis_order`` when not 'auto')
+    checked against the world size, or None for 'auto'."""
     if text == "auto":
         return None
     grid = parse_grid(text)
+    if ":" not in text and axis_order != "auto":
+        grid = grid.with_order(axis_order)
     check_world_size(grid, world_size)
     return grid
 
@@ -190,6 +195,10 @@ class RunPlan:
     label: str = ""
     """The searched configuration's name ('2x2x4 gemm_first block_rows=whole',
     'gp_2d 2x8 chunks=2 gcn 3d 2x2x4')."""
+    split: tuple[tuple[str, float], ...] = ()
+    """Where the predicted step's seconds go: compute, and each collective by axis with where
+    its groups sit (gcn), or the attention step's compute, copies, per-call costs and
+    collectives (gt / gps): so a user sees why this configuration."""
     shape: ModelShape | None = None
     """The model it was priced for (the config's, :meth:`ModelShape.of`): what a reader of the
     plan needs beyond the layout (heads, super nodes, aggregation blocks), so it takes the
@@ -206,6 +215,26 @@ class Choice(NamedTuple):
 
     plan: RunPlan
     search: GcnSearch | AttentionSearch
+
+
+def gcn_split(est: PlexusEstimate, coef: Coefficients) -> tuple[tuple[str, float], ...]:
+    """A 3D step's seconds: compute, then each axis's collectives with their placement."""
+    topo, g = coef.topology, est.grid
+    out = [("compute (SpMM and GEMM, calibrated)", est.compute_s)]
+    for axis, op, t in comm_split(est.traffic, g, coef):
+        size, stride = g.dim(axis), g.stride(axis)
+        where = (topo.group(size, stride).describe() if topo is not None
+                 else f"{size} ranks stride {stride}")
+        out.append((f"{op} over {axis}: {where}", t))
+    return tuple(out)
+
+
+def attention_split(est: Estimate) -> tuple[tuple[str, float], ...]:
+    """A gt / gps step's seconds as AGP prices them."""
+    return (("compute (attention kernels, dense blocks, GCN path: α·E)", est.compute_s),
+            ("layout copies", est.copy_s), ("per-call costs", est.calls_s),
+            (f"collectives ({est.comm_bytes / 1e6:.4g} MB sent by the busiest rank)",
+             est.comm_s))
 
 
 class NothingFits(ConfigError):
@@ -230,7 +259,7 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
     configuration given whole is priced, not checked against the memory: the user's call.
 
     Raises :class:`NothingFits` (a ConfigError) when nothing fits."""
-    fixed = resolve_grid(grid, world_size)
+    fixed = resolve_grid(grid, world_size, shape.axis_order)
     scales = None if any_scale and fixed is None else [world_size]
     if shape.name == "gcn":
         open_ = fixed is None or shape.gcn_order == "auto" or not shape.block_rows
@@ -238,14 +267,14 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
                            world_size, memory_per_rank if open_ else None, shape.gcn_order,
                            scales, input_grad=shape.trained_input,
                            input_density=sizes.feature_density, grid=fixed,
-                           block_rows=shape.block_rows)
+                           block_rows=shape.block_rows, axis_order=shape.axis_order)
         c = found.chosen
         if c is None:
             raise _none_fits(memory_per_rank, world_size, any_scale, found.least_memory)
         return Choice(RunPlan("gcn", c.scale, c.grid, gcn_order=c.order,
                               block_rows=c.block_rows, time_s=c.est.time_s,
-                              memory_bytes=c.est.memory_bytes, label=c.label, shape=shape),
-                      found)
+                              memory_bytes=c.est.memory_bytes, label=c.label,
+                              split=gcn_split(c.est, coef), shape=shape), found)
     w = workload(sizes, shape)
     cands = candidates(strategy, registry)
     check_head_axis(cands, world_size, head_parallel)
@@ -265,7 +294,8 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
         raise _none_fits(memory_per_rank, world_size, any_scale, found.least_memory)
     return Choice(RunPlan(shape.name, c.scale, c.gcn_grid, c.strategy, c.head_parallel,
                           c.ring_chunks, c.block_rows, time_s=c.est.time_s,
-                          memory_bytes=c.memory_bytes, label=c.label, shape=shape), found)
+                          memory_bytes=c.memory_bytes, label=c.label,
+                          split=attention_split(c.est), shape=shape), found)
 
 
 def _none_fits(limit: int | None, world_size: int, any_scale: bool,

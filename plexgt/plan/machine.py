@@ -10,9 +10,10 @@ replaces it field for field.
 Why derived coefficients and not a measurement: the planner must answer "how many GPUs, which
 layout" before the first allocation on the machine. The kernel terms come from a published
 per-kernel measurement (SpMM and SDDMM seconds per edge and column) and from bandwidth and
-peak-rate specifications; collectives from the link a group of its size crosses: a group that
-fits in a node (contiguous ranks, ``node.gpus`` at most) is priced on the node's links, a larger
-one on the network's. Strided groups inside a node are priced as contiguous ones.
+peak-rate specifications; collectives from where a group's ranks sit (:mod:`plexgt.plan.
+placement`): its size and stride decide how many nodes it spans and how many of a node's
+groups share its NICs, and a description's ``[[placement]]`` rules give the measured bandwidth
+by size and stride where it is published (each with its source).
 """
 
 from __future__ import annotations
@@ -23,26 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from plexgt.plan.placement import Link, Rule, Topology
+
 MACHINES_DIR = Path(__file__).resolve().parent / "machines"
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
 """The collectives the ledgers record (and the cost models price)."""
-RING_STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2, "all_to_all": 1,
-              "send_recv": 0}
-"""Latencies per (group size - 1) of each collective's ring algorithm (send_recv: one)."""
 
 
 class MachineError(ValueError):
     """A machine description that cannot be used (names the file and the field)."""
-
-
-@dataclass(frozen=True)
-class Link:
-    """One kind of connection between two GPUs."""
-
-    bytes_per_s: float
-    """Bytes a GPU sends per second over it, each way."""
-    latency_s: float
-    """Seconds per message step."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +57,19 @@ class Machine:
     inter: Link
     """Between GPUs of different nodes."""
     path: str = ""
+    nics_per_node: int = 0
+    """Network interfaces a node has (0: one a GPU)."""
+    nic_bytes_per_s: float = 0.0
+    """Bytes one NIC sends a second (0: the inter-node link's)."""
+    rules: tuple[Rule, ...] = ()
+    """Measured bandwidth by group size and stride (``[[placement]]``)."""
+
+    @property
+    def topology(self) -> Topology:
+        """Nodes and links as a collective's placement sees them."""
+        return Topology(self.gpus_per_node, self.nics_per_node or self.gpus_per_node,
+                        self.nic_bytes_per_s or self.inter.bytes_per_s, self.intra,
+                        self.inter, self.rules)
 
     def link(self, group_size: int) -> Link:
         """The link a group of contiguous ranks of this size crosses."""
@@ -104,15 +107,14 @@ class Machine:
         sizes = sorted({2 ** k for k in range(1, max(1, max_ranks - 1).bit_length() + 1)}
                        | {self.gpus_per_node, self.gpus_per_node + 1})
         out: dict[str, dict[str, dict[str, float]]] = {}
+        topo = self.topology
         for op in OPS:
             out[op] = {}
             for s in sizes:
                 if s < 2:
                     continue
-                ln = self.link(s)
-                steps = 1 if op == "send_recv" else RING_STEPS[op] * (s - 1)
-                out[op][str(s)] = {"latency_s": steps * ln.latency_s,
-                                   "s_per_byte": 1.0 / ln.bytes_per_s}
+                lat, spb = topo.call(op, s, 1)  # contiguous ranks, as a job's groups of s
+                out[op][str(s)] = {"latency_s": lat, "s_per_byte": spb}
         return out
 
     def profile(self, max_ranks: int) -> dict[str, Any]:
@@ -130,6 +132,7 @@ class Machine:
             "plexus": {"spmm_s_per_nnz_col": k["spmm_s_per_nnz_col"],
                        "gemm_s_per_fma": k["gemm_s_per_fma"],
                        "latency_s": ln.latency_s, "s_per_byte": 1.0 / ln.bytes_per_s},
+            "placement": self.topology.to_dict(),
         }
 
 
@@ -184,9 +187,34 @@ def load_machine(spec: str | Path) -> Machine:
         return Link(num(f"links.{which}", "gb_per_s") * 1e9,
                     num(f"links.{which}", "latency_us") * 1e-6)
 
+    def opt(section: str, key: str, integer: bool = False) -> float:
+        return num(section, key, integer) if key in (raw.get(section) or {}) else 0
+
+    def rule(i: int, r: Any) -> Rule:
+        where = f"placement.rules[{i}]"
+        if not isinstance(r, dict) or not isinstance(r.get("source"), str) or not r["source"]:
+            raise MachineError(f"{path}: {where} needs a source (where its number comes from)")
+        vals = {}
+        for key in ("stride_min", "stride_max", "size_min", "size_max", "gb_per_s"):
+            v = r.get(key)
+            if v is None and key in ("stride_max", "size_max"):
+                vals[key] = None
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0 \
+                    or not math.isfinite(v) or (key != "gb_per_s" and not isinstance(v, int)):
+                raise MachineError(f"{path}: {where}.{key} = {v!r} must be a positive "
+                                   f"{'number' if key == 'gb_per_s' else 'integer'}")
+            vals[key] = v
+        return Rule(vals["stride_min"], vals["stride_max"], vals["size_min"],
+                    vals["size_max"], vals["gb_per_s"] * 1e9, r["source"])
+
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise MachineError(f"{path}: missing name")
+    rules = (raw.get("placement") or {}).get("rules", []) if isinstance(
+        raw.get("placement", {}), dict) else None
+    if not isinstance(rules, list):
+        raise MachineError(f"{path}: placement.rules must be a list of tables")
     return Machine(
         name=name, description=str(raw.get("description", name)),
         device=str(raw.get("device", "cuda")),
@@ -197,4 +225,7 @@ def load_machine(spec: str | Path) -> Machine:
         spmm_s_per_edge_col=num("kernels", "spmm_s_per_edge_col"),
         sddmm_s_per_edge_col=num("kernels", "sddmm_s_per_edge_col"),
         intra=link("intra"), inter=link("inter"), path=str(path),
+        nics_per_node=int(opt("node", "nics", integer=True)),
+        nic_bytes_per_s=opt("node", "nic_gb_per_s") * 1e9,
+        rules=tuple(rule(i, r) for i, r in enumerate(rules)),
     )

@@ -19,6 +19,7 @@ from plexgt.distributed.layout3d import LayerLayout, layer_layouts, output_plane
 from plexgt.models.gcn import layer_widths
 from plexgt.parallel.attention.strategy import graph_bytes
 from plexgt.plan.host import Host, across_group_sizes
+from plexgt.plan.placement import Topology
 
 
 def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad: bool,
@@ -140,6 +141,10 @@ class Coefficients:
     host: Host = field(default_factory=Host)
     """The node's sharing: κ(s), the threads of CPU ranks fewer than the cores, time-shared
     collectives and the per-call cost of a collective between busy phases."""
+    topology: Topology | None = None
+    """Where a machine's ranks sit (a machine description's placement): collectives priced by
+    their group's size and stride, so the grid's axis order matters. None (a measured
+    profile of one node): by group size alone."""
     compute_scale: float = 1.0
     """Measured over predicted compute of whole one-rank GCN training steps (the profile's
     ``gcn_step`` samples, :func:`gcn_step_calibration`): what the SpMM and GEMM rates, timed
@@ -158,7 +163,9 @@ class Coefficients:
         table = tuple((op, int(g), float(f["latency_s"]), float(f["s_per_byte"]))
                       for op, by in sorted((prof.get("collective_fits") or {}).items())
                       if op in LAYER_OPS for g, f in sorted(by.items(), key=lambda x: int(x[0])))
-        coef = cls(**prof["plexus"], collectives=table, host=Host.from_profile(prof))
+        topo = Topology.from_dict(prof["placement"]) if prof.get("placement") else None
+        coef = cls(**prof["plexus"], collectives=table, host=Host.from_profile(prof),
+                   topology=topo)
         steps = (prof.get("kernels") or {}).get("gcn_step")
         return replace(coef, compute_scale=gcn_step_calibration(coef, steps or []))
 
@@ -169,17 +176,21 @@ class Coefficients:
         object.__setattr__(self, "_fits", fits)
         object.__setattr__(self, "_prices", {})
 
-    def price(self, op: str, g: int, p: int) -> tuple[float, float]:
-        """(seconds per call, seconds per byte) of one ``op`` over g of a job's p ranks: the
-        per-call parts (latency, the loaded wait) at :meth:`~plexgt.plan.host.Host.
-        call_group`, the bytes at g's rate time-shared (:meth:`~plexgt.plan.host.Host.
-        bytes_time`).
-        Remembered per (op, g, p): a search prices ~10^6 calls over a few dozen of them."""
-        key = (op, g, p)
+    def price(self, op: str, g: int, p: int, stride: int = 1) -> tuple[float, float]:
+        """(seconds per call, seconds per byte) of one ``op`` over g of a job's p ranks whose
+        members are ``stride`` ranks apart: with a :attr:`topology`, its placement's latency
+        and bandwidth; else the per-call parts (latency, the loaded wait) at :meth:`~plexgt.
+        plan.host.Host.call_group` and the bytes at g's rate time-shared (:meth:`~plexgt.
+        plan.host.Host.bytes_time`).
+        Remembered per (op, g, p, stride): a search prices ~10^6 calls over a few dozen."""
+        key = (op, g, p, stride)
         got = self._prices.get(key)
         if got is None:
-            got = (self.host.per_call_time(lambda q: self.call(op, q)[0], g, p),
-                   self.host.bytes_time(self.call(op, g)[1], p))
+            if self.topology is not None and g > 1:
+                got = self.topology.call(op, g, stride)
+            else:
+                got = (self.host.per_call_time(lambda q: self.call(op, q)[0], g, p),
+                       self.host.bytes_time(self.call(op, g)[1], p))
             self._prices[key] = got
         return got
 
@@ -221,6 +232,10 @@ LAYER_OPS = ("all_gather", "reduce_scatter", "all_reduce")
 PROCESS_BASE_BYTES = 350 << 20
 
 
+Traffic = tuple[tuple[str, str, int, int], ...]
+"""(axis, op, calls, bytes) of one rank's step, summed per axis and operation."""
+
+
 @dataclass(frozen=True)
 class PlexusEstimate:
     grid: Grid3D
@@ -230,10 +245,32 @@ class PlexusEstimate:
     compute_s: float
     memory_bytes: int
     """Max over ranks: process base, adjacency blocks, activations, parameters and Adam."""
+    traffic: Traffic = ()
+    """What the step sends, by axis and operation (:func:`comm_split` prices it)."""
 
     @property
     def time_s(self) -> float:
         return self.comm_s + self.compute_s
+
+
+def comm_split(traffic: Traffic, grid: Grid3D, coef: Coefficients
+               ) -> list[tuple[str, str, float]]:
+    """(axis, op, seconds) of a step's collectives on ``grid`` (its extents and axis order:
+    where each axis's groups sit, so what they cost)."""
+    p = grid.size
+    out = []
+    for axis, op, calls, nbytes in traffic:
+        per_call, per_byte = coef.price(op, grid.dim(axis), p, grid.stride(axis))
+        out.append((axis, op, calls * per_call + nbytes * per_byte))
+    return out
+
+
+def reorder(est: PlexusEstimate, order: str, coef: Coefficients) -> PlexusEstimate:
+    """``est`` on the same grid with ranks numbered in axis order ``order``: the same
+    computation, bytes and memory; only the collectives' prices move."""
+    grid = est.grid.with_order(order)
+    comm = sum(t for _, _, t in comm_split(est.traffic, grid, coef))
+    return replace(est, grid=grid, comm_s=comm)
 
 
 def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
@@ -248,7 +285,7 @@ def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
     # all, which keeps a search over every factorisation of every scale fast
     rc = rank_cost(grid, 0, n, nnz, dims, esize, coef, block_rows, order, input_grad,
                    input_density)
-    return PlexusEstimate(grid, rc.nbytes, rc.comm_s, rc.compute_s, rc.mem)
+    return PlexusEstimate(grid, rc.nbytes, rc.comm_s, rc.compute_s, rc.mem, rc.traffic)
 
 
 class RankCost(NamedTuple):
@@ -264,7 +301,10 @@ class RankCost(NamedTuple):
     """Peak bytes."""
     comm_s: float
     """Collective seconds: each call at its group's latency, the loaded per-call cost and
-    its bytes (time-shared when CPU ranks outnumber the cores)."""
+    its bytes (time-shared when CPU ranks outnumber the cores), each group placed by the
+    grid's axis order."""
+    traffic: Traffic = ()
+    """The same calls and bytes by axis and operation."""
 
 
 def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: int,
@@ -276,6 +316,8 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
                          first_order="gemm_first" if sparse else None)
     host, p = coef.host, grid.size
     nbytes, calls, flops_s, mem, comm = 0, 0, 0.0, 0, 0.0
+    traffic: dict[tuple[str, str], list[int]] = {}
+    stride = {a: grid.stride(a) for a in "xyz"}
     for lay in lays:
         ga, gb, gc = lay.g
         rows_pad, cols_pad = lay.rows_pad, lay.cols_pad
@@ -286,8 +328,11 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
             if b:
                 nbytes += b
                 calls += 1
-                per_call, per_byte = coef.price(op, extent[role], p)
+                per_call, per_byte = coef.price(op, extent[role], p, stride[role])
                 comm += per_call + b * per_byte
+                t = traffic.setdefault((role, op), [0, 0])
+                t[0] += 1
+                t[1] += b
         blk_nnz = nnz / (ga * gc)
         shard = cols_pad * lay.d_in // (gb * gc) * (2 if lay.layer == 0 else 1)
         mem += int(blk_nnz * 12 * 2)  # CSR + transpose: 8-byte index + 4-byte value
@@ -322,7 +367,8 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
         flops_s += spmm * coef.spmm_s_per_nnz_col + gemm * coef.gemm_s_per_fma
     mem += PROCESS_BASE_BYTES
     flops_s *= coef.compute_scale * host.compute_factor(p)
-    return RankCost(nbytes, calls, flops_s, mem, comm)
+    return RankCost(nbytes, calls, flops_s, mem, comm,
+                    tuple((a, op, c, b) for (a, op), (c, b) in traffic.items()))
 
 
 def rank_grids(world_size: int, n: int, nnz: int, dims: list[int], esize: int,

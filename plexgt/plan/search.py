@@ -17,6 +17,11 @@ variants of each would take minutes. The second stage is a heuristic: it assumes
 blocking reorder configurations within the leading grids and scales, not across the whole
 field. ``refine=None`` enumerates fully; the tests compare the two on small P, and
 perf/results/plan_search.json times P = 2048.
+
+On a machine whose placement is known (a description's topology), each grid is also priced in
+every axis order (which axis is innermost, so inside a node): the order changes only what its
+collectives cost, so a grid is priced once and its traffic repriced per order
+(:func:`~plexgt.plan.plexus_cost.reorder`), and the cheapest order stands for the grid.
 """
 
 from __future__ import annotations
@@ -24,10 +29,17 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from plexgt.distributed.grid import Grid3D, factorizations
+from plexgt.distributed.grid import DEFAULT_ORDER, Grid3D, factorizations
+from plexgt.distributed.grid import ORDERS as AXIS_ORDERS
 from plexgt.distributed.layout3d import layer_layouts
 from plexgt.plan.pareto import chosen_and_frontier, frontier
-from plexgt.plan.plexus_cost import Coefficients, PlexusEstimate, estimate, layout_block_rows
+from plexgt.plan.plexus_cost import (
+    Coefficients,
+    PlexusEstimate,
+    estimate,
+    layout_block_rows,
+    reorder,
+)
 
 REFINE = 4
 """Grids per scale priced again in every order and blocking (the second stage)."""
@@ -87,17 +99,47 @@ def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients
                world_size: int, memory_limit: int | None = None, order: str = "auto",
                scales: list[int] | None = None, refine: int | None = REFINE,
                input_grad: bool = False, input_density: float | None = None,
-               grid: Grid3D | None = None, block_rows: int | None = None) -> GcnSearch:
+               grid: Grid3D | None = None, block_rows: int | None = None,
+               axis_order: str = "auto") -> GcnSearch:
     """Search every factorisation of every scale in ``scales`` (default 1..world_size; only
     ``grid`` when given), the layer orders (``order`` 'auto': all of :data:`ORDERS`; else
     that one) and blocked or whole aggregation (``block_rows`` given: those rows only); see
-    the module docstring. ``refine=None`` prices every combination."""
+    the module docstring. ``refine=None`` prices every combination. ``axis_order``: 'auto'
+    searches the rank order where the coefficients know the machine's placement (else the
+    default), or that one; a given ``grid`` keeps its own."""
     t0 = time.perf_counter()
     orders = ORDERS if order == "auto" else (order,)
     kw = dict(input_grad=input_grad, input_density=input_density)
+    if grid is not None:
+        axis_orders: tuple[str, ...] = (grid.order,)
+    elif axis_order != "auto":
+        axis_orders = (axis_order,)
+    else:
+        axis_orders = AXIS_ORDERS if coef.topology is not None else (DEFAULT_ORDER,)
 
     def price(g: Grid3D, o: str, br: int | None) -> GcnConfig:
-        return GcnConfig(g, o, br, estimate(g, n, nnz, dims, esize, coef, br, o, **kw))
+        est = estimate(g.with_order(axis_orders[0]), n, nnz, dims, esize, coef, br, o, **kw)
+        if len(axis_orders) > 1:
+            best, best_comm = axis_orders[0], est.comm_s
+            ext = {"x": g.gx, "y": g.gy, "z": g.gz}
+            seen = set()
+            for ao in axis_orders[1:]:
+                stride, acc = {}, 1
+                for a in ao:
+                    stride[a], acc = acc, acc * ext[a]
+                key = tuple(stride[a] if ext[a] > 1 else 0 for a in "xyz")
+                if key in seen:
+                    continue
+                seen.add(key)
+                comm = 0.0
+                for axis, op, calls, nbytes in est.traffic:
+                    per_call, per_byte = coef.price(op, ext[axis], g.size, stride[axis])
+                    comm += calls * per_call + nbytes * per_byte
+                if comm < best_comm:
+                    best, best_comm = ao, comm
+            if best != axis_orders[0]:
+                est = reorder(est, best, coef)
+        return GcnConfig(est.grid, o, br, est)
 
     least: tuple[int, int] | None = None
 

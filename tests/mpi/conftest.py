@@ -13,7 +13,7 @@ import os
 import pytest
 from mpi4py import MPI
 
-from plexgt.distributed.grid import factorizations
+from plexgt.distributed.grid import factorizations, parse_grid
 
 from .harness import (  # noqa: F401 - pytest takes a conftest's hooks by name
     pytest_configure,
@@ -36,6 +36,9 @@ REPRESENTATIVE = {4: ("2x2x1", "1x2x2", "4x1x1", "1x1x4"),
 # and the 20-step training curves (the slowest model tests) on two of them at 4 ranks, on
 # one at 6 and 8 (a 2D and a 3D grid; the step tests cover the rest)
 CURVES = {4: ("2x2x1", "1x1x4"), 6: ("1x2x3",), 8: ("2x2x2",)}
+# and each of 4, 6 and 8 ranks once in another rank order (X or Z innermost instead of Y):
+# the order moves which ranks hold which blocks, never the result
+REORDERED = {4: ("2x2x1:xyz",), 6: ("3x2x1:zxy",), 8: ("2x2x2:zyx",)}
 ALL_GRIDS = os.environ.get("PLEXGT_ALL_GRIDS") == "1"
 ROW_PARTITIONED = pytest.mark.skipif(
     WORLD > 6 and not ALL_GRIDS,
@@ -52,10 +55,11 @@ def grids_for_world(every: bool = True, curves: bool = False) -> list:
     ``every=False`` (whole-model tests) the representative ones at 6 and 8 ranks, or with
     ``curves=True`` (training curves) two of those."""
     grids = factorizations(WORLD)
+    other = [] if curves else [parse_grid(t) for t in REORDERED.get(WORLD, ())]
     if every or ALL_GRIDS or WORLD not in REPRESENTATIVE:
-        return grids
+        return grids + other
     keep = CURVES[WORLD] if curves else REPRESENTATIVE[WORLD]
-    return [g for g in grids if str(g) in keep]
+    return [g for g in grids if str(g) in keep] + other
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 import pytest
 import torch.distributed as dist
 
-from plexgt.distributed.grid import Grid3D
+from plexgt.distributed.grid import parse_grid
 from plexgt.models.gps import GPS
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.gps_dist import DistGPS
@@ -42,12 +42,13 @@ from .test_gt_dist import (
 prepared = _gt.prepared  # the fixtures, module-scoped here too
 groups = _gt.groups
 GRIDS = {1: ["1x1x1"], 2: ["2x1x1", "1x2x1", "1x1x2"], 3: ["3x1x1", "1x1x3"],
-         4: ["2x2x1", "1x2x2", "4x1x1"], 6: ["3x2x1", "1x2x3"], 8: ["2x2x2", "2x1x4"]}
+         4: ["2x2x1", "1x2x2", "4x1x1", "2x2x1:xyz"], 6: ["3x2x1", "1x2x3", "3x2x1:zxy"],
+         8: ["2x2x2", "2x1x4", "2x2x2:zyx"]}
 CASES = [(p, g) for p in SIZES for g in GRIDS.get(p, [f"{p}x1x1"])]
 
 
 def _grid(text):
-    return Grid3D(*(int(v) for v in text.split("x")))
+    return parse_grid(text)
 
 
 @pytest.fixture(scope="module")

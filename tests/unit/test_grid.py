@@ -105,3 +105,30 @@ def test_factorizations(p):
     assert all(g.size == p for g in fs)
     assert len(set(fs)) == len(fs)
     assert Grid3D(p, 1, 1) in fs and Grid3D(1, 1, p) in fs
+
+
+@pytest.mark.parametrize("order", ["yxz", "xyz", "yzx", "zyx", "xzy", "zxy"])
+def test_every_axis_order_numbers_each_rank_once_with_the_innermost_consecutive(order):
+    from plexgt.distributed.grid import Grid3D, parse_grid
+
+    g = Grid3D(2, 3, 4, order)
+    assert sorted(g.rank(*g.coords(r)) for r in range(g.size)) == list(range(g.size))
+    inner = order[0]
+    members = g.axis_members(0, inner)
+    assert members == list(range(g.dim(inner)))  # consecutive ranks: one node's GPUs
+    outer = order[2]
+    assert g.stride(outer) == g.size // g.dim(outer)
+    assert parse_grid(str(g)) == g and (":" in str(g)) == (order != "yxz")
+    for axis in "xyz":  # group-rank order stays ascending global rank (torch's)
+        ms = g.axis_members(5, axis)
+        assert ms == sorted(ms)
+
+
+def test_a_bad_axis_order_is_refused():
+    from plexgt.distributed.grid import Grid3D, parse_grid
+    from plexgt.errors import GridError
+
+    with pytest.raises(GridError, match="axis order 'xxz' must name x, y and z once each"):
+        Grid3D(2, 2, 2, "xxz")
+    with pytest.raises(GridError, match="must name x, y and z"):
+        parse_grid("2x2x2:ab")

@@ -496,3 +496,49 @@ def test_plan_head_axis_without_gp_2d_is_refused(capsys):
     err = _one_line_error(capsys, ["plan", *PAPERS, "--world-size", "4", "--head-parallel",
                                    "2", "--strategies", "gp_ring,gp_ag"])
     assert "--strategies gp_ring,gp_ag has no head axis" in err
+
+
+def test_the_axis_order_is_a_config_key_the_plan_carries(prepared):
+    """parallel.axis_order sets the grid's rank order (the plan's where 'auto': on a CPU node
+    without a placement model, Y innermost); a bad one is train's one line."""
+    from plexgt.errors import ConfigError
+    from plexgt.plan.knobs import load_config
+    from plexgt.tasks.task import run_plan
+
+    pg = PreparedGraph(prepared)
+    base = [f"--data={prepared}", "--model.name=gcn"]
+    assert run_plan(load_config(None, None, base), pg, 4).grid.order == "yxz"
+    got = run_plan(load_config(None, None, [*base, "--parallel.axis_order=zxy"]), pg, 4).grid
+    assert got.order == "zxy"
+    fixed = load_config(None, None, [*base, "--parallel.grid=2x2x1",
+                                     "--parallel.axis_order=xyz"])
+    assert str(run_plan(fixed, pg, 4).grid) == "2x2x1:xyz"
+    assert str(run_plan(load_config(None, None, [*base, "--parallel.grid=2x1x2:zyx"]),
+                        pg, 4).grid) == "2x1x2:zyx"
+    with pytest.raises(ConfigError, match="'parallel.axis_order': 'xxy' must be 'auto'"):
+        load_config(None, None, [*base, "--parallel.axis_order=xxy"])
+
+
+def test_a_machine_plan_searches_the_axis_order_and_prints_the_split(tmp_path, capsys):
+    """On a machine description the search prices every rank order: its choice is at least
+    as fast as the default order's, and plan prints where the time goes, axis by axis."""
+    from plexgt.plan.choose import GraphSizes, ModelShape, choose
+    from plexgt.plan.machine import load_machine
+
+    prof = load_machine("perlmutter").profile(256)
+    coef, sysm = Coefficients.from_profile(prof), SystemModel.from_profile(prof)
+    sizes = GraphSizes(111_059_956, 1_837_805_784, 128, 172)
+    free = choose(sizes, ModelShape("gcn", 128, 3, esize=2), 256, sysm, coef).plan
+    yxz = choose(sizes, ModelShape("gcn", 128, 3, esize=2, axis_order="yxz"), 256, sysm,
+                 coef).plan
+    assert free.time_s <= yxz.time_s and yxz.grid.order == "yxz"
+    assert free.split[0][0].startswith("compute") and sum(t for _, t in free.split) == \
+        pytest.approx(free.time_s)
+    js = tmp_path / "p.json"
+    assert main(["plan", "--model", "gcn", "--nodes", "111059956", "--edges", "1837805784",
+                 "--features", "128", "--classes", "172", "--layers", "3", "--dtype",
+                 "bfloat16", "--world-size", "256", "--machine", "perlmutter", "--json",
+                 str(js)]) == 0
+    out = capsys.readouterr().out
+    assert "where the step's predicted time goes:" in out and "stride" in out
+    assert json.loads(js.read_text())["choice"]["label"] == free.label

@@ -26,7 +26,14 @@ def add_arguments(p: argparse.ArgumentParser, formats: FormatRegistry | None = N
     source_options.add_arguments(p, formats)
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument("--tiles", type=int, help="tiles per side T (default: ~8M nonzeros a tile)")
-    p.add_argument("--symmetrize", action="store_true", help="add every reverse edge")
+    sym = p.add_mutually_exclusive_group()
+    sym.add_argument("--symmetrize", nargs="?", choices=("auto", "yes", "no"), const="yes",
+                     default="auto",
+                     help="add every reverse edge: auto (default) = when fewer than 1%% of the "
+                     "edges have their reverse (an undirected graph listed once; the summary "
+                     "line says which); --symmetrize (yes) always; no = keep the graph directed")
+    sym.add_argument("--no-symmetrize", dest="symmetrize", action="store_const", const="no",
+                     help="keep the graph directed (= --symmetrize no)")
     p.add_argument("--no-self-loops", action="store_true", help="do not add self loops")
     p.add_argument("--sparse-features", choices=("auto", "yes", "no"), default="auto",
                    help="store features as CSR tiles that train sparse (X·W as SpMM): auto = "
@@ -83,7 +90,21 @@ def run(args: argparse.Namespace, formats: FormatRegistry | None = None) -> int:
 
 
 def summary_line(m: dict, out: Path) -> str:
-    """One line: N, E, F, C, tiles, tile imbalance (max/mean nnz), time, output."""
+    """One line: N, E, F, C, whether (and why) symmetrized, tiles, tile imbalance (max/mean
+    nnz), time, output."""
     return (f"prep: {m['name']}: N={m['N']} E={m['E']} F={m['F']} C={m['C']} "
-            f"tiles={m['T']}x{m['T']} imbalance={m['tile_imbalance']:.3f} "
+            f"{symmetry_note(m)} tiles={m['T']}x{m['T']} imbalance={m['tile_imbalance']:.3f} "
             f"time={m['prep_seconds']:.1f}s ranks={m['prep_ranks']} -> {out}")
+
+
+def symmetry_note(m: dict) -> str:
+    """``symmetrized=yes|no`` with the measured share of edges that have their reverse, and
+    when ``auto`` decided, that it did (``symmetrized=yes (auto: 0.0% of edges have their
+    reverse)``)."""
+    r = m.get("reciprocity", {})
+    sym = "yes" if m.get("symmetrized") else "no"
+    if "fraction" not in r:
+        return f"symmetrized={sym}"
+    share = f"{100 * r['fraction']:.1f}%{'' if r.get('exact', True) else ' (sampled)'}"
+    auto = "auto: " if r.get("asked") == "auto" else ""
+    return f"symmetrized={sym} ({auto}{share} of edges have their reverse)"

@@ -22,7 +22,7 @@ from plexgt.data.verify import verify
 from plexgt.distributed.hostcomm import HostComm
 from plexgt.distributed.mpiwait import arrive
 from plexgt.errors import DataError
-from tests.datagen import small_graph
+from tests.datagen import one_sided, small_graph
 
 from .conftest import ALL_GRIDS
 
@@ -69,6 +69,24 @@ def test_parallel_equals_serial(shared_dir, kind, perm):
         assert s["files"] == m["files"]
         res = verify(shared_dir / "par")
         assert res["ok"], res["problems"]
+
+
+@pytest.mark.parametrize("sample", [None, 200])
+def test_symmetrize_auto_decides_alike_on_every_rank(shared_dir, monkeypatch, sample):
+    """Each rank samples its share of the edges; rank 0 counts them all and every rank takes
+    its decision: a one-sided list is symmetrized (sampled or exact), as a serial run does."""
+    from plexgt.data import reciprocity
+
+    if sample is not None:
+        monkeypatch.setattr(reciprocity, "SAMPLE_EDGES", sample)
+    g = one_sided(400, 1600, seed=4)
+    kw = dict(tiles=3, symmetrize="auto", permutation="random", chunk_edges=61)
+    m = prepare(MemorySource(g), _opts(shared_dir / "par", **kw), COMM)
+    decided = COMM.allgather((m["symmetrized"], m["reciprocity"]["exact"]))
+    assert decided == [(True, sample is None)] * COMM.size
+    if COMM.rank == 0:
+        s = prepare(MemorySource(g), _opts(shared_dir / "ser", **kw))
+        assert s["files"] == m["files"] and s["symmetrized"]
 
 
 def test_bad_input_stops_every_rank_and_leaves_nothing(shared_dir):

@@ -10,7 +10,8 @@ Two layouts, told apart by what ``ROOT/raw`` holds:
   float [N, 1] (NaN = unlabelled).
 
 Splits: ``ROOT/split/NAME/{train,valid,test}.csv.gz`` (one node id per line). Edges are read
-as stored (a pair ``a,b`` is the message a -> b); pass ``--symmetrize`` for undirected models.
+as stored (a pair ``a,b`` is the message a -> b); prep's ``--symmetrize auto`` adds the reverse
+edges when almost none are present (a citation graph), ``--no-symmetrize`` keeps them directed.
 Both layouts are streamed (:class:`OgbNpzSource`, :class:`OgbCsvSource`): edges and feature
 rows are read in chunks, so neither papers100M nor products has to fit in memory; labels and
 splits (node-sized arrays) are read whole.

@@ -37,7 +37,8 @@ def add_arguments(p: argparse.ArgumentParser, formats: FormatRegistry | None = N
     p.add_argument("--no-self-loops", action="store_true", help="do not add self loops")
     p.add_argument("--sparse-features", choices=("auto", "yes", "no"), default="auto",
                    help="store features as CSR tiles that train sparse (X·W as SpMM): auto = "
-                   "when the source's density is known and below 10%% (bag-of-words)")
+                   "when their density (nonzeros / N·F, as the source declares it or prep "
+                   "measures it) is below 10%% (bag-of-words)")
     p.add_argument("--features-dtype", choices=("float16", "float32"),
                    help="stored feature dtype (default: float16 sources stay float16, "
                    "others float32)")
@@ -90,11 +91,21 @@ def run(args: argparse.Namespace, formats: FormatRegistry | None = None) -> int:
 
 
 def summary_line(m: dict, out: Path) -> str:
-    """One line: N, E, F, C, whether (and why) symmetrized, tiles, tile imbalance (max/mean
-    nnz), time, output."""
+    """One line: N, E, F, C, whether (and why) symmetrized, the features' layout and density,
+    tiles, tile imbalance (max/mean nnz), time, output."""
     return (f"prep: {m['name']}: N={m['N']} E={m['E']} F={m['F']} C={m['C']} "
-            f"{symmetry_note(m)} tiles={m['T']}x{m['T']} imbalance={m['tile_imbalance']:.3f} "
-            f"time={m['prep_seconds']:.1f}s ranks={m['prep_ranks']} -> {out}")
+            f"{symmetry_note(m)}{feature_note(m)} tiles={m['T']}x{m['T']} "
+            f"imbalance={m['tile_imbalance']:.3f} time={m['prep_seconds']:.1f}s "
+            f"ranks={m['prep_ranks']} -> {out}")
+
+
+def feature_note(m: dict) -> str:
+    """`` features=csr (0.3% nonzero)`` (empty without features)."""
+    if not m.get("F"):
+        return ""
+    d = m.get("feature_density")
+    return f" features={m.get('feature_layout', 'dense')}" + (
+        "" if d is None else f" ({100 * d:.3g}% nonzero)")
 
 
 def symmetry_note(m: dict) -> str:

@@ -45,8 +45,9 @@ class PrepOptions:
     self_loops: bool = True
     features_dtype: str | None = None
     sparse_features: str = "auto"
-    """Feature tiles as CSR ('yes'), dense ('no'), or 'auto': CSR when the source's feature
-    density is known and below :data:`SPARSE_DENSITY` (bag-of-words inputs)."""
+    """Feature tiles as CSR ('yes'), dense ('no'), or 'auto': CSR when the feature density
+    (nonzeros / N·F) is below :data:`SPARSE_DENSITY` (bag-of-words inputs): the density the
+    source declares, else the one prep measures on its pass over the features."""
     """'float16' | 'float32' | None (float16 sources stay float16, others become float32)."""
     seed: int = 0
     permutation: str = "random"
@@ -80,14 +81,15 @@ nnz·d multiply-adds against N·F·d dense, with index traffic on top: Coauthor 
 gains, Amazon Computers (35%) does not (perf/bench_sparse_features.py)."""
 
 
-def resolve_sparse(option: str, density: float | None, f: int) -> bool:
-    """Whether to store CSR feature tiles (:attr:`PrepOptions.sparse_features`)."""
+def resolve_sparse(option: str, density: float | None, f: int) -> bool | None:
+    """Whether to store CSR feature tiles (:attr:`PrepOptions.sparse_features`); None: 'auto'
+    with the density still unknown (prep measures it, then :meth:`PrepRun.set_density`)."""
     if option not in ("auto", "yes", "no"):
         raise DataError(f"--sparse-features {option}: expected auto|yes|no")
     if f == 0:
         return False
     if option == "auto":
-        return density is not None and density < SPARSE_DENSITY
+        return None if density is None else density < SPARSE_DENSITY
     return option == "yes"
 
 
@@ -192,8 +194,11 @@ class PrepRun:
     """The permutation this run computes: the option, with 'auto' resolved."""
     balance_info: dict[str, Any] = field(default_factory=dict)
     """``balanced`` only, rank 0: what the refinement reports (recorded in the manifest)."""
-    sparse: bool = False
-    """Feature blocks are stored as CSR (:func:`resolve_sparse`)."""
+    sparse: bool | None = False
+    """Feature blocks are stored as CSR (:func:`resolve_sparse`); None until the measured
+    density decides (before the build stage, alike on every rank)."""
+    feature_density: float | None = None
+    """Nonzeros / (N·F) of the features: the source's own figure, or measured by prep."""
     asked_symmetrize: bool | None = False
     """What :attr:`PrepOptions.symmetrize` asked: True, False, None (auto)."""
     symmetrize: bool | None = None
@@ -206,6 +211,12 @@ class PrepRun:
     def sym_bound(self) -> bool:
         """Whether the stored edges may be symmetrized (sizes before the decision)."""
         return self.asked_symmetrize is not False if self.symmetrize is None else self.symmetrize
+
+    def set_density(self, density: float) -> None:
+        """Record the measured feature density (identical on every rank); decide 'auto'."""
+        self.feature_density = density
+        if self.sparse is None:
+            self.sparse = density < SPARSE_DENSITY
 
     def set_reciprocity(self, info: dict[str, Any]) -> None:
         """Record the measured reciprocity (identical on every rank) and decide."""
@@ -256,13 +267,15 @@ class PrepRun:
             params["balance_blocks"] = balance_blocks
         if source.num_edge_features:
             params["FE"] = source.num_edge_features
-        sparse = resolve_sparse(opts.sparse_features, source.feature_density(), f)
-        params["feature_layout"] = "csr" if sparse else "dense"
+        density = source.feature_density() if f else None
+        sparse = resolve_sparse(opts.sparse_features, density, f)
+        params["feature_layout"] = "auto" if sparse is None else "csr" if sparse else "dense"
         units = ([(k, i) for k in MATRICES for i in range(t)]
                  + [(FEATURE_UNIT, i) for i in range(nfb)])
         empty = np.empty(0, dtype=idx_dtype)
         run = cls(source, opts, comm, n, t, size, idx_dtype, f, fdtype, fb, nfb, balance_blocks,
-                  params, units, empty, empty, perm, sparse=sparse, asked_symmetrize=asked)
+                  params, units, empty, empty, perm, sparse=sparse, feature_density=density,
+                  asked_symmetrize=asked)
         if perm == "random":
             run.set_perms(*permutations(n, opts.seed))
         return run
@@ -348,7 +361,8 @@ def prep_bytes(run: PrepRun) -> int:
     and column ids, edge features, segment index), the feature buckets (Q position and row,
     unless the source reads rows by id), both matrices' tiles (indices, edge features, row
     counts of up to 2 bytes, degrees, HDF5 objects), the feature blocks (dense: whole chunks,
-    as HDF5 stores the last one; CSR: indptr, indices, values at the source's density), the
+    as HDF5 stores the last one, also while 'auto' awaits the measured density: below the
+    CSR threshold dense is the larger; CSR: indptr, indices, values at the density), the
     node arrays, and the small records (completion records, JSON) a block each."""
     n, t, f, w, o = run.n, run.t, run.f, run.comm.size, run.opts
     e_in = run.src.num_edges_hint() + (n if o.self_loops else 0)  # bucketed: as given
@@ -369,7 +383,7 @@ def prep_bytes(run: PrepRun) -> int:
         if not (f and rows and count):
             continue
         if run.sparse:
-            dens = min(1.0, run.src.feature_density() or 1.0)
+            dens = min(1.0, run.feature_density or 1.0)
             block = 8 * (rows + 1) + int(rows * f * dens * (4 + fd)) + 4 * H5_OBJECT
         else:
             cr, cc = feature_chunk(rows, f, fd)

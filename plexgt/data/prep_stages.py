@@ -18,7 +18,6 @@ from typing import Any
 
 import h5py
 import numpy as np
-import scipy.sparse as sp
 
 from plexgt.data.buckets import BucketReader, BucketWriter
 from plexgt.data.h5write import dataset, write_h5_atomic
@@ -160,30 +159,42 @@ def bucket_stage(run: PrepRun) -> None:
     if not redo:
         if not run.reciprocity:
             run.set_reciprocity(done["reciprocity"])
+        if done.get("feature_density") is not None:
+            run.set_density(done["feature_density"])
         return
     if comm.rank == 0:
         marker.unlink(missing_ok=True)
-    sample = run.local(lambda: bucket(run))
+    res = run.local(lambda: bucket(run))
+    assert res is not None
+    sample, counts = res
     if not run.reciprocity:  # every rank's sample counted on rank 0: one decision
         run.set_reciprocity(gather_reciprocity(sample, run.n, comm))
+    if run.f and counts is not None:  # every rank's count summed: one density, one layout
+        nnz, cells = (int(v) for v in comm.sum(np.array(counts, dtype=np.int64)))
+        run.set_density(nnz / max(1, cells))
     # counts a split pass could not check (a header's claimed edges): summed, checked
     stats = source.edge_pass_stats()
     if stats.size:
         totals = comm.sum(np.array(stats, dtype=np.int64))
         run.local(lambda: source.check_edge_pass(totals))
-    rec = {"nparts": comm.size, "reciprocity": run.reciprocity}
+    rec = {"nparts": comm.size, "reciprocity": run.reciprocity,
+           "feature_density": run.feature_density}
     run.local(lambda: write_json_atomic(marker, rec) if comm.rank == 0 else None)
 
 
-def bucket(run: PrepRun) -> ReverseSample:
+def bucket(run: PrepRun) -> tuple[ReverseSample, tuple[int, int] | None]:
     """This rank's share: its edges into A1 and A2 (as given, and self loops: the reverse
     edges are added when the tiles are built), and its feature rows unless the source reads
-    rows by id (then the build stage gathers them). Returns the edges' reciprocity sample."""
+    rows by id (then the build stage gathers them). Returns the edges' reciprocity sample and
+    (nonzeros, values) of the feature rows it read (None: none read, the density is known)."""
     run.path(BUCKETS).mkdir(parents=True, exist_ok=True)
     sample = _bucket_edges(run)
+    counts = None
     if run.f and not run.src.random_access_features:
-        _bucket_features(run)
-    return sample
+        counts = _bucket_features(run)
+    elif run.f and run.sparse is None:  # rows read by id later: count them in a pass of ours
+        counts = _count_features(run)
+    return sample, counts
 
 
 def _bucket_edges(run: PrepRun) -> ReverseSample:
@@ -229,12 +240,24 @@ def _route_edges(run: PrepRun, w1: BucketWriter, w2: BucketWriter) -> ReverseSam
     return sample
 
 
-def _bucket_features(run: PrepRun) -> None:
+def _count_features(run: PrepRun) -> tuple[int, int]:
+    """(nonzeros, values) of this rank's share of the feature rows, cast as stored."""
+    nnz = cells = 0
+    rows = max(1, (64 << 20) // max(1, run.f * 4))
+    for _, x in run.src.feature_chunks(run.comm.rank, run.comm.size, rows):
+        nnz += int(np.count_nonzero(np.asarray(x).astype(run.fdtype, copy=False)))
+        cells += int(x.size)
+    return nnz, cells
+
+
+def _bucket_features(run: PrepRun) -> tuple[int, int]:
     """Feature rows, cast to the stored dtype (refused if that overflows), keyed by the block
-    of their Q position."""
+    of their Q position. Returns (nonzeros, values) of the rows as stored: the measured
+    density decides ``--sparse-features auto`` for a source that cannot tell it."""
     rank, w, f, fdtype = run.comm.rank, run.comm.size, run.f, run.fdtype
     row_bytes = f * fdtype.itemsize + 8
     rows = max(1, (64 << 20) // max(1, f * 4))
+    nnz = cells = 0
     with BucketWriter(run.path(bucket_base(FEATURE_UNIT, rank)), run.nfb, feature_streams(run),
                       max(1, (128 << 20) // row_bytes)) as wf:
         for row0, x in run.src.feature_chunks(rank, w, rows):
@@ -246,6 +269,9 @@ def _bucket_features(run: PrepRun) -> None:
                              f"{run.src.name}: features cast to {fdtype}")
             pos = run.qinv[ids].astype(np.int64)
             wf.add(pos // run.fb, pos=pos, x=xs)
+            nnz += int(np.count_nonzero(xs))
+            cells += int(xs.size)
+    return nnz, cells
 
 
 # -- stage 3: build the units from the buckets -----------------------------------------------
@@ -431,11 +457,13 @@ def build_features(run: PrepRun, b: int, rec: dict[str, np.ndarray]) -> dict[str
     def fill(f: h5py.File) -> None:
         f.attrs.update({"row_lo": lo, "row_hi": hi})
         if run.sparse:  # rows as CSR: a reader slices indptr, then one range of each array
-            m = sp.csr_matrix(out)
-            m.sort_indices()
-            dataset(f, FEATURES_INDPTR, m.indptr.astype(np.int64))
-            dataset(f, FEATURES_INDICES, m.indices.astype(np.int32))
-            dataset(f, FEATURES_DATA, m.data.astype(run.fdtype))
+            rows, cols = np.nonzero(out)  # row-major: sorted by row, then column
+            indptr = np.zeros(hi - lo + 1, dtype=np.int64)
+            np.cumsum(np.bincount(rows, minlength=hi - lo), out=indptr[1:])
+            dataset(f, FEATURES_INDPTR, indptr)
+            dataset(f, FEATURES_INDICES, cols.astype(np.int32))
+            # not scipy's csr_matrix: it refuses float16 (OGB npz rows, --features-dtype)
+            dataset(f, FEATURES_DATA, out[rows, cols])
         else:
             dataset(f, FEATURES_X, out, chunks=chunks)
 

@@ -85,7 +85,7 @@ class GraphSource:
 
     def feature_density(self) -> float | None:
         """The share of nonzero feature values, when the source can tell it without a pass
-        over the features (None: it cannot; prep's auto layout then stays dense)."""
+        over the features (None: it cannot; prep then measures it on its pass)."""
         return None
 
     def feature_rows(self, ids: np.ndarray) -> np.ndarray:
@@ -368,6 +368,10 @@ class GeneratedFeatures(NodeDataOver):
 
     def feature_rows(self, ids: np.ndarray) -> np.ndarray:
         return self.base.feature_rows(ids)
+
+    def feature_density(self) -> float | None:
+        """The base's features' (None for generated ones: prep measures them, all nonzero)."""
+        return None if self._gen_f else self.base.feature_density()
 
     def labels(self) -> np.ndarray | None:
         if not self._classes:

@@ -149,6 +149,25 @@ def test_text_sources_split_over_ranks_equal_serial(shared_dir, kind):
         assert s["files"] == m["files"] and s["E"] == m["E"]
 
 
+def test_measured_feature_density_is_one_layout_on_every_rank(shared_dir):
+    """OGB's rows are split over the ranks by chunks (here one chunk: the other ranks' shares
+    are empty); each counts its share's nonzeros, the sums decide --sparse-features auto
+    alike everywhere: CSR, the files a serial run writes."""
+    from plexgt.data.formats.ogb import open_ogb
+    from tests.datagen import sparsified, write_ogb_npz
+
+    g = sparsified(small_graph(101, 700, f=24), density=0.05)
+    if COMM.rank == 0:
+        write_ogb_npz(shared_dir / "ogb", g)
+    arrive(MPI.COMM_WORLD)
+    kw = dict(tiles=3, chunk_edges=61, feature_block_bytes=400)
+    m = prepare(open_ogb(shared_dir / "ogb"), _opts(shared_dir / "par", **kw), COMM)
+    assert COMM.allgather(m["feature_layout"]) == ["csr"] * COMM.size
+    if COMM.rank == 0:
+        s = prepare(open_ogb(shared_dir / "ogb"), _opts(shared_dir / "ser", **kw))
+        assert s["files"] == m["files"] and s["feature_density"] == m["feature_density"]
+
+
 def test_snap_degrees_from_the_split_counting_pass_equal_serial(shared_dir):
     """--permutation degree on SNAP without --nodes: each rank's share of the degrees comes
     from the counting pass split over the ranks; the output equals a serial run's own pass."""

@@ -42,7 +42,10 @@ def add_arguments(p: argparse.ArgumentParser, formats: FormatRegistry | None = N
     p.add_argument("--features-dtype", choices=("float16", "float32"),
                    help="stored feature dtype (default: float16 sources stay float16, "
                    "others float32)")
-    p.add_argument("--seed", type=int, default=0, help="permutation / generator seed")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the permutations, the generators and the split: a source "
+                   "with no train/valid/test split of its own (e.g. an edge list without "
+                   "--split-column) gets a random 60/20/20 one, recorded in the manifest")
     p.add_argument("--permutation", choices=("auto", "random", "degree", "balanced"),
                    default="auto",
                    help="auto (default): balanced up to 2e7 stored nonzeros, else random; "

@@ -107,15 +107,25 @@ MAX_CLASSES_FLOOR = 1 << 16
 billion-class model whose first allocation fails hours later in training."""
 
 
-def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int, bool]:
+RANDOM_SPLIT = (0.6, 0.2, 0.2)
+"""The train/valid/test shares of the split prep draws (from ``--seed``) for a source that
+has none of its own: the manifest records it as ``split: {"origin": "random", ...}``."""
+
+
+def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int, bool,
+                                       dict[str, Any]]:
     """nodes.h5: permutations, then labels, degrees (summed from the tile files) and split
     masks in both orders. Returns (its record, nodes per split, C, whether the labels are
-    multi-label: then C counts tasks)."""
+    multi-label: then C counts tasks, where the split came from)."""
     n = run.n
     labels = _labels(run)
     multilabel = labels.ndim == 2
     c = labels.shape[1] if multilabel else int(labels.max()) + 1 if labels.size else 0
-    splits = run.src.splits() or random_split(n, run.opts.seed)
+    splits = run.src.splits()
+    origin = run.src.split_origin()
+    if not splits:  # the documented fallback: a seeded random 60/20/20 split
+        splits = random_split(n, run.opts.seed, RANDOM_SPLIT[:2])
+        origin = {"origin": "random", "fractions": list(RANDOM_SPLIT), "seed": run.opts.seed}
     check_train_labels(run.src.name, labels, splits.get("train"))
     sizes = {k: int(np.asarray(splits.get(k, [])).size) for k in SPLITS}
     _check_disjoint(run.src.name, n, splits)
@@ -148,11 +158,12 @@ def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int, bool
                 dataset(f, mask_ds(k, order), m[perm])
 
     rec = write_h5_atomic(run.path(NODES), fill)
-    return rec, sizes, c, multilabel
+    return rec, sizes, c, multilabel, origin
 
 
 def manifest_of(run: PrepRun, nodes_rec: dict[str, Any], split_sizes: dict[str, int], c: int,
-                multilabel: bool, t_start: float) -> dict[str, Any]:
+                multilabel: bool, split_origin: dict[str, Any], t_start: float
+                ) -> dict[str, Any]:
     """The manifest: sizes, dtypes, options, and every file's record (the units' from their
     completion records)."""
     o = run.opts
@@ -173,6 +184,9 @@ def manifest_of(run: PrepRun, nodes_rec: dict[str, Any], split_sizes: dict[str, 
     nnz = np.asarray(tile_nnz[A1], dtype=np.float64)
     imbalance = float(nnz.max() / nnz.mean()) if nnz.mean() > 0 else 1.0
     rnd = run.permutation == "random"
+    names = None if multilabel else run.src.label_names()
+    if names is not None and len(names) != c:
+        raise RuntimeError(f"internal error: {len(names)} class names for C={c}")
     sources = [{"path": str(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
                for p in run.src.files]
     return {
@@ -195,7 +209,9 @@ def manifest_of(run: PrepRun, nodes_rec: dict[str, Any], split_sizes: dict[str, 
                         "perm_p_rng": [o.seed, 1 if rnd else 3],
                         "perm_q_rng": [o.seed, 2 if rnd else 4],
                         **({"balance": run.balance_info} if run.balance_blocks else {})},
-        "splits": split_sizes, "tile_nnz": tile_nnz, "tile_imbalance": imbalance,
+        "splits": split_sizes, "split": split_origin,
+        **({"label_names": names} if names is not None else {}),
+        "tile_nnz": tile_nnz, "tile_imbalance": imbalance,
         "source": o.source_desc, "source_files": sources, "files": files,
         "prep_seconds": round(time.monotonic() - t_start, 3), "prep_ranks": run.comm.size,
         "params": run.params,

@@ -97,7 +97,8 @@ def _is_plexgts(out: Path) -> bool:
 
 def input_paths(source: GraphSource, opts: PrepOptions) -> list[Path]:
     """The paths a run reads: the source's files and what the command line named."""
-    named = [opts.source_desc[k] for k in ("input", "node_table") if k in opts.source_desc]
+    named = [opts.source_desc[k] for k in ("input", "node_table", "feature_file")
+             if k in opts.source_desc]
     return [Path(p) for p in (*source.files, *named)]
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -115,6 +116,13 @@ def read_splits(root: Path, n: int, split: str | None = None) -> dict[str, np.nd
     return out
 
 
+def split_origin(root: Path, split: str | None) -> dict[str, Any]:
+    """The manifest's record of the split :func:`read_splits` read: its directory."""
+    base = root / "split"
+    name = split or min((p.name for p in base.iterdir() if p.is_dir()), default="")
+    return {"origin": "file", "path": str((base / name).resolve())}
+
+
 class OgbCsvSource(TextEdgeSource):
     """The csv.gz layout streamed: edges and feature rows parsed block by block, never whole.
 
@@ -150,6 +158,7 @@ class OgbCsvSource(TextEdgeSource):
                 read_all_rows(p, ncols=tasks, dtype=np.float64, delimiter=","), n, str(p))
             self.files.append(p)
         self._splits = read_splits(root, n, split)
+        self._split_origin = split_origin(root, split) if self._splits else {}
         self.edge_feat_path: Path | None = None
         if (raw / "edge-feat.csv.gz").exists():
             p = self.edge_feat_path = raw / "edge-feat.csv.gz"
@@ -232,6 +241,9 @@ class OgbCsvSource(TextEdgeSource):
     def splits(self) -> dict[str, np.ndarray]:
         return dict(self._splits)
 
+    def split_origin(self) -> dict[str, Any]:
+        return dict(self._split_origin)
+
 
 def _skipped_line(blk: Block) -> int:
     """Line number of the first non-empty line of ``blk`` that ``np.loadtxt`` skipped."""
@@ -298,6 +310,7 @@ class OgbNpzSource(GraphSource):
                 raise DataError(f"{lab_path}: {arr.shape[0]} labels disagree with N={n}")
             self._labels = _labels_from_float(arr.read_all(), n, str(lab_path))
         self._splits = read_splits(root, n, split)
+        self._split_origin = split_origin(root, split) if self._splits else {}
 
     def num_edges_hint(self) -> int:
         return self.num_edges
@@ -344,6 +357,9 @@ class OgbNpzSource(GraphSource):
 
     def splits(self) -> dict[str, np.ndarray]:
         return dict(self._splits)
+
+    def split_origin(self) -> dict[str, Any]:
+        return dict(self._split_origin)
 
     def close(self) -> None:
         self.edge_index.close()

@@ -31,6 +31,26 @@ def small_graph(n: int = 37, e: int = 150, f: int = 5, c: int = 3, seed: int = 0
     return GraphData("small", n, src, dst, feats, labels, splits)
 
 
+def one_sided(n: int = 60, e: int = 240, seed: int = 0) -> GraphData:
+    """An undirected graph listed once: distinct pairs s < d, no reverse among them."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.integers(0, n, (2, 4 * e))
+    keep = a < b
+    key = np.unique(a[keep] * n + b[keep])[:e]
+    rng.shuffle(key)
+    src, dst = key // n, key % n
+    return GraphData("one-sided", n, src.astype(np.int64), dst.astype(np.int64),
+                     rng.standard_normal((n, 3)).astype(np.float32),
+                     rng.integers(0, 2, n).astype(np.int64))
+
+
+def with_reverse(g: GraphData, share: float) -> GraphData:
+    """``g`` plus the reverse of its first ``share`` of edges."""
+    k = int(share * g.num_edges)
+    return GraphData(g.name, g.num_nodes, np.r_[g.src, g.dst[:k]], np.r_[g.dst, g.src[:k]],
+                     g.features, g.labels)
+
+
 def write_gnn_benchmark(path: Path, g: GraphData) -> Path:
     """gnn-benchmark npz: CSR adjacency (row = source), CSR features, labels."""
     adj = sp.csr_matrix((np.ones(g.num_edges, dtype=np.float32), (g.src, g.dst)),

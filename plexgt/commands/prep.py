@@ -26,15 +26,26 @@ def add_arguments(p: argparse.ArgumentParser, formats: FormatRegistry | None = N
     source_options.add_arguments(p, formats)
     p.add_argument("--out", required=True, type=Path, help="output directory")
     p.add_argument("--tiles", type=int, help="tiles per side T (default: ~8M nonzeros a tile)")
-    p.add_argument("--symmetrize", action="store_true", help="add every reverse edge")
+    sym = p.add_mutually_exclusive_group()
+    sym.add_argument("--symmetrize", nargs="?", choices=("auto", "yes", "no"), const="yes",
+                     default="auto",
+                     help="add every reverse edge: auto (default) = when fewer than 1%% of the "
+                     "edges have their reverse (an undirected graph listed once; the summary "
+                     "line says which); --symmetrize (yes) always; no = keep the graph directed")
+    sym.add_argument("--no-symmetrize", dest="symmetrize", action="store_const", const="no",
+                     help="keep the graph directed (= --symmetrize no)")
     p.add_argument("--no-self-loops", action="store_true", help="do not add self loops")
     p.add_argument("--sparse-features", choices=("auto", "yes", "no"), default="auto",
                    help="store features as CSR tiles that train sparse (X·W as SpMM): auto = "
-                   "when the source's density is known and below 10%% (bag-of-words)")
+                   "when their density (nonzeros / N·F, as the source declares it or prep "
+                   "measures it) is below 10%% (bag-of-words)")
     p.add_argument("--features-dtype", choices=("float16", "float32"),
                    help="stored feature dtype (default: float16 sources stay float16, "
                    "others float32)")
-    p.add_argument("--seed", type=int, default=0, help="permutation / generator seed")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the permutations, the generators and the split: a source "
+                   "with no train/valid/test split of its own (e.g. an edge list without "
+                   "--split-column) gets a random 60/20/20 one, recorded in the manifest")
     p.add_argument("--permutation", choices=("auto", "random", "degree", "balanced"),
                    default="auto",
                    help="auto (default): balanced up to 2e7 stored nonzeros, else random; "
@@ -83,7 +94,31 @@ def run(args: argparse.Namespace, formats: FormatRegistry | None = None) -> int:
 
 
 def summary_line(m: dict, out: Path) -> str:
-    """One line: N, E, F, C, tiles, tile imbalance (max/mean nnz), time, output."""
+    """One line: N, E, F, C, whether (and why) symmetrized, the features' layout and density,
+    tiles, tile imbalance (max/mean nnz), time, output."""
     return (f"prep: {m['name']}: N={m['N']} E={m['E']} F={m['F']} C={m['C']} "
-            f"tiles={m['T']}x{m['T']} imbalance={m['tile_imbalance']:.3f} "
-            f"time={m['prep_seconds']:.1f}s ranks={m['prep_ranks']} -> {out}")
+            f"{symmetry_note(m)}{feature_note(m)} tiles={m['T']}x{m['T']} "
+            f"imbalance={m['tile_imbalance']:.3f} time={m['prep_seconds']:.1f}s "
+            f"ranks={m['prep_ranks']} -> {out}")
+
+
+def feature_note(m: dict) -> str:
+    """`` features=csr (0.3% nonzero)`` (empty without features)."""
+    if not m.get("F"):
+        return ""
+    d = m.get("feature_density")
+    return f" features={m.get('feature_layout', 'dense')}" + (
+        "" if d is None else f" ({100 * d:.3g}% nonzero)")
+
+
+def symmetry_note(m: dict) -> str:
+    """``symmetrized=yes|no`` with the measured share of edges that have their reverse, and
+    when ``auto`` decided, that it did (``symmetrized=yes (auto: 0.0% of edges have their
+    reverse)``)."""
+    r = m.get("reciprocity", {})
+    sym = "yes" if m.get("symmetrized") else "no"
+    if "fraction" not in r:
+        return f"symmetrized={sym}"
+    share = f"{100 * r['fraction']:.1f}%{'' if r.get('exact', True) else ' (sampled)'}"
+    auto = "auto: " if r.get("asked") == "auto" else ""
+    return f"symmetrized={sym} ({auto}{share} of edges have their reverse)"

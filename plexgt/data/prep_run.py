@@ -20,6 +20,7 @@ import numpy as np
 
 from plexgt.data.permute import inverse, permutations
 from plexgt.data.prepared import FEATURE_UNIT, FORMAT_VERSION, MATRICES, done_file, unit_file
+from plexgt.data.reciprocity import decide
 from plexgt.data.source import GraphSource
 from plexgt.distributed.hostcomm import HostComm
 from plexgt.errors import DataError
@@ -36,12 +37,17 @@ class PrepOptions:
 
     out: Path
     tiles: int | None = None
-    symmetrize: bool = False
+    symmetrize: bool | str = False
+    """Add every reverse edge: True / 'yes', False / 'no', or 'auto' (``plexgt prep``'s
+    default): when fewer than 1% of the edges have their reverse
+    (:mod:`plexgt.data.reciprocity`). This API's default stays False, so a caller's graph is
+    stored as given unless it asks."""
     self_loops: bool = True
     features_dtype: str | None = None
     sparse_features: str = "auto"
-    """Feature tiles as CSR ('yes'), dense ('no'), or 'auto': CSR when the source's feature
-    density is known and below :data:`SPARSE_DENSITY` (bag-of-words inputs)."""
+    """Feature tiles as CSR ('yes'), dense ('no'), or 'auto': CSR when the feature density
+    (nonzeros / N·F) is below :data:`SPARSE_DENSITY` (bag-of-words inputs): the density the
+    source declares, else the one prep measures on its pass over the features."""
     """'float16' | 'float32' | None (float16 sources stay float16, others become float32)."""
     seed: int = 0
     permutation: str = "random"
@@ -75,15 +81,28 @@ nnz·d multiply-adds against N·F·d dense, with index traffic on top: Coauthor 
 gains, Amazon Computers (35%) does not (perf/bench_sparse_features.py)."""
 
 
-def resolve_sparse(option: str, density: float | None, f: int) -> bool:
-    """Whether to store CSR feature tiles (:attr:`PrepOptions.sparse_features`)."""
+def resolve_sparse(option: str, density: float | None, f: int) -> bool | None:
+    """Whether to store CSR feature tiles (:attr:`PrepOptions.sparse_features`); None: 'auto'
+    with the density still unknown (prep measures it, then :meth:`PrepRun.set_density`)."""
     if option not in ("auto", "yes", "no"):
         raise DataError(f"--sparse-features {option}: expected auto|yes|no")
     if f == 0:
         return False
     if option == "auto":
-        return density is not None and density < SPARSE_DENSITY
+        return None if density is None else density < SPARSE_DENSITY
     return option == "yes"
+
+
+SYMMETRIZE = {"auto": None, "yes": True, "no": False, True: True, False: False}
+"""--symmetrize values -> what was asked: True, False, or None (auto: decided from the
+measured share of reverse edges)."""
+
+
+def asked_symmetrize(option: bool | str) -> bool | None:
+    """:attr:`PrepOptions.symmetrize` as True / False / None (auto)."""
+    if option not in SYMMETRIZE:
+        raise DataError(f"--symmetrize {option}: expected auto|yes|no")
+    return SYMMETRIZE[option]  # type: ignore[index]
 
 
 def choose_tiles(n: int, e_hint: int, symmetrize: bool) -> int:
@@ -175,8 +194,34 @@ class PrepRun:
     """The permutation this run computes: the option, with 'auto' resolved."""
     balance_info: dict[str, Any] = field(default_factory=dict)
     """``balanced`` only, rank 0: what the refinement reports (recorded in the manifest)."""
-    sparse: bool = False
-    """Feature blocks are stored as CSR (:func:`resolve_sparse`)."""
+    sparse: bool | None = False
+    """Feature blocks are stored as CSR (:func:`resolve_sparse`); None until the measured
+    density decides (before the build stage, alike on every rank)."""
+    feature_density: float | None = None
+    """Nonzeros / (N·F) of the features: the source's own figure, or measured by prep."""
+    asked_symmetrize: bool | None = False
+    """What :attr:`PrepOptions.symmetrize` asked: True, False, None (auto)."""
+    symmetrize: bool | None = None
+    """Whether the stored graph holds every reverse edge: decided (:meth:`set_reciprocity`)
+    before the build stage, by the same agreement on every rank; None until then."""
+    reciprocity: dict[str, Any] = field(default_factory=dict)
+    """The measured share of edges with their reverse (:mod:`plexgt.data.reciprocity`)."""
+
+    @property
+    def sym_bound(self) -> bool:
+        """Whether the stored edges may be symmetrized (sizes before the decision)."""
+        return self.asked_symmetrize is not False if self.symmetrize is None else self.symmetrize
+
+    def set_density(self, density: float) -> None:
+        """Record the measured feature density (identical on every rank); decide 'auto'."""
+        self.feature_density = density
+        if self.sparse is None:
+            self.sparse = density < SPARSE_DENSITY
+
+    def set_reciprocity(self, info: dict[str, Any]) -> None:
+        """Record the measured reciprocity (identical on every rank) and decide."""
+        self.reciprocity = dict(info)
+        self.symmetrize = decide(self.asked_symmetrize, info)
 
     @classmethod
     def create(cls, source: GraphSource, opts: PrepOptions, comm: HostComm) -> PrepRun:
@@ -185,8 +230,10 @@ class PrepRun:
         if n <= 0:
             raise DataError(f"{source.name}: empty graph (0 nodes)")
         check_node_memory(n, source.name)
+        asked = asked_symmetrize(opts.symmetrize)
+        sym_bound = asked is not False  # sizes: auto may double the edges
         t = opts.tiles if opts.tiles is not None else choose_tiles(
-            n, source.num_edges_hint(), opts.symmetrize)
+            n, source.num_edges_hint(), sym_bound)
         if t < 1 or t > n:
             raise DataError(f"--tiles {t}: must be in [1, N={n}]")
         size = math.ceil(n / t)
@@ -204,7 +251,7 @@ class PrepRun:
             raise DataError(f"--permutation {opts.permutation}: expected "
                             f"{'|'.join(PERMUTATIONS)}")
         perm = resolve_permutation(opts.permutation, source.num_edges_hint(), n,
-                                   opts.symmetrize, opts.self_loops)
+                                   sym_bound, opts.self_loops)
         balance_blocks = 0
         if perm == "balanced":
             b = opts.balance_blocks if opts.balance_blocks is not None else \
@@ -212,7 +259,7 @@ class PrepRun:
             balance_blocks = min(b, n)
         params = {
             "format_version": FORMAT_VERSION, "source": opts.source_desc, "N": n, "T": t,
-            "symmetrized": opts.symmetrize, "self_loops": opts.self_loops,
+            "symmetrized": "auto" if asked is None else asked, "self_loops": opts.self_loops,
             "features_dtype": fd, "seed": opts.seed, "F": f, "feature_block_rows": fb,
             "permutation": perm,
         }
@@ -220,13 +267,15 @@ class PrepRun:
             params["balance_blocks"] = balance_blocks
         if source.num_edge_features:
             params["FE"] = source.num_edge_features
-        sparse = resolve_sparse(opts.sparse_features, source.feature_density(), f)
-        params["feature_layout"] = "csr" if sparse else "dense"
+        density = source.feature_density() if f else None
+        sparse = resolve_sparse(opts.sparse_features, density, f)
+        params["feature_layout"] = "auto" if sparse is None else "csr" if sparse else "dense"
         units = ([(k, i) for k in MATRICES for i in range(t)]
                  + [(FEATURE_UNIT, i) for i in range(nfb)])
         empty = np.empty(0, dtype=idx_dtype)
         run = cls(source, opts, comm, n, t, size, idx_dtype, f, fdtype, fb, nfb, balance_blocks,
-                  params, units, empty, empty, perm, sparse=sparse)
+                  params, units, empty, empty, perm, sparse=sparse, feature_density=density,
+                  asked_symmetrize=asked)
         if perm == "random":
             run.set_perms(*permutations(n, opts.seed))
         return run
@@ -312,15 +361,17 @@ def prep_bytes(run: PrepRun) -> int:
     and column ids, edge features, segment index), the feature buckets (Q position and row,
     unless the source reads rows by id), both matrices' tiles (indices, edge features, row
     counts of up to 2 bytes, degrees, HDF5 objects), the feature blocks (dense: whole chunks,
-    as HDF5 stores the last one; CSR: indptr, indices, values at the source's density), the
+    as HDF5 stores the last one, also while 'auto' awaits the measured density: below the
+    CSR threshold dense is the larger; CSR: indptr, indices, values at the density), the
     node arrays, and the small records (completion records, JSON) a block each."""
     n, t, f, w, o = run.n, run.t, run.f, run.comm.size, run.opts
-    e = run.src.num_edges_hint() * (2 if o.symmetrize else 1) + (n if o.self_loops else 0)
+    e_in = run.src.num_edges_hint() + (n if o.self_loops else 0)  # bucketed: as given
+    e = run.src.num_edges_hint() * (2 if run.sym_bound else 1) + (n if o.self_loops else 0)
     idx, fd, fe = run.idx_dtype.itemsize, run.fdtype.itemsize, run.fe
     flush = o.flush_items or 4 * o.chunk_edges
     files = 8 + 2 * len(run.units) + w * (2 * (3 + (1 if fe else 0)) + 3)
     # edge buckets: one record an edge in each matrix; a segment per tile per flush per rank
-    total = 2 * (e * (2 * idx + 4 * fe) + 24 * t * t * (e // flush + w))
+    total = 2 * (e_in * (2 * idx + 4 * fe) + 24 * t * t * (e_in // flush + w))
     if f and not run.src.random_access_features:
         row = 8 + f * fd
         total += n * row + 24 * run.nfb * (n * row // (128 << 20) + w)
@@ -332,7 +383,7 @@ def prep_bytes(run: PrepRun) -> int:
         if not (f and rows and count):
             continue
         if run.sparse:
-            dens = min(1.0, run.src.feature_density() or 1.0)
+            dens = min(1.0, run.feature_density or 1.0)
             block = 8 * (rows + 1) + int(rows * f * dens * (4 + fd)) + 4 * H5_OBJECT
         else:
             cr, cc = feature_chunk(rows, f, fd)

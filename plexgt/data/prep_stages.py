@@ -4,7 +4,8 @@
 (2) :func:`bucket_stage`: every rank routes its share of the edges to bucket files keyed by
 tile of A1 and of A2 (buckets.py), and its feature rows keyed by row block; (3)
 :func:`build_stage`: every unit (a row block of A1, of A2, or of features) is built by one rank
-from the buckets; (4) :func:`finish_stage`: rank 0 writes nodes.h5 and, last, the manifest.
+from the buckets; (4) :func:`~plexgt.data.prep_finish.finish_stage` (its own module): rank 0
+writes nodes.h5 and, last, the manifest.
 Each stage ends in an agreement of all ranks
 (:class:`~plexgt.distributed.hostcomm.HostComm`), so an error anywhere stops every rank at the
 same boundary. File names: prepared.py.
@@ -17,11 +18,8 @@ from typing import Any
 
 import h5py
 import numpy as np
-import scipy.sparse as sp
 
-from plexgt import __version__
 from plexgt.data.buckets import BucketReader, BucketWriter
-from plexgt.data.graph import node_labels, random_split
 from plexgt.data.h5write import dataset, write_h5_atomic
 from plexgt.data.permute import (
     balanced_permutations,
@@ -46,31 +44,22 @@ from plexgt.data.prepared import (
     FEATURES_INDICES,
     FEATURES_INDPTR,
     FEATURES_X,
-    FORMAT,
-    FORMAT_VERSION,
     INDICES,
-    MANIFEST,
     MATRICES,
-    NODES,
-    ROW_ORDER,
-    SPLITS,
-    STAGING,
     TILE_DEG,
-    TILE_FORMAT,
     bucket_base,
-    deg_ds,
-    labels_ds,
-    mask_ds,
-    owned_file,
-    perm_ds,
-    remove_prepared,
-    tile_file,
     tile_group,
     unit_file,
 )
-from plexgt.data.source import check_finite, check_train_labels, collect_edges, parts_of
+from plexgt.data.reciprocity import (
+    ReverseSample,
+    decide,
+    gather_reciprocity,
+    reciprocity,
+)
+from plexgt.data.source import check_finite, collect_edges, parts_of
 from plexgt.errors import DataError
-from plexgt.util.files import read_json, sha256_file, write_json_atomic
+from plexgt.util.files import read_json, write_json_atomic
 from plexgt.util.progress import Progress
 
 Streams = dict[str, tuple[np.dtype, int | None]]
@@ -94,8 +83,9 @@ def permute_stage(run: PrepRun) -> None:
         deg = run.local(lambda: count_degrees(run))
         run.set_perms(*degree_permutations(comm.sum(deg), o.seed))
     elif run.permutation == "balanced":
-        perms = run.local(lambda: balance(run) if comm.rank == 0 else None)
-        run.set_perms(*comm.bcast(perms))
+        res = comm.bcast(run.local(lambda: balance(run) if comm.rank == 0 else None))
+        run.set_reciprocity(res[2])
+        run.set_perms(res[0], res[1])
 
 
 def count_degrees(run: PrepRun) -> np.ndarray:
@@ -112,27 +102,30 @@ def count_degrees(run: PrepRun) -> np.ndarray:
     return deg
 
 
-def balance(run: PrepRun) -> tuple[np.ndarray, np.ndarray]:
-    """(perm_p, perm_q) of ``--permutation balanced``, from all the edges (rank 0 alone).
+def balance(run: PrepRun) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """(perm_p, perm_q, reciprocity) of ``--permutation balanced``, from all the edges (rank 0
+    alone), which also count their reverse edges exactly and so decide ``--symmetrize auto``.
 
     Unlike the other stages this holds every processed edge in memory (~50 bytes an edge):
     the refinement needs each node's nonzeros per block exactly, duplicates merged.
     """
     t0 = time.monotonic()
     n, o = run.n, run.opts
-    e = run.src.num_edges_hint() * (2 if o.symmetrize else 1) + n
+    e = run.src.num_edges_hint() * (2 if run.sym_bound else 1) + n
     phys = physical_memory()
     need = 56 * e + 48 * n * run.balance_blocks
     if phys is not None and need > phys:
         raise DataError(f"{run.src.name}: --permutation balanced needs ~{need / 2**30:.0f} "
                         f"GiB for {e} edges, more than this machine's {phys / 2**30:.0f} "
                         "GiB (use --permutation degree or random)")
-    src, dst = process_edges(*collect_edges(run.src.edge_chunks(0, 1, o.chunk_edges)),
-                             n, o.symmetrize, o.self_loops)
+    src, dst = collect_edges(run.src.edge_chunks(0, 1, o.chunk_edges))
+    recip = reciprocity(src, dst, n, True, int(src.size))
+    sym = decide(run.asked_symmetrize, recip)
+    src, dst = process_edges(src, dst, n, sym, o.self_loops)
     p, q, info = balanced_permutations(src, dst, n, run.balance_blocks, o.seed)
     info["seconds"] = round(time.monotonic() - t0, 3)
     run.balance_info = info
-    return p, q
+    return p, q, recip
 
 
 # -- stage 2: route edges and feature rows to buckets ----------------------------------------
@@ -158,33 +151,53 @@ def bucket_stage(run: PrepRun) -> None:
     """
     comm, source = run.comm, run.src
     marker = run.path(BUCKETED)
-    redo = True
+    redo, done = True, {}
     if marker.exists():
-        redo = read_json(marker).get("nparts") != comm.size
+        done = read_json(marker)
+        redo = done.get("nparts") != comm.size
     comm.agree(None)
     if not redo:
+        if not run.reciprocity:
+            run.set_reciprocity(done["reciprocity"])
+        if done.get("feature_density") is not None:
+            run.set_density(done["feature_density"])
         return
     if comm.rank == 0:
         marker.unlink(missing_ok=True)
-    run.local(lambda: bucket(run))
+    res = run.local(lambda: bucket(run))
+    assert res is not None
+    sample, counts = res
+    if not run.reciprocity:  # every rank's sample counted on rank 0: one decision
+        run.set_reciprocity(gather_reciprocity(sample, run.n, comm))
+    if run.f and counts is not None:  # every rank's count summed: one density, one layout
+        nnz, cells = (int(v) for v in comm.sum(np.array(counts, dtype=np.int64)))
+        run.set_density(nnz / max(1, cells))
     # counts a split pass could not check (a header's claimed edges): summed, checked
     stats = source.edge_pass_stats()
     if stats.size:
         totals = comm.sum(np.array(stats, dtype=np.int64))
         run.local(lambda: source.check_edge_pass(totals))
-    run.local(lambda: write_json_atomic(marker, {"nparts": comm.size}) if comm.rank == 0 else None)
+    rec = {"nparts": comm.size, "reciprocity": run.reciprocity,
+           "feature_density": run.feature_density}
+    run.local(lambda: write_json_atomic(marker, rec) if comm.rank == 0 else None)
 
 
-def bucket(run: PrepRun) -> None:
-    """This rank's share: its edges into A1 and A2 (with symmetrization and self loops), and
-    its feature rows unless the source reads rows by id (then the build stage gathers them)."""
+def bucket(run: PrepRun) -> tuple[ReverseSample, tuple[int, int] | None]:
+    """This rank's share: its edges into A1 and A2 (as given, and self loops: the reverse
+    edges are added when the tiles are built), and its feature rows unless the source reads
+    rows by id (then the build stage gathers them). Returns the edges' reciprocity sample and
+    (nonzeros, values) of the feature rows it read (None: none read, the density is known)."""
     run.path(BUCKETS).mkdir(parents=True, exist_ok=True)
-    _bucket_edges(run)
+    sample = _bucket_edges(run)
+    counts = None
     if run.f and not run.src.random_access_features:
-        _bucket_features(run)
+        counts = _bucket_features(run)
+    elif run.f and run.sparse is None:  # rows read by id later: count them in a pass of ours
+        counts = _count_features(run)
+    return sample, counts
 
 
-def _bucket_edges(run: PrepRun) -> None:
+def _bucket_edges(run: PrepRun) -> ReverseSample:
     """Edge (src, dst) is A[dst, src]: (pinv[dst], qinv[src]) in A1, (qinv[dst], pinv[src]) in
     A2, each keyed by its tile (row block * T + column block)."""
     rank, o = run.comm.rank, run.opts
@@ -192,13 +205,15 @@ def _bucket_edges(run: PrepRun) -> None:
     fl = o.flush_items or 4 * o.chunk_edges
     with (BucketWriter(run.path(bucket_base(A1, rank)), nk, edge_streams(run), fl) as w1,
           BucketWriter(run.path(bucket_base(A2, rank)), nk, edge_streams(run), fl) as w2):
-        _route_edges(run, w1, w2)
+        return _route_edges(run, w1, w2)
 
 
-def _route_edges(run: PrepRun, w1: BucketWriter, w2: BucketWriter) -> None:
-    """This rank's share of the edges (and self loops) into the A1 and A2 buckets."""
+def _route_edges(run: PrepRun, w1: BucketWriter, w2: BucketWriter) -> ReverseSample:
+    """This rank's share of the edges (and self loops) into the A1 and A2 buckets; its
+    sample of them for the reciprocity (:mod:`plexgt.data.reciprocity`)."""
     rank, w, o = run.comm.rank, run.comm.size, run.opts
-    ehint = run.src.num_edges_hint() * (2 if o.symmetrize else 1)
+    ehint = run.src.num_edges_hint()
+    sample = ReverseSample(ehint, w)
     prog = Progress("prep: routing edges", ehint / w, o.progress and rank == 0)
     s, t, pinv, qinv = run.size, run.t, run.pinv, run.qinv
 
@@ -215,21 +230,34 @@ def _route_edges(run: PrepRun, w1: BucketWriter, w2: BucketWriter) -> None:
               ((a, b, None) for a, b in run.src.edge_chunks(rank, w, o.chunk_edges)))
     for src, dst, attr in chunks:
         route(src, dst, attr)
-        if o.symmetrize:
-            route(dst, src, attr)
+        if not run.reciprocity:
+            sample.add(src, dst)
     if o.self_loops:
         for lo, hi in parts_of(run.n, o.chunk_edges, rank, w):
             ids = np.arange(lo, hi, dtype=np.int64)
             route(ids, ids, np.zeros((ids.size, run.fe), np.float32) if run.fe else None)
     prog.close()
+    return sample
 
 
-def _bucket_features(run: PrepRun) -> None:
+def _count_features(run: PrepRun) -> tuple[int, int]:
+    """(nonzeros, values) of this rank's share of the feature rows, cast as stored."""
+    nnz = cells = 0
+    rows = max(1, (64 << 20) // max(1, run.f * 4))
+    for _, x in run.src.feature_chunks(run.comm.rank, run.comm.size, rows):
+        nnz += int(np.count_nonzero(np.asarray(x).astype(run.fdtype, copy=False)))
+        cells += int(x.size)
+    return nnz, cells
+
+
+def _bucket_features(run: PrepRun) -> tuple[int, int]:
     """Feature rows, cast to the stored dtype (refused if that overflows), keyed by the block
-    of their Q position."""
+    of their Q position. Returns (nonzeros, values) of the rows as stored: the measured
+    density decides ``--sparse-features auto`` for a source that cannot tell it."""
     rank, w, f, fdtype = run.comm.rank, run.comm.size, run.f, run.fdtype
     row_bytes = f * fdtype.itemsize + 8
     rows = max(1, (64 << 20) // max(1, f * 4))
+    nnz = cells = 0
     with BucketWriter(run.path(bucket_base(FEATURE_UNIT, rank)), run.nfb, feature_streams(run),
                       max(1, (128 << 20) // row_bytes)) as wf:
         for row0, x in run.src.feature_chunks(rank, w, rows):
@@ -241,6 +269,9 @@ def _bucket_features(run: PrepRun) -> None:
                              f"{run.src.name}: features cast to {fdtype}")
             pos = run.qinv[ids].astype(np.int64)
             wf.add(pos // run.fb, pos=pos, x=xs)
+            nnz += int(np.count_nonzero(xs))
+            cells += int(xs.size)
+    return nnz, cells
 
 
 # -- stage 3: build the units from the buckets -----------------------------------------------
@@ -286,7 +317,14 @@ def build_units(run: PrepRun, fail_after: int | None) -> None:
             run.path(sub).mkdir(exist_ok=True)
         reader = readers[kind]
         if kind != FEATURE_UNIT:
-            rec = build_tile_row(run, kind, i, reader)
+            partner = None
+            if run.symmetrize:  # the reverse edges: the other matrix's tiles, transposed
+                other = A2 if kind == A1 else A1
+                if other not in readers:
+                    readers[other] = BucketReader(
+                        [run.path(bucket_base(other, p)) for p in range(nb)], edge_streams(run))
+                partner = readers[other]
+            rec = build_tile_row(run, kind, i, reader, partner)
         elif reader is None:  # the source reads rows by id: gather, no buckets
             q = inverse(run.qinv) if q is None else q
             rec = build_features(run, i, _gathered_rows(run, i, q))
@@ -337,10 +375,17 @@ def _sorted_unique(key: np.ndarray) -> np.ndarray:
     return key[keep]
 
 
-def build_tile_row(run: PrepRun, kind: str, ti: int, reader: BucketReader) -> dict[str, Any]:
+def build_tile_row(run: PrepRun, kind: str, ti: int, reader: BucketReader,
+                   partner: BucketReader | None = None) -> dict[str, Any]:
     """Row block ``ti`` of matrix ``kind``, one tile at a time: duplicate edges merged, rows
     encoded (:func:`encode_counts`), degrees summed. Returns the file's record with the
-    nonzeros of each tile."""
+    nonzeros of each tile.
+
+    ``partner`` (symmetrizing): the other matrix's buckets. Why they hold the reverse edges:
+    A1 = P A Q^T and A2 = Q A P^T, so P A^T Q^T = A2^T and tile (i, j) of A1 + A1's transpose
+    pattern is tile (i, j) of A1 plus tile (j, i) of A2 transposed (likewise for A2), each
+    reversed copy with its edge's features. Deciding here, after the one pass that measured
+    the reciprocity, costs no second pass over the input."""
     n, s, t = run.n, run.size, run.t
     r0, r1 = _block(n, s, ti)
     nrows = r1 - r0
@@ -352,6 +397,11 @@ def build_tile_row(run: PrepRun, kind: str, ti: int, reader: BucketReader) -> di
         for tj in range(t):
             c0, c1 = _block(n, s, tj)
             rec = reader.read(ti * t + tj)
+            if partner is not None:
+                rev = partner.read(tj * t + ti)
+                rec = {"r": np.concatenate([rec["r"], rev["c"]]),
+                       "c": np.concatenate([rec["c"], rev["r"]]),
+                       **({"ef": np.concatenate([rec["ef"], rev["ef"]])} if run.fe else {})}
             key = (rec["r"].astype(np.int64) - r0) * (c1 - c0) + (rec["c"] - c0)
             ef = None
             if run.fe:
@@ -407,166 +457,14 @@ def build_features(run: PrepRun, b: int, rec: dict[str, np.ndarray]) -> dict[str
     def fill(f: h5py.File) -> None:
         f.attrs.update({"row_lo": lo, "row_hi": hi})
         if run.sparse:  # rows as CSR: a reader slices indptr, then one range of each array
-            m = sp.csr_matrix(out)
-            m.sort_indices()
-            dataset(f, FEATURES_INDPTR, m.indptr.astype(np.int64))
-            dataset(f, FEATURES_INDICES, m.indices.astype(np.int32))
-            dataset(f, FEATURES_DATA, m.data.astype(run.fdtype))
+            rows, cols = np.nonzero(out)  # row-major: sorted by row, then column
+            indptr = np.zeros(hi - lo + 1, dtype=np.int64)
+            np.cumsum(np.bincount(rows, minlength=hi - lo), out=indptr[1:])
+            dataset(f, FEATURES_INDPTR, indptr)
+            dataset(f, FEATURES_INDICES, cols.astype(np.int32))
+            # not scipy's csr_matrix: it refuses float16 (OGB npz rows, --features-dtype)
+            dataset(f, FEATURES_DATA, out[rows, cols])
         else:
             dataset(f, FEATURES_X, out, chunks=chunks)
 
     return {**write_h5_atomic(run.unit_path(FEATURE_UNIT, b), fill), "nnz": nnz}
-
-
-# -- stage 4: node arrays and the manifest (rank 0) ------------------------------------------
-def finish_stage(run: PrepRun, t_start: float) -> dict[str, Any]:
-    """Collective: rank 0 writes nodes.h5 and the manifest; returns it on every rank."""
-    comm = run.comm
-    manifest = run.local(lambda: finish(run, t_start) if comm.rank == 0 else None)
-    return comm.bcast(manifest)
-
-
-def finish(run: PrepRun, t_start: float) -> dict[str, Any]:
-    """Rank 0: nodes.h5, then the manifest (its presence marks the directory complete), then
-    the staging area goes. Returns the manifest."""
-    manifest = manifest_of(run, *write_nodes(run), t_start)
-    for sub in (*MATRICES, FEATURES):  # leftovers of interrupted writes
-        for tmp in run.path(sub).glob("*.tmp"):
-            if owned_file(sub, tmp.name):
-                tmp.unlink()
-    write_json_atomic(run.path(MANIFEST), manifest)
-    if remove_prepared(run.out, STAGING):
-        run.path(STAGING).rmdir()
-    return manifest
-
-
-def _labels(run: PrepRun) -> np.ndarray:
-    """Labels of the source in original order: [N] int64 class ids (-1 throughout when it
-    has none) or multi-label [N, T] int8 (:func:`~plexgt.data.graph.node_labels`)."""
-    n = run.n
-    labels = run.src.labels()
-    if labels is None:
-        labels = np.full(n, -1, dtype=np.int64)
-    labels = node_labels(labels, run.src.name)
-    if labels.shape[0] != n:
-        raise DataError(f"{run.src.name}: {labels.shape[0]} labels disagree with N={n}")
-    if labels.ndim == 2:
-        return labels
-    if labels.size and labels.min() < -1:
-        raise DataError(f"{run.src.name}: label {int(labels.min())} is below -1")
-    if labels.size and labels.max() >= max(n, MAX_CLASSES_FLOOR):
-        raise DataError(f"{run.src.name}: label {int(labels.max())} would make "
-                        f"{int(labels.max()) + 1} classes for {n} nodes; class ids must run "
-                        "0..C-1")
-    return labels
-
-
-def _check_disjoint(name: str, n: int, splits: dict[str, Any]) -> None:
-    """Refuse splits that share a node: a test node also trained on inflates test accuracy."""
-    seen = np.full(n, -1, dtype=np.int8)
-    for j, k in enumerate(SPLITS):
-        idx = np.asarray(splits.get(k, []), dtype=np.int64)
-        idx = idx[(idx >= 0) & (idx < n)]  # out-of-range ids are reported where masks are built
-        hit = seen[idx] >= 0
-        if hit.any():
-            node = int(idx[np.flatnonzero(hit)[0]])
-            raise DataError(f"{name}: node {node} is in both the '{SPLITS[seen[node]]}' and "
-                            f"the '{k}' split; splits must not overlap")
-        seen[idx] = j
-
-
-MAX_CLASSES_FLOOR = 1 << 16
-"""Class ids beyond max(N, this) are refused: a stray id (1e9) would otherwise make a
-billion-class model whose first allocation fails hours later in training."""
-
-
-def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int, bool]:
-    """nodes.h5: permutations, then labels, degrees (summed from the tile files) and split
-    masks in both orders. Returns (its record, nodes per split, C, whether the labels are
-    multi-label: then C counts tasks)."""
-    n = run.n
-    labels = _labels(run)
-    multilabel = labels.ndim == 2
-    c = labels.shape[1] if multilabel else int(labels.max()) + 1 if labels.size else 0
-    splits = run.src.splits() or random_split(n, run.opts.seed)
-    check_train_labels(run.src.name, labels, splits.get("train"))
-    sizes = {k: int(np.asarray(splits.get(k, [])).size) for k in SPLITS}
-    _check_disjoint(run.src.name, n, splits)
-    degs = {}
-    for kind in MATRICES:
-        parts = []
-        for ti in range(run.t):
-            with h5py.File(run.path(tile_file(kind, ti)), "r") as f:
-                parts.append(f[TILE_DEG][()])
-        degs[ROW_ORDER[kind]] = np.concatenate(parts)
-
-    p, q = inverse(run.pinv).astype(np.int64), inverse(run.qinv).astype(np.int64)
-
-    def fill(f: h5py.File) -> None:
-        # the sizes the manifest must agree with: a reader checks them on open
-        f.attrs["N"], f.attrs["F"], f.attrs["C"] = n, run.f, c
-        f.attrs["multilabel"] = multilabel
-        dataset(f, perm_ds("P"), p)
-        dataset(f, perm_ds("Q"), q)
-        for order, perm in (("P", p), ("Q", q)):
-            dataset(f, labels_ds(order), labels[perm])
-            dataset(f, deg_ds(order), degs[order])
-            for k in SPLITS:
-                m = np.zeros(n, dtype=bool)
-                idx = np.asarray(splits.get(k, []), dtype=np.int64)
-                if idx.size and (idx.min() < 0 or idx.max() >= n):
-                    raise DataError(f"{run.src.name}: split '{k}' holds an id outside "
-                                    f"[0, {n})")
-                m[idx] = True
-                dataset(f, mask_ds(k, order), m[perm])
-
-    rec = write_h5_atomic(run.path(NODES), fill)
-    return rec, sizes, c, multilabel
-
-
-def manifest_of(run: PrepRun, nodes_rec: dict[str, Any], split_sizes: dict[str, int], c: int,
-                multilabel: bool, t_start: float) -> dict[str, Any]:
-    """The manifest: sizes, dtypes, options, and every file's record (the units' from their
-    completion records)."""
-    o = run.opts
-    files = {NODES: nodes_rec}
-    tile_nnz: dict[str, list[list[int]]] = {k: [] for k in MATRICES}
-    feature_nnz = 0
-    for kind, i in run.units:
-        rec = read_json(run.done_path(kind, i))
-        files[rec["file"]] = {"bytes": rec["bytes"], "sha256": rec["sha256"]}
-        if kind != FEATURE_UNIT:
-            tile_nnz[kind].append(rec["nnz"])
-        else:
-            feature_nnz += int(rec.get("nnz", 0))
-    e1 = int(np.sum(tile_nnz[A1]))
-    e2 = int(np.sum(tile_nnz[A2]))
-    if e1 != e2:
-        raise RuntimeError(f"internal error: A1 holds {e1} nonzeros, A2 {e2}")
-    nnz = np.asarray(tile_nnz[A1], dtype=np.float64)
-    imbalance = float(nnz.max() / nnz.mean()) if nnz.mean() > 0 else 1.0
-    rnd = run.permutation == "random"
-    sources = [{"path": str(p), "bytes": p.stat().st_size, "sha256": sha256_file(p)}
-               for p in run.src.files]
-    return {
-        "format": FORMAT, "format_version": FORMAT_VERSION,
-        "plexgt_version": __version__, "name": run.src.name,
-        "N": run.n, "E": e1, "F": run.f, "C": c, "FE": run.fe, "multilabel": multilabel,
-        "feature_layout": "csr" if run.sparse else "dense", "feature_nnz": feature_nnz,
-        "dtypes": {"features": str(run.fdtype), "indices": str(run.idx_dtype),
-                   "anchors": "int64", "labels": "int8" if multilabel else "int64",
-                   "deg": "int64", "perm": "int64",
-                   "mask": "bool", **({"edge_features": "float32"} if run.fe else {})},
-        "T": run.t, "tile_size": run.size, "feature_block_rows": run.fb,
-        "tile_format": TILE_FORMAT, "anchor_stride": ANCHOR,
-        "num_feature_blocks": run.nfb,
-        "self_loops": o.self_loops, "symmetrized": o.symmetrize,
-        "permutation": {"method": run.permutation, "asked": o.permutation, "seed": o.seed,
-                        "perm_p_rng": [o.seed, 1 if rnd else 3],
-                        "perm_q_rng": [o.seed, 2 if rnd else 4],
-                        **({"balance": run.balance_info} if run.balance_blocks else {})},
-        "splits": split_sizes, "tile_nnz": tile_nnz, "tile_imbalance": imbalance,
-        "source": o.source_desc, "source_files": sources, "files": files,
-        "prep_seconds": round(time.monotonic() - t_start, 3), "prep_ranks": run.comm.size,
-        "params": run.params,
-    }

@@ -2,17 +2,20 @@
 
 The layout of a prepared directory (files, datasets, format version) is defined and documented
 in :mod:`plexgt.data.prepared`; the options and the state a run shares in
-:mod:`plexgt.data.prep_run`; the stages in :mod:`plexgt.data.prep_stages`.
+:mod:`plexgt.data.prep_run`; the stages in :mod:`plexgt.data.prep_stages` and
+:mod:`plexgt.data.prep_finish`.
 
 Pipeline: (1) the permutations P and Q (random, degree stratified or balanced on the edges);
 (2) every rank streams its share of the input edges, permutes them to (row, col) in A1 and A2
 and appends them to bucket files keyed by tile (buckets.py), and likewise feature rows keyed by
 row block (then the source checks what only the whole pass can show, e.g. a header's claimed
-edge count: :meth:`GraphSource.check_edge_pass`); (3) each unit (a row block of A1, of A2, or
-of features) is owned by one rank (round robin) and built tile by tile from the buckets:
-duplicate edges merged, CSR formed, degrees summed; (4) rank 0 writes nodes.h5 and, last, the
-manifest. Memory: O(N) node arrays + a parse block and a bucket buffer (both O(chunk_edges)) +
-one tile; never O(E). Every file is written under a temporary name and
+edge count: :meth:`GraphSource.check_edge_pass`), and the share of edges whose reverse is
+present decides ``--symmetrize auto`` (:mod:`plexgt.data.reciprocity`); (3) each unit (a row
+block of A1, of A2, or of features) is owned by one rank (round robin) and built tile by tile
+from the buckets: the reverse edges added (the other matrix's tile, transposed) when
+symmetrizing, duplicate edges merged, CSR formed, degrees summed; (4) rank 0 writes nodes.h5
+and, last, the manifest. Memory: O(N) node arrays + a parse block and a bucket buffer (both
+O(chunk_edges)) + one tile; never O(E). Every file is written under a temporary name and
 renamed when complete; a completion record per unit lets ``--resume`` skip finished work.
 """
 
@@ -24,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from plexgt.data.prep_finish import finish_stage
 from plexgt.data.prep_run import (
     TILE_TARGET_NNZ,
     PrepOptions,
@@ -37,7 +41,6 @@ from plexgt.data.prep_stages import (
     bucket_stage,
     build_stage,
     encode_counts,
-    finish_stage,
     permute_stage,
 )
 from plexgt.data.prepared import (
@@ -94,7 +97,8 @@ def _is_plexgts(out: Path) -> bool:
 
 def input_paths(source: GraphSource, opts: PrepOptions) -> list[Path]:
     """The paths a run reads: the source's files and what the command line named."""
-    named = [opts.source_desc[k] for k in ("input", "node_table") if k in opts.source_desc]
+    named = [opts.source_desc[k] for k in ("input", "node_table", "feature_file")
+             if k in opts.source_desc]
     return [Path(p) for p in (*source.files, *named)]
 
 

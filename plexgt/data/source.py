@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -85,7 +86,7 @@ class GraphSource:
 
     def feature_density(self) -> float | None:
         """The share of nonzero feature values, when the source can tell it without a pass
-        over the features (None: it cannot; prep's auto layout then stays dense)."""
+        over the features (None: it cannot; prep then measures it on its pass)."""
         return None
 
     def feature_rows(self, ids: np.ndarray) -> np.ndarray:
@@ -99,6 +100,16 @@ class GraphSource:
     def splits(self) -> dict[str, np.ndarray]:
         """Node-index arrays keyed train/valid/test, or {} (prep then draws a random split)."""
         return {}
+
+    def split_origin(self) -> dict[str, Any]:
+        """Where :meth:`splits` come from, for the manifest: ``{"origin": "dataset"}`` (the
+        source's own), or ``"column"``, ``"file"``, ``"random"`` with what names them."""
+        return {"origin": "dataset"}
+
+    def label_names(self) -> list[str] | None:
+        """The class names of class id 0..C-1 when the source named its classes (a node
+        table's string column), else None; valid once :meth:`labels` has been called."""
+        return None
 
     def close(self) -> None:
         """Release open files."""
@@ -249,7 +260,8 @@ def parts_of(total: int, chunk: int, part: int, nparts: int) -> Iterator[tuple[i
 class MemorySource(GraphSource):
     """A :class:`GraphData` already in memory (the small readers' output)."""
 
-    def __init__(self, g: GraphData, files: list[Path] | None = None) -> None:
+    def __init__(self, g: GraphData, files: list[Path] | None = None,
+                 split_origin: dict[str, Any] | None = None) -> None:
         g.validate()
         if g.num_edges == 0:
             raise DataError(f"{g.name}: empty graph (no edges)")
@@ -261,6 +273,10 @@ class MemorySource(GraphSource):
         self.num_edge_features = g.num_edge_features
         self.files = list(files or [])
         self.random_access_features = g.features is not None
+        self._split_origin = split_origin or {"origin": "dataset"}
+
+    def split_origin(self) -> dict[str, Any]:
+        return dict(self._split_origin)
 
     def num_edges_hint(self) -> int:
         return self.g.num_edges
@@ -322,6 +338,21 @@ class NodeDataOver(GraphSource):
     def check_edge_pass(self, totals: np.ndarray) -> None:
         self.base.check_edge_pass(totals)
 
+    def labels(self) -> np.ndarray | None:
+        return self.base.labels()
+
+    def label_names(self) -> list[str] | None:
+        return self.base.label_names()
+
+    def splits(self) -> dict[str, np.ndarray]:
+        return self.base.splits()
+
+    def split_origin(self) -> dict[str, Any]:
+        return self.base.split_origin()
+
+    def close(self) -> None:
+        self.base.close()
+
 
 FEATURE_CHUNK_ROWS = 1 << 16
 """Rows of one :class:`GeneratedFeatures` chunk (chunk k from seed [seed, 7, k])."""
@@ -369,17 +400,18 @@ class GeneratedFeatures(NodeDataOver):
     def feature_rows(self, ids: np.ndarray) -> np.ndarray:
         return self.base.feature_rows(ids)
 
+    def feature_density(self) -> float | None:
+        """The base's features' (None for generated ones: prep measures them, all nonzero)."""
+        return None if self._gen_f else self.base.feature_density()
+
     def labels(self) -> np.ndarray | None:
         if not self._classes:
             return self.base.labels()
         rng = np.random.default_rng([self.seed, 8])
         return rng.integers(0, self._classes, self.num_nodes, dtype=np.int64)
 
-    def splits(self) -> dict[str, np.ndarray]:
-        return self.base.splits()
-
-    def close(self) -> None:
-        self.base.close()
+    def label_names(self) -> list[str] | None:
+        return None if self._classes else self.base.label_names()
 
 
 def collect_edges(blocks: Iterable[tuple[np.ndarray, np.ndarray]]

@@ -45,6 +45,13 @@ class HostComm:
         arrive(self.c)
         return self.c.allgather(obj)
 
+    def gather(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` on rank 0 (in rank order); None on the others."""
+        if self.c is None:
+            return [obj]
+        arrive(self.c)
+        return self.c.gather(obj, root=0)
+
     def sum(self, arr: np.ndarray) -> np.ndarray:
         """Element-wise sum over ranks (collective), in place."""
         if self.c is not None:

@@ -22,7 +22,7 @@ from plexgt.data.verify import verify
 from plexgt.distributed.hostcomm import HostComm
 from plexgt.distributed.mpiwait import arrive
 from plexgt.errors import DataError
-from tests.datagen import small_graph
+from tests.datagen import one_sided, small_graph
 
 from .conftest import ALL_GRIDS
 
@@ -69,6 +69,24 @@ def test_parallel_equals_serial(shared_dir, kind, perm):
         assert s["files"] == m["files"]
         res = verify(shared_dir / "par")
         assert res["ok"], res["problems"]
+
+
+@pytest.mark.parametrize("sample", [None, 200])
+def test_symmetrize_auto_decides_alike_on_every_rank(shared_dir, monkeypatch, sample):
+    """Each rank samples its share of the edges; rank 0 counts them all and every rank takes
+    its decision: a one-sided list is symmetrized (sampled or exact), as a serial run does."""
+    from plexgt.data import reciprocity
+
+    if sample is not None:
+        monkeypatch.setattr(reciprocity, "SAMPLE_EDGES", sample)
+    g = one_sided(400, 1600, seed=4)
+    kw = dict(tiles=3, symmetrize="auto", permutation="random", chunk_edges=61)
+    m = prepare(MemorySource(g), _opts(shared_dir / "par", **kw), COMM)
+    decided = COMM.allgather((m["symmetrized"], m["reciprocity"]["exact"]))
+    assert decided == [(True, sample is None)] * COMM.size
+    if COMM.rank == 0:
+        s = prepare(MemorySource(g), _opts(shared_dir / "ser", **kw))
+        assert s["files"] == m["files"] and s["symmetrized"]
 
 
 def test_bad_input_stops_every_rank_and_leaves_nothing(shared_dir):
@@ -129,6 +147,25 @@ def test_text_sources_split_over_ranks_equal_serial(shared_dir, kind):
     if COMM.rank == 0:
         s = prepare(_text_source(kind, shared_dir, None), _opts(shared_dir / "ser", tiles=3))
         assert s["files"] == m["files"] and s["E"] == m["E"]
+
+
+def test_measured_feature_density_is_one_layout_on_every_rank(shared_dir):
+    """OGB's rows are split over the ranks by chunks (here one chunk: the other ranks' shares
+    are empty); each counts its share's nonzeros, the sums decide --sparse-features auto
+    alike everywhere: CSR, the files a serial run writes."""
+    from plexgt.data.formats.ogb import open_ogb
+    from tests.datagen import sparsified, write_ogb_npz
+
+    g = sparsified(small_graph(101, 700, f=24), density=0.05)
+    if COMM.rank == 0:
+        write_ogb_npz(shared_dir / "ogb", g)
+    arrive(MPI.COMM_WORLD)
+    kw = dict(tiles=3, chunk_edges=61, feature_block_bytes=400)
+    m = prepare(open_ogb(shared_dir / "ogb"), _opts(shared_dir / "par", **kw), COMM)
+    assert COMM.allgather(m["feature_layout"]) == ["csr"] * COMM.size
+    if COMM.rank == 0:
+        s = prepare(open_ogb(shared_dir / "ogb"), _opts(shared_dir / "ser", **kw))
+        assert s["files"] == m["files"] and s["feature_density"] == m["feature_density"]
 
 
 def test_snap_degrees_from_the_split_counting_pass_equal_serial(shared_dir):

@@ -620,7 +620,8 @@ def test_a_format_is_one_spec_and_one_registry_line(tmp_path, capsys):
     formats = default_registry()
     formats.register(RING)
     (tmp_path / "g.ring").write_text("12")
-    args = ["--out", str(tmp_path / "o"), "--quiet", "--tiles", "2", "--no-self-loops"]
+    args = ["--out", str(tmp_path / "o"), "--quiet", "--tiles", "2", "--no-self-loops",
+            "--no-symmetrize"]  # a one-sided ring: --symmetrize auto would add the reverse
     assert _prep_with(formats, ["--input", str(tmp_path / "g.ring"), "--ring-step", "5",
                                 *args]) == 0
     m = json.loads((tmp_path / "o" / "manifest.json").read_text())

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from plexgt.cli import main
-from plexgt.data import prep_stages, shard
+from plexgt.data import prep_finish, prep_stages, shard
 from plexgt.data.prep_run import PrepRun
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
@@ -363,13 +363,13 @@ def test_the_estimate_covers_what_prep_holds_at_its_peak(tmp_path, monkeypatch, 
     the disk filled. The peak is just before the staging area goes (all the buckets, every
     tile, feature block and nodes.h5 at once): measured there, it is within the estimate."""
     peak = []
-    real = prep_stages.remove_prepared
+    real = prep_finish.remove_prepared
 
     def measure(out, rel=""):
         peak.append(_allocated(out))
         return real(out, rel)
 
-    monkeypatch.setattr(prep_stages, "remove_prepared", measure)
+    monkeypatch.setattr(prep_finish, "remove_prepared", measure)
     g = small_graph(4000, 20000, f=f)
     src = MemorySource(g)
     src.random_access_features = not streamed  # streamed: feature rows go through buckets

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from plexgt.data.formats.feature_file import FEATURE_FILE, FeatureFileSource
 from plexgt.data.formats.node_table import TABLE_OPTIONS, NodeTable, NodeTableSource, count_rows
 from plexgt.data.formats.spec import (
     EDGE_LIST_SUFFIXES,
@@ -41,7 +42,7 @@ from plexgt.data.graph import first_id_error
 from plexgt.data.source import CountedEdgeSource, GraphSource
 from plexgt.data.textio import BOM, has_mtx_banner, iter_blocks, parse, read_head, strip_comment
 from plexgt.distributed.hostcomm import HostComm
-from plexgt.errors import DataError
+from plexgt.errors import DataError, UsageError
 
 DELIMITERS = {"comma": ",", "tab": "\t", "space": None}
 """--delimiter names -> the separator (None: any whitespace)."""
@@ -217,21 +218,32 @@ def _recognise(probe: Probe) -> bool:
 
 
 def _open(args: argparse.Namespace, comm: HostComm | None) -> GraphSource:
+    if args.feature_file is not None and args.feature_columns is not None:
+        raise UsageError("--feature-file and --feature-columns both give the features; "
+                         "choose one")
     layout = detect_layout(args.input, args.delimiter, args.header, args.one_based)
     table = None
     if args.node_table is not None:
         table = NodeTable(args.node_table, args.id_column, args.label_column,
-                          args.feature_columns, args.one_based)
+                          args.feature_columns, args.one_based, args.split_column)
     n = args.nodes if table is None else count_rows(table)
     src: GraphSource = EdgeListSource(args.input, layout, n, comm=comm,
                                       chunk_edges=args.chunk_edges,
                                       count_degrees=args.permutation == "degree")
-    return src if table is None else NodeTableSource(src, table, n)
+    if table is not None:
+        src = NodeTableSource(src, table, n)
+    if args.feature_file is not None:
+        nodes_from = (f"the node table {table.path.name}" if table is not None else
+                      "--nodes" if args.nodes is not None else
+                      "the edge list (its largest id + 1; --nodes or a --node-table sets N)")
+        src = FeatureFileSource(src, args.feature_file, args.one_based, nodes_from)
+    return src
 
 
 SPEC = FormatSpec(
     "edgelist", "delimited src,dst[,weight] lines (delimiter and header row detected unless "
-    "given), streamed; nodes' labels and features from a --node-table", _open,
+    "given), streamed; nodes' labels (ids or names), split and features from a --node-table, "
+    "sparse features from a --feature-file", _open,
     input="a delimited edge list", recognise=_recognise, order=60,
     looked_for=f"any other edge list {'/'.join(EDGE_LIST_SUFFIXES)}[.gz]",
-    options=(NODES, DELIMITER, HEADER, ONE_BASED, *TABLE_OPTIONS))
+    options=(NODES, DELIMITER, HEADER, ONE_BASED, *TABLE_OPTIONS, FEATURE_FILE))

@@ -164,7 +164,9 @@ def _recognise(probe: Probe) -> bool:
 
 
 def _open(args: argparse.Namespace, comm: HostComm | None) -> GraphSource:
-    return MemorySource(read_edge_npz(args.input, args.split_index or 0), [args.input])
+    k = args.split_index or 0
+    return MemorySource(read_edge_npz(args.input, k), [args.input],
+                        split_origin={"origin": "dataset", "split_index": k})
 
 
 SPEC = FormatSpec(

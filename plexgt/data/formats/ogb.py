@@ -10,7 +10,8 @@ Two layouts, told apart by what ``ROOT/raw`` holds:
   float [N, 1] (NaN = unlabelled).
 
 Splits: ``ROOT/split/NAME/{train,valid,test}.csv.gz`` (one node id per line). Edges are read
-as stored (a pair ``a,b`` is the message a -> b); pass ``--symmetrize`` for undirected models.
+as stored (a pair ``a,b`` is the message a -> b); prep's ``--symmetrize auto`` adds the reverse
+edges when almost none are present (a citation graph), ``--no-symmetrize`` keeps them directed.
 Both layouts are streamed (:class:`OgbNpzSource`, :class:`OgbCsvSource`): edges and feature
 rows are read in chunks, so neither papers100M nor products has to fit in memory; labels and
 splits (node-sized arrays) are read whole.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -114,6 +116,13 @@ def read_splits(root: Path, n: int, split: str | None = None) -> dict[str, np.nd
     return out
 
 
+def split_origin(root: Path, split: str | None) -> dict[str, Any]:
+    """The manifest's record of the split :func:`read_splits` read: its directory."""
+    base = root / "split"
+    name = split or min((p.name for p in base.iterdir() if p.is_dir()), default="")
+    return {"origin": "file", "path": str((base / name).resolve())}
+
+
 class OgbCsvSource(TextEdgeSource):
     """The csv.gz layout streamed: edges and feature rows parsed block by block, never whole.
 
@@ -149,6 +158,7 @@ class OgbCsvSource(TextEdgeSource):
                 read_all_rows(p, ncols=tasks, dtype=np.float64, delimiter=","), n, str(p))
             self.files.append(p)
         self._splits = read_splits(root, n, split)
+        self._split_origin = split_origin(root, split) if self._splits else {}
         self.edge_feat_path: Path | None = None
         if (raw / "edge-feat.csv.gz").exists():
             p = self.edge_feat_path = raw / "edge-feat.csv.gz"
@@ -231,6 +241,9 @@ class OgbCsvSource(TextEdgeSource):
     def splits(self) -> dict[str, np.ndarray]:
         return dict(self._splits)
 
+    def split_origin(self) -> dict[str, Any]:
+        return dict(self._split_origin)
+
 
 def _skipped_line(blk: Block) -> int:
     """Line number of the first non-empty line of ``blk`` that ``np.loadtxt`` skipped."""
@@ -297,6 +310,7 @@ class OgbNpzSource(GraphSource):
                 raise DataError(f"{lab_path}: {arr.shape[0]} labels disagree with N={n}")
             self._labels = _labels_from_float(arr.read_all(), n, str(lab_path))
         self._splits = read_splits(root, n, split)
+        self._split_origin = split_origin(root, split) if self._splits else {}
 
     def num_edges_hint(self) -> int:
         return self.num_edges
@@ -343,6 +357,9 @@ class OgbNpzSource(GraphSource):
 
     def splits(self) -> dict[str, np.ndarray]:
         return dict(self._splits)
+
+    def split_origin(self) -> dict[str, Any]:
+        return dict(self._split_origin)
 
     def close(self) -> None:
         self.edge_index.close()

@@ -17,7 +17,8 @@ _PARAMETERS = (("num_nodes", "nodes"), ("num_edges", "edges"), ("num_classes", "
 
 def _open(args: argparse.Namespace, comm: HostComm | None) -> GraphSource:
     kw = {k: getattr(args, a) for k, a in _PARAMETERS if getattr(args, a)}
-    return MemorySource(sbm(seed=args.seed, **kw))
+    return MemorySource(sbm(seed=args.seed, **kw), split_origin={
+        "origin": "random", "fractions": [0.6, 0.2, 0.2], "seed": args.seed})
 
 
 SPEC = FormatSpec(

@@ -372,7 +372,8 @@ PREP = textwrap.dedent("""
     from plexgt.cli import main
 
     small, big, out = sys.argv[1:4]
-    argv = ["prep", "--format", "snap", "--quiet", "--chunk-edges", "32768", "--tiles", "8"]
+    argv = ["prep", "--format", "snap", "--quiet", "--chunk-edges", "32768", "--tiles", "8",
+            "--permutation", "random"]  # the streamed path (balanced holds every edge)
     # warm up on a small file with the same N: imports, node arrays, allocator pools
     assert main([*argv, "--input", small, "--out", out + "-small"]) == 0
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -157,6 +157,16 @@ def test_an_unknown_kernel_is_refused_by_name():
         sparse_attention(graph, q, k, v, kernel="flash")
 
 
+def test_interpreted_reads_the_variable_where_triton_has_no_knobs(monkeypatch):
+    """Triton 3.0 (torch 2.4's, the floor) has no ``triton.knobs``: the interpreter's switch is
+    then TRITON_INTERPRET itself (the knobs lookup raised AttributeError there)."""
+    monkeypatch.delattr(attention_triton.triton, "knobs", raising=False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert attention_triton.interpreted()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not attention_triton.interpreted()
+
+
 def test_dispatch_on_cpu_inputs_is_torch_whatever_gpu_the_machine_has(monkeypatch):
     """'auto' is decided on the inputs' device, not the machine's: CPU inputs take torch's
     kernels on a machine with a GPU too (the GPU is made visible here), and also under the

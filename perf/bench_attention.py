@@ -411,6 +411,9 @@ def main() -> int:
     ap.add_argument("--devices", nargs="+", default=None, help="default: cpu (+ cuda if any)")
     ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=list(DTYPES),
                     help="GPU runs only: bfloat16 has no CPU sparse kernels")
+    ap.add_argument("--no-pyg", action="store_true",
+                    help="leave the PyG baseline out even where torch_geometric imports (the "
+                    "GPU check's time limit)")
     ap.add_argument("--name", default="bench_attention",
                     help="results file stem (perf/results/<name>.json and .md)")
     ap.add_argument("--child", choices=["memory", "time", "cuda"], help=argparse.SUPPRESS)
@@ -427,11 +430,12 @@ def main() -> int:
         print("CHILD " + json.dumps(out), flush=True)
         return 0
     devices = args.devices or (["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"])
-    have_pyg = pyg_available()
+    have_pyg = not args.no_pyg and pyg_available()
     kernels = ("compiled (plexgt.ops.native, built here before the children start)"
                if native.load() is not None else "torch sparse (plexgt.ops.native unavailable)")
     if not have_pyg:
-        print("torch_geometric not importable: the PyG TransformerConv variant is skipped")
+        print("the PyG TransformerConv variant is skipped (" + ("--no-pyg" if args.no_pyg else
+              "torch_geometric not importable") + ")")
     results: dict = {
         "date": today(), "hardware": hardware(devices[-1]),
         "layer": {"hidden": HIDDEN, "heads": HEADS, "head_dim": HIDDEN // HEADS},
@@ -446,6 +450,7 @@ def main() -> int:
         "pyg_available": have_pyg, "runs": [],
     }
     lines = []
+    failed = []  # (device, graph, dtype) whose child process died: the run's exit status
     for device in devices:
         for graph in args.graphs:
             if graph == "physics" and not (DATASETS_DIR / "gnn-benchmark").is_dir():
@@ -454,7 +459,9 @@ def main() -> int:
             if device.startswith("cuda"):
                 for dt in args.dtypes:
                     entry = gpu_entry(graph, device, dt, args.reps, have_pyg)
-                    if entry is not None:
+                    if entry is None:
+                        failed.append(f"{graph}@{device}/{dt}")
+                    else:
                         results["runs"].append(entry)
                         lines.append(gpu_result_line(entry))
                         write_json(f"{args.name}.json", results)
@@ -470,6 +477,7 @@ def main() -> int:
                           f"+{m['peak_mb']:8.1f} MB", flush=True)
             t = spawn("time", graph, device, reps=args.reps, with_pyg=have_pyg)
             if t is None or "plexgt" not in got or "gather" not in got:
+                failed.append(f"{graph}@{device}")
                 continue
             for k, v in t.items():
                 got.setdefault(k, {}).update(v)
@@ -504,6 +512,10 @@ def main() -> int:
     write_text(f"{args.name}.md", markdown(results))
     for kw in lines:
         result_line(**kw)
+    if failed:
+        print(f"bench_attention: no result for {', '.join(failed)} (a child process failed; "
+              "its error is above)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -31,7 +31,10 @@ from plexgt.data.source import MemorySource
 from plexgt.plan.measure import cpu_model
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS_DIR = ROOT / "perf" / "results"
+RESULTS_DIR = Path(os.environ.get("PLEXGT_RESULTS_DIR") or ROOT / "perf" / "results")
+"""Where the benchmarks write their results: perf/results, or ``PLEXGT_RESULTS_DIR`` (the GPU
+check collects its benchmarks' files from a folder of its own, so a step that fails never
+hands back a stale committed copy)."""
 DATASETS_DIR = ROOT.parent / "shared" / "datasets"
 BIN = Path(sys.executable).parent
 """The interpreter's bin folder, where the venv keeps mpiexec."""

@@ -14,12 +14,14 @@ import ast
 import importlib
 import importlib.util
 import sys
+from typing import Any
 
 from plexgt import __version__
 from plexgt.distributed.launch import (
     end_job,
     install_abort_on_error,
     launch_rank,
+    mpi_world,
     release_process_group,
 )
 from plexgt.errors import PeerFailed, PlexgtError
@@ -39,18 +41,40 @@ quick start (README.md; docs/ has the rest):
   plexgt report out/metrics.jsonl --out out/report.png"""
 
 
-def command_help(name: str) -> str:
-    """The ``HELP`` of command ``name``'s module, read from its source without importing it
-    (importing would import what the module imports: torch, h5py)."""
+def _constants(name: str) -> dict[str, Any]:
+    """The literal module-level constants of command ``name``'s module, read from its source
+    without importing it (importing would import what the module imports: torch, h5py)."""
     module = f"plexgt.commands.{name}"
     spec = importlib.util.find_spec(module)
     source = spec.loader.get_source(module) if spec and spec.loader else None
+    out: dict[str, Any] = {}
     for node in ast.parse(source or "").body:
-        if isinstance(node, ast.Assign) and any(
-            isinstance(t, ast.Name) and t.id == "HELP" for t in node.targets
-        ):
-            return ast.literal_eval(node.value)
-    raise LookupError(f"{module} defines no HELP string")
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Name) and t.id.isupper():
+                    try:
+                        out[t.id] = ast.literal_eval(node.value)
+                    except (ValueError, TypeError, SyntaxError):  # not a literal
+                        pass
+    return out
+
+
+def command_help(name: str) -> str:
+    """The ``HELP`` of command ``name``'s module, read from its source."""
+    try:
+        return _constants(name)["HELP"]
+    except KeyError:
+        raise LookupError(f"plexgt.commands.{name} defines no HELP string") from None
+
+
+def starts_mpi(name: str, argv: list[str]) -> bool:
+    """Whether command ``name`` run with ``argv`` starts MPI: its module says so
+    (``STARTS_MPI = True``, read from source), and neither a help flag nor one of its
+    ``NO_MPI_FLAGS`` (``info --dry-run``: one process without MPI) is given."""
+    if "-h" in argv or "--help" in argv:
+        return False
+    consts = _constants(name)
+    return bool(consts.get("STARTS_MPI")) and not set(consts.get("NO_MPI_FLAGS", ())) & set(argv)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -102,6 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     rank, size = launch_rank()
     name = _command_in(argv)
+    if name in COMMANDS and starts_mpi(name, argv):
+        # MPI starts before the command's module imports torch: Cray MPICH's start-up fails
+        # ("MPIDI_CRAY_ofi_nic_assign_policy ... OFI invalid value for environment variable")
+        # when torch was imported before mpi4py.MPI (OLCF, PyTorch on Frontier, troubleshooting)
+        mpi_world()
     parser = build_parser(name if name in COMMANDS else "")
     args, extra = parser.parse_known_args(argv)
     if extra and not getattr(args, "accepts_overrides", False):

@@ -12,6 +12,11 @@ from plexgt.distributed.grid import AXES, PLANES, Grid3D, build_groups, check_wo
 from plexgt.errors import UsageError
 
 HELP = "Print the process grid: each rank's coordinates and group members."
+STARTS_MPI = True
+"""It runs in MPI's world: the CLI starts MPI (mpi4py) before importing this module, whose
+imports load torch (Cray MPICH fails to start after torch: plexgt.cli.main) ..."""
+NO_MPI_FLAGS = ("--dry-run",)
+"""... except with --dry-run: one process, no MPI."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -17,6 +17,9 @@ from plexgt.distributed.hostcomm import world_comm
 from plexgt.errors import UsageError
 
 HELP = "Shard a dataset into adjacency tiles, features and node arrays (out of core, MPI)."
+STARTS_MPI = True
+"""It runs in MPI's world: the CLI starts MPI (mpi4py) before importing this module, as for
+every MPI command (plexgt.cli.main)."""
 
 
 def add_arguments(p: argparse.ArgumentParser, formats: FormatRegistry | None = None) -> None:

@@ -17,6 +17,9 @@ from plexgt.errors import UsageError
 from plexgt.plan.measure import run_profile
 
 HELP = "Measure collectives and kernels (under mpiexec -n P); save a system profile JSON."
+STARTS_MPI = True
+"""It runs in MPI's world: the CLI starts MPI (mpi4py) before importing this module, whose
+imports load torch (Cray MPICH fails to start after torch: plexgt.cli.main)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -19,6 +19,9 @@ from plexgt.training.loop import train
 from plexgt.training.numerics import apply_numerics
 
 HELP = "Train gcn, gt or gps full-graph on a prepared directory (MPI job)."
+STARTS_MPI = True
+"""It runs in MPI's world: the CLI starts MPI (mpi4py) before importing this module, whose
+imports load torch (Cray MPICH fails to start after torch: plexgt.cli.main)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

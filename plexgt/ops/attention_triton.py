@@ -31,6 +31,7 @@ reference.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -58,8 +59,15 @@ GPU yet (the blocks are chosen by :func:`blocks`)."""
 
 
 def interpreted() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``)."""
-    return triton is not None and bool(triton.knobs.runtime.interpret)
+    """True when Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``). Older
+    Triton releases (the 3.0 that torch 2.4 ships with) have no ``triton.knobs`` and read the
+    variable itself."""
+    if triton is None:
+        return False
+    knobs = getattr(triton, "knobs", None)
+    if knobs is None:
+        return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return bool(knobs.runtime.interpret)
 
 
 def supports(q: Tensor) -> bool:

@@ -179,3 +179,55 @@ def test_train_refuses_what_it_would_ignore_or_could_not_hold(graphs, tmp_path, 
     assert r.returncode == 2 and len(err) == 1, r.stderr
     assert err[0].startswith("plexgt train: error: " + msg.format(path=path)), err[0]
     assert list(tmp_path.iterdir()) == []
+
+
+# Runs ``python -m plexgt ARGS`` with a finder that notes, when mpi4py.MPI is first imported
+# (MPI's start), which torch modules are already loaded; at exit one ORDER line says it.
+IMPORT_ORDER = r"""
+import atexit, json, runpy, sys
+seen = {}
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "mpi4py.MPI" and "mpi" not in seen:
+            seen["mpi"] = sorted(m for m in sys.modules if m.split(".")[0] == "torch")[:3]
+        return None
+sys.meta_path.insert(0, Watch())
+atexit.register(lambda: print("ORDER " + json.dumps(
+    {"torch_at_mpi_start": seen.get("mpi"), "torch": "torch" in sys.modules}), flush=True))
+sys.argv = ["plexgt", *sys.argv[1:]]
+runpy.run_module("plexgt", run_name="__main__")
+"""
+
+
+def _import_order(*args: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "PLEXGT_NO_MPI"}
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-c", IMPORT_ORDER, *args], capture_output=True,
+                       text=True, timeout=120, env=env)
+    line = [x for x in r.stdout.splitlines() if x.startswith("ORDER ")]
+    assert line, r.stderr[-2000:]
+    return json.loads(line[-1][6:])
+
+
+@pytest.mark.parametrize("command", ["train", "profile", "prep", "info"])
+def test_mpi_starts_before_torch_is_imported(tmp_path, command):
+    """OLCF: Cray MPICH fails in MPI_Init_thread ("OFI invalid value for environment
+    variable") when torch was imported before mpi4py.MPI. Every command that runs in MPI's
+    world gets MPI started by the CLI before its module (which imports torch) is imported.
+    (Before, train, profile and info imported torch first and started MPI later.)"""
+    args = {
+        "train": ["--data", str(tmp_path / "missing"), "--model", "gcn"],
+        "profile": ["--out", str(tmp_path / "no" / "such" / "profile.json")],
+        "prep": ["--format", "sbm", "--nodes", "200", "--edges", "800", "--quiet",
+                 "--out", str(tmp_path / "g")],
+        "info": ["--grid", "1x1x1", "--backend", "gloo"],
+    }[command]
+    order = _import_order(command, *args)
+    assert order["torch_at_mpi_start"] == [], order  # MPI started, and before any torch
+    assert order["torch"] == (command != "prep")  # prep never loads torch
+
+
+@pytest.mark.parametrize("args", [("train", "--help"), ("info", "--dry-run", "--world-size",
+                                                        "2", "--grid", "2x1x1")])
+def test_help_and_dry_runs_start_no_mpi(args):
+    assert _import_order(*args)["torch_at_mpi_start"] is None

@@ -145,15 +145,56 @@ def test_edge_cases():
     assert y.shape == (0, 2, 8) and all(torch.all(g == 0) for g in grads[1:])
 
 
-def test_dispatch():
-    """'auto' picks the fused kernel on GPUs only; an unknown kernel is refused by name."""
+def _kernel_taken(y):
+    """'fused' or 'torch': which kernel computed ``y`` (its autograd node says)."""
+    return "fused" if "Fused" in type(y.grad_fn).__name__ else "torch"
+
+
+def test_an_unknown_kernel_is_refused_by_name():
     graph = _graph(6, 6, 12, 0)
     q, k, v = _qkv(6, 6, 1, 8, torch.float64)
-    assert attention_triton.supports(q.to(DEV)) == (not ON_CPU or attention_triton.interpreted())
     with pytest.raises(ValueError, match="unknown attention kernel 'flash'"):
         sparse_attention(graph, q, k, v, kernel="flash")
-    y = sparse_attention(graph, q.requires_grad_(), k, v)
-    assert ("Fused" in type(y.grad_fn).__name__) == (not ON_CPU)
+
+
+def test_interpreted_reads_the_variable_where_triton_has_no_knobs(monkeypatch):
+    """Triton 3.0 (torch 2.4's, the floor) has no ``triton.knobs``: the interpreter's switch is
+    then TRITON_INTERPRET itself (the knobs lookup raised AttributeError there)."""
+    monkeypatch.delattr(attention_triton.triton, "knobs", raising=False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert attention_triton.interpreted()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not attention_triton.interpreted()
+
+
+def test_dispatch_on_cpu_inputs_is_torch_whatever_gpu_the_machine_has(monkeypatch):
+    """'auto' is decided on the inputs' device, not the machine's: CPU inputs take torch's
+    kernels on a machine with a GPU too (the GPU is made visible here), and also under the
+    interpreter, where the fused kernel could serve them. (The old test expected the fused
+    kernel for CPU inputs whenever a GPU existed, and so failed on every GPU machine.)"""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    graph = _graph(6, 6, 12, 0)
+    q, k, v = _qkv(6, 6, 1, 8, torch.float64)
+    assert attention_triton.supports(q) == attention_triton.interpreted()
+    assert _kernel_taken(sparse_attention(graph, q.requires_grad_(), k, v)) == "torch"
+
+
+def test_dispatch_on_gpu_inputs_is_fused_where_the_kernel_serves_them(monkeypatch):
+    """GPU inputs take the fused kernel unless it cannot serve them: an edge bias, or d' over
+    MAX_HEAD_DIM. Without a GPU the CPU stands in for one under Triton's interpreter."""
+    if ON_CPU:
+        if not attention_triton.interpreted():
+            pytest.skip("no GPU and no Triton interpreter")
+        monkeypatch.setattr(attention_triton, "GPU_TYPES", ("cpu",))
+    graph = _graph(6, 6, 12, 0).to(DEV)
+    q, k, v = (t.to(DEV).requires_grad_() for t in _qkv(6, 6, 1, 8, torch.float64))
+    assert _kernel_taken(sparse_attention(graph, q, k, v)) == "fused"
+    bias = torch.zeros(1, graph.num_edges, dtype=torch.float64, device=DEV)
+    assert _kernel_taken(sparse_attention(graph, q, k, v, bias=bias)) == "torch"
+    wide = attention_triton.MAX_HEAD_DIM + 8
+    q, k, v = (t.to(DEV).requires_grad_() for t in _qkv(6, 6, 1, wide, torch.float64))
+    assert _kernel_taken(sparse_attention(graph, q, k, v)) == "torch"
 
 
 @pytest.mark.cuda

@@ -37,14 +37,45 @@ from plexgt.ops.precision import LOW_PRECISION, full_precision
 
 Tensor = torch.Tensor
 
+NO_SAMPLED_ADDMM = ("ROCm builds of torch have no GPU torch.sparse.sampled_addmm ('requires "
+                    "compiling PyTorch with CUDA 11.2.1+')")
+"""Why torch's SDDMM (and so every path through :func:`sddmm`) cannot run on a ROCm GPU."""
+
+
+def sampled_addmm_available(device: torch.device | str) -> bool:
+    """Whether torch's sparse SDDMM (``torch.sparse.sampled_addmm``, :func:`sddmm`) runs on
+    ``device``: everywhere but the GPUs of a ROCm build (``torch.version.hip`` set; ROCm
+    devices are ``cuda`` to torch), where only the fused kernel computes attention scores."""
+    return not (torch.version.hip and torch.device(device).type == "cuda")
+
+
+def torch_kernels_reason(head_dim: int, bias: bool) -> str:
+    """Why :func:`sparse_attention` with ``kernel='auto'`` on a GPU takes torch's kernels (and so
+    :func:`sddmm`) rather than the fused one, '' when the fused one serves: the configured
+    sizes alone decide it (Triton installed, d' at most :data:`attention_triton.MAX_HEAD_DIM`,
+    no edge bias), so a run can be refused before anything is built."""
+    if bias:
+        return "an edge bias runs on torch's kernels (the fused kernel has no bias input)"
+    if head_dim > attention_triton.MAX_HEAD_DIM:
+        return (f"d' = {head_dim} is wider than the fused kernel's "
+                f"{attention_triton.MAX_HEAD_DIM}")
+    if attention_triton.triton is None:
+        return "Triton is not installed, so the fused kernel is unavailable"
+    return ""
+
 
 # --------------------------------------------------------------------------- primitive kernels
 def sddmm(graph: CSRGraph, a: Tensor, b: Tensor, alpha: float = 1.0) -> Tensor:
     """[Nr, h, d] x [Nc, h, d] -> [h, E]: ``alpha * a[r, i]·b[c, i]`` on every edge (r, c).
 
     One sampled_addmm per head on the strided view a[:, i], writing straight into the output
-    rows (beta=0 still reads the buffer, hence zeros rather than empty).
+    rows (beta=0 still reads the buffer, hence zeros rather than empty). On a ROCm GPU, which
+    has no sampled_addmm, a ValueError in one line (runs are refused before they get here:
+    :func:`sampled_addmm_available`).
     """
+    if not sampled_addmm_available(a.device):
+        raise ValueError(f"sparse attention scores on {a.device}: {NO_SAMPLED_ADDMM}; only "
+                         "the fused kernel runs there")
     h = a.shape[1]
     out = torch.zeros(h, graph.num_edges, dtype=a.dtype, device=a.device)
     if graph.num_edges == 0:
@@ -348,6 +379,9 @@ def sparse_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                              f"; got {tuple(bias.shape)}")
         if kernel == "fused":
             raise ValueError("the fused attention kernel takes no edge bias")
+    if kernel == "torch" and not sampled_addmm_available(q.device):
+        raise ValueError(f"attention kernel 'torch' on {q.device}: {NO_SAMPLED_ADDMM}; use "
+                         "'fused' or 'auto'")
     if kernel == "fused" or (kernel == "auto" and bias is None
                              and q.device.type in attention_triton.GPU_TYPES
                              and attention_triton.supports(q)):

@@ -400,6 +400,16 @@ def memory_of(strategy: AttentionStrategy, w: Workload, s: int, head_parallel: i
                         w.ffn_mult, w.gcn, w.grid_at(s), w.feature_density)
 
 
+def unsupported(strategy: AttentionStrategy, sysm: SystemModel) -> str:
+    """Why the machine cannot run ``strategy``'s kernels at all ('' when it can): a ROCm GPU
+    has no ``torch.sparse.sampled_addmm``, which a ring's column-block kernels are
+    (:attr:`~plexgt.parallel.attention.strategy.AttentionStrategy.needs_sampled_addmm`).
+    Plans never choose such a strategy, whatever its predicted time."""
+    if sysm.host.rocm and strategy.needs_sampled_addmm:
+        return "needs torch.sparse.sampled_addmm, which ROCm GPUs lack"
+    return ""
+
+
 def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel,
              head_parallel: int = 1, comm_ranks: Iterable[int] | None = None) -> Estimate:
     """t_iter(s, c) = α(s)·E + β_c(s)·N and the per-rank memory of ``strategy`` on s ranks
@@ -551,6 +561,8 @@ class PlanRow:
     """s·β_c(s)/(s-1) (inf at s = 1)."""
     chosen: bool = False
     why: str = ""
+    runs: str = ""
+    """Why the machine cannot run the strategy (:func:`unsupported`); '' when it can."""
 
 
 @dataclass
@@ -601,12 +613,15 @@ def plan(w: Workload, strategies: list[AttentionStrategy], scales: list[int],
                 for est in ests:
                     fits = memory_limit is None or est.memory["total"] <= memory_limit
                     score = math.inf if s == 1 else s * est.beta / (s - 1)
-                    rows.append(PlanRow(est, fits, s == 1 or score <= k, score))
-    ok = [r for r in rows if r.fits and r.passes]
+                    rows.append(PlanRow(est, fits, s == 1 or score <= k, score,
+                                        runs=unsupported(c, sysm)))
+    ok = [r for r in rows if r.fits and r.passes and not r.runs]
     best = min(ok, key=lambda r: (r.est.time_s, r.est.scale), default=None)
     for r in rows:
         if r is best:
             r.chosen, r.why = True, "fastest predicted among those that fit and pass"
+        elif r.runs:
+            r.why = f"not on this machine: {r.runs}"
         elif not r.fits:
             r.why = (f"needs {r.est.memory['total'] / 2**30:.2f} GiB > "
                      f"{(memory_limit or 0) / 2**30:.2f} GiB per rank")

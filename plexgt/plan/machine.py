@@ -29,6 +29,8 @@ OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
 RING_STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2, "all_to_all": 1,
               "send_recv": 0}
 """Latencies per (group size - 1) of each collective's ring algorithm (send_recv: one)."""
+RUNTIMES = ("cuda", "rocm")
+"""The GPU builds of torch a description may name (``runtime``; default 'cuda')."""
 
 
 class MachineError(ValueError):
@@ -67,6 +69,9 @@ class Machine:
     inter: Link
     """Between GPUs of different nodes."""
     path: str = ""
+    runtime: str = "cuda"
+    """'cuda' or 'rocm': the torch build its GPUs run (a ROCm GPU has no
+    ``torch.sparse.sampled_addmm``, so plans there never choose the strategies needing it)."""
 
     def link(self, group_size: int) -> Link:
         """The link a group of contiguous ranks of this size crosses."""
@@ -123,7 +128,8 @@ class Machine:
         ln = self.link(max_ranks)
         return {
             "kind": "machine-description", "machine": self.name, "source": self.path,
-            "hardware": {"device": self.device, "gpu": self.description, "cores": 1},
+            "hardware": {"device": self.device, "gpu": self.description, "cores": 1,
+                         "rocm": self.runtime == "rocm"},
             "software": {"threads_per_rank": 1},
             "kernel_fits": k,
             "collective_fits": self.collective_fits(max_ranks),
@@ -187,6 +193,10 @@ def load_machine(spec: str | Path) -> Machine:
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise MachineError(f"{path}: missing name")
+    runtime = raw.get("runtime", "cuda")
+    if runtime not in RUNTIMES:
+        raise MachineError(f"{path}: runtime = {runtime!r} must be one of "
+                           f"{', '.join(RUNTIMES)}")
     return Machine(
         name=name, description=str(raw.get("description", name)),
         device=str(raw.get("device", "cuda")),
@@ -196,5 +206,5 @@ def load_machine(spec: str | Path) -> Machine:
         fp32_flops=num("gpu", "fp32_tflops") * 1e12,
         spmm_s_per_edge_col=num("kernels", "spmm_s_per_edge_col"),
         sddmm_s_per_edge_col=num("kernels", "sddmm_s_per_edge_col"),
-        intra=link("intra"), inter=link("inter"), path=str(path),
+        intra=link("intra"), inter=link("inter"), path=str(path), runtime=runtime,
     )

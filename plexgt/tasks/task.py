@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -21,6 +21,7 @@ from plexgt.config import TrainConfig
 from plexgt.data.loader import PreparedGraph
 from plexgt.distributed.collectives import CommLedger
 from plexgt.errors import ConfigError
+from plexgt.ops.attention import sampled_addmm_available
 from plexgt.plan.agp import SystemModel
 from plexgt.plan.choose import GraphSizes, ModelShape, RunPlan, choose
 from plexgt.plan.plexus_cost import Coefficients
@@ -162,7 +163,7 @@ def run_plan(cfg: TrainConfig, pg: PreparedGraph, world_size: int,
     reads only sizes, the config and the profile."""
     prof = machine_profile(cfg)
     return choose(graph_sizes(pg, cfg.model.node_embedding), model_shape(cfg), world_size,
-                  system_model_for(prof), plexus_coefficients_for(prof),
+                  system_model_for(prof, device), plexus_coefficients_for(prof),
                   memory_limit(cfg, device), cfg.parallel.strategy, cfg.parallel.grid,
                   cfg.parallel.head_parallel).plan
 
@@ -177,6 +178,13 @@ def plexus_coefficients_for(prof: dict[str, Any] | None) -> Coefficients:
     return Coefficients.from_profile(prof)
 
 
-def system_model_for(prof: dict[str, Any] | None) -> SystemModel:
-    """AGP's machine coefficients: the profile's, or the defaults without one."""
-    return SystemModel.from_profile(prof) if prof else SystemModel()
+def system_model_for(prof: dict[str, Any] | None, device: torch.device | None = None
+                     ) -> SystemModel:
+    """AGP's machine coefficients: the profile's, or the defaults without one; on a
+    ``device`` without torch's sparse SDDMM (a ROCm GPU) marked so, whatever the profile
+    says, so the plan never chooses a strategy that needs it
+    (:func:`plexgt.plan.agp.unsupported`)."""
+    sysm = SystemModel.from_profile(prof) if prof else SystemModel()
+    if device is not None and not sampled_addmm_available(device):
+        sysm = replace(sysm, host=replace(sysm.host, rocm=True))
+    return sysm

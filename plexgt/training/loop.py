@@ -38,7 +38,7 @@ from plexgt.tasks.metrics import task_roc_auc
 from plexgt.tasks.task import Task
 from plexgt.training import checkpoint as ckpt
 from plexgt.training import ownfiles
-from plexgt.training.state import canonical_state, load_canonical_state
+from plexgt.training.state import canonical_state, fit_rng, load_canonical_state
 from plexgt.training.tensorboard import TensorBoardLog
 from plexgt.util.progress import Progress
 
@@ -158,9 +158,14 @@ def resume(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opti
         return epoch, cmeta
 
     epoch, meta = agreed(find, ctx.device)  # one rank's bad file stops every rank
-    template = canonical_state(task.model, opt)
+    saved = agreed(lambda: ckpt.saved_keys(root, epoch), ctx.device)
+    # across device types: a CPU checkpoint has no rng/cuda for a GPU run to read
+    template, _ = fit_rng(canonical_state(task.model, opt), saved)
     state = agreed(lambda: ckpt.read_state(root, epoch, template), ctx.device)
-    load_canonical_state(task.model, opt, state)
+    seeded = load_canonical_state(task.model, opt, state, cfg.seed, epoch)
+    if seeded and ctx.rank == 0:
+        log(f"plexgt train: {ckpt.epoch_dir(root, epoch)} holds no CUDA RNG state (written "
+            f"on a CPU); the CUDA RNG is seeded from seed {cfg.seed} and epoch {epoch}")
     if hasattr(task.model, "step"):
         task.model.step = int(meta["step"])
     if ctx.rank == 0:

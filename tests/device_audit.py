@@ -12,7 +12,10 @@ as it would on a GPU. :class:`DeviceAudit`, a dispatch mode, sees every op
 * raises :class:`DeviceMismatch` when an op mixes device tensors with host tensors other than
   0-dim scalars (which CUDA ops accept), naming the op and the operands;
 * records host->device and device->host copies and ``.item()``-style syncs on device tensors,
-  with the Python line that made them, for the caller to assert on.
+  with the Python line that made them, for the caller to assert on;
+* counts the ops run on device tensors (:attr:`DeviceAudit.ops`; an accumulating
+  ``index_put_`` as ``aten.index_put_.default(accumulate)``), so a test can check which
+  kernels a GPU run would take (none that CUDA runs with atomics, say).
 
 Factories with ``device=DECLARED`` and ``.to(DECLARED)`` make :class:`OnDevice` tensors;
 everything else (files read, numpy arrays, default-device factories) is host memory, as it would
@@ -22,6 +25,7 @@ be on a GPU.
 from __future__ import annotations
 
 import traceback
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -124,10 +128,12 @@ def _routed(factory):
 
 @dataclass
 class DeviceAudit(TorchDispatchMode):
-    """The dispatch mode; ``transfers`` and ``syncs`` list (op, where) of each event."""
+    """The dispatch mode; ``transfers`` and ``syncs`` list (op, where) of each event, ``ops``
+    counts the ops on device tensors by name."""
 
     transfers: list[tuple[str, str]] = field(default_factory=list)
     syncs: list[tuple[str, str]] = field(default_factory=list)
+    ops: Counter = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -178,4 +184,13 @@ class DeviceAudit(TorchDispatchMode):
             raise DeviceMismatch(f"{name} on host tensors at {_where()}: an NCCL group has no "
                                  "CPU backend")
         on_device = "device" in kinds or to_device
+        if on_device:
+            accumulate = func in ACCUMULATING and (kwargs.get("accumulate") or (
+                len(args) > 3 and args[3]))
+            self.ops[name + ("(accumulate)" if accumulate else "")] += 1
         return _run(func, args, kwargs, wrap=on_device)
+
+
+ACCUMULATING = (aten.index_put_.default, aten.index_put.default,
+                aten._index_put_impl_.default)
+"""Ops whose ``accumulate`` flag turns a copy into a sum (CUDA: atomics)."""

@@ -212,11 +212,15 @@ def step(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int,
     synchronize(device)
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
-    with autocast(task, device):
-        out = task.model(task.inputs)
-    # the loss in float32 outside autocast (its softmax statistics and the mean over nodes)
-    loss = task.loss(out if task.amp is None else out.float())
-    loss.backward()
+    try:
+        with autocast(task, device):
+            out = task.model(task.inputs)
+        # the loss in float32 outside autocast (its softmax statistics and the mean over
+        # nodes)
+        loss = task.loss(out if task.amp is None else out.float())
+        loss.backward()
+    except RuntimeError as e:
+        raise nondeterministic_error(e, device) from None
     opt.step()
     synchronize(device)
     t1 = time.perf_counter()
@@ -225,6 +229,22 @@ def step(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int,
     t2 = time.perf_counter()
     task.ledger.settle()
     return loss, t1 - t0, t2 - t1
+
+
+NONDETERMINISTIC = re.compile(r"(\S+) does not have a deterministic implementation")
+"""torch's message for an op without a deterministic variant under
+``use_deterministic_algorithms(True)`` (:mod:`plexgt.training.numerics`)."""
+
+
+def nondeterministic_error(e: RuntimeError, device: torch.device) -> Exception:
+    """``e`` as a one-line ConfigError naming ``deterministic`` when torch raised it for an op
+    with no deterministic implementation on ``device``; ``e`` itself otherwise."""
+    m = NONDETERMINISTIC.search(str(e))
+    if m is None:
+        return e
+    return ConfigError(f"config key 'deterministic': {m[1]} has no deterministic "
+                       f"implementation on {device.type}, so this run cannot be bit-exact "
+                       "there; run without --deterministic")
 
 
 def epoch_row(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimizer,

@@ -67,7 +67,9 @@ def reset_peak_memory(device: torch.device) -> None:
 
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak bytes since :func:`reset_peak_memory`: tensors held by the caching allocator on a
-    GPU (what the job's memory limit is about), resident memory on the CPU."""
+    GPU (``max_memory_allocated``: what the model's tensors need), resident memory on the
+    CPU. On a GPU it leaves out the CUDA context, NCCL's buffers and the allocator's cache:
+    :func:`peak_device_bytes` counts them."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     try:
@@ -77,6 +79,22 @@ def peak_memory_bytes(device: torch.device) -> int:
     except OSError:
         pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def peak_device_bytes(device: torch.device) -> int:
+    """Peak bytes the GPU holds for this rank since :func:`reset_peak_memory`, what an
+    out-of-memory error is about: the caching allocator's peak reservation
+    (``max_memory_reserved``: tensors plus its cache and fragmentation) plus what the device
+    holds outside the allocator, measured when asked (after the step): used memory by
+    ``mem_get_info`` (total - free) less the allocator's current reservation, i.e. the CUDA
+    context, NCCL's communicator buffers and the libraries' (cuBLAS, cuSPARSE) workspaces.
+    ``mem_get_info`` counts every process on the GPU; plexgt runs one rank per GPU. On the
+    CPU: :func:`peak_memory_bytes` (the resident peak already counts everything)."""
+    if device.type != "cuda":
+        return peak_memory_bytes(device)
+    free, total = torch.cuda.mem_get_info(device)
+    outside = max(0, total - free - torch.cuda.memory_reserved(device))
+    return int(torch.cuda.max_memory_reserved(device) + outside)
 
 
 def autocast(task: Task, device: torch.device) -> Any:
@@ -271,15 +289,17 @@ def epoch_row(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.O
         if valid == valid and valid > best["valid"]:  # NaN (one class only) never wins
             best = {"epoch": epoch + 1, "valid": valid, "test": row.get(f"test_{m}", 0.0)}
     mx, mean = _stats([step_s - comm_s, comm_s, wait_s, float(sent),
-                       float(peak_memory_bytes(ctx.device))], ctx.device)
+                       float(peak_memory_bytes(ctx.device)),
+                       float(peak_device_bytes(ctx.device))], ctx.device)
     row.update({
         "time_compute": mx[0], "time_comm": mx[1], "time_wait": mx[2],
         "time_compute_mean": mean[0], "time_comm_mean": mean[1],
         "time_wait_mean": mean[2], "time_epoch": step_s + wait_s,
         "bytes_comm": int(mean[3] * ctx.world_size),
         "bytes_comm_max_rank": int(mx[3]),
-        "peak_mem_bytes": int(mx[4]), "peak_mem_bytes_mean": int(mean[4]), "grid": task.grid,
-        "strategy": task.strategy, "ranks": ctx.world_size,
+        "peak_mem_bytes": int(mx[4]), "peak_mem_bytes_mean": int(mean[4]),
+        "peak_device_mem_bytes": int(mx[5]), "peak_device_mem_bytes_mean": int(mean[5]),
+        "grid": task.grid, "strategy": task.strategy, "ranks": ctx.world_size,
     })
     return row, best
 

@@ -21,6 +21,7 @@ from plexgt.distributed.grid import parse_grid
 from plexgt.errors import ConfigError, GridError
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.plan.choose import STRATEGIES
+from plexgt.plan.machine import GPU_MEMORY_FRACTION, GPU_MEMORY_RESERVE_GIB
 from plexgt.plan.profile import read_profile
 
 
@@ -94,8 +95,17 @@ class ParallelConfig:
     """Rows per aggregation block (overlap of SpMM and all-reduce); 0 = the plan's (the cost
     model's rows, or whole)."""
     memory_per_rank_gb: float = 0.0
-    """GiB one rank may use: what the plan predicts above it is never chosen. 0 = the GPU's
-    memory on GPUs, no limit on CPUs."""
+    """GiB one rank may use: what the plan predicts above it is never chosen. 0 = what a plan
+    may fill of the GPU on GPUs (``gpu_memory_fraction`` of it less ``gpu_memory_reserve_gb``),
+    no limit on CPUs."""
+    gpu_memory_fraction: float = GPU_MEMORY_FRACTION
+    """GPUs, memory_per_rank_gb 0: the share of the GPU's memory a plan may fill (the rest is
+    the allocator's fragmentation and the libraries' workspaces, which the memory model does
+    not count), in (0, 1]."""
+    gpu_memory_reserve_gb: float = GPU_MEMORY_RESERVE_GIB
+    """GPUs, memory_per_rank_gb 0: GiB taken off after the fraction for what exists before
+    any tensor, the CUDA context and NCCL's communicators (an estimate:
+    :data:`plexgt.plan.machine.GPU_MEMORY_RESERVE_GIB`; a GPU run's metrics measure it)."""
     gcn_order: str = "auto"
     """GCN layer order: 'aggregate_first' (Â·H)·W, 'gemm_first' Â·(H·W), or 'auto' (GEMM
     first where a layer narrows, so the SpMM runs on the narrower width; same results)."""
@@ -315,6 +325,12 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("config keys parallel.head_parallel, ring_chunks, "
                           "attention_block_rows, block_rows, memory_per_rank_gb must be >= 0 "
                           "(0: the plan's choice)")
+    if not (0 < par.gpu_memory_fraction <= 1):
+        raise ConfigError(f"config key 'parallel.gpu_memory_fraction': "
+                          f"{par.gpu_memory_fraction!r} must be in (0, 1]")
+    if not (math.isfinite(par.gpu_memory_reserve_gb) and par.gpu_memory_reserve_gb >= 0):
+        raise ConfigError(f"config key 'parallel.gpu_memory_reserve_gb': "
+                          f"{par.gpu_memory_reserve_gb!r} must be a finite number of GiB >= 0")
     if par.head_parallel > 1 and (m.name == "gcn" or par.strategy not in ("auto", "gp_2d")
                                   and default_registry().get(par.strategy).head_axes is None):
         what = "gcn has no attention" if m.name == "gcn" else \

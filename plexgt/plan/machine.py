@@ -29,6 +29,28 @@ OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
 RING_STEPS = {"all_gather": 1, "reduce_scatter": 1, "all_reduce": 2, "all_to_all": 1,
               "send_recv": 0}
 """Latencies per (group size - 1) of each collective's ring algorithm (send_recv: one)."""
+GPU_MEMORY_FRACTION = 0.9
+"""Share of a GPU's memory a plan may fill. The memory model counts tensors; the caching
+allocator rounds and caches blocks (fragmentation), and cuBLAS / cuSPARSE take workspaces
+per call, neither of which it prices: a plan at 95-100 % of an A100-40GB's memory OOMs."""
+GPU_MEMORY_RESERVE_GIB = 1.5
+"""GiB of a GPU gone before the first tensor, taken off after the fraction: the CUDA context
+(about 0.3-0.6 GiB on A100 / H100 with lazy module loading) and NCCL's communicators, which
+plexgt creates eagerly (``device_id``): the world's, up to six grid groups and gp_2d's two,
+each holding NCCL_BUFFSIZE (4 MiB by default, NCCL's environment documentation) per channel,
+peer and protocol, of the order of 100 MiB a communicator. An estimate, not a measurement: a
+GPU run's metrics measure it (``peak_device_mem_bytes - peak_mem_bytes``); a machine
+description or ``parallel.gpu_memory_reserve_gb`` replaces it."""
+
+
+def usable_memory(total_bytes: int, fraction: float = GPU_MEMORY_FRACTION,
+                  reserve_gib: float = GPU_MEMORY_RESERVE_GIB) -> int:
+    """Bytes of a GPU of ``total_bytes`` that a plan may fill: ``fraction`` of it less
+    ``reserve_gib`` (:data:`GPU_MEMORY_FRACTION`, :data:`GPU_MEMORY_RESERVE_GIB`), never
+    below 0."""
+    return max(0, int(fraction * total_bytes - reserve_gib * 2**30))
+
+
 RUNTIMES = ("cuda", "rocm")
 """The GPU builds of torch a description may name (``runtime``; default 'cuda')."""
 
@@ -72,6 +94,16 @@ class Machine:
     runtime: str = "cuda"
     """'cuda' or 'rocm': the torch build its GPUs run (a ROCm GPU has no
     ``torch.sparse.sampled_addmm``, so plans there never choose the strategies needing it)."""
+    memory_fraction: float = GPU_MEMORY_FRACTION
+    """Share of a GPU's memory plans fill (``node.memory_fraction``, :func:`usable_memory`)."""
+    memory_reserve_gib: float = GPU_MEMORY_RESERVE_GIB
+    """GiB of a GPU taken first (``node.memory_reserve_gib``: context, NCCL)."""
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        """What a plan may fill of one GPU (:func:`usable_memory`)."""
+        return usable_memory(self.memory_per_gpu_bytes, self.memory_fraction,
+                             self.memory_reserve_gib)
 
     def link(self, group_size: int) -> Link:
         """The link a group of contiguous ranks of this size crosses."""
@@ -190,6 +222,17 @@ def load_machine(spec: str | Path) -> Machine:
         return Link(num(f"links.{which}", "gb_per_s") * 1e9,
                     num(f"links.{which}", "latency_us") * 1e-6)
 
+    def optional(section: str, key: str, default: float, low: float, high: float) -> float:
+        node = raw.get(section, {})
+        v = node.get(key, default) if isinstance(node, dict) else default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not low <= v <= high \
+                or not math.isfinite(v):
+            raise MachineError(f"{path}: {section}.{key} = {v!r} must be a number in "
+                               f"[{low}, {high}]")
+        return float(v)
+
+    fraction = optional("node", "memory_fraction", GPU_MEMORY_FRACTION, 0.01, 1.0)
+    reserve = optional("node", "memory_reserve_gib", GPU_MEMORY_RESERVE_GIB, 0.0, math.inf)
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise MachineError(f"{path}: missing name")
@@ -207,4 +250,5 @@ def load_machine(spec: str | Path) -> Machine:
         spmm_s_per_edge_col=num("kernels", "spmm_s_per_edge_col"),
         sddmm_s_per_edge_col=num("kernels", "sddmm_s_per_edge_col"),
         intra=link("intra"), inter=link("inter"), path=str(path), runtime=runtime,
+        memory_fraction=fraction, memory_reserve_gib=reserve,
     )

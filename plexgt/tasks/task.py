@@ -24,6 +24,7 @@ from plexgt.errors import ConfigError
 from plexgt.ops.attention import sampled_addmm_available
 from plexgt.plan.agp import SystemModel
 from plexgt.plan.choose import GraphSizes, ModelShape, RunPlan, choose
+from plexgt.plan.machine import usable_memory
 from plexgt.plan.plexus_cost import Coefficients
 from plexgt.plan.profile import read_profile
 from plexgt.tasks.metrics import resolve_metric
@@ -147,12 +148,16 @@ def model_shape(cfg: TrainConfig) -> ModelShape:
 
 
 def memory_limit(cfg: TrainConfig, device: torch.device | None = None) -> int | None:
-    """Bytes one rank may use: parallel.memory_per_rank_gb, else the GPU's memory, else (CPU
-    ranks) no limit."""
+    """Bytes one rank may use: parallel.memory_per_rank_gb, else what a plan may fill of the
+    GPU (parallel.gpu_memory_fraction of its memory less parallel.gpu_memory_reserve_gb:
+    :func:`plexgt.plan.machine.usable_memory`; the whole of it OOMs, the memory model counting
+    tensors only), else (CPU ranks) no limit."""
     if cfg.parallel.memory_per_rank_gb > 0:
         return int(cfg.parallel.memory_per_rank_gb * 2**30)
     if device is not None and device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
+        return usable_memory(torch.cuda.get_device_properties(device).total_memory,
+                             cfg.parallel.gpu_memory_fraction,
+                             cfg.parallel.gpu_memory_reserve_gb)
     return None
 
 

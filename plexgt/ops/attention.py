@@ -227,16 +227,18 @@ class SparseAttentionFunction(torch.autograd.Function):
             else out
         acc = out is not None
         if block_rows is None or block_rows >= graph.num_rows:
-            p = _biased(sddmm(graph, q, k, scale), bias, graph, 0)
+            p = _biased(sddmm(graph, q, k, scale), bias, 0)
             row_softmax_(graph, p)
             spmm(graph, p, vh, out=y, accumulate=acc)
             ctx.save_for_backward(q, k, v, p, bias)
         else:
             lse = torch.empty(h, graph.num_rows, dtype=v.dtype, device=v.device)
+            e0 = 0
             for r0, r1, blk in graph.row_blocks(block_rows):
-                s = _biased(sddmm(blk, q[r0:r1], k, scale), bias, graph, r0)
+                s = _biased(sddmm(blk, q[r0:r1], k, scale), bias, e0)
                 _, lse[:, r0:r1] = row_softmax_(blk, s)
                 spmm(blk, s, vh, out=y[r0:r1], accumulate=acc)
+                e0 += blk.num_edges
                 del s
             ctx.save_for_backward(q, k, v, lse, bias)
             ctx.blocked = block_rows
@@ -266,12 +268,13 @@ class SparseAttentionFunction(torch.autograd.Function):
         dq = torch.empty_like(q) if need_q else None
         dk = torch.empty_like(k) if need_k else None
         dv = torch.empty_like(v) if need_v else None
+        e0 = 0  # the block's first edge (a host count: no device sync)
         for b, (r0, r1, blk) in enumerate(blocks):
             acc = b > 0  # dK, dV sum over row blocks; the first block initialises them
             if ctx.blocked is None:
                 p = saved
             else:
-                s = _biased(sddmm(blk, q[r0:r1], k, scale), bias, graph, r0)
+                s = _biased(sddmm(blk, q[r0:r1], k, scale), bias, e0)
                 p = probs_from_lse(blk, s, saved[:, r0:r1])
             perm = blk.transpose_perm if (need_k or need_v) else None
             if need_v:
@@ -284,7 +287,6 @@ class SparseAttentionFunction(torch.autograd.Function):
                 ds = softmax_backward(blk, p, sddmm(blk, dy[r0:r1], v), 1.0)
                 del p
                 if dbias is not None:
-                    e0 = int(graph.indptr[r0])
                     dbias[:, e0:e0 + blk.num_edges] = ds
                 if scale != 1.0:
                     ds.mul_(scale)
@@ -298,6 +300,7 @@ class SparseAttentionFunction(torch.autograd.Function):
                          accumulate=acc)
                     qh = qh if keep else None
                 del ds
+            e0 += blk.num_edges
         return d_res, None, dq, dk, dv, None, None, dbias
 
     @staticmethod
@@ -326,11 +329,12 @@ class SparseAttentionFunction(torch.autograd.Function):
         return None, dq, dk, dv, None, None, None
 
 
-def _biased(s: Tensor, bias: Tensor | None, graph: CSRGraph, r0: int) -> Tensor:
-    """Scores [h, E_block] of the rows from r0 on, plus their edges' bias (in place)."""
+def _biased(s: Tensor, bias: Tensor | None, e0: int) -> Tensor:
+    """Scores [h, E_block] of a row block whose first edge is e0, plus their edges' bias (in
+    place). e0 is counted on the host from the blocks' edge counts: reading it from the
+    graph's row pointers was a device-to-host sync per block and call on a GPU."""
     if bias is None:
         return s
-    e0 = int(graph.indptr[r0])
     return s.add_(bias[:, e0:e0 + s.shape[1]])
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from plexgt.distributed.grid import Grid3D
 from plexgt.parallel.attention.strategy import AttentionStrategy
-from plexgt.plan.agp import Estimate, SystemModel, Workload, estimate
+from plexgt.plan.agp import Estimate, SystemModel, Workload, estimate, unsupported
 
 NEAR_TIE = 0.10
 """Predicted gaps up to this are flagged as near-ties in the plan. On the 2-core test VM, ten
@@ -35,6 +35,9 @@ class PlanRow:
     """s·β_c(s)/(s-1) (inf at s = 1)."""
     chosen: bool = False
     why: str = ""
+    runs: str = ""
+    """Why the machine cannot run the strategy (:func:`~plexgt.plan.agp.unsupported`); ''
+    when it can."""
 
 
 @dataclass
@@ -85,12 +88,15 @@ def plan(w: Workload, strategies: list[AttentionStrategy], scales: list[int],
                 for est in ests:
                     fits = memory_limit is None or est.memory["total"] <= memory_limit
                     score = math.inf if s == 1 else s * est.beta / (s - 1)
-                    rows.append(PlanRow(est, fits, s == 1 or score <= k, score))
-    ok = [r for r in rows if r.fits and r.passes]
+                    rows.append(PlanRow(est, fits, s == 1 or score <= k, score,
+                                        runs=unsupported(c, sysm)))
+    ok = [r for r in rows if r.fits and r.passes and not r.runs]
     best = min(ok, key=lambda r: (r.est.time_s, r.est.scale), default=None)
     for r in rows:
         if r is best:
             r.chosen, r.why = True, "fastest predicted among those that fit and pass"
+        elif r.runs:
+            r.why = f"not on this machine: {r.runs}"
         elif not r.fits:
             r.why = (f"needs {r.est.memory['total'] / 2**30:.2f} GiB > "
                      f"{(memory_limit or 0) / 2**30:.2f} GiB per rank")

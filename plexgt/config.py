@@ -29,6 +29,18 @@ ELEMENT_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2}
 """Bytes per activation element of each ``dtype`` (bfloat16 keeps float32 master weights but
 its activations and their collectives are 2 bytes): the one table the planners' memory and
 traffic models and the task's memory check count with."""
+GPU_MEMORY_FRACTION = 0.9
+"""Share of a GPU's memory a plan may fill. The memory model counts tensors; the caching
+allocator rounds and caches blocks (fragmentation), and cuBLAS / cuSPARSE take workspaces
+per call, neither of which it prices: a plan at 95-100 % of an A100-40GB's memory OOMs."""
+GPU_MEMORY_RESERVE_GIB = 1.5
+"""GiB of a GPU gone before the first tensor, taken off after the fraction: the CUDA context
+(about 0.3-0.6 GiB on A100 / H100 with lazy module loading) and NCCL's communicators, which
+plexgt creates eagerly (``device_id``): the world's, up to six grid groups and gp_2d's two,
+each holding NCCL_BUFFSIZE (4 MiB by default, NCCL's environment documentation) per channel,
+peer and protocol, of the order of 100 MiB a communicator. An estimate, not a measurement: a
+GPU run's metrics measure it (``peak_device_mem_bytes - peak_mem_bytes``); a machine
+description or ``parallel.gpu_memory_reserve_gb`` replaces it."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +112,17 @@ class ParallelConfig:
     """Rows per aggregation block (overlap of SpMM and all-reduce); 0 = the plan's (the cost
     model's rows, or whole)."""
     memory_per_rank_gb: float = 0.0
-    """GiB one rank may use: what the plan predicts above it is never chosen. 0 = the GPU's
-    memory on GPUs, no limit on CPUs."""
+    """GiB one rank may use: what the plan predicts above it is never chosen. 0 = what a plan
+    may fill of the GPU on GPUs (``gpu_memory_fraction`` of it less ``gpu_memory_reserve_gb``),
+    no limit on CPUs."""
+    gpu_memory_fraction: float = GPU_MEMORY_FRACTION
+    """GPUs, memory_per_rank_gb 0: the share of the GPU's memory a plan may fill (the rest is
+    the allocator's fragmentation and the libraries' workspaces, which the memory model does
+    not count), in (0, 1]."""
+    gpu_memory_reserve_gb: float = GPU_MEMORY_RESERVE_GIB
+    """GPUs, memory_per_rank_gb 0: GiB taken off after the fraction for what exists before
+    any tensor, the CUDA context and NCCL's communicators (an estimate:
+    :data:`GPU_MEMORY_RESERVE_GIB`; a GPU run's metrics measure it)."""
     axis_order: str = "auto"
     """Which grid axis is innermost in the rank numbering (consecutive ranks, so one node's
     GPUs: NVLink, xGMI), then the next: 'yxz' (Plexus's, the default order), 'xyz', ...; or
@@ -337,6 +358,12 @@ def validate(cfg: TrainConfig) -> None:
     if par.axis_order != "auto" and sorted(par.axis_order) != ["x", "y", "z"]:
         raise ConfigError(f"config key 'parallel.axis_order': {par.axis_order!r} must be 'auto' "
                           "or the axes x, y, z once each, innermost first (e.g. yxz)")
+    if not (0 < par.gpu_memory_fraction <= 1):
+        raise ConfigError(f"config key 'parallel.gpu_memory_fraction': "
+                          f"{par.gpu_memory_fraction!r} must be in (0, 1]")
+    if not (math.isfinite(par.gpu_memory_reserve_gb) and par.gpu_memory_reserve_gb >= 0):
+        raise ConfigError(f"config key 'parallel.gpu_memory_reserve_gb': "
+                          f"{par.gpu_memory_reserve_gb!r} must be a finite number of GiB >= 0")
     if par.head_parallel > 1 and m.name == "gcn":
         raise ConfigError(f"config key 'parallel.head_parallel': {par.head_parallel} would be "
                           "ignored: gcn has no attention")

@@ -12,7 +12,10 @@ as it would on a GPU. :class:`DeviceAudit`, a dispatch mode, sees every op
 * raises :class:`DeviceMismatch` when an op mixes device tensors with host tensors other than
   0-dim scalars (which CUDA ops accept), naming the op and the operands;
 * records host->device and device->host copies and ``.item()``-style syncs on device tensors,
-  with the Python line that made them, for the caller to assert on.
+  with the Python line that made them, for the caller to assert on;
+* counts the ops run on device tensors (:attr:`DeviceAudit.ops`; an accumulating
+  ``index_put_`` as ``aten.index_put_.default(accumulate)``), so a test can check which
+  kernels a GPU run would take (none that CUDA runs with atomics, say).
 
 Factories with ``device=DECLARED`` and ``.to(DECLARED)`` make :class:`OnDevice` tensors;
 everything else (files read, numpy arrays, default-device factories) is host memory, as it would
@@ -22,9 +25,11 @@ be on a GPU.
 from __future__ import annotations
 
 import traceback
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
@@ -124,10 +129,14 @@ def _routed(factory):
 
 @dataclass
 class DeviceAudit(TorchDispatchMode):
-    """The dispatch mode; ``transfers`` and ``syncs`` list (op, where) of each event."""
+    """The dispatch mode; ``transfers`` and ``syncs`` list (op, where) of each event, ``ops``
+    counts the ops on device tensors by name."""
 
     transfers: list[tuple[str, str]] = field(default_factory=list)
     syncs: list[tuple[str, str]] = field(default_factory=list)
+    ops: Counter = field(default_factory=Counter)
+    bf16: Counter = field(default_factory=Counter)
+    """Of ``ops``, those with a bfloat16 operand."""
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -178,4 +187,113 @@ class DeviceAudit(TorchDispatchMode):
             raise DeviceMismatch(f"{name} on host tensors at {_where()}: an NCCL group has no "
                                  "CPU backend")
         on_device = "device" in kinds or to_device
+        if on_device:
+            accumulate = func in ACCUMULATING and (kwargs.get("accumulate") or (
+                len(args) > 3 and args[3]))
+            self.ops[name + ("(accumulate)" if accumulate else "")] += 1
+            if any(t.dtype == torch.bfloat16 for t in leaves):
+                self.bf16[name] += 1
         return _run(func, args, kwargs, wrap=on_device)
+
+
+ACCUMULATING = (aten.index_put_.default, aten.index_put.default,
+                aten._index_put_impl_.default)
+"""Ops whose ``accumulate`` flag turns a copy into a sum (CUDA: atomics)."""
+
+
+# --------------------------------------------------------------------------- emulated autocast
+LOWER_PRECISION_OPS = ("__matmul__", "addbmm", "addmm", "addmv", "addr", "baddbmm", "bmm",
+                       "chain_matmul", "linear", "matmul", "mm", "mv", "prelu")
+"""What CUDA autocast runs in its low-precision dtype (torch's autocast op reference)."""
+FLOAT32_OPS = ("__pow__", "__rdiv__", "__rpow__", "__rtruediv__", "acos", "asin",
+               "binary_cross_entropy_with_logits", "cosh", "cross_entropy", "cumprod",
+               "cumsum", "dist", "erfinv", "exp", "expm1", "group_norm", "kl_div", "l1_loss",
+               "layer_norm", "log", "log_softmax", "log10", "log1p", "log2", "mse_loss",
+               "nll_loss", "norm", "normalize", "pow", "prod", "reciprocal", "rsqrt", "sinh",
+               "softmax", "softmin", "softplus", "sum", "renorm", "tan")
+"""What CUDA autocast runs in float32 (the same reference)."""
+PROMOTE_OPS = ("addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "index_put",
+               "scatter_add", "tensordot")
+"""What CUDA autocast runs in the widest floating dtype of its operands."""
+
+
+def _funcs(names: tuple[str, ...]) -> set:
+    import torch.nn.functional as F
+
+    return {getattr(ns, n) for n in names for ns in (torch, torch.Tensor, F)
+            if hasattr(ns, n)}
+
+
+class EmulatedAutocast(TorchFunctionMode):
+    """CUDA autocast's casts for tensors on the declared device, which torch has no autocast
+    for (``torch.autocast('meta')`` raises; CPU autocast leaves them alone).
+
+    Above autograd, as autocast is, so its casts are recorded and the backward sees the
+    dtypes a GPU run's does: the ops of :data:`LOWER_PRECISION_OPS` get their floating
+    operands in ``dtype``, those of :data:`FLOAT32_OPS` in float32, those of
+    :data:`PROMOTE_OPS` in the widest. :meth:`install` makes ``torch.autocast``,
+    ``torch.is_autocast_enabled`` and ``torch.get_autocast_dtype`` answer for the declared
+    device type from it (enabled inside ``torch.autocast(DECLARED.type, dtype)``, off inside
+    ``enabled=False``), so code asking whether autocast is on (plexgt.ops.precision) sees
+    what it would on a GPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack: list[torch.dtype | None] = []
+        self._low, self._f32, self._promote = (_funcs(LOWER_PRECISION_OPS),
+                                               _funcs(FLOAT32_OPS), _funcs(PROMOTE_OPS))
+
+    @property
+    def dtype(self) -> torch.dtype | None:
+        return self.stack[-1] if self.stack else None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        want = None
+        if self.dtype is not None and (func in self._low or func in self._f32
+                                       or func in self._promote):
+            leaves = [t for t in tree_flatten((args, kwargs))[0]
+                      if isinstance(t, torch.Tensor)]
+            floats = [t for t in leaves if t.is_floating_point()]
+            if any(isinstance(t, OnDevice) for t in leaves) and floats:
+                want = (self.dtype if func in self._low else torch.float32
+                        if func in self._f32 else
+                        max((t.dtype for t in floats), key=lambda d: torch.finfo(d).bits))
+        if want is not None:
+            args, kwargs = tree_map(
+                lambda t: t.to(want) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                and t.dtype != want else t, (args, kwargs))
+        return func(*args, **kwargs)
+
+    def context(self, dtype: torch.dtype | None = None, enabled: bool = True):
+        """What ``torch.autocast(DECLARED.type, ...)`` returns under :meth:`install`."""
+        mode = self
+
+        class _Ctx:
+            def __enter__(self):
+                mode.stack.append(dtype or mode.dtype or torch.bfloat16 if enabled else None)
+                return self
+
+            def __exit__(self, *exc):
+                mode.stack.pop()
+                return False
+
+        return _Ctx()
+
+    def install(self, monkeypatch) -> None:
+        """Route torch's autocast queries and contexts for the declared device type here."""
+        real_autocast, real_enabled = torch.autocast, torch.is_autocast_enabled
+        real_dtype = torch.get_autocast_dtype
+
+        def autocast(device_type, dtype=None, enabled=True, cache_enabled=None):
+            if device_type == DECLARED.type:
+                return self.context(dtype, enabled)
+            return real_autocast(device_type, dtype=dtype, enabled=enabled,
+                                 cache_enabled=cache_enabled)
+
+        monkeypatch.setattr(torch, "autocast", autocast)
+        monkeypatch.setattr(torch, "is_autocast_enabled", lambda device_type=None: (
+            self.dtype is not None if device_type == DECLARED.type
+            else real_enabled(device_type) if device_type is not None else real_enabled()))
+        monkeypatch.setattr(torch, "get_autocast_dtype", lambda device_type: (
+            self.dtype if device_type == DECLARED.type else real_dtype(device_type)))

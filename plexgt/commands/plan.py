@@ -83,7 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="the run's TOML file (as train's): the model to price")
     p.add_argument("--profile", type=Path, help="system profile JSON from plexgt profile")
     p.add_argument("--machine", help="machine description: a shipped one (perlmutter, "
-                   "frontier, dgx-a100) or a TOML file; memory per rank defaults to its GPUs'")
+                   "frontier, dgx-a100) or a TOML file; memory per rank defaults to what a "
+                   "plan may fill of its GPUs (node.memory_fraction, less "
+                   "node.memory_reserve_gib)")
     p.add_argument("--memory-per-rank", type=float, metavar="GB",
                    help="memory per rank in GiB; what does not fit is never chosen")
     for flag, (_key, text) in MODEL_FLAGS.items():
@@ -282,7 +284,7 @@ def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> i
             raise UsageError(f"--machine {e}") from None
         measured = prof
         prof = merge_profile(mach.profile(args.world_size), measured)
-        limit = mach.memory_per_gpu_bytes if limit is None else limit
+        limit = mach.usable_memory_bytes if limit is None else limit
         src = (f"machine description {mach.name} ({mach.path}; a model projection, not a "
                "measurement)" + (f", overridden by profile {args.profile}" if measured else ""))
     shape = ModelShape.of(cfg)

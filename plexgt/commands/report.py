@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, help="write the plot here (PNG)")
 
 
-NUMBER_PREFIXES = ("time_", "bytes_", "peak_mem_")
+NUMBER_PREFIXES = ("time_", "bytes_", "peak_mem_", "peak_device_")
 """Keys whose values the summary and the plot compute with, besides 'loss', 'lr' and each
 split's metric: numbers (NaN and infinities included: a ROC-AUC can be undefined, and a loss
 non-finite where the run stopped on it)."""
@@ -117,7 +117,13 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
                    f"busiest rank, {last.get('bytes_comm', 0) / 2**20:.1f} MiB in all")
     if any("peak_mem_bytes" in r for r in rows):
         peak = max(r.get("peak_mem_bytes", 0) for r in rows)
-        out.append(f"peak memory {peak / 2**20:.0f} MiB on the fullest rank")
+        line = f"peak memory {peak / 2**20:.0f} MiB on the fullest rank"
+        dev = max((r["peak_device_mem_bytes"] for r in rows if "peak_device_mem_bytes" in r),
+                  default=None)
+        if dev is not None and dev != peak:  # a GPU run: the device holds more than tensors
+            line += (f" (tensors); {dev / 2**20:.0f} MiB held on its GPU (allocator cache, "
+                     "CUDA context, NCCL buffers)")
+        out.append(line)
     return out
 
 

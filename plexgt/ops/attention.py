@@ -37,14 +37,45 @@ from plexgt.ops.precision import LOW_PRECISION, full_precision
 
 Tensor = torch.Tensor
 
+NO_SAMPLED_ADDMM = ("ROCm builds of torch have no GPU torch.sparse.sampled_addmm ('requires "
+                    "compiling PyTorch with CUDA 11.2.1+')")
+"""Why torch's SDDMM (and so every path through :func:`sddmm`) cannot run on a ROCm GPU."""
+
+
+def sampled_addmm_available(device: torch.device | str) -> bool:
+    """Whether torch's sparse SDDMM (``torch.sparse.sampled_addmm``, :func:`sddmm`) runs on
+    ``device``: everywhere but the GPUs of a ROCm build (``torch.version.hip`` set; ROCm
+    devices are ``cuda`` to torch), where only the fused kernel computes attention scores."""
+    return not (torch.version.hip and torch.device(device).type == "cuda")
+
+
+def torch_kernels_reason(head_dim: int, bias: bool) -> str:
+    """Why :func:`sparse_attention` with ``kernel='auto'`` on a GPU takes torch's kernels (and so
+    :func:`sddmm`) rather than the fused one, '' when the fused one serves: the configured
+    sizes alone decide it (Triton installed, d' at most :data:`attention_triton.MAX_HEAD_DIM`,
+    no edge bias), so a run can be refused before anything is built."""
+    if bias:
+        return "an edge bias runs on torch's kernels (the fused kernel has no bias input)"
+    if head_dim > attention_triton.MAX_HEAD_DIM:
+        return (f"d' = {head_dim} is wider than the fused kernel's "
+                f"{attention_triton.MAX_HEAD_DIM}")
+    if attention_triton.triton is None:
+        return "Triton is not installed, so the fused kernel is unavailable"
+    return ""
+
 
 # --------------------------------------------------------------------------- primitive kernels
 def sddmm(graph: CSRGraph, a: Tensor, b: Tensor, alpha: float = 1.0) -> Tensor:
     """[Nr, h, d] x [Nc, h, d] -> [h, E]: ``alpha * a[r, i]·b[c, i]`` on every edge (r, c).
 
     One sampled_addmm per head on the strided view a[:, i], writing straight into the output
-    rows (beta=0 still reads the buffer, hence zeros rather than empty).
+    rows (beta=0 still reads the buffer, hence zeros rather than empty). On a ROCm GPU, which
+    has no sampled_addmm, a ValueError in one line (runs are refused before they get here:
+    :func:`sampled_addmm_available`).
     """
+    if not sampled_addmm_available(a.device):
+        raise ValueError(f"sparse attention scores on {a.device}: {NO_SAMPLED_ADDMM}; only "
+                         "the fused kernel runs there")
     h = a.shape[1]
     out = torch.zeros(h, graph.num_edges, dtype=a.dtype, device=a.device)
     if graph.num_edges == 0:
@@ -196,16 +227,18 @@ class SparseAttentionFunction(torch.autograd.Function):
             else out
         acc = out is not None
         if block_rows is None or block_rows >= graph.num_rows:
-            p = _biased(sddmm(graph, q, k, scale), bias, graph, 0)
+            p = _biased(sddmm(graph, q, k, scale), bias, 0)
             row_softmax_(graph, p)
             spmm(graph, p, vh, out=y, accumulate=acc)
             ctx.save_for_backward(q, k, v, p, bias)
         else:
             lse = torch.empty(h, graph.num_rows, dtype=v.dtype, device=v.device)
+            e0 = 0
             for r0, r1, blk in graph.row_blocks(block_rows):
-                s = _biased(sddmm(blk, q[r0:r1], k, scale), bias, graph, r0)
+                s = _biased(sddmm(blk, q[r0:r1], k, scale), bias, e0)
                 _, lse[:, r0:r1] = row_softmax_(blk, s)
                 spmm(blk, s, vh, out=y[r0:r1], accumulate=acc)
+                e0 += blk.num_edges
                 del s
             ctx.save_for_backward(q, k, v, lse, bias)
             ctx.blocked = block_rows
@@ -235,12 +268,13 @@ class SparseAttentionFunction(torch.autograd.Function):
         dq = torch.empty_like(q) if need_q else None
         dk = torch.empty_like(k) if need_k else None
         dv = torch.empty_like(v) if need_v else None
+        e0 = 0  # the block's first edge (a host count: no device sync)
         for b, (r0, r1, blk) in enumerate(blocks):
             acc = b > 0  # dK, dV sum over row blocks; the first block initialises them
             if ctx.blocked is None:
                 p = saved
             else:
-                s = _biased(sddmm(blk, q[r0:r1], k, scale), bias, graph, r0)
+                s = _biased(sddmm(blk, q[r0:r1], k, scale), bias, e0)
                 p = probs_from_lse(blk, s, saved[:, r0:r1])
             perm = blk.transpose_perm if (need_k or need_v) else None
             if need_v:
@@ -253,7 +287,6 @@ class SparseAttentionFunction(torch.autograd.Function):
                 ds = softmax_backward(blk, p, sddmm(blk, dy[r0:r1], v), 1.0)
                 del p
                 if dbias is not None:
-                    e0 = int(graph.indptr[r0])
                     dbias[:, e0:e0 + blk.num_edges] = ds
                 if scale != 1.0:
                     ds.mul_(scale)
@@ -267,6 +300,7 @@ class SparseAttentionFunction(torch.autograd.Function):
                          accumulate=acc)
                     qh = qh if keep else None
                 del ds
+            e0 += blk.num_edges
         return d_res, None, dq, dk, dv, None, None, dbias
 
     @staticmethod
@@ -295,11 +329,12 @@ class SparseAttentionFunction(torch.autograd.Function):
         return None, dq, dk, dv, None, None, None
 
 
-def _biased(s: Tensor, bias: Tensor | None, graph: CSRGraph, r0: int) -> Tensor:
-    """Scores [h, E_block] of the rows from r0 on, plus their edges' bias (in place)."""
+def _biased(s: Tensor, bias: Tensor | None, e0: int) -> Tensor:
+    """Scores [h, E_block] of a row block whose first edge is e0, plus their edges' bias (in
+    place). e0 is counted on the host from the blocks' edge counts: reading it from the
+    graph's row pointers was a device-to-host sync per block and call on a GPU."""
     if bias is None:
         return s
-    e0 = int(graph.indptr[r0])
     return s.add_(bias[:, e0:e0 + s.shape[1]])
 
 
@@ -348,6 +383,9 @@ def sparse_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
                              f"; got {tuple(bias.shape)}")
         if kernel == "fused":
             raise ValueError("the fused attention kernel takes no edge bias")
+    if kernel == "torch" and not sampled_addmm_available(q.device):
+        raise ValueError(f"attention kernel 'torch' on {q.device}: {NO_SAMPLED_ADDMM}; use "
+                         "'fused' or 'auto'")
     if kernel == "fused" or (kernel == "auto" and bias is None
                              and q.device.type in attention_triton.GPU_TYPES
                              and attention_triton.supports(q)):

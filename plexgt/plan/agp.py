@@ -393,6 +393,16 @@ def memory_of(strategy: AttentionStrategy, w: Workload, s: int, head_parallel: i
                         w.ffn_mult, w.gcn, w.grid_at(s), w.feature_density)
 
 
+def unsupported(strategy: AttentionStrategy, sysm: SystemModel) -> str:
+    """Why the machine cannot run ``strategy``'s kernels at all ('' when it can): a ROCm GPU
+    has no ``torch.sparse.sampled_addmm``, which a ring's column-block kernels are
+    (:attr:`~plexgt.parallel.attention.strategy.AttentionStrategy.needs_sampled_addmm`).
+    Plans never choose such a strategy, whatever its predicted time."""
+    if sysm.host.rocm and strategy.needs_sampled_addmm:
+        return "needs torch.sparse.sampled_addmm, which ROCm GPUs lack"
+    return ""
+
+
 def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel,
              head_parallel: int = 1, comm_ranks: Iterable[int] | None = None) -> Estimate:
     """t_iter(s, c) = α(s)·E + β_c(s)·N and the per-rank memory of ``strategy`` on s ranks

@@ -72,6 +72,10 @@ class Host:
     thread_speedup: dict[int, float] = field(default_factory=dict)
     """Threads t -> how much faster one rank alone runs a training step with t threads than
     with ``threads`` (the profile's ``thread_speedup``; 1 where not measured)."""
+    rocm: bool = False
+    """The GPUs run a ROCm build of torch (the profile's ``hardware.rocm``, a machine
+    description's ``runtime = "rocm"``): no GPU ``torch.sparse.sampled_addmm``, so the
+    strategies whose kernels need it are never planned there."""
 
     @classmethod
     def from_profile(cls, prof: dict[str, Any] | None) -> Host:
@@ -90,7 +94,7 @@ class Host:
         speed = {int(t): float(v) for t, v in (prof.get("thread_speedup") or {}).items()}
         return cls(str(hw.get("device", "cpu")), int(hw.get("cores") or 1),
                    int(prof.get("software", {}).get("threads_per_rank") or 1), cont, sync,
-                   speed)
+                   speed, bool(hw.get("rocm", False)))
 
     def full(self) -> int:
         """Ranks of the profiled thread count that fill the cores."""

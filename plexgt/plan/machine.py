@@ -24,11 +24,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from plexgt.config import GPU_MEMORY_FRACTION, GPU_MEMORY_RESERVE_GIB
 from plexgt.plan.placement import Link, Rule, Topology
 
 MACHINES_DIR = Path(__file__).resolve().parent / "machines"
 OPS = ("all_gather", "reduce_scatter", "all_reduce", "all_to_all", "send_recv")
 """The collectives the ledgers record (and the cost models price)."""
+
+
+def usable_memory(total_bytes: int, fraction: float = GPU_MEMORY_FRACTION,
+                  reserve_gib: float = GPU_MEMORY_RESERVE_GIB) -> int:
+    """Bytes of a GPU of ``total_bytes`` that a plan may fill: ``fraction`` of it less
+    ``reserve_gib`` (:data:`GPU_MEMORY_FRACTION`, :data:`GPU_MEMORY_RESERVE_GIB`), never
+    below 0."""
+    return max(0, int(fraction * total_bytes - reserve_gib * 2**30))
+
+
+RUNTIMES = ("cuda", "rocm")
+"""The GPU builds of torch a description may name (``runtime``; default 'cuda')."""
 
 
 class MachineError(ValueError):
@@ -70,6 +83,19 @@ class Machine:
         return Topology(self.gpus_per_node, self.nics_per_node or self.gpus_per_node,
                         self.nic_bytes_per_s or self.inter.bytes_per_s, self.intra,
                         self.inter, self.rules)
+    runtime: str = "cuda"
+    """'cuda' or 'rocm': the torch build its GPUs run (a ROCm GPU has no
+    ``torch.sparse.sampled_addmm``, so plans there never choose the strategies needing it)."""
+    memory_fraction: float = GPU_MEMORY_FRACTION
+    """Share of a GPU's memory plans fill (``node.memory_fraction``, :func:`usable_memory`)."""
+    memory_reserve_gib: float = GPU_MEMORY_RESERVE_GIB
+    """GiB of a GPU taken first (``node.memory_reserve_gib``: context, NCCL)."""
+
+    @property
+    def usable_memory_bytes(self) -> int:
+        """What a plan may fill of one GPU (:func:`usable_memory`)."""
+        return usable_memory(self.memory_per_gpu_bytes, self.memory_fraction,
+                             self.memory_reserve_gib)
 
     def link(self, group_size: int) -> Link:
         """The link a group of contiguous ranks of this size crosses."""
@@ -125,7 +151,8 @@ class Machine:
         ln = self.link(max_ranks)
         return {
             "kind": "machine-description", "machine": self.name, "source": self.path,
-            "hardware": {"device": self.device, "gpu": self.description, "cores": 1},
+            "hardware": {"device": self.device, "gpu": self.description, "cores": 1,
+                         "rocm": self.runtime == "rocm"},
             "software": {"threads_per_rank": 1},
             "kernel_fits": k,
             "collective_fits": self.collective_fits(max_ranks),
@@ -208,9 +235,24 @@ def load_machine(spec: str | Path) -> Machine:
         return Rule(vals["stride_min"], vals["stride_max"], vals["size_min"],
                     vals["size_max"], vals["gb_per_s"] * 1e9, r["source"])
 
+    def optional(section: str, key: str, default: float, low: float, high: float) -> float:
+        node = raw.get(section, {})
+        v = node.get(key, default) if isinstance(node, dict) else default
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not low <= v <= high \
+                or not math.isfinite(v):
+            raise MachineError(f"{path}: {section}.{key} = {v!r} must be a number in "
+                               f"[{low}, {high}]")
+        return float(v)
+
+    fraction = optional("node", "memory_fraction", GPU_MEMORY_FRACTION, 0.01, 1.0)
+    reserve = optional("node", "memory_reserve_gib", GPU_MEMORY_RESERVE_GIB, 0.0, math.inf)
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise MachineError(f"{path}: missing name")
+    runtime = raw.get("runtime", "cuda")
+    if runtime not in RUNTIMES:
+        raise MachineError(f"{path}: runtime = {runtime!r} must be one of "
+                           f"{', '.join(RUNTIMES)}")
     rules = (raw.get("placement") or {}).get("rules", []) if isinstance(
         raw.get("placement", {}), dict) else None
     if not isinstance(rules, list):
@@ -228,4 +270,6 @@ def load_machine(spec: str | Path) -> Machine:
         nics_per_node=int(opt("node", "nics", integer=True)),
         nic_bytes_per_s=opt("node", "nic_gb_per_s") * 1e9,
         rules=tuple(rule(i, r) for i, r in enumerate(rules)),
+        runtime=runtime,
+        memory_fraction=fraction, memory_reserve_gib=reserve,
     )

@@ -56,7 +56,7 @@ from plexgt.distributed.grid import Grid3D
 from plexgt.distributed.layout3d import layer_layouts
 from plexgt.models.gt import GTBlock
 from plexgt.models.layers import ffn, residual_norm, sparse_features
-from plexgt.ops.attention import sddmm, sparse_attention, spmm
+from plexgt.ops.attention import sampled_addmm_available, sddmm, sparse_attention, spmm
 from plexgt.ops.csr import CSRGraph
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.ring import Ring, column_blocks, ring_attention
@@ -97,6 +97,9 @@ def describe_system(ctx: Any) -> dict[str, Any]:
         "host": platform.node(),
         "device": str(ctx.device.type),
         "gpu": torch.cuda.get_device_name(ctx.device) if ctx.device.type == "cuda" else None,
+        # a ROCm GPU has no torch.sparse.sampled_addmm: plans made with this profile never
+        # choose the strategies that need it (plexgt.plan.agp.unsupported)
+        "rocm": not sampled_addmm_available(ctx.device),
     }
     sw: dict[str, Any] = {"torch": torch.__version__, "python": platform.python_version(),
                           "backend": ctx.backend, "threads_per_rank": torch.get_num_threads()}
@@ -347,7 +350,7 @@ def _attention_samples(g: Any, rows: int, cols: int, device: torch.device,
 
     out: list[Sample] = []
     ring = None
-    if recompute:
+    if recompute and sampled_addmm_available(device):  # a ROCm GPU cannot run the ring's
         whole = ((0, cols),)
         ring = Ring(Comm.single("ring", CommLedger()), column_blocks(g, 1, cols, whole), whole)
     for h, dh in ((2, 16), (4, 16), (4, 32)):
@@ -364,6 +367,13 @@ def _attention_samples(g: Any, rows: int, cols: int, device: torch.device,
 
             out.append(Sample("recompute", [g.num_edges, h, dh], rc, (rows, cols)))
     return out
+
+
+def gathered_sddmm(graph: CSRGraph, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[Nr, h, d] x [Nc, h, d] -> [h, E] as :func:`~plexgt.ops.attention.sddmm`, by gathering
+    each edge's rows: what the profile times as the SDDMM where torch has none (ROCm GPUs;
+    [E, h, d] temporaries, fine at the profile's sizes)."""
+    return (a.index_select(0, graph.row) * b.index_select(0, graph.indices)).sum(-1).t()
 
 
 def kernel_samples(device: torch.device, quick: bool) -> list[Sample]:
@@ -387,7 +397,8 @@ def kernel_samples(device: torch.device, quick: bool) -> list[Sample]:
             vals = torch.rand(1, e, device=device)
             out.append(Sample("spmm", [e, d], lambda g=g, v=vals, x=x: spmm(g, v, x)))
             xn = x.transpose(0, 1)  # sddmm takes node-major [N, h, d]
-            out.append(Sample("sddmm", [e, d], lambda g=g, x=xn: sddmm(g, x, x)))
+            sd = sddmm if sampled_addmm_available(device) else gathered_sddmm
+            out.append(Sample("sddmm", [e, d], lambda g=g, x=xn, f=sd: f(g, x, x)))
         out += _attention_samples(g, n, n, device, recompute=True)
     for i, (rows, cols, deg) in enumerate(rect):
         g = random_graph(rows, deg, 100 + i, device, cols)

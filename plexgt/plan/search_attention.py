@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 
 from plexgt.distributed.grid import Grid3D
 from plexgt.parallel.attention.strategy import AttentionStrategy
-from plexgt.plan.agp import Estimate, SystemModel, Workload, estimate, memory_of
+from plexgt.plan.agp import Estimate, SystemModel, Workload, estimate, memory_of, unsupported
 from plexgt.plan.pareto import chosen_and_frontier, frontier
 
 REFINE_SCALES = 16
@@ -168,8 +168,10 @@ def search_attention(w: Workload, strategies: list[AttentionStrategy], world_siz
     > 0: that one only) x blocking (``vary``: ring chunks, attention block rows; False keeps
     the workload's), and for gps the 1D path and, given ``gcn_grid_at`` (s -> a grid of s
     ranks), the 3D one (``only_3d``: the 3D one is required); see the module docstring.
-    ``refine=False`` prices every combination at every scale."""
+    ``refine=False`` prices every combination at every scale. A strategy the machine
+    cannot run (:func:`~plexgt.plan.agp.unsupported`: a ring on ROCm GPUs) is not searched."""
     t0 = time.perf_counter()
+    strategies = [c for c in strategies if not unsupported(c, sysm)]
     priced = pruned = 0
     seen: set[tuple] = set()
 

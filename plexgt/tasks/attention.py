@@ -53,6 +53,7 @@ from plexgt.parallel.rows1d import (
     row_scores,
 )
 from plexgt.plan.choose import RunPlan
+from plexgt.tasks.devices import check_attention_kernels
 from plexgt.tasks.limits import check_memory
 from plexgt.tasks.task import (
     AMP,
@@ -139,6 +140,7 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
         raise ConfigError(f"{pg.path}: {ctx.world_size} ranks for N={pg.N} nodes")
     check_inputs(cfg, pg)
     check_memory(cfg, pg, ctx.world_size, ctx.device)
+    check_attention_kernels(cfg, pg.FE, ctx.device)
     dt = DTYPES[cfg.dtype]
     metric = task_metric(cfg, pg)
     comm = Comm.from_group(dist.group.WORLD, "rows", ledger)

@@ -19,9 +19,9 @@ from plexgt.tasks.task import memory_limit
 def check_memory(cfg: TrainConfig, pg: PreparedGraph, world_size: int,
                  device: torch.device | None = None) -> None:
     """ConfigError, before anything is allocated, when a node embedding or super nodes need
-    more bytes on each rank than it has (parallel.memory_per_rank_gb, else the GPU's memory,
-    else the machine's physical memory): 10⁸ embedding columns or 10⁹ super nodes otherwise
-    end in a MemoryError traceback in the first array they touch. The bytes are a lower
+    more bytes on each rank than it has (parallel.memory_per_rank_gb, else what a plan may fill
+    of the GPU, else the machine's physical memory): 10⁸ embedding columns or 10⁹ super nodes
+    otherwise end in a MemoryError traceback in the first array they touch. The bytes are a lower
     bound whatever the layout: the table is never whole on a rank but its rows are spread
     over at most all P ranks (N·D/P, four times over: the table, its gradient and AdamW's two
     moments); every real node gains S pattern entries, spread likewise (N·S/P int64 indices),
@@ -30,7 +30,8 @@ def check_memory(cfg: TrainConfig, pg: PreparedGraph, world_size: int,
     esize = 8 if cfg.dtype == "float64" else 4
     limit = memory_limit(cfg, device)
     which = ("parallel.memory_per_rank_gb" if cfg.parallel.memory_per_rank_gb > 0 else
-             "the GPU's memory")
+             "what a plan may fill of the GPU (parallel.gpu_memory_fraction, "
+             "gpu_memory_reserve_gb)")
     if limit is None:
         limit, which = physical_memory(), "the machine's physical memory"
     need = {"model.node_embedding": (4 * esize * -(-pg.N * m.node_embedding // world_size),

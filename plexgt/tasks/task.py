@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -21,9 +21,11 @@ from plexgt.config import TrainConfig
 from plexgt.data.loader import PreparedGraph
 from plexgt.distributed.collectives import CommLedger
 from plexgt.errors import ConfigError
+from plexgt.ops.attention import sampled_addmm_available
 from plexgt.parallel.attention.strategy import StrategyRegistry
 from plexgt.plan.agp import SystemModel
 from plexgt.plan.choose import GraphSizes, ModelShape, RunPlan, choose
+from plexgt.plan.machine import usable_memory
 from plexgt.plan.plexus_cost import Coefficients
 from plexgt.plan.profile import read_profile
 from plexgt.tasks.metrics import resolve_metric
@@ -131,12 +133,16 @@ def dataset_name(pg: PreparedGraph) -> str:
 
 
 def memory_limit(cfg: TrainConfig, device: torch.device | None = None) -> int | None:
-    """Bytes one rank may use: parallel.memory_per_rank_gb, else the GPU's memory, else (CPU
-    ranks) no limit."""
+    """Bytes one rank may use: parallel.memory_per_rank_gb, else what a plan may fill of the
+    GPU (parallel.gpu_memory_fraction of its memory less parallel.gpu_memory_reserve_gb:
+    :func:`plexgt.plan.machine.usable_memory`; the whole of it OOMs, the memory model counting
+    tensors only), else (CPU ranks) no limit."""
     if cfg.parallel.memory_per_rank_gb > 0:
         return int(cfg.parallel.memory_per_rank_gb * 2**30)
     if device is not None and device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).total_memory)
+        return usable_memory(torch.cuda.get_device_properties(device).total_memory,
+                             cfg.parallel.gpu_memory_fraction,
+                             cfg.parallel.gpu_memory_reserve_gb)
     return None
 
 
@@ -148,7 +154,7 @@ def run_plan(cfg: TrainConfig, pg: PreparedGraph, world_size: int,
     reads only sizes, the config and the profile."""
     prof = machine_profile(cfg)
     return choose(graph_sizes(pg, cfg.model.node_embedding), ModelShape.of(cfg), world_size,
-                  system_model_for(prof), plexus_coefficients_for(prof),
+                  system_model_for(prof, device), plexus_coefficients_for(prof),
                   memory_limit(cfg, device), cfg.parallel.strategy, cfg.parallel.grid,
                   cfg.parallel.head_parallel, registry=registry).plan
 
@@ -163,6 +169,13 @@ def plexus_coefficients_for(prof: dict[str, Any] | None) -> Coefficients:
     return Coefficients.from_profile(prof)
 
 
-def system_model_for(prof: dict[str, Any] | None) -> SystemModel:
-    """AGP's machine coefficients: the profile's, or the defaults without one."""
-    return SystemModel.from_profile(prof) if prof else SystemModel()
+def system_model_for(prof: dict[str, Any] | None, device: torch.device | None = None
+                     ) -> SystemModel:
+    """AGP's machine coefficients: the profile's, or the defaults without one; on a
+    ``device`` without torch's sparse SDDMM (a ROCm GPU) marked so, whatever the profile
+    says, so the plan never chooses a strategy that needs it
+    (:func:`plexgt.plan.agp.unsupported`)."""
+    sysm = SystemModel.from_profile(prof) if prof else SystemModel()
+    if device is not None and not sampled_addmm_available(device):
+        sysm = replace(sysm, host=replace(sysm.host, rocm=True))
+    return sysm

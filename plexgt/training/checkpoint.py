@@ -275,6 +275,12 @@ def verify_files(root: Path, epoch: int, meta: dict[str, Any]) -> None:
                                   f"the one recorded in {d / COMPLETE})")
 
 
+def saved_keys(root: Path, epoch: int) -> set[str]:
+    """The state keys the checkpoint of ``epoch`` holds (its checked DCP metadata): what a
+    template may read from it."""
+    return set(dcp_safe.read_metadata(epoch_dir(root, epoch)).state_dict_metadata)
+
+
 def read_state(root: Path, epoch: int, template: dict[str, Any]) -> dict[str, Any]:
     """Read a checkpoint into ``template`` (this run's tensors of the canonical shapes;
     collective) and return it."""

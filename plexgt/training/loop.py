@@ -38,7 +38,7 @@ from plexgt.tasks.metrics import task_roc_auc
 from plexgt.tasks.task import Task
 from plexgt.training import checkpoint as ckpt
 from plexgt.training import ownfiles
-from plexgt.training.state import canonical_state, load_canonical_state
+from plexgt.training.state import canonical_state, fit_rng, load_canonical_state
 from plexgt.training.tensorboard import TensorBoardLog
 from plexgt.util.progress import Progress
 
@@ -67,7 +67,9 @@ def reset_peak_memory(device: torch.device) -> None:
 
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak bytes since :func:`reset_peak_memory`: tensors held by the caching allocator on a
-    GPU (what the job's memory limit is about), resident memory on the CPU."""
+    GPU (``max_memory_allocated``: what the model's tensors need), resident memory on the
+    CPU. On a GPU it leaves out the CUDA context, NCCL's buffers and the allocator's cache:
+    :func:`peak_device_bytes` counts them."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     try:
@@ -77,6 +79,22 @@ def peak_memory_bytes(device: torch.device) -> int:
     except OSError:
         pass
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+
+def peak_device_bytes(device: torch.device) -> int:
+    """Peak bytes the GPU holds for this rank since :func:`reset_peak_memory`, what an
+    out-of-memory error is about: the caching allocator's peak reservation
+    (``max_memory_reserved``: tensors plus its cache and fragmentation) plus what the device
+    holds outside the allocator, measured when asked (after the step): used memory by
+    ``mem_get_info`` (total - free) less the allocator's current reservation, i.e. the CUDA
+    context, NCCL's communicator buffers and the libraries' (cuBLAS, cuSPARSE) workspaces.
+    ``mem_get_info`` counts every process on the GPU; plexgt runs one rank per GPU. On the
+    CPU: :func:`peak_memory_bytes` (the resident peak already counts everything)."""
+    if device.type != "cuda":
+        return peak_memory_bytes(device)
+    free, total = torch.cuda.mem_get_info(device)
+    outside = max(0, total - free - torch.cuda.memory_reserved(device))
+    return int(torch.cuda.max_memory_reserved(device) + outside)
 
 
 def autocast(task: Task, device: torch.device) -> Any:
@@ -158,9 +176,14 @@ def resume(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opti
         return epoch, cmeta
 
     epoch, meta = agreed(find, ctx.device)  # one rank's bad file stops every rank
-    template = canonical_state(task.model, opt)
+    saved = agreed(lambda: ckpt.saved_keys(root, epoch), ctx.device)
+    # across device types: a CPU checkpoint has no rng/cuda for a GPU run to read
+    template, _ = fit_rng(canonical_state(task.model, opt), saved)
     state = agreed(lambda: ckpt.read_state(root, epoch, template), ctx.device)
-    load_canonical_state(task.model, opt, state)
+    seeded = load_canonical_state(task.model, opt, state, cfg.seed, epoch)
+    if seeded and ctx.rank == 0:
+        log(f"plexgt train: {ckpt.epoch_dir(root, epoch)} holds no CUDA RNG state (written "
+            f"on a CPU); the CUDA RNG is seeded from seed {cfg.seed} and epoch {epoch}")
     if hasattr(task.model, "step"):
         task.model.step = int(meta["step"])
     if ctx.rank == 0:
@@ -207,11 +230,15 @@ def step(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int,
     synchronize(device)
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
-    with autocast(task, device):
-        out = task.model(task.inputs)
-    # the loss in float32 outside autocast (its softmax statistics and the mean over nodes)
-    loss = task.loss(out if task.amp is None else out.float())
-    loss.backward()
+    try:
+        with autocast(task, device):
+            out = task.model(task.inputs)
+        # the loss in float32 outside autocast (its softmax statistics and the mean over
+        # nodes)
+        loss = task.loss(out if task.amp is None else out.float())
+        loss.backward()
+    except RuntimeError as e:
+        raise nondeterministic_error(e, device) from None
     opt.step()
     synchronize(device)
     t1 = time.perf_counter()
@@ -220,6 +247,22 @@ def step(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int,
     t2 = time.perf_counter()
     task.ledger.settle()
     return loss, t1 - t0, t2 - t1
+
+
+NONDETERMINISTIC = re.compile(r"(\S+) does not have a deterministic implementation")
+"""torch's message for an op without a deterministic variant under
+``use_deterministic_algorithms(True)`` (:mod:`plexgt.training.numerics`)."""
+
+
+def nondeterministic_error(e: RuntimeError, device: torch.device) -> Exception:
+    """``e`` as a one-line ConfigError naming ``deterministic`` when torch raised it for an op
+    with no deterministic implementation on ``device``; ``e`` itself otherwise."""
+    m = NONDETERMINISTIC.search(str(e))
+    if m is None:
+        return e
+    return ConfigError(f"config key 'deterministic': {m[1]} has no deterministic "
+                       f"implementation on {device.type}, so this run cannot be bit-exact "
+                       "there; run without --deterministic")
 
 
 def epoch_row(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimizer,
@@ -246,15 +289,17 @@ def epoch_row(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.O
         if valid == valid and valid > best["valid"]:  # NaN (one class only) never wins
             best = {"epoch": epoch + 1, "valid": valid, "test": row.get(f"test_{m}", 0.0)}
     mx, mean = _stats([step_s - comm_s, comm_s, wait_s, float(sent),
-                       float(peak_memory_bytes(ctx.device))], ctx.device)
+                       float(peak_memory_bytes(ctx.device)),
+                       float(peak_device_bytes(ctx.device))], ctx.device)
     row.update({
         "time_compute": mx[0], "time_comm": mx[1], "time_wait": mx[2],
         "time_compute_mean": mean[0], "time_comm_mean": mean[1],
         "time_wait_mean": mean[2], "time_epoch": step_s + wait_s,
         "bytes_comm": int(mean[3] * ctx.world_size),
         "bytes_comm_max_rank": int(mx[3]),
-        "peak_mem_bytes": int(mx[4]), "peak_mem_bytes_mean": int(mean[4]), "grid": task.grid,
-        "strategy": task.strategy, "ranks": ctx.world_size,
+        "peak_mem_bytes": int(mx[4]), "peak_mem_bytes_mean": int(mean[4]),
+        "peak_device_mem_bytes": int(mx[5]), "peak_device_mem_bytes_mean": int(mean[5]),
+        "grid": task.grid, "strategy": task.strategy, "ranks": ctx.world_size,
     })
     return row, best
 

@@ -30,7 +30,15 @@ def apply_numerics(cfg: TrainConfig) -> dict[str, object]:
         # the dependence (AUTO,STRICT measured not enough), at the cost of MKL's slower generic
         # kernels in deterministic runs.
         os.environ.setdefault("MKL_CBWR", "COMPATIBLE,STRICT")
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        # warn_only=False: torch runs the deterministic variant of every op that has one
+        # (on CUDA: index_add_, scatter_add_, index_put_ with accumulate and the backward of
+        # index_select and gather, sorted instead of atomic) and raises for the few that have
+        # none (a float cumsum, a weighted bincount, ... on CUDA), which a step turns into a
+        # one-line error (loop.step). warn_only=True only warned for those, and a
+        # "deterministic" GPU run then drifted. cuSPARSE's SpMM is bit-wise reproducible for a
+        # non-transposed CSR operand (cuSPARSE, cusparseSpMM), the only form plexgt calls (its
+        # transposes are stored); the fused attention kernel has no atomics.
+        torch.use_deterministic_algorithms(True, warn_only=False)
     # TF32 (10-bit mantissa products, float32 sums) for float32 GEMMs on GPUs that have it;
     # never under deterministic, whose point is bit-equal reruns of the float32 model
     tf32 = cfg.tf32 and not cfg.deterministic

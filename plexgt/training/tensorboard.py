@@ -40,7 +40,8 @@ def scalars(row: dict[str, Any]) -> dict[str, float]:
         if f"time_{t}" in row:
             out[f"time/{t}"] = row[f"time_{t}"]
     for k, tag in (("bytes_comm", "bytes/comm"), ("bytes_comm_max_rank", "bytes/comm_max_rank"),
-                   ("peak_mem_bytes", "memory/peak_bytes")):
+                   ("peak_mem_bytes", "memory/peak_bytes"),
+                   ("peak_device_mem_bytes", "memory/peak_device_bytes")):
         if k in row:
             out[tag] = float(row[k])
     return out

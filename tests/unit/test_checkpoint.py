@@ -568,3 +568,81 @@ def test_a_write_that_runs_out_of_space_is_named_and_cleaned_up(tmp_path, monkey
                                               ".*No space left on device"):
         ckpt.mark_complete(tmp_path, 4, {"config_hash": "h", "sha256": sums})
     assert list(tmp_path.iterdir()) == []
+
+
+def _resumable(tmp_path, state: dict, epoch: int = 4):
+    """A complete checkpoint of ``state`` as ``plexgt train`` writes one, with the run (cfg,
+    ctx, task) that resumes it."""
+    from types import SimpleNamespace
+
+    from plexgt.distributed.bootstrap import DistContext
+    from plexgt.training.loop import run_meta
+
+    cfg = load_config(None, {"data": "x", "checkpoint_dir": str(tmp_path), "resume": True,
+                             "seed": 7})
+    ctx = DistContext(0, 1, 0, 1, "gloo", torch.device("cpu"), "single")
+    torch.manual_seed(5)
+    model = RowParallel(GraphTransformer(5, 8, 3, num_layers=1, heads=2), None, None)
+    task = SimpleNamespace(model=model, grid="rows1", strategy="s", dataset="d",
+                           dataset_name="d", node_order="")
+    sums = ckpt.write_state(tmp_path, epoch, state)
+    ckpt.mark_complete(tmp_path, epoch, {**run_meta(ctx, task, cfg), "step": 0, "run": "r",
+                                         "best": {"epoch": 1, "valid": 0.5, "test": 0.5},
+                                         "sha256": sums})
+    return cfg, ctx, task, torch.optim.AdamW(model.parameters(), lr=0.01)
+
+
+def _fake_gpu(monkeypatch) -> list:
+    """torch.cuda as a GPU run sees it (its RNG initialised); set and seed calls recorded."""
+    calls: list = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state",
+                        lambda device="cuda": torch.full((16,), 3, dtype=torch.uint8))
+    monkeypatch.setattr(torch.cuda, "set_rng_state",
+                        lambda s, device="cuda": calls.append(("set", s.clone())))
+    monkeypatch.setattr(torch.cuda, "manual_seed", lambda s: calls.append(("seed", s)))
+    return calls
+
+
+def test_a_checkpoint_written_on_a_cpu_resumes_on_a_gpu(tmp_path, monkeypatch):
+    """A CPU run's checkpoint has no rng/cuda, which a GPU run's load template asked for
+    (DCP: missing key, 'cannot read the checkpoint into this run'): now the state loads and
+    the CUDA RNG is seeded from the run's seed and epoch, and the run says so."""
+    from plexgt.training.loop import resume
+
+    torch.manual_seed(0)
+    src = RowParallel(GraphTransformer(5, 8, 3, num_layers=1, heads=2), None, None)
+    state = canonical_state(src, torch.optim.AdamW(src.parameters(), lr=0.01))
+    assert "rng/cuda" not in state
+    cfg, ctx, task, opt = _resumable(tmp_path, state)
+    calls = _fake_gpu(monkeypatch)
+    assert "rng/cuda" in canonical_state(task.model, opt)  # what the GPU run's template asks
+    logs: list[str] = []
+    got = resume(cfg, ctx, task, opt, logs.append)
+    from plexgt.training.state import cuda_seed
+
+    assert got.start == 4
+    assert all(torch.equal(a, b) for a, b in zip(src.parameters(), task.model.parameters()))
+    assert calls == [("seed", cuda_seed(7, 4))]
+    assert any("no CUDA RNG state" in m and "seed 7 and epoch 4" in m for m in logs), logs
+
+
+def test_a_checkpoint_written_on_a_gpu_resumes_on_a_cpu(tmp_path, monkeypatch):
+    """The other way: the GPU checkpoint's rng/cuda is not read by a CPU run (no CUDA RNG to
+    set), the rest loads; and a GPU run reading it sets its CUDA RNG from it, seeding
+    nothing."""
+    from plexgt.training.loop import resume
+
+    torch.manual_seed(0)
+    src = RowParallel(GraphTransformer(5, 8, 3, num_layers=1, heads=2), None, None)
+    state = canonical_state(src, torch.optim.AdamW(src.parameters(), lr=0.01))
+    state["rng/cuda"] = torch.full((16,), 9, dtype=torch.uint8)  # as a GPU run writes it
+    cfg, ctx, task, opt = _resumable(tmp_path, state)
+    assert "rng/cuda" not in canonical_state(task.model, opt)
+    assert resume(cfg, ctx, task, opt, lambda m: None).start == 4
+    assert all(torch.equal(a, b) for a, b in zip(src.parameters(), task.model.parameters()))
+    cfg, ctx, task, opt = _resumable(tmp_path / "gpu", state)  # written before faking
+    calls = _fake_gpu(monkeypatch)
+    resume(cfg, ctx, task, opt, lambda m: None)
+    assert [c[0] for c in calls] == ["set"] and torch.equal(calls[0][1], state["rng/cuda"])

@@ -4,7 +4,11 @@ The device audit (tests/device_audit.py) runs the real task builder and training
 gt and gps with the rank's device declared to be another than the CPU: tensors put on the
 device report it, everything else is host memory, and an op mixing the two (what a GPU run
 dies of), a collective on host tensors (an NCCL group refuses them), a host<->device copy or
-a ``.item()`` inside a step each fail the test with the line that did it.
+a ``.item()`` inside a step each fail the test with the line that did it. Covered: every
+registered strategy (on one rank each still runs its own code), edge bias, super nodes, and
+bfloat16 under CUDA autocast's casts (emulated: torch has no autocast for the declared
+device). The branches only a ``cuda`` device takes (event ledger, TunedMatmul's GPU timing,
+CUDA autocast, the step's syncs) are recorded-call tests in test_cuda_branches.py.
 """
 
 import pytest
@@ -18,12 +22,19 @@ from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import sbm
 from plexgt.distributed.bootstrap import DistContext
 from plexgt.distributed.collectives import CommLedger
-from plexgt.ops import attention_triton
+from plexgt.ops import attention_triton, precision
+from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.plexus3d import Plexus3DGCN
 from plexgt.plan.knobs import load_config
 from plexgt.tasks import build_task
 from plexgt.training import loop
-from tests.device_audit import DECLARED, DeviceAudit, DeviceMismatch, OnDevice
+from tests.device_audit import (
+    DECLARED,
+    DeviceAudit,
+    DeviceMismatch,
+    EmulatedAutocast,
+    OnDevice,
+)
 
 pytestmark = [pytest.mark.timeout(240),
               pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -65,13 +76,25 @@ def world():
     dist.destroy_process_group()
 
 
-def _audited_train(model, prepared, monkeypatch, tmp_path):
+@pytest.fixture(scope="module")
+def prepared_edges(tmp_path_factory):
+    """The audit's graph with edge features: gt and gps then train an edge bias."""
+    path = tmp_path_factory.mktemp("audit_edges") / "prep"
+    g = sbm(90, 600, num_features=6, num_classes=3, seed=3, edge_features=2)
+    prepare(MemorySource(g), PrepOptions(out=path, symmetrize=True, progress=False))
+    return path
+
+
+def _audited_train(model, prepared, monkeypatch, tmp_path, overrides=None, half=False):
     """``plexgt train`` for two epochs under the audit: (audit, in-step events, task, summary,
-    fused-kernel calls)."""
+    fused-kernel calls, config). ``overrides``: more config keys. ``half``: a bfloat16 run
+    (``dtype``), CUDA autocast's casts emulated for the declared device
+    (tests/device_audit.EmulatedAutocast: torch has no autocast for it)."""
     cfg = load_config(None, {"data": str(prepared), "model.name": model, "epochs": 2,
                              "progress": False, "model.hidden": 16, "model.heads": 2,
                              "model.dropout": 0.2, "model.input_dropout": 0.2,
-                             "metrics": str(tmp_path / "m.jsonl")})
+                             "metrics": str(tmp_path / "m.jsonl"),
+                             **({"dtype": "bfloat16"} if half else {}), **(overrides or {})})
     ctx = DistContext(0, 1, 0, 1, "gloo", DECLARED, "single")
     # what the loop asks of the CUDA runtime, answered as a GPU would (no CUDA here)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 0)
@@ -96,11 +119,32 @@ def _audited_train(model, prepared, monkeypatch, tmp_path):
         return out
 
     monkeypatch.setattr(loop, "step", audited_step)
-    with audit:
+    amp = EmulatedAutocast()
+    if half:
+        amp.install(monkeypatch)
+        monkeypatch.setattr(precision, "AUTOCAST_DEVICES",
+                            (*precision.AUTOCAST_DEVICES, DECLARED.type))
+    with audit, amp:
         task = build_task(cfg, ctx, CommLedger())
         assert isinstance(task.inputs, OnDevice) or task.inputs.device == DECLARED
         summary = loop.train(cfg, ctx, task, log=lambda m: None)
     return audit, in_step, task, summary, fused_calls, cfg
+
+
+def _stays_on_device(audit, in_step, summary, cfg) -> None:
+    """Both epochs ran; no sync or copy inside a step; outside it, per epoch, at most the
+    loss, the accuracy counts, the stats and the stop flags."""
+    assert summary["last_epoch"] == 2
+    assert in_step["syncs"] == [], in_step["syncs"]
+    assert in_step["transfers"] == [], in_step["transfers"]
+    assert len(audit.syncs) <= 4 * cfg.epochs, audit.syncs
+
+
+NO_DETERMINISTIC_CUDA_KERNEL = ("aten.put_", "aten.histc", "aten.kthvalue", "aten.median",
+                                "aten.nll_loss2d", "aten.index_reduce", "aten.scatter_reduce",
+                                "aten.embedding_dense_backward", "aten._embedding_bag")
+"""Ops torch has no deterministic CUDA kernel for (``use_deterministic_algorithms`` raises
+on them): a ``--deterministic`` GPU run must reach none."""
 
 
 @pytest.mark.parametrize("model", ["gcn", "gt", "gps"])
@@ -111,13 +155,51 @@ def test_training_step_stays_on_device(model, prepared, world, monkeypatch, tmp_
     are outside them)."""
     audit, in_step, task, summary, fused_calls, cfg = _audited_train(model, prepared,
                                                                      monkeypatch, tmp_path)
-    assert summary["last_epoch"] == 2
+    _stays_on_device(audit, in_step, summary, cfg)
     assert bool(fused_calls) == (model != "gcn")
     assert all(p.device == DECLARED for p in task.model.parameters())
-    assert in_step["syncs"] == [], in_step["syncs"]
-    assert in_step["transfers"] == [], in_step["transfers"]
-    # per epoch, outside the step: the loss, the accuracy counts, the stats, the stop flags
-    assert len(audit.syncs) <= 4 * cfg.epochs, audit.syncs
+
+
+STRATEGIES = default_registry().names()
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_every_strategy_with_edge_bias_and_super_nodes_stays_on_device(
+        strategy, prepared_edges, world, monkeypatch, tmp_path):
+    """gt on each registered strategy (on one rank each still runs its own forward: the
+    all-to-alls, the ring's column blocks and online merge, gp_2d's groups), every block
+    with an edge bias (torch's kernels on a GPU: the bias path's host reads of the row
+    pointers were syncs in every step) and two super nodes: no host tensor, no sync or copy
+    inside a step, and none of the ops CUDA has no deterministic kernel for."""
+    audit, in_step, task, summary, fused_calls, cfg = _audited_train(
+        "gt", prepared_edges, monkeypatch, tmp_path,
+        {"parallel.strategy": strategy, "model.super_nodes": 2})
+    _stays_on_device(audit, in_step, summary, cfg)
+    assert task.strategy.split()[0] == strategy
+    names = [n for n, _ in task.model.named_parameters()]
+    assert any(".edge." in n for n in names) and any("super" in n for n in names), names
+    assert not [op for op in audit.ops if op.startswith(NO_DETERMINISTIC_CUDA_KERNEL)]
+
+
+@pytest.mark.parametrize("model,strategy,bias", [("gt", STRATEGIES[-1], True),
+                                                 ("gps", STRATEGIES[0], False)])
+def test_bfloat16_runs_stay_on_device(model, strategy, bias, prepared_edges, world,
+                                      monkeypatch, tmp_path):
+    """A bfloat16 run under (emulated) CUDA autocast: bfloat16 GEMM outputs through every
+    later op (gt: a ring with the bias path's float32 sums and merge; gps: the fused kernel
+    on bfloat16, the GCN SpMM's float32 sums; both: the super rows, the loss in float32)
+    stay on the device."""
+    audit, in_step, task, summary, fused_calls, cfg = _audited_train(
+        model, prepared_edges, monkeypatch, tmp_path,
+        {"parallel.strategy": strategy, "model.super_nodes": 1, "model.edge_bias": bias},
+        half=True)
+    _stays_on_device(audit, in_step, summary, cfg)
+    assert task.amp == torch.bfloat16
+    assert all(p.dtype == torch.float32 for p in task.model.parameters())  # the masters
+    assert audit.bf16["aten.addmm.default"], "no GEMM ran in bfloat16"
+    assert bool(fused_calls) == (not bias)
+    if fused_calls:
+        assert audit.bf16["plexgt.fused_attention_forward.default"]
 
 
 def test_audit_catches_adjacency_left_on_the_host(prepared, world, monkeypatch, tmp_path):

@@ -74,7 +74,7 @@ def test_plan_with_a_machine(capsys):
                  "--machine", "perlmutter"]) == 0
     out = capsys.readouterr().out
     assert "machine description perlmutter" in out and "a model projection" in out
-    assert "at most 40.00 GiB" in out  # its GPUs' memory is the default limit
+    assert "at most 34.50 GiB" in out  # 0.9 of its GPUs' 40 GiB less 1.5: the limit
     assert main(["plan", "--model", "gcn", *PAPERS, "--world-size", "64",
                  "--machine", "frontier"]) == 0
     assert main(["plan", "--model", "gt", *PAPERS, "--world-size", "8", "--machine",

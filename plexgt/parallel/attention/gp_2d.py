@@ -70,21 +70,26 @@ def make_groups(comm: Comm, a: int, ledger: CommLedger, timeout: timedelta | Non
                 ) -> dict[str, Comm]:
     """This rank's 'heads' (a consecutive ranks of ``comm``) and 'ring' (stride a) groups.
 
-    Collective over the job: when ``comm`` spans every rank (a training run), every rank
-    creates every head group and then every ring group, in the same order (p/a + a groups,
-    each a store barrier over the world at creation). torch names groups made with local
-    synchronisation after the creating rank's count of groups, which ranks of one job need not
-    share (a group made by some ranks only), and then the members never meet; so local
-    synchronisation is used only when ``comm`` is a sub-group of the job, whose other ranks
-    cannot take part. An axis of extent p is ``comm``'s own group, of extent 1 a trivial one.
+    Collective over the whole job, and ``comm`` must span it: every rank creates every head
+    group and then every ring group, in the same order (p/a + a groups). With the world group
+    bound to a GPU (``device_id``, NCCL), each ``new_group`` is an ``ncclCommSplit`` of the
+    world's communicator, which every world rank must join, members or not, in the same order;
+    a rank that skipped one (as ranks outside a sub-group ``comm`` would) leaves the others
+    waiting in it for ever. So a sub-group ``comm`` is refused (ValueError) rather than
+    hanging. An axis of extent p is ``comm``'s own group, of extent 1 a trivial one: neither
+    creates a group, on every rank alike (a and p are the same everywhere).
     """
     p = comm.size
     check_factor(p, a)
     b, g, k = p // a, comm.rank // a, comm.rank % a
     if p == 1:
         return {"heads": Comm.single("heads", ledger), "ring": Comm.single("ring", ledger)}
+    world = dist.get_world_size()
+    if p != world:
+        raise ValueError(f"gp_2d: its groups are created by every rank of the job (each is a "
+                         f"split of the world's communicator), but comm holds {p} of the "
+                         f"{world} ranks")
     members = [dist.get_global_rank(comm.group, i) for i in range(p)]
-    world = p == dist.get_world_size()
     kw = {} if timeout is None else {"timeout": timeout}
     axes = (("heads", a, [[members[gg * a + j] for j in range(a)] for gg in range(b)], g),
             ("ring", b, [[members[j * a + kk] for j in range(b)] for kk in range(a)], k))
@@ -94,12 +99,9 @@ def make_groups(comm: Comm, a: int, ledger: CommLedger, timeout: timedelta | Non
             out[name] = Comm.single(name, ledger)
         elif size == p:  # the whole group (a = 1 or b = 1): no new group to create
             out[name] = Comm(comm.group, p, comm.rank, name, ledger)
-        elif world:
+        else:
             made = [dist.new_group(ranks, **kw) for ranks in all_groups]
             out[name] = Comm.from_group(made[mine], name, ledger)
-        else:
-            grp = dist.new_group(all_groups[mine], use_local_synchronization=True, **kw)
-            out[name] = Comm.from_group(grp, name, ledger)
     return out
 
 
@@ -203,4 +205,5 @@ GP_2D = AttentionStrategy(
     head_axes=factorisations,
     groups=make_groups,
     rings=True,
+    needs_sampled_addmm=True,
 )

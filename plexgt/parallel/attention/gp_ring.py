@@ -98,4 +98,5 @@ GP_RING = AttentionStrategy(
     full_graph=False,
     prepare=_prepare,
     rings=True,
+    needs_sampled_addmm=True,
 )

@@ -175,6 +175,17 @@ def _merge_(y: Tensor, lse: Tensor, rows: Tensor, yb: Tensor, lb: Tensor) -> Non
     lse.index_copy_(1, rows, new)
 
 
+def _add_rows_(out: Tensor, rows: Tensor, x: Tensor) -> None:
+    """out[rows] += x for distinct ``rows`` (a block's rows): index_add_ on the CPU (one
+    sequential pass); on a GPU a gather, an add and a copy, no atomics, so the same bits on
+    every run whether or not torch's deterministic mode is on (which would swap index_add_
+    for a sorted index_put_)."""
+    if out.device.type == "cpu":
+        out.index_add_(0, rows, x)
+    else:
+        out.index_copy_(0, rows, out.index_select(0, rows).add_(x))
+
+
 def _native(x: Tensor) -> Any | None:
     """The compiled CPU kernels (:mod:`plexgt.ops.native`) when they serve x's head width and
     device, else None (torch's sparse kernels: GPUs, other widths)."""
@@ -228,13 +239,13 @@ def _block_backward(blk: ColumnBlock, q: Tensor, kh: Tensor, vh: Tensor, lse: Te
         ds.mul_(scale)
     gt = g.transpose()
     if nat is not None:
-        dq.index_add_(0, rows, nat.spmm(ip, ix, None, ds, kh, None))
+        _add_rows_(dq, rows, nat.spmm(ip, ix, None, ds, kh, None))
         tip, tix = gt.compact_index()
         perm = g.compact_transpose_perm()
         nat.spmm(tip, tix, perm, ds, qrh, acc[0])
         nat.spmm(tip, tix, perm, p, dyrh, acc[1])
         return
-    dq.index_add_(0, rows, spmm(g, ds, kh))
+    _add_rows_(dq, rows, spmm(g, ds, kh))
     perm = g.transpose_perm
     spmm(gt, ds.index_select(1, perm), qrh, out=acc[0], accumulate=True)
     spmm(gt, p.index_select(1, perm), dyrh, out=acc[1], accumulate=True)

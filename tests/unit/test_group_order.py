@@ -1,0 +1,126 @@
+"""Process groups are created in an order every rank shares.
+
+With the world group bound to a GPU (``device_id``, as ``plexgt train`` binds it on NCCL),
+every ``torch.distributed.new_group`` is an ``ncclCommSplit`` of the world's communicator: a
+collective every world rank must join, in the same order. A non-member joins with no colour
+(``new_group`` without local synchronisation) or by splitting off its own group at the same
+step (with it, as grid.py's ranks do); a rank that skips a step leaves the others in it for
+ever. Here each rank of a job is simulated in turn with ``new_group`` recorded, and the
+sequences are checked against that rule.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from plexgt.distributed.collectives import Comm, CommLedger
+from plexgt.distributed.grid import build_groups, parse_grid
+from plexgt.parallel.attention.gp_2d import factorisations, make_groups
+
+
+class FakeGroup:
+    def __init__(self, ranks):
+        self.ranks = tuple(ranks)
+
+
+def _job(monkeypatch, world: int, rank: int) -> list[tuple[tuple[int, ...], bool]]:
+    """torch.distributed as rank ``rank`` of ``world`` sees it: new_group recorded as
+    (ranks, use_local_synchronization)."""
+    calls: list[tuple[tuple[int, ...], bool]] = []
+    wg = FakeGroup(range(world))
+
+    def new_group(ranks, use_local_synchronization=False, **kw):
+        calls.append((tuple(sorted(ranks)), bool(use_local_synchronization)))
+        return FakeGroup(sorted(ranks)) if rank in ranks else None
+
+    def size(group=None):
+        return world if group is None or group is dist.group.WORLD else len(group.ranks)
+
+    def my_rank(group=None):
+        return rank if group is None or group is dist.group.WORLD else group.ranks.index(rank)
+
+    monkeypatch.setattr(dist, "new_group", new_group)
+    monkeypatch.setattr(dist, "get_world_size", size)
+    monkeypatch.setattr(dist, "get_rank", my_rank)
+    monkeypatch.setattr(dist, "get_global_rank", lambda g, i: g.ranks[i])
+    monkeypatch.setattr(dist, "group", type("G", (), {"WORLD": wg}))
+    return calls
+
+
+def split_consistent(by_rank: dict[int, list[tuple[tuple[int, ...], bool]]],
+                     world: int) -> None:
+    """Every world rank made the same number of calls, and call i is one split of the world
+    on every rank: all ranks name the same group (no local synchronisation: non-members
+    join with no colour), or (with it) each rank names its own group and the members of a
+    group all name it."""
+    assert sorted(by_rank) == list(range(world))
+    counts = {r: len(c) for r, c in by_rank.items()}
+    assert len(set(counts.values())) == 1, f"calls per rank differ: {counts}"
+    for i in range(counts[0]):
+        step = {r: by_rank[r][i] for r in range(world)}
+        assert len({local for _, local in step.values()}) == 1, f"call {i}: {step}"
+        if not step[0][1]:
+            assert len({g for g, _ in step.values()}) == 1, f"call {i}: {step}"
+            continue
+        for r, (g, _) in step.items():
+            assert r in g, f"call {i}: rank {r} splits off {g}"
+            assert all(step[m][0] == g for m in g), f"call {i}: {g} not named by its members"
+
+
+def _gp_2d_calls(monkeypatch, world: int, a: int) -> dict[int, list]:
+    by_rank = {}
+    for r in range(world):
+        calls = _job(monkeypatch, world, r)
+        comm = Comm(dist.group.WORLD, world, r, "rows", CommLedger())
+        groups = make_groups(comm, a, comm.ledger)
+        assert groups["heads"].size == a and groups["ring"].size == world // a
+        by_rank[r] = calls
+    return by_rank
+
+
+@pytest.mark.parametrize("world", [4, 6, 8, 12])
+def test_gp_2d_ranks_create_the_same_groups_in_the_same_order(monkeypatch, world):
+    for a in factorisations(world):
+        by_rank = _gp_2d_calls(monkeypatch, world, a)
+        first = by_rank[0]
+        assert all(calls == first for calls in by_rank.values()), a
+        # one call per head group and per ring group, except axes of extent 1 or the world
+        assert len(first) == sum(n for n, ext in ((world // a, a), (a, world // a))
+                                 if 1 < ext < world)
+        split_consistent(by_rank, world)
+
+
+def test_grid_groups_are_one_split_of_the_world_per_call(monkeypatch):
+    """grid.py: each rank creates only its own six groups (local synchronisation), in the
+    same order on every rank, so each call is one split of the world."""
+    world, grid = 12, parse_grid("3x2x2")
+    by_rank = {}
+    for r in range(world):
+        calls = _job(monkeypatch, world, r)
+        build_groups(grid, r, world)
+        by_rank[r] = calls
+    split_consistent(by_rank, world)
+
+
+def test_a_gps_run_creates_grid_then_gp_2d_groups_in_step(monkeypatch):
+    """What a gps run on a 3D GCN path with gp_2d makes (tasks/attention.py: the grid's
+    groups, then the strategy's), on every rank."""
+    world, grid = 8, parse_grid("2x2x2")
+    by_rank = {}
+    for r in range(world):
+        calls = _job(monkeypatch, world, r)
+        build_groups(grid, r, world)
+        make_groups(Comm(dist.group.WORLD, world, r, "rows", CommLedger()), 2, CommLedger())
+        by_rank[r] = calls
+    split_consistent(by_rank, world)
+
+
+def test_gp_2d_groups_of_a_sub_group_are_refused_not_left_hanging(monkeypatch):
+    """Only a sub-group's ranks call make_groups; had they split the world alone (local
+    synchronisation, the old branch), the other ranks would never have joined: refused."""
+    world = 8
+    _job(monkeypatch, world, 1)
+    sub = Comm(FakeGroup(range(4)), 4, 1, "rows", CommLedger())
+    with pytest.raises(ValueError, match="every rank of the job.* 4 of the 8 ranks"):
+        make_groups(sub, 2, sub.ledger)

@@ -1,0 +1,108 @@
+"""ROCm GPUs have no torch.sparse.sampled_addmm: what reaches it is refused in one line before
+anything is built, and plans never choose it there. A ROCm build is simulated by setting
+``torch.version.hip`` (what torch itself reads to tell the builds apart)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from plexgt.config import load_config
+from plexgt.errors import ConfigError
+from plexgt.ops.attention import sampled_addmm_available
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.plan.agp import SystemModel, plan, scales_for
+from plexgt.plan.choose import GraphSizes, ModelShape, choose, workload
+from plexgt.plan.machine import load_machine
+from plexgt.tasks.devices import check_attention_kernels
+from plexgt.tasks.task import plexus_coefficients_for, system_model_for
+
+GPU = torch.device("cuda", 0)
+SIZES = GraphSizes(2_000_000, 60_000_000, 128, 40)
+SHAPE = ModelShape("gt", 256, 3, 8)
+RINGS = {s.name for s in default_registry() if s.needs_sampled_addmm}
+FUSED = next(s.name for s in default_registry() if not s.needs_sampled_addmm)
+
+
+@pytest.fixture
+def rocm(monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133")
+
+
+def _cfg(**kw):
+    return load_config(None, {"data": "x", "model.name": "gt", "model.hidden": 64,
+                              "model.heads": 4, **kw})
+
+
+def test_only_a_rocm_gpu_lacks_sampled_addmm(monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", None)
+    assert sampled_addmm_available(GPU) and sampled_addmm_available("cpu")
+    monkeypatch.setattr(torch.version, "hip", "6.2.41133")
+    assert not sampled_addmm_available(GPU) and not sampled_addmm_available("cuda")
+    assert sampled_addmm_available("cpu")
+
+
+def test_the_rings_are_the_strategies_that_need_it():
+    assert RINGS and all(s.rings for s in default_registry() if s.name in RINGS)
+    assert any(not s.needs_sampled_addmm for s in default_registry())
+
+
+def test_what_reaches_sampled_addmm_is_refused_on_a_rocm_gpu_naming_the_key(rocm):
+    for name in sorted(RINGS):
+        with pytest.raises(ConfigError, match=f"'parallel.strategy': {name} .*sampled_addmm"
+                                              ".*ROCm.*; use auto, "):
+            check_attention_kernels(_cfg(**{"parallel.strategy": name}), 0, GPU)
+    with pytest.raises(ConfigError, match="'model.edge_bias': an edge bias .*ROCm.* set "
+                                          "model.edge_bias = false"):
+        check_attention_kernels(_cfg(), 3, GPU)
+    with pytest.raises(ConfigError, match=r"'model.heads': d' = 512 is wider .*ROCm"):
+        check_attention_kernels(_cfg(**{"model.hidden": 1024, "model.heads": 2}), 0, GPU)
+    # what the fused kernel serves runs: no bias (or switched off), d' <= 256, auto strategy
+    check_attention_kernels(_cfg(), 0, GPU)
+    check_attention_kernels(_cfg(**{"model.edge_bias": False}), 3, GPU)
+    check_attention_kernels(_cfg(**{"parallel.strategy": FUSED}), 0, GPU)
+    # gcn has no attention; the CPU has sampled_addmm
+    check_attention_kernels(load_config(None, {"data": "x"}), 3, GPU)
+    check_attention_kernels(_cfg(**{"parallel.strategy": sorted(RINGS)[0]}), 3,
+                            torch.device("cpu"))
+
+
+def test_without_rocm_nothing_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", None)
+    for name in RINGS:
+        check_attention_kernels(_cfg(**{"parallel.strategy": name}), 3, GPU)
+
+
+def test_the_plan_never_chooses_them_on_a_rocm_gpu(rocm):
+    """On a CUDA GPU this workload's fastest layout is a ring; on a ROCm GPU (the run's
+    device, whatever the profile says) another is chosen, at every scale, and a ring asked
+    for by name has no plan."""
+    prof = load_machine("perlmutter").profile(16)
+    coef = plexus_coefficients_for(prof)
+    cuda = replace(system_model_for(prof), host=replace(system_model_for(prof).host,
+                                                        rocm=False))
+    assert choose(SIZES, SHAPE, 16, cuda, coef).plan.strategy in RINGS
+    amd = system_model_for(prof, GPU)
+    assert amd.host.rocm and not system_model_for(prof, torch.device("cpu")).host.rocm
+    got = choose(SIZES, SHAPE, 16, amd, coef, any_scale=True)
+    assert got.plan.strategy not in RINGS
+    assert all(c.strategy not in RINGS for c in got.search.best_per_scale)
+    with pytest.raises(ConfigError, match="no configuration"):
+        choose(SIZES, SHAPE, 16, amd, coef, strategy=sorted(RINGS)[0])
+
+
+def test_a_rocm_machine_description_plans_without_them():
+    """frontier.toml says runtime = "rocm": its profile carries it to the planner, whose
+    search and table leave the rings out (the table says why)."""
+    prof = load_machine("frontier").profile(16)
+    sysm = SystemModel.from_profile(prof)
+    assert sysm.host.rocm and not SystemModel.from_profile(
+        load_machine("perlmutter").profile(16)).host.rocm
+    assert choose(SIZES, SHAPE, 16, sysm, plexus_coefficients_for(prof)).plan.strategy \
+        not in RINGS
+    pl = plan(workload(SIZES, SHAPE), list(default_registry()), scales_for(16), sysm)
+    rings = [r for r in pl.rows if r.est.strategy in RINGS]
+    assert rings and all(not r.chosen and "sampled_addmm" in r.why for r in rings)
+    assert pl.choice is not None and pl.choice.est.strategy not in RINGS

@@ -92,3 +92,12 @@ def test_triton_compiles_into_the_nodes_own_storage(tmp_path, machine):
     died at their first fused kernel), Perlmutter's is shared by every node."""
     env, _ = _run(machine, tmp_path, 1)
     assert env["TRITON_CACHE_DIR"] == "/tmp/triton-4242"
+
+
+@pytest.mark.parametrize("machine", ["frontier", "perlmutter"])
+def test_consecutive_ranks_share_a_node(tmp_path, machine):
+    """The grid's innermost axis is consecutive ranks (its axis order): srun must place them
+    on one node, block by block, for that axis to be the node's NVLink / xGMI island."""
+    _run(machine, tmp_path, 2)
+    args = (tmp_path / f"{machine}-2.env.args").read_text().split()
+    assert "--distribution=block:block" in args

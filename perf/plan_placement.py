@@ -25,6 +25,7 @@ Writes perf/results/plan_placement.json and .md and ends with one RESULT line.
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import replace
 
@@ -118,6 +119,7 @@ def plexus_best(machine: str, p: int, limit_gib: float) -> dict:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     rows, fields = [], {}
     lines = ["# papers100M gcn: plexgt's plan beside the Plexus authors' model", "",
              f"{today()}. A model projection from each machine description, not a "

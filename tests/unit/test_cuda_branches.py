@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from plexgt.config import load_config
 from plexgt.distributed.collectives import CommLedger
 from plexgt.ops import precision
 from plexgt.parallel.plexus3d import TunedMatmul
+from plexgt.plan.knobs import load_config
 from plexgt.training import loop
 
 GPU = torch.device("cuda", 0)

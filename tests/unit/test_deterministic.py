@@ -15,11 +15,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from plexgt.config import load_config
 from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.errors import ConfigError
 from plexgt.ops.csr import CSRGraph
 from plexgt.parallel.attention.ring import Ring, column_blocks, ring_attention
+from plexgt.plan.knobs import load_config
 from plexgt.training import loop
 from plexgt.training.numerics import apply_numerics
 from tests.device_audit import DECLARED, DeviceAudit

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from plexgt.config import load_config
 from plexgt.data.loader import PreparedGraph
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import sbm
 from plexgt.errors import ConfigError
+from plexgt.plan.knobs import load_config
 from plexgt.plan.machine import MachineError, load_machine, usable_memory
 from plexgt.tasks.task import memory_limit, run_plan
 

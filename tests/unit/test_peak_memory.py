@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import torch
 
 from plexgt.cli import main
-from plexgt.config import load_config
 from plexgt.distributed.bootstrap import DistContext
 from plexgt.distributed.collectives import CommLedger
+from plexgt.plan.knobs import load_config
 from plexgt.training import loop
 from plexgt.training.tensorboard import scalars
 

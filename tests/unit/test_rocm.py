@@ -9,12 +9,13 @@ from dataclasses import replace
 import pytest
 import torch
 
-from plexgt.config import load_config
+from perf.agp_algorithm3 import plan, scales_for
 from plexgt.errors import ConfigError
 from plexgt.ops.attention import sampled_addmm_available
 from plexgt.parallel.attention.registry import default_registry
-from plexgt.plan.agp import SystemModel, plan, scales_for
+from plexgt.plan.agp import SystemModel
 from plexgt.plan.choose import GraphSizes, ModelShape, choose, workload
+from plexgt.plan.knobs import load_config
 from plexgt.plan.machine import load_machine
 from plexgt.tasks.devices import check_attention_kernels
 from plexgt.tasks.task import plexus_coefficients_for, system_model_for

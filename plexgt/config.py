@@ -55,16 +55,20 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW with linear warm-up then cosine decay to ``min_lr``."""
+    """AdamW; the learning rate of each epoch follows ``schedule`` and is never above ``lr``."""
 
     lr: float = 0.01
-    """Peak learning rate."""
+    """Peak learning rate (the rate of every epoch under schedule 'constant')."""
     weight_decay: float = 5e-4
     """AdamW decoupled weight decay."""
     warmup_epochs: int = 10
-    """Epochs of linear warm-up from lr/10."""
+    """Epochs of linear warm-up from lr/10 (schedule 'cosine')."""
     min_lr: float = 1e-4
-    """Learning rate at the last epoch."""
+    """Learning rate at the last epoch (schedule 'cosine'); taken as lr where it is above it,
+    so a small lr is never raised (the rate then stays at lr after the warm-up)."""
+    schedule: str = "cosine"
+    """'cosine' (warm-up to lr, then cosine decay to min_lr) or 'constant' (lr at every
+    epoch: no warm-up, no decay)."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +168,11 @@ class TrainConfig:
         and strategy computes the same model, and checkpoints are layout-independent). A
         resume must match them (:meth:`hash`)."""
         d = self.to_dict()
+        for dotted, old in ADDED_LATER.items():
+            table, _, key = dotted.rpartition(".")
+            node = d[table] if table else d
+            if node[key] == old:
+                node.pop(key)
         for k in ("data", "metrics", "tensorboard", "checkpoint_dir", "checkpoint_every",
                   "resume", "progress", "eval_every", "stop_after", "epochs", "parallel"):
             d.pop(k)
@@ -175,8 +184,15 @@ class TrainConfig:
                               ).hexdigest()[:16]
 
 
+ADDED_LATER = {"optim.schedule": "cosine"}
+"""Keys added after checkpoints first recorded their configuration, with the value that
+computes what runs before them computed: :meth:`TrainConfig.computation` leaves them out at
+that value, so the hash of such a configuration, and the checkpoints that record it, stay
+what they were (a resume of them is not refused as another configuration)."""
+
 CHOICES = {
     "metric": ("auto", "accuracy", "rocauc"),
+    "optim.schedule": ("cosine", "constant"),
     "model.name": ("gcn", "gt", "gps"),
     "parallel.strategy": STRATEGIES,
     "parallel.gcn_order": ("auto", "aggregate_first", "gemm_first"),
@@ -331,6 +347,17 @@ def validate(cfg: TrainConfig) -> None:
             read_profile(cfg.parallel.profile)
         except ValueError as e:
             raise ConfigError(f"config key 'parallel.profile': {e}") from None
+
+
+def notes(cfg: TrainConfig) -> list[str]:
+    """One line for each value that is valid but does not do what it says (rank 0 prints
+    them): a min_lr set above lr, which the cosine schedule takes as lr. The default min_lr
+    above a small lr is the documented cap and says nothing."""
+    o = cfg.optim
+    if o.schedule == "cosine" and o.min_lr > o.lr and o.min_lr != OptimConfig.min_lr:
+        return [f"optim.min_lr={o.min_lr:g} is above optim.lr={o.lr:g}; the schedule never "
+                "raises the rate above lr, so it stays at lr after the warm-up (no decay)"]
+    return []
 
 
 def to_toml(cfg: TrainConfig) -> str:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 import torch
 
-from plexgt.config import load_config, to_toml
+from plexgt.config import load_config, notes, to_toml
 from plexgt.distributed.agree import agreed
 from plexgt.distributed.bootstrap import init_distributed, shutdown
 from plexgt.distributed.collectives import CommLedger
@@ -69,12 +70,27 @@ def run(args: argparse.Namespace) -> int:
         print(f"plexgt train: {ctx.world_size} ranks ({ctx.backend}), grid {task.grid}, "
               f"strategy {task.strategy}{planned}\n# resolved config\n{to_toml(cfg)}",
               file=sys.stderr, flush=True)
+        for line in notes(cfg):
+            print(f"plexgt train: note: {line}", file=sys.stderr, flush=True)
     summary = train(cfg, ctx, task, log=lambda m: print(m, file=sys.stderr, flush=True))
     if ctx.rank == 0:
-        status = f"stopped by {summary['stopped']}" if summary["stopped"] else "finished"
-        m = summary["metric"]
-        print(f"plexgt train: {status} after epoch {summary['last_epoch']}; best validation "
-              f"epoch {summary['best_epoch']}: valid_{m}={summary['best_valid']:.4f} "
-              f"test_{m}={summary['test_at_best']:.4f}", flush=True)
+        print(final_line(summary), flush=True)
     shutdown(ctx)
     return 0
+
+
+def final_line(summary: dict[str, Any]) -> str:
+    """The run's last line (stdout): how it ended, its best validation epoch, and the
+    checkpoint its end wrote, only when it wrote one."""
+    status = f"stopped by {summary['stopped']}" if summary["stopped"] else "finished"
+    last = summary["last_epoch"]
+    if last == summary["start_epoch"]:
+        status += f" after epoch {last} (nothing left to train: resumed at the last epoch)"
+    else:
+        status += f" after epoch {last}"
+    m = summary["metric"]
+    best = (f"best validation epoch {summary['best_epoch']}: valid_{m}="
+            f"{summary['best_valid']:.4f} test_{m}={summary['test_at_best']:.4f}"
+            if summary["best_epoch"] > 0 else "no best validation epoch yet")
+    wrote = f"; checkpoint {summary['checkpoint']} written" if summary["checkpoint"] else ""
+    return f"plexgt train: {status}; {best}{wrote}"

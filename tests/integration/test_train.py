@@ -391,6 +391,43 @@ def test_a_stopped_run_says_what_it_wrote(data, tmp_path):
     assert (ck / "epoch_000002" / "COMPLETE").exists()
 
 
+def test_a_stop_at_the_last_epoch_ends_a_finished_run(data, tmp_path):
+    """stop_after (or a signal) at the last epoch: the run is finished, so no STOPPED for
+    the job script to requeue on and no 'continue with --resume'; the last line names the
+    checkpoint the end wrote. Before, it said 'stopped by stop_after ... continue with
+    --resume' and left STOPPED (a requeue that trained nothing)."""
+    ck = tmp_path / "ck"
+    r = run_job([sys.executable, "-m", "plexgt", "train", "--data", str(data), "--model",
+                 "gcn", "--model.hidden=16", "--epochs", "2", "--stop-after", "2",
+                 "--checkpoint-dir", str(ck)])
+    assert r.returncode == 0, r.stderr
+    assert "continue with --resume" not in r.stderr and not (ck / "STOPPED").exists()
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("plexgt train: finished after epoch 2; best validation epoch ")
+    assert last.endswith(f"; checkpoint {ck}/epoch_000002 written")
+
+
+def test_sigterm_without_a_checkpoint_dir_says_nothing_was_written(data, tmp_path):
+    """SIGTERM (the path SIGUSR1 and stop_after share) on a run without --checkpoint-dir:
+    the stop line says no checkpoint was written and the last line names none."""
+    m = tmp_path / "m.jsonl"
+    cmd = [sys.executable, "-m", "plexgt", "train", "--data", str(data), "--model", "gcn",
+           "--model.hidden=16", "--epochs", "100000", "--metrics", str(m), "--eval_every=7"]
+    with _job(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (m.exists() and len(m.read_text().splitlines()) > 2):
+            time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    stopped = [l for l in err.splitlines() if l.startswith("plexgt train: stopped by signal")]
+    assert len(stopped) == 1 and stopped[0].endswith(
+        "; no checkpoint written (no --checkpoint-dir): a new run starts from epoch 0")
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("plexgt train: stopped by signal 15 after epoch ")
+    assert "written" not in last
+
+
 def test_sigusr1_checkpoints_and_stops_then_resume_finishes(data, tmp_path):
     ck, m = tmp_path / "c", tmp_path / "m.jsonl"
     cmd = [mpiexec(), "-n", "2", sys.executable, "-m", "plexgt", "train", "--data", str(data),

@@ -235,8 +235,10 @@ def epoch_row(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.O
     ranks) and the updated best-so-far."""
     comm_s = task.ledger.seconds
     sent = task.ledger.total(kind="sent")
+    # 'metric': the key suffix the best epoch is chosen on (plexgt report reads it: a binary
+    # run's rows hold its accuracy too)
     row: dict[str, Any] = {"epoch": epoch + 1, "loss": loss.item(),
-                           "lr": opt.param_groups[0]["lr"]}
+                           "lr": opt.param_groups[0]["lr"], "metric": task.metric}
     if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
         task.model.eval()
         with torch.no_grad(), autocast(task, ctx.device):

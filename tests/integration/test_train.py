@@ -126,11 +126,44 @@ def test_multilabel_tasks_train_the_one_rank_curve(multilabel_data, tmp_path, mo
     one, many, r = _one_rank_curve(multilabel_data, tmp_path, n, common, layout)
     rows = [json.loads(l) for l in many.read_text().splitlines()]
     assert "valid_rocauc" in rows[-1] and "valid_acc" not in rows[-1]
+    assert {row["metric"] for row in rows} == {"rocauc"}
     assert rows[-1]["valid_rocauc"] > 0.6  # the tasks are the classes' bits: learnable
     ones = [json.loads(l) for l in one.read_text().splitlines()]
     for x, y in zip(rows, ones):
         assert x["valid_rocauc"] == pytest.approx(y["valid_rocauc"], rel=1e-6)
     assert "valid_rocauc=" in r.stdout.strip().splitlines()[-1]
+
+
+def test_report_of_a_binary_run_shows_its_roc_auc(tmp_path):
+    """A binary run selects its best epoch on ROC-AUC and writes accuracy beside it; each row
+    records the selection metric, and plexgt report (evaluated every 2 epochs: half the rows
+    have no metric) reports and plots that, where it reported accuracy."""
+    from plexgt.data.shard import PrepOptions, prepare
+    from plexgt.data.source import MemorySource
+    from plexgt.data.synthetic import sbm
+
+    data = tmp_path / "binary"
+    g = sbm(num_nodes=300, num_edges=3000, num_classes=2, num_features=8, seed=4)
+    prepare(MemorySource(g), PrepOptions(out=data, tiles=2, progress=False))
+    m, png = tmp_path / "m.jsonl", tmp_path / "r.png"
+    r = run_job([sys.executable, "-m", "plexgt", "train", "--data", str(data), "--model",
+                 "gcn", "--model.hidden=8", "--epochs", "5", "--eval_every=2", "--metrics",
+                 str(m)])
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(l) for l in m.read_text().splitlines()]
+    assert {row["metric"] for row in rows} == {"rocauc"}
+    assert [row["epoch"] for row in rows if "valid_rocauc" in row] == [2, 4, 5]
+    assert "valid_rocauc=" in r.stdout.strip().splitlines()[-1]
+    rep = run_job([sys.executable, "-m", "plexgt", "report", str(m)]
+                  + (["--out", str(png)] if _has_matplotlib() else []))
+    assert rep.returncode == 0, rep.stderr
+    assert "best valid_rocauc " in rep.stdout and "valid_acc" not in rep.stdout
+
+
+def _has_matplotlib() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def test_featureless_graph_trains_a_node_embedding_on_the_one_rank_curve(tmp_path):

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import Any
 
 import torch
 
-from plexgt.config import load_config, notes, to_toml
+from plexgt.config import describe_keys, load_config, notes, to_toml
 from plexgt.distributed.agree import agreed
 from plexgt.distributed.bootstrap import init_distributed, shutdown
 from plexgt.distributed.collectives import CommLedger
@@ -24,7 +25,7 @@ HELP = "Train gcn, gt or gps full-graph on a prepared directory (MPI job)."
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="prepared directory (plexgt prep)")
     p.add_argument("--model", choices=["gcn", "gt", "gps"])
-    p.add_argument("--config", help="TOML file of the run (see plexgt/config.py)")
+    p.add_argument("--config", help="TOML file of the run (its keys: below)")
     p.add_argument("--grid", help="auto or GxxGyxGz")
     p.add_argument("--strategy", choices=list(STRATEGIES))
     p.add_argument("--epochs", type=int)
@@ -41,8 +42,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # no abbreviated flags: an override such as --metric=accuracy would otherwise be taken
     # for --metrics (the metrics file 'accuracy'), and the metric key silently left as it was
     p.allow_abbrev = False
-    p.epilog = ("Any config key can be set as --key=value, dotted for tables: "
-                "--model.hidden=256 --optim.lr=0.005 --parallel.block_rows=4096")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = config_epilog()
+
+
+def config_epilog(width: int = 100) -> str:
+    """``train --help``'s list of every config key: its default (as TOML writes it) and its
+    docstring's first sentence on one line, generated from the dataclasses in
+    plexgt/config.py, which hold the whole docstrings."""
+    lines = ["config keys, each with its default and its docstring's first sentence (whole",
+             "in plexgt/config.py); set any as --key=value, dotted for tables",
+             "(--model.hidden=256 --optim.lr=0.005), or in the --config TOML file:"]
+    for k in describe_keys():
+        lines.append(f"  {k.key} = {json.dumps(k.default)}")
+        if k.doc:
+            lines.append(f"      {k.summary(width - 6)}")
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -23,6 +23,7 @@ from typing import Any, get_type_hints
 
 from plexgt.distributed.grid import parse_grid
 from plexgt.errors import ConfigError, GridError
+from plexgt.models.registry import default_registry as model_registry
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.plan.choose import STRATEGIES
 from plexgt.plan.profile import read_profile
@@ -33,7 +34,8 @@ class ModelConfig:
     """The network."""
 
     name: str = "gcn"
-    """'gcn', 'gt' or 'gps'."""
+    """The model, by its registry name (``--model``'s choices; plexgt/models/registry.py
+    lists them, docs/training.md describes them)."""
     hidden: int = 128
     """Hidden width d."""
     layers: int = 2
@@ -197,7 +199,7 @@ what they were (a resume of them is not refused as another configuration)."""
 CHOICES = {
     "metric": ("auto", "accuracy", "rocauc"),
     "optim.schedule": ("cosine", "constant"),
-    "model.name": ("gcn", "gt", "gps"),
+    "model.name": tuple(model_registry().names()),
     "parallel.strategy": STRATEGIES,
     "parallel.gcn_order": ("auto", "aggregate_first", "gemm_first"),
     "parallel.backend": ("auto", "nccl", "gloo"),
@@ -300,15 +302,18 @@ def validate(cfg: TrainConfig) -> None:
         if node not in allowed:
             raise ConfigError(f"config key '{key}': {node!r} is not one of {', '.join(allowed)}")
     m = cfg.model
+    models = model_registry()
+    attention = models.get(m.name).attention
     if m.hidden < 1 or m.layers < 1 or m.heads < 1 or m.ffn_mult < 1:
         raise ConfigError("config keys model.hidden, model.layers, model.heads, model.ffn_mult "
                           "must be >= 1")
-    if m.name in ("gt", "gps") and m.hidden % m.heads:
+    if attention and m.hidden % m.heads:
         raise ConfigError(f"config key 'model.hidden': {m.hidden} is not divisible by "
                           f"model.heads={m.heads}")
-    if m.super_nodes < 0 or (m.super_nodes and m.name == "gcn"):
+    if m.super_nodes < 0 or (m.super_nodes and not attention):
+        with_attention = ", ".join(s.name for s in models if s.attention)
         raise ConfigError(f"config key 'model.super_nodes': {m.super_nodes} must be >= 0, "
-                          "and 0 for gcn (super nodes join attention: gt, gps)")
+                          f"and 0 for {m.name} (super nodes join attention: {with_attention})")
     if m.node_embedding < 0:
         raise ConfigError(f"config key 'model.node_embedding': {m.node_embedding} is negative "
                           "(0: no embedding, D > 0: D learned columns)")
@@ -335,9 +340,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError("config keys parallel.head_parallel, ring_chunks, "
                           "attention_block_rows, block_rows, memory_per_rank_gb must be >= 0 "
                           "(0: the plan's choice)")
-    if par.head_parallel > 1 and (m.name == "gcn" or par.strategy not in ("auto", "gp_2d")
+    if par.head_parallel > 1 and (not attention or par.strategy not in ("auto", "gp_2d")
                                   and default_registry().get(par.strategy).head_axes is None):
-        what = "gcn has no attention" if m.name == "gcn" else \
+        what = f"{m.name} has no attention" if not attention else \
             f"parallel.strategy {par.strategy} has no head axis (gp_2d has)"
         raise ConfigError(f"config key 'parallel.head_parallel': {par.head_parallel} would be "
                           f"ignored: {what}")

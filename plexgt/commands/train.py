@@ -14,17 +14,20 @@ from plexgt.distributed.agree import agreed
 from plexgt.distributed.bootstrap import init_distributed, shutdown
 from plexgt.distributed.collectives import CommLedger
 from plexgt.errors import UsageError
+from plexgt.models.registry import default_registry
 from plexgt.plan.choose import STRATEGIES
 from plexgt.tasks import build_task
 from plexgt.training.loop import train
 from plexgt.training.numerics import apply_numerics
 
-HELP = "Train gcn, gt or gps full-graph on a prepared directory (MPI job)."
+HELP = "Train a GNN or graph transformer full-graph on a prepared directory (MPI job)."
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="prepared directory (plexgt prep)")
-    p.add_argument("--model", choices=["gcn", "gt", "gps"])
+    models = default_registry()
+    p.add_argument("--model", choices=models.names(), metavar="MODEL",
+                   help="; ".join(f"{m.name}: {m.help}" for m in models))
     p.add_argument("--config", help="TOML file of the run (its keys: below)")
     p.add_argument("--grid", help="auto or GxxGyxGz")
     p.add_argument("--strategy", choices=list(STRATEGIES))

@@ -21,6 +21,8 @@ from plexgt.config import TrainConfig
 from plexgt.data.loader import PreparedGraph
 from plexgt.distributed.collectives import CommLedger
 from plexgt.errors import ConfigError
+from plexgt.models.registry import default_registry
+from plexgt.models.spec import ModelSpec
 from plexgt.plan.agp import SystemModel
 from plexgt.plan.choose import GraphSizes, ModelShape, RunPlan, choose
 from plexgt.plan.plexus_cost import Coefficients
@@ -136,10 +138,21 @@ def esize_of(cfg: TrainConfig) -> int:
     return ACTIVATION_BYTES[cfg.dtype]
 
 
+def model_spec(cfg: TrainConfig) -> ModelSpec:
+    """The configured model's registry entry."""
+    try:
+        return default_registry().get(cfg.model.name)
+    except KeyError as e:
+        raise ConfigError(f"config key 'model.name': {e.args[0]}") from None
+
+
 def model_shape(cfg: TrainConfig) -> ModelShape:
-    """The planners' view of the configured model."""
+    """The planners' view of the configured model: grid3d models other than gcn are priced
+    as gcn (the same widths and collectives; a model of K operators moves K times the rows on
+    one axis of its aggregation, which the price leaves out)."""
     m = cfg.model
-    return ModelShape(m.name, m.hidden, m.layers, m.heads, m.ffn_mult, esize_of(cfg),
+    return ModelShape(model_spec(cfg).planned_as, m.hidden, m.layers, m.heads, m.ffn_mult,
+                      esize_of(cfg),
                       cfg.parallel.gcn_order, cfg.parallel.block_rows or None,
                       cfg.parallel.ring_chunks, m.super_nodes, m.node_embedding > 0,
                       cfg.parallel.attention_block_rows)

@@ -73,6 +73,8 @@ def _one_rank_curve(data: Path, tmp_path: Path, n: int, common: list[str], layou
 @pytest.mark.parametrize("model,n,layout", [
     ("gcn", 4, ["--grid", "2x2x1"]),
     ("gt", 3, ["--strategy", "gp_a2a", "--model.heads=2"]),
+    ("sage", 3, ["--grid", "1x3x1"]),
+    ("mlp", 2, ["--grid", "1x1x2"]),
 ])
 def test_dropout_on_the_curve_of_any_layout_is_the_single_process_curve(data, tmp_path, model,
                                                                          n, layout):
@@ -82,7 +84,8 @@ def test_dropout_on_the_curve_of_any_layout_is_the_single_process_curve(data, tm
     heads = [a for a in layout if a.startswith("--model.heads")]
     common = ["--model", model, "--epochs", "20", "--dtype=float64", *heads]
     _, many, r = _one_rank_curve(data, tmp_path, n, common, layout)
-    _assert_metrics_and_final_line(many, r, 20, "2x2x1" if model == "gcn" else f"rows{n}")
+    _assert_metrics_and_final_line(many, r, 20, layout[1] if layout[0] == "--grid" else
+                                   f"rows{n}")
 
 
 def _assert_metrics_and_final_line(metrics: Path, r: subprocess.CompletedProcess, epochs: int,
@@ -322,6 +325,7 @@ EMBED = "--model.node_embedding=6"
 
 @pytest.mark.parametrize("model,first,then,extra", [
     ("gcn", (4, ["--grid", "1x2x2"]), (3, ["--grid", "3x1x1"]), [EMBED]),
+    ("sage", (4, ["--grid", "2x1x2"]), (3, ["--grid", "1x3x1"]), [EMBED]),
     ("gt", (3, ["--strategy", "gp_a2a"]), (2, ["--strategy", "gp_ag"]), [EMBED]),
 ])
 def test_resume_on_another_layout_continues_the_curve(data, tmp_path, model, first, then,
@@ -330,8 +334,8 @@ def test_resume_on_another_layout_continues_the_curve(data, tmp_path, model, fir
     and resumed by 2 with GP-AG (gt): the loss curve continues the uninterrupted one (float64,
     dropout on, the checkpoint's weights are canonical). Both carry a node embedding, whose
     table is sharded in the checkpoint (rows, and on 1x2x2 columns, per rank) and resharded on
-    resume. perf/bench_resume.py runs 8 -> 4 ranks,
-    2x2x2 -> 4x1x1."""
+    resume. sage (2x1x2 -> 1x3x1) checkpoints the shards of both its weights per layer.
+    perf/bench_resume.py runs 8 -> 4 ranks, 2x2x2 -> 4x1x1."""
     ck, m, ref = tmp_path / "ck", tmp_path / "m.jsonl", tmp_path / "ref.jsonl"
     common = ["--model", model, "--model.heads=2", "--epochs", "8", "--dtype=float64", *extra]
     r = _train(data, 1, *common, "--metrics", str(ref))

@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=2 .venv/bin/python -m perf.train_reference            # everything
     .venv/bin/python -m perf.train_reference --datasets computers --models gcn --seeds 0
+    .venv/bin/python -m perf.train_reference --models mlp sage --out reference_baselines
 
 Datasets (gnn-benchmark npz, symmetrised): Amazon Computers, Coauthor CS, Coauthor Physics;
 random 60/20/20 split per seed (plexgt.data.graph.random_split), model init from the same seed.
@@ -35,6 +36,7 @@ from perf.harness import (
 from plexgt.data.formats.gnn_benchmark import read_gnn_benchmark
 from plexgt.data.graph import random_split, symmetrize
 from plexgt.models import MODELS, ModelGraph, sparse_features
+from plexgt.models.registry import default_registry
 
 DATASETS = {"computers": "Amazon Computers", "cs": "Coauthor CS", "physics": "Coauthor Physics"}
 PUBLISHED_GCN = {"computers": (0.89, 0.91), "cs": (0.92, 0.94), "physics": (0.95, 0.97)}
@@ -74,6 +76,9 @@ CONFIGS: dict[tuple[str, str], Config] = {
     ("cs", "gps"): Config(dropout=0.5, epochs=60, **_GT),
     ("physics", "gps"): Config(dropout=0.5, epochs=50, **_GT),
 }
+# the baselines (mlp: no graph; sage: mean aggregation) train with gcn's settings, untuned: the
+# comparison is the operator's
+CONFIGS.update({(d, m): CONFIGS[(d, "gcn")] for d in DATASETS for m in ("mlp", "sage")})
 
 
 @dataclass
@@ -100,14 +105,14 @@ def load(key: str, row_normalize: bool) -> Data:
     density = feats.nnz / (feats.shape[0] * feats.shape[1])
     x = (sparse_features(feats) if density < 0.1
          else torch.tensor(feats.toarray(), dtype=torch.float32))
-    graph = ModelGraph.from_edges(g.dst, g.src, g.num_nodes)
+    graph = ModelGraph.from_edges(g.dst, g.src, g.num_nodes, mean=True)
     return Data(title, x, torch.as_tensor(g.labels), graph, g.num_features, g.num_classes,
                 g.num_nodes, g.num_edges)
 
 
 def build(model: str, data: Data, cfg: Config) -> torch.nn.Module:
     cls = MODELS[model]
-    if model == "gcn":
+    if not default_registry().get(model).attention:
         return cls(data.num_features, cfg.hidden, data.num_classes, cfg.layers, cfg.dropout,
                    cfg.input_dropout)
     return cls(data.num_features, cfg.hidden, data.num_classes, cfg.layers, heads=cfg.heads,
@@ -216,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
           "|---|---|---|---|---|---|"]
     for r in runs:
         c = r["config"]
-        heads = "" if r["model"] == "gcn" else f" heads={c['heads']}"
+        heads = f" heads={c['heads']}" if default_registry().get(r["model"]).attention else ""
         in_p = c["dropout"] if c["input_dropout"] is None else c["input_dropout"]
         cdesc = (f"hidden={c['hidden']} L={c['layers']}{heads} dropout={c['dropout']} "
                  f"input_dropout={in_p} lr={c['lr']} wd={c['weight_decay']} "

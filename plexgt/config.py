@@ -14,10 +14,14 @@ checks what the schema alone can.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
+import inspect
 import json
 import math
+import re
+import textwrap
 import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -48,7 +52,8 @@ class ModelConfig:
     """The network."""
 
     name: str = "gcn"
-    """'gcn', 'gt' or 'gps'."""
+    """The model, by its registry name (``--model``'s choices; plexgt/models/registry.py
+    lists them, docs/training.md describes them)."""
     hidden: int = 128
     """Hidden width d."""
     layers: int = 2
@@ -74,16 +79,20 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    """AdamW with linear warm-up then cosine decay to ``min_lr``."""
+    """AdamW; the learning rate of each epoch follows ``schedule`` and is never above ``lr``."""
 
     lr: float = 0.01
-    """Peak learning rate."""
+    """Peak learning rate (the rate of every epoch under schedule 'constant')."""
     weight_decay: float = 5e-4
     """AdamW decoupled weight decay."""
     warmup_epochs: int = 10
-    """Epochs of linear warm-up from lr/10."""
+    """Epochs of linear warm-up from lr/10 (schedule 'cosine')."""
     min_lr: float = 1e-4
-    """Learning rate at the last epoch."""
+    """Learning rate at the last epoch (schedule 'cosine'); taken as lr where it is above it,
+    so a small lr is never raised (the rate then stays at lr after the warm-up)."""
+    schedule: str = "cosine"
+    """'cosine' (warm-up to lr, then cosine decay to min_lr) or 'constant' (lr at every
+    epoch: no warm-up, no decay)."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +210,11 @@ class TrainConfig:
         and strategy computes the same model, and checkpoints are layout-independent). A
         resume must match them (:meth:`hash`)."""
         d = self.to_dict()
+        for dotted, old in ADDED_LATER.items():
+            table, _, key = dotted.rpartition(".")
+            node = d[table] if table else d
+            if node[key] == old:
+                node.pop(key)
         for k in ("data", "metrics", "tensorboard", "checkpoint_dir", "checkpoint_every",
                   "resume", "progress", "eval_every", "stop_after", "epochs", "parallel"):
             d.pop(k)
@@ -212,15 +226,22 @@ class TrainConfig:
                               ).hexdigest()[:16]
 
 
+ADDED_LATER = {"optim.schedule": "cosine"}
+"""Keys added after checkpoints first recorded their configuration, with the value that
+computes what runs before them computed: :meth:`TrainConfig.computation` leaves them out at
+that value, so the hash of such a configuration, and the checkpoints that record it, stay
+what they were (a resume of them is not refused as another configuration)."""
+
 CHOICES = {
     "metric": ("auto", "accuracy", "rocauc"),
-    "model.name": ("gcn", "gt", "gps"),
+    "optim.schedule": ("cosine", "constant"),
     "parallel.gcn_order": ("auto", "aggregate_first", "gemm_first"),
     "parallel.backend": ("auto", "nccl", "gloo"),
     "dtype": tuple(ELEMENT_BYTES),
 }
-"""The keys whose values the schema lists (``parallel.strategy``'s are the attention
-registry's, checked by :func:`plexgt.plan.knobs.check_config`)."""
+"""The keys whose values the schema lists (``model.name``'s are the model registry's and
+``parallel.strategy``'s the attention registry's, checked by :func:`plexgt.plan.knobs.
+check_config`)."""
 
 
 def _coerce(key: str, typ: Any, value: Any) -> Any:
@@ -323,12 +344,6 @@ def validate(cfg: TrainConfig) -> None:
     if m.hidden < 1 or m.layers < 1 or m.heads < 1 or m.ffn_mult < 1:
         raise ConfigError("config keys model.hidden, model.layers, model.heads, model.ffn_mult "
                           "must be >= 1")
-    if m.name in ("gt", "gps") and m.hidden % m.heads:
-        raise ConfigError(f"config key 'model.hidden': {m.hidden} is not divisible by "
-                          f"model.heads={m.heads}")
-    if m.super_nodes < 0 or (m.super_nodes and m.name == "gcn"):
-        raise ConfigError(f"config key 'model.super_nodes': {m.super_nodes} must be >= 0, "
-                          "and 0 for gcn (super nodes join attention: gt, gps)")
     if m.node_embedding < 0:
         raise ConfigError(f"config key 'model.node_embedding': {m.node_embedding} is negative "
                           "(0: no embedding, D > 0: D learned columns)")
@@ -364,9 +379,82 @@ def validate(cfg: TrainConfig) -> None:
     if not (math.isfinite(par.gpu_memory_reserve_gb) and par.gpu_memory_reserve_gb >= 0):
         raise ConfigError(f"config key 'parallel.gpu_memory_reserve_gb': "
                           f"{par.gpu_memory_reserve_gb!r} must be a finite number of GiB >= 0")
-    if par.head_parallel > 1 and m.name == "gcn":
-        raise ConfigError(f"config key 'parallel.head_parallel': {par.head_parallel} would be "
-                          "ignored: gcn has no attention")
+
+
+def notes(cfg: TrainConfig) -> list[str]:
+    """One line for each value that is valid but does not do what it says (rank 0 prints
+    them): a min_lr set above lr, which the cosine schedule takes as lr. The default min_lr
+    above a small lr is the documented cap and says nothing."""
+    o = cfg.optim
+    if o.schedule == "cosine" and o.min_lr > o.lr and o.min_lr != OptimConfig.min_lr:
+        return [f"optim.min_lr={o.min_lr:g} is above optim.lr={o.lr:g}; the schedule never "
+                "raises the rate above lr, so it stays at lr after the warm-up (no decay)"]
+    return []
+
+
+@dataclass(frozen=True)
+class KeyDoc:
+    """One configuration key as ``plexgt train --help`` lists it."""
+
+    key: str
+    """Dotted ('model.hidden')."""
+    default: Any
+    doc: str
+    """The field's docstring ('' where the source cannot be read)."""
+
+    def summary(self, width: int = 1000) -> str:
+        """The docstring's first sentence on one line of at most ``width`` characters: cut
+        where the last clause that fits ends (': ', '; ', ', ' outside parentheses) when that
+        keeps most of the line, else at a word; marked '…'."""
+        text = " ".join(self.doc.replace("``", "").split())
+        m = re.search(r"(?<=\.)\s(?=[A-Z'(0-9])", text)
+        text = text[: m.start()] if m else text
+        if len(text) <= width:
+            return text
+        depth, cut = 0, 0
+        for i, ch in enumerate(text[: width - 1]):
+            depth += (ch in "([") - (ch in ")]")
+            if depth == 0 and ch in ":;," and text[i + 1: i + 2] == " ":
+                cut = i
+        if cut < 0.6 * width:
+            cut = text.rfind(" ", 0, width - 1)
+        return text[:cut].rstrip(":;, ") + " …"
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """{field: docstring} of a dataclass: the string literal after each field, read from the
+    source with ast (Python keeps no attribute docstrings at run time); {} when the source is
+    not available (an installation without .py files)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    out = {}
+    for node, after in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                and isinstance(after.value.value, str)):
+            out[node.target.id] = inspect.cleandoc(after.value.value)
+    return out
+
+
+def describe_keys(cls: type = None, prefix: str = "") -> list[KeyDoc]:  # type: ignore[assignment]
+    """Every leaf key of the configuration (tables flattened, dotted) with its default and
+    docstring, in declaration order: the list ``plexgt train --help`` prints, generated from
+    the dataclasses so it cannot fall behind them."""
+    cls = TrainConfig if cls is None else cls
+    hints = get_type_hints(cls)
+    docs = field_docs(cls)
+    out: list[KeyDoc] = []
+    for f in fields(cls):
+        typ = hints[f.name]
+        if dataclasses.is_dataclass(typ):
+            out.extend(describe_keys(typ, f"{prefix}{f.name}."))
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            out.append(KeyDoc(prefix + f.name, default, docs.get(f.name, "")))
+    return out
 
 
 def to_toml(cfg: TrainConfig) -> str:

@@ -23,6 +23,7 @@ from typing import Any
 from plexgt.config import ELEMENT_BYTES, TrainConfig
 from plexgt.data.loader import PreparedGraph
 from plexgt.errors import ConfigError, DataError, UsageError
+from plexgt.models.registry import default_registry as model_registry
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import StrategyRegistry
 from plexgt.plan.choose import (
@@ -91,7 +92,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     for flag, (_key, text) in MODEL_FLAGS.items():
         opt = "--" + flag.replace("_", "-")
         if flag == "model":
-            p.add_argument(opt, choices=["gcn", "gt", "gps"], help=text)
+            p.add_argument(opt, choices=model_registry().names(), help=text)
         elif flag == "dtype":
             p.add_argument(opt, choices=list(ELEMENT_BYTES), help=text)
         else:

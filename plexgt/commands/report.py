@@ -3,8 +3,11 @@
 Reads the metrics a run wrote (``plexgt train --metrics``, one JSON object an epoch) and prints
 a short summary: epochs, the best validation epoch and its test metric, the median epoch time
 split into compute / communication / waiting, bytes sent per rank and the peak memory. With
-``--out`` it also draws one PNG (matplotlib): loss, the metrics, the per-epoch time split, and
-bytes per rank with peak memory. One process, no MPI, no torch.
+``--out`` it also draws one PNG (matplotlib): loss, the metric, the per-epoch time split, and
+bytes per rank with peak memory. The metric is the run's selection metric, the one train
+chose its best epoch on (ROC-AUC for binary labels, the mean ROC-AUC over tasks for
+multi-label ones, else accuracy), though a binary run's rows also hold its accuracy. One
+process, no MPI, no torch.
 """
 
 from __future__ import annotations
@@ -73,10 +76,15 @@ def read_metrics(path: Path, note: Callable[[str], None] = print) -> list[dict[s
 
 def check_types(row: dict[str, Any], where: str) -> None:
     """UsageError naming the key unless every value the report computes with has its type:
-    the epoch a whole number, the loss, rate, metrics, times, bytes and memory numbers."""
+    the epoch a whole number, the loss, rate, metrics, times, bytes and memory numbers, the
+    selection metric's name a name."""
     epoch = row["epoch"]
     if isinstance(epoch, bool) or not isinstance(epoch, int):
         raise UsageError(f"{where}: 'epoch' is {json.dumps(epoch)}, not a whole number")
+    metric = row.get("metric", "acc")
+    if not (isinstance(metric, str) and metric.isidentifier()):
+        raise UsageError(f"{where}: 'metric' is {json.dumps(metric)}, not a metric's name "
+                         "('acc', 'rocauc')")
     metrics = {f"{s}_" for s in SPLITS}
     for key, v in row.items():
         if key in ("loss", "lr") or key.startswith(NUMBER_PREFIXES) or (
@@ -85,12 +93,42 @@ def check_types(row: dict[str, Any], where: str) -> None:
                 raise UsageError(f"{where}: {key!r} is {json.dumps(v)}, not a number")
 
 
+METRIC_TITLES = {"acc": "accuracy", "rocauc": "ROC-AUC"}
+"""How the plot titles a metric key (multi-label runs' 'rocauc' is the mean over tasks)."""
+
+
 def metric_name(rows: list[dict[str, Any]]) -> str:
-    """The metric the run reported per split ('acc', or e.g. 'rocauc')."""
-    for key in rows[0]:
-        if key.startswith("valid_"):
-            return key[len("valid_"):]
-    return "acc"
+    """The run's selection metric, the key suffix its best validation epoch was chosen on:
+    what the rows record ('metric', written since plexgt train wrote a binary run's accuracy
+    beside its ROC-AUC), or in older files 'rocauc' where any row holds a validation ROC-AUC
+    (train reports one only when it selects on it), else 'acc'. Every row is looked at: with
+    eval_every > 1 the first ones hold no metric at all."""
+    for r in rows:
+        if "metric" in r:
+            return str(r["metric"])
+    return "rocauc" if any("valid_rocauc" in r for r in rows) else "acc"
+
+
+def best_epoch(rows: list[dict[str, Any]], m: str) -> dict[str, Any] | None:
+    """The row train chose as best: the first with the highest validation ``m``, a NaN
+    (a split of one class has no ROC-AUC) never winning; None when no row has one."""
+    best = None
+    for r in rows:
+        v = r.get(f"valid_{m}")
+        if v is not None and v == v and (best is None or v > best[f"valid_{m}"]):
+            best = r
+    return best
+
+
+def series(rows: list[dict[str, Any]], m: str) -> dict[str, tuple[list[int], list[float]]]:
+    """{split: (epochs, values)} of metric ``m``: the evaluated epochs only (eval_every > 1
+    leaves the others without one)."""
+    out = {}
+    for s in SPLITS:
+        have = [r for r in rows if f"{s}_{m}" in r]
+        if have:
+            out[s] = ([r["epoch"] for r in have], [r[f"{s}_{m}"] for r in have])
+    return out
 
 
 def summary(rows: list[dict[str, Any]]) -> list[str]:
@@ -100,9 +138,8 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
     out = [f"{len(rows)} epochs on {last.get('ranks', '?')} rank(s), layout "
            f"{last.get('strategy') or last.get('grid') or '?'}; final loss "
            f"{last.get('loss', float('nan')):.4f}"]
-    scored = [r for r in rows if f"valid_{m}" in r]
-    if scored:
-        best = max(scored, key=lambda r: r[f"valid_{m}"])
+    best = best_epoch(rows, m)
+    if best is not None:
         out.append(f"best valid_{m} {best[f'valid_{m}']:.4f} at epoch {best['epoch']} "
                    f"(test_{m} {best.get(f'test_{m}', float('nan')):.4f})")
     steady = rows[1:] or rows  # the first epoch pays one-off costs
@@ -127,8 +164,10 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
-def plot(rows: list[dict[str, Any]], out: Path) -> None:
-    """One PNG of four panels (loss, metrics, time split, bytes and memory)."""
+def figure(rows: list[dict[str, Any]]) -> Any:
+    """The report's matplotlib figure, four panels: loss, the selection metric per split
+    (its evaluated epochs, marked: one evaluation is one point), time split, bytes and
+    memory."""
     try:
         import matplotlib
 
@@ -141,10 +180,12 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
     fig, ax = plt.subplots(2, 2, figsize=(11, 7))
     ax[0, 0].plot(ep, [r.get("loss") for r in rows])
     ax[0, 0].set(title="training loss", xlabel="epoch", yscale="log")
-    for s in SPLITS:
-        if f"{s}_{m}" in rows[0]:
-            ax[0, 1].plot(ep, [r.get(f"{s}_{m}") for r in rows], label=s)
-    ax[0, 1].set(title=m, xlabel="epoch")
+    for s, (xs, ys) in series(rows, m).items():
+        ax[0, 1].plot(xs, ys, marker="." if len(xs) < 50 else None, label=s)
+    ax[0, 1].set(title=f"{METRIC_TITLES.get(m, m)} (selection metric)", xlabel="epoch")
+    best = best_epoch(rows, m)
+    if best is not None:
+        ax[0, 1].axvline(best["epoch"], color="grey", linestyle=":", linewidth=1)
     if ax[0, 1].lines:  # a run with no metric (eval_every past its epochs) has no legend
         ax[0, 1].legend()
     bottom = [0.0] * len(rows)
@@ -161,6 +202,14 @@ def plot(rows: list[dict[str, Any]], out: Path) -> None:
     ax[1, 1].set(title="bytes and memory", xlabel="epoch")
     ax[1, 1].legend()
     fig.tight_layout()
+    return fig
+
+
+def plot(rows: list[dict[str, Any]], out: Path) -> None:
+    """:func:`figure` as one PNG, written whole or not at all."""
+    fig = figure(rows)  # first: it says when matplotlib is missing
+    import matplotlib.pyplot as plt
+
     tmp = out.with_name(out.name + ".tmp.png")
     try:
         fig.savefig(tmp, dpi=90)

@@ -3,22 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from typing import Any
 
 import torch
 
-from plexgt.config import to_toml
+from plexgt.config import describe_keys, notes, to_toml
 from plexgt.distributed.agree import agreed
 from plexgt.distributed.bootstrap import init_distributed, shutdown
 from plexgt.distributed.collectives import CommLedger
 from plexgt.errors import UsageError
+from plexgt.models.registry import default_registry
 from plexgt.parallel.attention.strategy import StrategyRegistry
 from plexgt.plan.knobs import load_config, strategy_choices
 from plexgt.tasks import build_task
 from plexgt.training.loop import train
 from plexgt.training.numerics import apply_numerics
 
-HELP = "Train gcn, gt or gps full-graph on a prepared directory (MPI job)."
+HELP = "Train a GNN or graph transformer full-graph on a prepared directory (MPI job)."
 STARTS_MPI = True
 """It runs in MPI's world: the CLI starts MPI (mpi4py) before importing this module, whose
 imports load torch (Cray MPICH fails to start after torch: plexgt.cli.main)."""
@@ -26,8 +29,10 @@ imports load torch (Cray MPICH fails to start after torch: plexgt.cli.main)."""
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="prepared directory (plexgt prep)")
-    p.add_argument("--model", choices=["gcn", "gt", "gps"])
-    p.add_argument("--config", help="TOML file of the run (see plexgt/config.py)")
+    models = default_registry()
+    p.add_argument("--model", choices=models.names(), metavar="MODEL",
+                   help="; ".join(f"{m.name}: {m.help}" for m in models))
+    p.add_argument("--config", help="TOML file of the run (its keys: below)")
     p.add_argument("--grid", help="auto or GxxGyxGz")
     p.add_argument("--strategy", choices=strategy_choices())
     p.add_argument("--epochs", type=int)
@@ -44,8 +49,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # no abbreviated flags: an override such as --metric=accuracy would otherwise be taken
     # for --metrics (the metrics file 'accuracy'), and the metric key silently left as it was
     p.allow_abbrev = False
-    p.epilog = ("Any config key can be set as --key=value, dotted for tables: "
-                "--model.hidden=256 --optim.lr=0.005 --parallel.block_rows=4096")
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = config_epilog()
+
+
+def config_epilog(width: int = 100) -> str:
+    """``train --help``'s list of every config key: its default (as TOML writes it) and its
+    docstring's first sentence on one line, generated from the dataclasses in
+    plexgt/config.py, which hold the whole docstrings."""
+    lines = ["config keys, each with its default and its docstring's first sentence (whole",
+             "in plexgt/config.py); set any as --key=value, dotted for tables",
+             "(--model.hidden=256 --optim.lr=0.005), or in the --config TOML file:"]
+    for k in describe_keys():
+        lines.append(f"  {k.key} = {json.dumps(k.default)}")
+        if k.doc:
+            lines.append(f"      {k.summary(width - 6)}")
+    return "\n".join(lines)
 
 
 def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> int:
@@ -74,12 +93,27 @@ def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> i
         print(f"plexgt train: {ctx.world_size} ranks ({ctx.backend}), grid {task.grid}, "
               f"strategy {task.strategy}{planned}\n# resolved config\n{to_toml(cfg)}",
               file=sys.stderr, flush=True)
+        for line in notes(cfg):
+            print(f"plexgt train: note: {line}", file=sys.stderr, flush=True)
     summary = train(cfg, ctx, task, log=lambda m: print(m, file=sys.stderr, flush=True))
     if ctx.rank == 0:
-        status = f"stopped by {summary['stopped']}" if summary["stopped"] else "finished"
-        m = summary["metric"]
-        print(f"plexgt train: {status} after epoch {summary['last_epoch']}; best validation "
-              f"epoch {summary['best_epoch']}: valid_{m}={summary['best_valid']:.4f} "
-              f"test_{m}={summary['test_at_best']:.4f}", flush=True)
+        print(final_line(summary), flush=True)
     shutdown(ctx)
     return 0
+
+
+def final_line(summary: dict[str, Any]) -> str:
+    """The run's last line (stdout): how it ended, its best validation epoch, and the
+    checkpoint its end wrote, only when it wrote one."""
+    status = f"stopped by {summary['stopped']}" if summary["stopped"] else "finished"
+    last = summary["last_epoch"]
+    if last == summary["start_epoch"]:
+        status += f" after epoch {last} (nothing left to train: resumed at the last epoch)"
+    else:
+        status += f" after epoch {last}"
+    m = summary["metric"]
+    best = (f"best validation epoch {summary['best_epoch']}: valid_{m}="
+            f"{summary['best_valid']:.4f} test_{m}={summary['test_at_best']:.4f}"
+            if summary["best_epoch"] > 0 else "no best validation epoch yet")
+    wrote = f"; checkpoint {summary['checkpoint']} written" if summary["checkpoint"] else ""
+    return f"plexgt train: {status}; {best}{wrote}"

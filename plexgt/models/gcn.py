@@ -17,12 +17,8 @@ from plexgt.models.layers import (
     num_features,
     step_rng,
 )
-
-
-def layer_widths(in_dim: int, hidden: int, out_dim: int, num_layers: int) -> list[int]:
-    """Widths of a GCN's layers, input to output: [F, d, ..., d, C] (the model, the planner's
-    search and its calibration on whole steps all read the layers this way)."""
-    return [in_dim] + [hidden] * (num_layers - 1) + [out_dim]
+from plexgt.models.spec import ModelSpec
+from plexgt.models.stack import layer_widths  # also the planners' (plan.choose)
 
 
 class GCN(nn.Module):
@@ -59,3 +55,7 @@ class GCN(nn.Module):
         if self.training:
             self.step += 1
         return h
+
+
+SPEC = ModelSpec("gcn", "graph convolutional network (Kipf & Welling): H' = Â H W + b", GCN,
+                 "grid3d", ("gcn",))

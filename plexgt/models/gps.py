@@ -22,6 +22,7 @@ from plexgt.models.layers import (
     gcn_conv,
     residual_norm,
 )
+from plexgt.models.spec import ModelSpec
 
 
 class GPSBlock(nn.Module):
@@ -74,3 +75,7 @@ class GPS(BlockStack):
         if graph.adj is None or graph.gcn is None:
             raise ValueError("GPS needs graph.adj and graph.gcn")
         return self.run(x, graph, lambda blk, h, g, br, dr, z, up: blk(h, g, br, dr, z, up))
+
+
+SPEC = ModelSpec("gps", "a GCN path and a sparse attention path in every block (GraphGPS)",
+                 GPS, "attention")

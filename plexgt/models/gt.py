@@ -22,6 +22,7 @@ from plexgt.models.layers import (
     ffn,
     residual_norm,
 )
+from plexgt.models.spec import ModelSpec
 
 
 class GTBlock(nn.Module):
@@ -63,3 +64,7 @@ class GraphTransformer(BlockStack):
         if graph.adj is None:
             raise ValueError("GraphTransformer needs graph.adj")
         return self.run(x, graph, lambda blk, h, g, br, dr, z, up: blk(h, g, br, dr, z, up))
+
+
+SPEC = ModelSpec("gt", "sparse graph transformer: attention over each node's edges, FFN",
+                 GraphTransformer, "attention")

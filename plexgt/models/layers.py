@@ -22,7 +22,7 @@ from torch import nn
 
 from plexgt.ops.attention import sparse_attention
 from plexgt.ops.csr import CSRGraph
-from plexgt.ops.gcn import gcn_norm, gcn_spmm
+from plexgt.ops.gcn import gcn_norm, gcn_spmm, mean_norm
 from plexgt.ops.heads import head_major_linear
 from plexgt.ops.rng import CounterRNG
 from plexgt.ops.super_nodes import edge_bias_with_super, super_attention, super_columns
@@ -38,8 +38,9 @@ class ModelGraph:
     """The sparse operators a model's forward needs (rows = destinations, A[dst, src]).
 
     ``adj`` [Nr, Nc]: structural pattern the attention runs over. ``gcn`` [Nr, Nc]: the
-    normalised Â = D^-1/2 (A + I) D^-1/2 for GCN aggregation. Single-process graphs are square;
-    a distributed rank may carry rectangular blocks of both.
+    normalised Â = D^-1/2 (A + I) D^-1/2 for GCN aggregation. ``mean`` [Nr, Nc]: the row-normalised
+    M = D^-1 (A + I), GraphSAGE's mean aggregation. Single-process graphs are square; a
+    distributed rank may carry rectangular blocks of them.
     """
 
     adj: CSRGraph | None = None
@@ -49,6 +50,7 @@ class ModelGraph:
     edge_attr: Tensor | None = None
     """[E, F_e] features of ``adj``'s edges in its CSR order (the attention's edge bias)."""
     _super: CSRGraph | None = field(default=None, repr=False, compare=False)
+    mean: CSRGraph | None = None
 
     def super_adj(self, s: int) -> CSRGraph:
         """``adj`` [N, N] with S super-node columns on every row, [N, N + S] (built once)."""
@@ -64,11 +66,11 @@ class ModelGraph:
     def from_edges(
         cls, dst: Tensor | np.ndarray, src: Tensor | np.ndarray, num_nodes: int,
         attention: bool = True, gcn: bool = True, device: torch.device | str = "cpu",
-        edge_attr: Tensor | np.ndarray | None = None,
+        edge_attr: Tensor | np.ndarray | None = None, mean: bool = False,
     ) -> ModelGraph:
-        """Build both operators from edges src -> dst (duplicates merged, or refused when
-        ``edge_attr`` [E, F_e] gives each edge features); transposes are built up front so
-        that the first backward is not the one paying for them."""
+        """Build the operators asked for from edges src -> dst (duplicates merged, or refused
+        when ``edge_attr`` [E, F_e] gives each edge features); transposes are built up front
+        so that the first backward is not the one paying for them."""
         attr = None
         if edge_attr is not None:
             d, s = torch.as_tensor(dst).long(), torch.as_tensor(src).long()
@@ -77,11 +79,12 @@ class ModelGraph:
         adj = CSRGraph.from_coo(dst, src, num_nodes, num_nodes,
                                 duplicates="merge" if attr is None else "error").to(device)
         norm = gcn_norm(adj) if gcn else None
-        for g in (adj if attention else None, norm):
+        avg = mean_norm(adj) if mean else None
+        for g in (adj if attention else None, norm, avg):
             if g is not None:
                 g.transpose()
                 _ = g.row
-        return cls(adj if attention else None, norm, edge_attr=attr)
+        return cls(adj if attention else None, norm, edge_attr=attr, mean=avg)
 
     def to(self, device: torch.device | str) -> ModelGraph:
         return ModelGraph(
@@ -89,11 +92,12 @@ class ModelGraph:
             None if self.gcn is None else self.gcn.to(device),
             None if self.node_ids is None else self.node_ids.to(device),
             None if self.edge_attr is None else self.edge_attr.to(device),
+            mean=None if self.mean is None else self.mean.to(device),
         )
 
     @property
     def num_rows(self) -> int:
-        g = self.adj if self.adj is not None else self.gcn
+        g = next((g for g in (self.adj, self.gcn, self.mean) if g is not None), None)
         assert g is not None, "empty ModelGraph"
         return g.num_rows
 

@@ -1,4 +1,6 @@
-"""GCN propagation: ``Â = D^-1/2 (A + I) D^-1/2`` and ``y = Â x`` with a hand-written backward.
+"""GCN propagation: ``Â = D^-1/2 (A + I) D^-1/2`` and ``y = Â x`` with a hand-written backward;
+the mean aggregation ``M = D^-1 (A + I)`` (GraphSAGE's) is built the same way and multiplied
+by the same product.
 
 Shapes: graph [Nr, Nc] weighted, x [Nc, F] -> y [Nr, F]; backward dx = Âᵀ dy [Nc, F] through
 the graph's cached transpose, so no sparse tensor ever needs autograd (torch's sparse autograd
@@ -26,6 +28,39 @@ def inv_sqrt_degrees(deg: Tensor | np.ndarray, dtype: torch.dtype = torch.float6
     return out
 
 
+def inv_degrees(deg: Tensor | np.ndarray, dtype: torch.dtype = torch.float64) -> Tensor:
+    """1/deg per node, 0 where the degree is 0: the mean aggregation's row factor (every
+    path computes it here, as :func:`inv_sqrt_degrees` GCN's)."""
+    d = torch.as_tensor(deg).to(dtype)
+    out = d.reciprocal()
+    out[d == 0] = 0.0
+    return out
+
+
+def _with_self_loops(graph: CSRGraph, self_loops: bool, row_offset: int) -> CSRGraph:
+    """The pattern of ``graph`` (+ I where ``self_loops``: local row i's loop is column
+    ``row_offset + i``; a loop already present is kept once), on the CPU."""
+    nr, nc = graph.num_rows, graph.num_cols
+    dst, src = graph.row.cpu(), graph.indices.cpu()
+    if self_loops:
+        loop_rows = torch.arange(nr, dtype=torch.int64)
+        loop_rows = loop_rows[row_offset + loop_rows < nc]
+        dst = torch.cat([dst, loop_rows])
+        src = torch.cat([src, loop_rows + row_offset])
+    return CSRGraph.from_coo(dst, src, nr, nc)  # merges an existing self loop with the new one
+
+
+def mean_norm(graph: CSRGraph, self_loops: bool = True, dtype: torch.dtype = torch.float32
+              ) -> CSRGraph:
+    """Row-normalised adjacency ``M = D^-1 (A + I)``: row r averages its in-neighbours (and
+    itself with ``self_loops``, as the prepared graph stores by default), GraphSAGE's mean
+    aggregator. deg[r] = the row counts of the pattern, as :func:`gcn_norm`'s; a row needs no
+    column's degree, so a row block of a larger graph normalises on its own."""
+    g = _with_self_loops(graph, self_loops, 0)
+    values = inv_degrees(g.degrees(), dtype)[g.row]
+    return CSRGraph(g.indptr, g.indices, g.num_rows, g.num_cols, values).to(graph.device)
+
+
 def gcn_norm(
     graph: CSRGraph,
     self_loops: bool = True,
@@ -44,13 +79,7 @@ def gcn_norm(
     """
     nr, nc = graph.num_rows, graph.num_cols
     dev = graph.device
-    dst, src = graph.row.cpu(), graph.indices.cpu()
-    if self_loops:
-        loop_rows = torch.arange(nr, dtype=torch.int64)
-        loop_rows = loop_rows[row_offset + loop_rows < nc]
-        dst = torch.cat([dst, loop_rows])
-        src = torch.cat([src, loop_rows + row_offset])
-    g = CSRGraph.from_coo(dst, src, nr, nc)  # merges an existing self loop with the new one
+    g = _with_self_loops(graph, self_loops, row_offset)
     deg = g.degrees()
     if col_degrees is None:
         if nr != nc or row_offset != 0:

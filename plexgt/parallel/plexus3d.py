@@ -51,18 +51,13 @@ from plexgt.distributed.collectives import (
 from plexgt.distributed.layout3d import LayerLayout, output_plane, row_blocks
 from plexgt.models.layers import Drop, Features, sparse_features
 from plexgt.ops.csr import CSRGraph, sparse_csr
-from plexgt.ops.gcn import gcn_spmm, inv_sqrt_degrees
+from plexgt.ops.gcn import gcn_spmm
 from plexgt.ops.precision import autocast_dtype, full_precision
 from plexgt.ops.rng import CounterRNG
-
-
-def gcn_block_values(adj: sp.csr_matrix, deg_rows: np.ndarray, deg_cols: np.ndarray
-                     ) -> sp.csr_matrix:
-    """The block of Â = D^-1/2 A D^-1/2 given the pattern block and both sides' degrees."""
-    a = adj.tocsr().astype(np.float64)
-    r = np.repeat(np.arange(a.shape[0]), np.diff(a.indptr))
-    a.data = (inv_sqrt_degrees(deg_rows)[r] * inv_sqrt_degrees(deg_cols)[a.indices]).numpy()
-    return a
+from plexgt.parallel.operators import (
+    gcn_block_values,  # noqa: F401 - plan.measure's, perf's
+    operator_block,
+)
 
 
 def _torch_csr(m: sp.csr_matrix, dtype: torch.dtype) -> torch.Tensor:
@@ -75,6 +70,33 @@ def _torch_csr(m: sp.csr_matrix, dtype: torch.dtype) -> torch.Tensor:
     )
 
 
+def padded_block(block: sp.csr_matrix, shape: tuple[int, int]) -> sp.csr_matrix:
+    """``block`` [r, c] in the top-left corner of an all-zero [shape] (r, c <= shape)."""
+    if not (block.shape[0] and block.shape[1]):
+        return sp.csr_matrix(shape, dtype=np.float64)
+    block = block.tocsr()
+    return sp.csr_matrix(
+        (block.data, block.indices, np.concatenate(
+            [block.indptr, np.full(shape[0] - block.shape[0], block.indptr[-1])])),
+        shape=shape,
+    )
+
+
+def stacked_block(blocks: Sequence[sp.csr_matrix], shape: tuple[int, int], order: str
+                  ) -> sp.csr_matrix:
+    """K operators' blocks of one layer as the one block the layer's aggregation multiplies
+    (each padded to [rows_pad, cols_pad] = ``shape``): aggregate_first stacks them by rows,
+    [K·rows_pad, cols_pad], so one all-reduce over a carries every Op_k·H; gemm_first by
+    columns, [rows_pad, K·cols_pad], against the K products H·W_k stacked by rows, so one
+    reduce-scatter over a sums Op_k·(H·W_k). One block: itself, padded."""
+    if len(blocks) == 1:
+        return padded_block(blocks[0], shape)
+    parts = [padded_block(b, shape) for b in blocks]
+    out = (sp.vstack(parts) if order == "aggregate_first" else sp.hstack(parts)).tocsr()
+    out.sort_indices()  # what _torch_csr relies on
+    return out
+
+
 class BlockedAdjacency:
     """One rank's Â block [rows_pad, cols_pad] cut in row blocks, with each block's transpose.
 
@@ -84,13 +106,7 @@ class BlockedAdjacency:
 
     def __init__(self, block: sp.csr_matrix, shape: tuple[int, int], block_rows: int | None,
                  dtype: torch.dtype) -> None:
-        full = sp.csr_matrix(shape, dtype=np.float64)
-        if block.shape[0] and block.shape[1]:
-            full = sp.csr_matrix(
-                (block.data, block.indices, np.concatenate(
-                    [block.indptr, np.full(shape[0] - block.shape[0], block.indptr[-1])])),
-                shape=shape,
-            )
+        full = padded_block(block, shape)
         self.shape = shape
         self.bounds = row_blocks(shape[0], block_rows)
         self.fwd = [_torch_csr(full[r0:r1], dtype) for r0, r1 in self.bounds]
@@ -247,19 +263,25 @@ class _TunedMM(torch.autograd.Function):
 
 
 class Plexus3DGCN(nn.Module):
-    """A GCN whose every layer is 3D tensor-parallel; mirrors :class:`plexgt.models.gcn.GCN`.
+    """A GCN whose every layer is 3D tensor-parallel; mirrors :class:`plexgt.models.gcn.GCN`,
+    and with K operators a layer ``sum_k Op_k·(H W_k) + b`` (the other grid3d models,
+    :mod:`plexgt.models.stack`).
 
     Input: this rank's layer-0 feature shard [ceil(N/Gx), d_0/(Gy·Gz)]. Output: the logits
     shard [ceil(N/Gc_L), d_L/(Ga_L·Gb_L)] of the last layer. ``comms`` maps each axis name to
     its :class:`Comm`; ``adj`` holds each layer's normalised block (already in that layer's
-    output x input order).
+    output x input order), or per layer a sequence of K operator blocks. Each operator's
+    weight W_k is sharded as gcn's one weight; the K blocks run as one stacked block
+    (:func:`stacked_block`), so each aggregation is still one collective, K times the rows
+    (aggregate_first) or the columns' products (gemm_first). ``names``: the reference's
+    parameter list of each operator (checkpoint names ``{name}.{l}.weight``).
     """
 
     def __init__(
         self,
         layouts: Sequence[LayerLayout],
         comms: dict[str, Comm],
-        adj: Sequence[sp.csr_matrix],
+        adj: Sequence[sp.csr_matrix | Sequence[sp.csr_matrix]],
         dropout: float = 0.0,
         block_rows: int | None = None,
         dtype: torch.dtype = torch.float32,
@@ -267,8 +289,14 @@ class Plexus3DGCN(nn.Module):
         seed: int = 0,
         input_dropout: float | None = None,
         node_ids: Sequence[torch.Tensor] | None = None,
+        names: Sequence[str] = ("layers",),
     ) -> None:
         super().__init__()
+        blocks = [(a,) if sp.issparse(a) else tuple(a) for a in adj]
+        if any(len(b) != len(names) for b in blocks):
+            raise ValueError(f"each layer needs one block per operator ({len(names)}: "
+                             f"{', '.join(names)})")
+        self.names = list(names)
         self.layouts = list(layouts)
         self.comms = comms
         self.dropout = dropout
@@ -283,22 +311,26 @@ class Plexus3DGCN(nn.Module):
             self.register_buffer(f"node_ids_{l}", torch.as_tensor(ids, dtype=torch.int64),
                                  persistent=False)
         self.mm = TunedMatmul(tune_gemm)
-        self.adj = [
-            BlockedAdjacency(a, (lay.rows_pad, lay.cols_pad), block_rows, dtype)
-            for a, lay in zip(adj, self.layouts)
-        ]
+        self.adj = []
+        for b, lay in zip(blocks, self.layouts):
+            stacked = stacked_block(b, (lay.rows_pad, lay.cols_pad), lay.order)
+            self.adj.append(BlockedAdjacency(stacked, stacked.shape, block_rows, dtype))
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
+        # operators 1..K-1: weights only, the same shards as the first operator's
+        self.op_weights = nn.ModuleList(nn.ParameterList() for _ in names[1:])
         for lay in self.layouts:
             r0, r1 = lay.in_cols
             c0, c1 = lay.w_cols
             o0, o1 = lay.out_cols
-            self.weights.append(nn.Parameter(torch.zeros(r1 - r0, c1 - c0, dtype=dtype)))
+            for plist in (self.weights, *self.op_weights):
+                plist.append(nn.Parameter(torch.zeros(r1 - r0, c1 - c0, dtype=dtype)))
             self.biases.append(nn.Parameter(torch.zeros(o1 - o0, dtype=dtype)))
 
     @torch.no_grad()
     def load_full(self, params: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Copy this rank's shards out of full (weight [d_out, d_in], bias [d_out]) pairs.
+        """Copy this rank's shards out of full (weight [d_out, d_in], bias [d_out]) pairs of
+        the first operator (gcn's only one).
 
         The pairs are nn.Linear's, so a distributed model starts from exactly the reference
         model's initialisation.
@@ -306,8 +338,19 @@ class Plexus3DGCN(nn.Module):
         full = {}
         for l, (wf, bf) in enumerate(params):
             full[f"layers.{l}.weight"], full[f"layers.{l}.bias"] = wf.detach(), bf.detach()
-        for name, shard in self.from_canonical(full).items():
+        self.load_reference(full)
+
+    @torch.no_grad()
+    def load_reference(self, state: dict[str, torch.Tensor]) -> None:
+        """Copy this rank's shards out of the reference model's ``state_dict()`` (every
+        operator's weights: ``{name}.{l}.weight``, and the biases)."""
+        for name, shard in self.from_canonical(state).items():
             self.get_parameter(name).copy_(shard)
+
+    def _operator_weights(self, l: int) -> list[tuple[str, nn.Parameter]]:
+        """Layer ``l``'s (local parameter name, shard) of each operator, in operator order."""
+        return [(f"weights.{l}", self.weights[l])] + [
+            (f"op_weights.{k}.{l}", plist[l]) for k, plist in enumerate(self.op_weights)]
 
     @torch.no_grad()
     def to_canonical(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -322,19 +365,23 @@ class Plexus3DGCN(nn.Module):
         """
         out: dict[str, torch.Tensor] = {}
         for l, lay in enumerate(self.layouts):
-            w, b = local[f"weights.{l}"], local[f"biases.{l}"]
-            wt = w.new_zeros(lay.d_in, lay.d_out)
-            wt[slice(*lay.in_cols), slice(*lay.w_cols)] = w
+            b = local[f"biases.{l}"]
+            wts = []
+            for local_name, _ in self._operator_weights(l):
+                wt = b.new_zeros(lay.d_in, lay.d_out)
+                wt[slice(*lay.in_cols), slice(*lay.w_cols)] = local[local_name]
+                wts.append(wt)
             bp = b.new_zeros(lay.d_out)
             if lay.i[2] == 0:
                 bp[slice(*lay.out_cols)] = b
             for axis in ("x", "y", "z"):
-                for t in (wt, bp):
+                for t in (*wts, bp):
                     all_reduce_(t, self.comms[axis])
-            natural = torch.empty_like(wt)
-            natural[:, lay.w_column_order] = wt
-            out[f"layers.{l}.weight"] = natural[: lay.d_in_true, : lay.d_out_true].t().cpu()
-            out[f"layers.{l}.bias"] = bp[: lay.d_out_true].cpu()
+            for name, wt in zip(self.names, wts):
+                natural = torch.empty_like(wt)
+                natural[:, lay.w_column_order] = wt
+                out[f"{name}.{l}.weight"] = natural[: lay.d_in_true, : lay.d_out_true].t().cpu()
+            out[f"{self.names[0]}.{l}.bias"] = bp[: lay.d_out_true].cpu()
         return out
 
     @torch.no_grad()
@@ -342,13 +389,15 @@ class Plexus3DGCN(nn.Module):
         """The inverse of :meth:`to_canonical` on any grid: this rank's blocks of full tensors,
         keyed by parameter name, on the parameters' device and dtype."""
         out: dict[str, torch.Tensor] = {}
-        for l, (lay, w, b) in enumerate(zip(self.layouts, self.weights, self.biases)):
-            wt = torch.zeros(lay.d_in, lay.d_out, dtype=w.dtype)
-            wt[: lay.d_in_true, : lay.d_out_true] = full[f"layers.{l}.weight"].t().to(w.dtype)
-            wt = wt[:, lay.w_column_order]
+        for l, (lay, b) in enumerate(zip(self.layouts, self.biases)):
+            for name, (local_name, w) in zip(self.names, self._operator_weights(l)):
+                wt = torch.zeros(lay.d_in, lay.d_out, dtype=w.dtype)
+                wt[: lay.d_in_true, : lay.d_out_true] = full[f"{name}.{l}.weight"].t().to(
+                    w.dtype)
+                wt = wt[:, lay.w_column_order]
+                out[local_name] = wt[slice(*lay.in_cols), slice(*lay.w_cols)].to(w.device)
             bp = torch.zeros(lay.d_out, dtype=b.dtype)
-            bp[: lay.d_out_true] = full[f"layers.{l}.bias"].to(b.dtype)
-            out[f"weights.{l}"] = wt[slice(*lay.in_cols), slice(*lay.w_cols)].to(w.device)
+            bp[: lay.d_out_true] = full[f"{self.names[0]}.{l}.bias"].to(b.dtype)
             out[f"biases.{l}"] = bp[slice(*lay.out_cols)].to(b.device)
         return out
 
@@ -370,28 +419,35 @@ class Plexus3DGCN(nn.Module):
 
         A sparse h (layer 0 of CSR-stored features) is read already gathered over c,
         [N/Ga, d_in/Gb]: a constant input needs no all-gather, and H·W runs as an SpMM in the
-        gemm_first order (Â·H would be a sparse-sparse product)."""
+        gemm_first order (Â·H would be a sparse-sparse product). With K operators the K
+        products H·W_k (gemm_first) or aggregates Op_k·H (aggregate_first) are stacked by
+        rows, as the layer's stacked block expects."""
         lay = self.layouts[l]
         a, b, c = lay.roles
-        if isinstance(h, CSRGraph):
-            if lay.order != "gemm_first":
+        ws = [w for _, w in self._operator_weights(l)]
+        if isinstance(h, CSRGraph) or lay.order == "gemm_first":
+            if isinstance(h, CSRGraph) and lay.order != "gemm_first":
                 raise ValueError("sparse input features need layer 0 in the gemm_first order")
-            w = all_gather(all_gather(self.weights[l], self.comms[c], dim=0), self.comms[a],
-                           dim=1)
-            t = reduce_scatter(gcn_spmm(h, w), self.comms[b], dim=1)
+            # W [d_in/Gb, d_out] whole on every rank of the ac plane; T = H·W partial over b
+            wg = [all_gather(all_gather(w, self.comms[c], dim=0), self.comms[a], dim=1)
+                  for w in ws]
+            if isinstance(h, CSRGraph):
+                prods = [gcn_spmm(h, w) for w in wg]
+            else:
+                hg = all_gather(h, self.comms[c], dim=1)
+                prods = [_TunedMM.apply(hg, w, self.mm) for w in wg]
+            t = reduce_scatter(prods[0] if len(prods) == 1 else torch.cat(prods),
+                               self.comms[b], dim=1)
             y = _AggregateReduceScatter.apply(t, self.adj[l], self.comms[a])
             return y + replicated(self.biases[l], self.comms[c]).to(y.dtype)
         hg = all_gather(h, self.comms[c], dim=1)
-        if lay.order == "gemm_first":
-            # W [d_in/Gb, d_out] whole on every rank of the ac plane; T = H·W partial over b
-            w = all_gather(all_gather(self.weights[l], self.comms[c], dim=0), self.comms[a],
-                           dim=1)
-            t = reduce_scatter(_TunedMM.apply(hg, w, self.mm), self.comms[b], dim=1)
-            y = _AggregateReduceScatter.apply(t, self.adj[l], self.comms[a])
-            return y + replicated(self.biases[l], self.comms[c]).to(y.dtype)
         z = _AggregateAllReduce.apply(hg, self.adj[l], self.comms[a])
-        w = all_gather(self.weights[l], self.comms[c], dim=0)
-        p = _TunedMM.apply(z, w, self.mm)
+        r = lay.rows_pad
+        p = None
+        for k, w in enumerate(ws):
+            pk = _TunedMM.apply(z[k * r:(k + 1) * r] if len(ws) > 1 else z,
+                                all_gather(w, self.comms[c], dim=0), self.mm)
+            p = pk if p is None else p + pk
         y = reduce_scatter(p, self.comms[b], dim=1)
         return y + replicated(self.biases[l], self.comms[c]).to(y.dtype)
 
@@ -422,11 +478,12 @@ class PlexusInputs:
     :class:`~plexgt.data.loader.PlexusArrays`.
 
     x [ceil(N/Gx), d_0/(Gy·Gz)] (Q order); per layer the normalised Â block (scipy, cut into
-    row blocks by :class:`BlockedAdjacency`); labels and split masks of the last layer's
-    output rows [ceil(N/Gc_L)] in its output order.
+    row blocks by :class:`BlockedAdjacency`), or with several operators a tuple of their
+    blocks; labels and split masks of the last layer's output rows [ceil(N/Gc_L)] in its
+    output order.
     """
 
-    adj: list[sp.csr_matrix]
+    adj: list[Any]
     x: Features
     """Dense, or (CSR-stored features) a weighted CSRGraph already gathered over layer 0's
     role c: [ceil(N/Ga), d_0/Gb]."""
@@ -441,8 +498,18 @@ class PlexusInputs:
     """Per layer [ceil(N/Ga)]: original node id of each input row (the dropout key)."""
 
     @classmethod
-    def from_arrays(cls, arrays: PlexusArrays, dtype: torch.dtype) -> PlexusInputs:
-        adj = [gcn_block_values(a, dr, dc) for a, dr, dc in arrays.blocks]
+    def from_arrays(cls, arrays: PlexusArrays, dtype: torch.dtype,
+                    operators: Sequence[str] = ("gcn",),
+                    out_ids: Sequence[np.ndarray] | None = None) -> PlexusInputs:
+        """``operators``: each layer's graph operators (:mod:`plexgt.parallel.operators`),
+        one block each (a tuple of them where there are several); ``out_ids``: per layer the
+        original ids of its output rows, which the identity ('self') reads (the input rows'
+        are ``arrays.node_ids``)."""
+        outs = list(out_ids) if out_ids is not None else [None] * len(arrays.blocks)
+        adj: list[Any] = []
+        for (a, dr, dc), oid, iid in zip(arrays.blocks, outs, arrays.node_ids or outs):
+            ops = tuple(operator_block(op, a, dr, dc, oid, iid) for op in operators)
+            adj.append(ops[0] if len(ops) == 1 else ops)
         t = arrays.targets
         x = arrays.features
         xt = (sparse_features(x, dtype=dtype) if sp.issparse(x)

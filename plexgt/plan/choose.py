@@ -23,6 +23,7 @@ from plexgt.config import TrainConfig
 from plexgt.distributed.grid import Grid3D, check_world_size, parse_grid
 from plexgt.errors import ConfigError
 from plexgt.models.gcn import layer_widths
+from plexgt.models.registry import default_registry as model_registry
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionStrategy, StrategyRegistry
 from plexgt.plan.agp import Estimate, SystemModel, Workload, gcn_grid_for
@@ -92,7 +93,8 @@ class ModelShape:
         """The planners' view of a run's configuration: the one place the config's model and
         layout keys become a shape (``plexgt train`` and ``plexgt plan`` both come here)."""
         m, par = cfg.model, cfg.parallel
-        return cls(m.name, m.hidden, m.layers, m.heads, m.ffn_mult, cfg.esize,
+        name = model_registry().get(m.name).planned_as  # gcn prices every 3D-grid model
+        return cls(name, m.hidden, m.layers, m.heads, m.ffn_mult, cfg.esize,
                    par.gcn_order, par.block_rows or None, par.ring_chunks, m.super_nodes,
                    m.node_embedding > 0, par.attention_block_rows, par.axis_order)
 

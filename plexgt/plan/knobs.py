@@ -16,6 +16,8 @@ from typing import Any
 from plexgt.config import TrainConfig, read_config
 from plexgt.distributed.grid import parse_grid
 from plexgt.errors import ConfigError, GridError
+from plexgt.models.registry import default_registry as model_registry
+from plexgt.models.spec import ModelRegistry
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import StrategyRegistry
 from plexgt.plan.profile import read_profile
@@ -26,12 +28,30 @@ def strategy_choices(registry: StrategyRegistry | None = None) -> tuple[str, ...
     return ("auto", *(registry or default_registry()).names())
 
 
-def check_config(cfg: TrainConfig, registry: StrategyRegistry | None = None) -> None:
-    """ConfigError naming the key when the layout keys name what does not exist: a strategy
-    the registry lacks, a head axis the strategy has not, a grid that does not parse, a
-    profile that does not read."""
+def check_config(cfg: TrainConfig, registry: StrategyRegistry | None = None,
+                 models: ModelRegistry | None = None) -> None:
+    """ConfigError naming the key when the config names what does not exist or does not
+    apply: a model the model registry lacks, attention keys on a model without attention, a
+    strategy the registry lacks, a head axis the strategy has not, a grid that does not
+    parse, a profile that does not read."""
     reg = registry or default_registry()
-    par = cfg.parallel
+    models = models or model_registry()
+    par, m = cfg.parallel, cfg.model
+    names = models.names()
+    if m.name not in names:
+        raise ConfigError(f"config key 'model.name': {m.name!r} is not one of "
+                          f"{', '.join(names)}")
+    attention = models.get(m.name).attention
+    if attention and m.hidden % m.heads:
+        raise ConfigError(f"config key 'model.hidden': {m.hidden} is not divisible by "
+                          f"model.heads={m.heads}")
+    if m.super_nodes < 0 or (m.super_nodes and not attention):
+        with_attention = ", ".join(s.name for s in models if s.attention)
+        raise ConfigError(f"config key 'model.super_nodes': {m.super_nodes} must be >= 0, "
+                          f"and 0 for {m.name} (super nodes join attention: {with_attention})")
+    if par.head_parallel > 1 and not attention:
+        raise ConfigError(f"config key 'parallel.head_parallel': {par.head_parallel} would be "
+                          f"ignored: {m.name} has no attention")
     allowed = strategy_choices(reg)
     if par.strategy not in allowed:
         raise ConfigError(f"config key 'parallel.strategy': {par.strategy!r} is not one of "

@@ -1,4 +1,5 @@
-"""gcn for ``plexgt train``: 3D tensor parallelism (Plexus) on a Gx x Gy x Gz grid.
+"""gcn, and every grid3d model (:mod:`plexgt.models.spec`), for ``plexgt train``: 3D tensor
+parallelism (Plexus) on a Gx x Gy x Gz grid.
 
 The grid, layer order and aggregation blocks are the configured ones, or, where left open
 (``parallel.grid = "auto"``, ``gcn_order = "auto"``, ``block_rows = 0``), the plan's
@@ -6,7 +7,9 @@ fastest on the job's ranks that fits the memory per rank (:func:`plexgt.tasks.ta
 run_plan`, :func:`plexgt.plan.choose.choose`). Each rank reads
 exactly its blocks (:func:`plexgt.data.loader.read_plexus_arrays`, driven by its layer
 layouts); parameters are sharded as the layouts say, initialised from the single-process
-:class:`~plexgt.models.gcn.GCN` of the same seed so every grid starts from the same model.
+reference (:class:`~plexgt.models.gcn.GCN`, or the model's) of the same seed so every grid
+starts from the same model. A model's graph operators are each rank's blocks of them, derived
+at load from the same pattern and degrees (:mod:`plexgt.parallel.operators`).
 """
 
 from __future__ import annotations
@@ -16,14 +19,14 @@ from collections.abc import Sequence
 import torch
 
 from plexgt.config import TrainConfig
-from plexgt.data.loader import PreparedGraph, check_grid, read_plexus_arrays
+from plexgt.data.loader import PreparedGraph, check_grid, read_node_ids, read_plexus_arrays
 from plexgt.distributed.bootstrap import DistContext
 from plexgt.distributed.collectives import CommLedger
 from plexgt.distributed.grid import build_groups
 from plexgt.distributed.layout3d import LayerLayout, layer_layouts
 from plexgt.errors import ConfigError
-from plexgt.models.gcn import GCN
 from plexgt.models.node_embedding import NodeEmbedding
+from plexgt.models.spec import parameter_lists
 from plexgt.parallel.attention.strategy import StrategyRegistry
 from plexgt.parallel.node_embedding import WithNodeEmbedding
 from plexgt.parallel.plexus3d import Plexus3DGCN, PlexusInputs, plexus_comms
@@ -43,21 +46,32 @@ from plexgt.tasks.task import (
     dataset_identity,
     dataset_name,
     graph_sizes,
+    model_spec,
     node_order,
     run_plan,
     task_metric,
 )
 
 
-def read_plexus_inputs(pg: PreparedGraph, layouts: Sequence[LayerLayout], dtype: torch.dtype
-                       ) -> PlexusInputs:
-    """This rank's blocks for ``layouts`` (one per layer), as tensors of ``dtype``."""
-    return PlexusInputs.from_arrays(read_plexus_arrays(pg, layouts), dtype)
+def read_plexus_inputs(pg: PreparedGraph, layouts: Sequence[LayerLayout], dtype: torch.dtype,
+                       operators: Sequence[str] = ("gcn",)) -> PlexusInputs:
+    """This rank's blocks for ``layouts`` (one per layer), as tensors of ``dtype``, with each
+    layer's block of every operator; the identity also reads the node ids of each layer's
+    output rows (N/Gc int64 a layer)."""
+    before = pg.bytes_read
+    arrays = read_plexus_arrays(pg, layouts)
+    out_ids = ([read_node_ids(pg, lay.out_order, lay.rows, lay.rows_pad) for lay in layouts]
+               if "self" in operators else None)
+    data = PlexusInputs.from_arrays(arrays, dtype, operators, out_ids)
+    data.bytes_read = pg.bytes_read - before
+    return data
 
 
 def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: CommLedger,
                    registry: StrategyRegistry | None = None) -> Task:
-    """A :class:`Task` for ``model.name = "gcn"`` (``registry`` unused: no attention)."""
+    """A :class:`Task` for a grid3d model (``model.name = "gcn"``, or another registered one
+    of graph operators; ``registry`` unused: no attention)."""
+    spec = model_spec(cfg)
     if pg.C < 1:
         raise ConfigError(f"{pg.path}: the prepared graph has no labels to train on")
     check_inputs(cfg, pg)
@@ -73,17 +87,18 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
                          first_order="gemm_first" if pg.sparse_features else None)
     groups = build_groups(grid, ctx.rank, ctx.world_size, ctx.timeout)
     comms = plexus_comms(groups, ledger, lays[-1])
-    data = read_plexus_inputs(pg, lays, dt)
+    data = read_plexus_inputs(pg, lays, dt, spec.operators)
     model = Plexus3DGCN(lays, comms, data.adj, dropout=cfg.model.dropout,
                         input_dropout=cfg.model.input_dropout,
                         block_rows=rp.block_rows, dtype=dt,
                         # the tuned GEMM form is chosen by timing, which load can flip between
                         # a run and its resume: deterministic runs keep the plain product
                         tune_gemm=not cfg.deterministic,
-                        seed=cfg.seed, node_ids=data.node_ids)
+                        seed=cfg.seed, node_ids=data.node_ids,
+                        names=parameter_lists(spec.operators))
     torch.manual_seed(cfg.seed)
-    ref = GCN(pg.F + emb, cfg.model.hidden, pg.C, num_layers=cfg.model.layers)
-    model.load_full([(lin.weight, lin.bias) for lin in ref.layers])
+    ref = spec.reference(pg.F + emb, cfg.model.hidden, pg.C, num_layers=cfg.model.layers)
+    model.load_reference(ref.state_dict())
     if emb:
         model = WithNodeEmbedding(model, input_embedding(pg, lays[0], data.node_ids[0], emb,
                                                          cfg.seed, dt))

@@ -21,6 +21,8 @@ from plexgt.config import TrainConfig
 from plexgt.data.loader import PreparedGraph
 from plexgt.distributed.collectives import CommLedger
 from plexgt.errors import ConfigError
+from plexgt.models.registry import default_registry
+from plexgt.models.spec import ModelSpec
 from plexgt.ops.attention import sampled_addmm_available
 from plexgt.parallel.attention.strategy import StrategyRegistry
 from plexgt.plan.agp import SystemModel
@@ -130,6 +132,14 @@ def dataset_identity(pg: PreparedGraph) -> str:
 def dataset_name(pg: PreparedGraph) -> str:
     """The prepared directory and the dataset's name, for messages."""
     return f"{pg.path} ({pg.manifest.get('name', '?')})"
+
+
+def model_spec(cfg: TrainConfig) -> ModelSpec:
+    """The configured model's registry entry."""
+    try:
+        return default_registry().get(cfg.model.name)
+    except KeyError as e:
+        raise ConfigError(f"config key 'model.name': {e.args[0]}") from None
 
 
 def memory_limit(cfg: TrainConfig, device: torch.device | None = None) -> int | None:

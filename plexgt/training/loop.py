@@ -44,13 +44,19 @@ from plexgt.util.progress import Progress
 
 
 def lr_at(cfg: TrainConfig, epoch: int) -> float:
-    """Linear warm-up from lr/10 over warmup_epochs, then cosine decay to min_lr."""
+    """The learning rate of ``epoch`` (0-based), never above optim.lr. 'constant': lr.
+    'cosine': linear warm-up from lr/10 over warmup_epochs, then cosine decay to min_lr, or
+    to lr where min_lr is above it (a cosine from lr up to min_lr would raise the rate: an
+    lr of 3e-5 climbed to the default min_lr 1e-4)."""
     o = cfg.optim
+    if o.schedule == "constant":
+        return o.lr
     if epoch < o.warmup_epochs:
         return o.lr * (0.1 + 0.9 * epoch / max(1, o.warmup_epochs))
+    low = min(o.min_lr, o.lr)
     span = max(1, cfg.epochs - o.warmup_epochs - 1)
     t = min(1.0, (epoch - o.warmup_epochs) / span)
-    return o.min_lr + 0.5 * (o.lr - o.min_lr) * (1 + math.cos(math.pi * t))
+    return low + 0.5 * (o.lr - low) * (1 + math.cos(math.pi * t))
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -272,8 +278,10 @@ def epoch_row(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.O
     ranks) and the updated best-so-far."""
     comm_s = task.ledger.seconds
     sent = task.ledger.total(kind="sent")
+    # 'metric': the key suffix the best epoch is chosen on (plexgt report reads it: a binary
+    # run's rows hold its accuracy too)
     row: dict[str, Any] = {"epoch": epoch + 1, "loss": loss.item(),
-                           "lr": opt.param_groups[0]["lr"]}
+                           "lr": opt.param_groups[0]["lr"], "metric": task.metric}
     if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
         task.model.eval()
         with torch.no_grad(), autocast(task, ctx.device):
@@ -422,10 +430,13 @@ def _epochs(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opt
             out.write(row)
             last = epoch + 1
             signum, stop_now = stop_requested(stop, cfg, epoch, ctx.device)
+            # a stop asked for at the last epoch ends a finished run: no STOPPED (the job
+            # script would requeue it) and no 'continue with --resume' (nothing is left)
+            final = epoch + 1 == cfg.epochs
             due = cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0
-            if stop_now or due or epoch + 1 == cfg.epochs:
+            if stop_now or due or final:
                 save(cfg, ctx, task, opt, epoch + 1, best, state.run)
-            if stop_now:
+            if stop_now and not final:
                 if root is not None:
                     agreed(lambda e=epoch + 1: _mark_stopped(root, e) if rank0 else None,
                            ctx.device)
@@ -435,10 +446,10 @@ def _epochs(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opt
                            "with --resume" if root is not None else
                            "no checkpoint written (no --checkpoint-dir): a new run starts "
                            "from epoch 0"))
-                return _summary(_why(signum), last, best, task.metric)
+                return _summary(_why(signum), state.start, last, best, task.metric, root)
     finally:
         out.close()
-    return _summary("", last, best, task.metric)
+    return _summary("", state.start, last, best, task.metric, root)
 
 
 def _new_run_id() -> str:
@@ -488,7 +499,14 @@ def _mark_stopped(root: Path, epoch: int) -> None:
     ownfiles.replace_own(root / ckpt.STOPPED, f"{epoch}\n", STOPPED_TEXT.fullmatch)
 
 
-def _summary(stopped: str, last: int, best: dict[str, Any], metric: str) -> dict[str, Any]:
-    """``stopped``: why the run stopped early ('signal 10', 'stop_after'), '' if it ran out."""
-    return {"stopped": stopped, "last_epoch": last, "best_epoch": best["epoch"],
-            "metric": metric, "best_valid": best["valid"], "test_at_best": best["test"]}
+def _summary(stopped: str, start: int, last: int, best: dict[str, Any], metric: str,
+             root: Path | None) -> dict[str, Any]:
+    """What the run did, for its last line. ``stopped``: why it stopped early ('signal 10',
+    'stop_after'), '' if it ran out; ``start``: the epoch it resumed at (0: a fresh run);
+    ``checkpoint``: the one its end wrote ('' when none: no directory, or nothing trained);
+    ``best_epoch`` -1 while no epoch has been evaluated."""
+    wrote = root is not None and last > start
+    return {"stopped": stopped, "start_epoch": start, "last_epoch": last,
+            "best_epoch": best["epoch"], "metric": metric, "best_valid": best["valid"],
+            "test_at_best": best["test"],
+            "checkpoint": str(ckpt.epoch_dir(root, last)) if wrote and root else ""}

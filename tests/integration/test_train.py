@@ -73,6 +73,8 @@ def _one_rank_curve(data: Path, tmp_path: Path, n: int, common: list[str], layou
 @pytest.mark.parametrize("model,n,layout", [
     ("gcn", 4, ["--grid", "2x2x1"]),
     ("gt", 3, ["--strategy", "gp_a2a", "--model.heads=2"]),
+    ("sage", 3, ["--grid", "1x3x1"]),
+    ("mlp", 2, ["--grid", "1x1x2"]),
 ])
 def test_dropout_on_the_curve_of_any_layout_is_the_single_process_curve(data, tmp_path, model,
                                                                          n, layout):
@@ -82,7 +84,8 @@ def test_dropout_on_the_curve_of_any_layout_is_the_single_process_curve(data, tm
     heads = [a for a in layout if a.startswith("--model.heads")]
     common = ["--model", model, "--epochs", "20", "--dtype=float64", *heads]
     _, many, r = _one_rank_curve(data, tmp_path, n, common, layout)
-    _assert_metrics_and_final_line(many, r, 20, "2x2x1" if model == "gcn" else f"rows{n}")
+    _assert_metrics_and_final_line(many, r, 20, layout[1] if layout[0] == "--grid" else
+                                   f"rows{n}")
 
 
 def _assert_metrics_and_final_line(metrics: Path, r: subprocess.CompletedProcess, epochs: int,
@@ -126,11 +129,44 @@ def test_multilabel_tasks_train_the_one_rank_curve(multilabel_data, tmp_path, mo
     one, many, r = _one_rank_curve(multilabel_data, tmp_path, n, common, layout)
     rows = [json.loads(l) for l in many.read_text().splitlines()]
     assert "valid_rocauc" in rows[-1] and "valid_acc" not in rows[-1]
+    assert {row["metric"] for row in rows} == {"rocauc"}
     assert rows[-1]["valid_rocauc"] > 0.6  # the tasks are the classes' bits: learnable
     ones = [json.loads(l) for l in one.read_text().splitlines()]
     for x, y in zip(rows, ones):
         assert x["valid_rocauc"] == pytest.approx(y["valid_rocauc"], rel=1e-6)
     assert "valid_rocauc=" in r.stdout.strip().splitlines()[-1]
+
+
+def test_report_of_a_binary_run_shows_its_roc_auc(tmp_path):
+    """A binary run selects its best epoch on ROC-AUC and writes accuracy beside it; each row
+    records the selection metric, and plexgt report (evaluated every 2 epochs: half the rows
+    have no metric) reports and plots that, where it reported accuracy."""
+    from plexgt.data.shard import PrepOptions, prepare
+    from plexgt.data.source import MemorySource
+    from plexgt.data.synthetic import sbm
+
+    data = tmp_path / "binary"
+    g = sbm(num_nodes=300, num_edges=3000, num_classes=2, num_features=8, seed=4)
+    prepare(MemorySource(g), PrepOptions(out=data, tiles=2, progress=False))
+    m, png = tmp_path / "m.jsonl", tmp_path / "r.png"
+    r = run_job([sys.executable, "-m", "plexgt", "train", "--data", str(data), "--model",
+                 "gcn", "--model.hidden=8", "--epochs", "5", "--eval_every=2", "--metrics",
+                 str(m)])
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(l) for l in m.read_text().splitlines()]
+    assert {row["metric"] for row in rows} == {"rocauc"}
+    assert [row["epoch"] for row in rows if "valid_rocauc" in row] == [2, 4, 5]
+    assert "valid_rocauc=" in r.stdout.strip().splitlines()[-1]
+    rep = run_job([sys.executable, "-m", "plexgt", "report", str(m)]
+                  + (["--out", str(png)] if _has_matplotlib() else []))
+    assert rep.returncode == 0, rep.stderr
+    assert "best valid_rocauc " in rep.stdout and "valid_acc" not in rep.stdout
+
+
+def _has_matplotlib() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("matplotlib") is not None
 
 
 def test_featureless_graph_trains_a_node_embedding_on_the_one_rank_curve(tmp_path):
@@ -289,6 +325,7 @@ EMBED = "--model.node_embedding=6"
 
 @pytest.mark.parametrize("model,first,then,extra", [
     ("gcn", (4, ["--grid", "1x2x2"]), (3, ["--grid", "3x1x1"]), [EMBED]),
+    ("sage", (4, ["--grid", "2x1x2"]), (3, ["--grid", "1x3x1"]), [EMBED]),
     ("gt", (3, ["--strategy", "gp_a2a"]), (2, ["--strategy", "gp_ag"]), [EMBED]),
 ])
 def test_resume_on_another_layout_continues_the_curve(data, tmp_path, model, first, then,
@@ -297,8 +334,8 @@ def test_resume_on_another_layout_continues_the_curve(data, tmp_path, model, fir
     and resumed by 2 with GP-AG (gt): the loss curve continues the uninterrupted one (float64,
     dropout on, the checkpoint's weights are canonical). Both carry a node embedding, whose
     table is sharded in the checkpoint (rows, and on 1x2x2 columns, per rank) and resharded on
-    resume. perf/bench_resume.py runs 8 -> 4 ranks,
-    2x2x2 -> 4x1x1."""
+    resume. sage (2x1x2 -> 1x3x1) checkpoints the shards of both its weights per layer.
+    perf/bench_resume.py runs 8 -> 4 ranks, 2x2x2 -> 4x1x1."""
     ck, m, ref = tmp_path / "ck", tmp_path / "m.jsonl", tmp_path / "ref.jsonl"
     common = ["--model", model, "--model.heads=2", "--epochs", "8", "--dtype=float64", *extra]
     r = _train(data, 1, *common, "--metrics", str(ref))
@@ -389,6 +426,43 @@ def test_a_stopped_run_says_what_it_wrote(data, tmp_path):
     assert (f"plexgt train: stopped by stop_after after epoch 2; checkpoint {ck}/epoch_000002 "
             "written; continue with --resume") in r.stderr.splitlines()
     assert (ck / "epoch_000002" / "COMPLETE").exists()
+
+
+def test_a_stop_at_the_last_epoch_ends_a_finished_run(data, tmp_path):
+    """stop_after (or a signal) at the last epoch: the run is finished, so no STOPPED for
+    the job script to requeue on and no 'continue with --resume'; the last line names the
+    checkpoint the end wrote. Before, it said 'stopped by stop_after ... continue with
+    --resume' and left STOPPED (a requeue that trained nothing)."""
+    ck = tmp_path / "ck"
+    r = run_job([sys.executable, "-m", "plexgt", "train", "--data", str(data), "--model",
+                 "gcn", "--model.hidden=16", "--epochs", "2", "--stop-after", "2",
+                 "--checkpoint-dir", str(ck)])
+    assert r.returncode == 0, r.stderr
+    assert "continue with --resume" not in r.stderr and not (ck / "STOPPED").exists()
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("plexgt train: finished after epoch 2; best validation epoch ")
+    assert last.endswith(f"; checkpoint {ck}/epoch_000002 written")
+
+
+def test_sigterm_without_a_checkpoint_dir_says_nothing_was_written(data, tmp_path):
+    """SIGTERM (the path SIGUSR1 and stop_after share) on a run without --checkpoint-dir:
+    the stop line says no checkpoint was written and the last line names none."""
+    m = tmp_path / "m.jsonl"
+    cmd = [sys.executable, "-m", "plexgt", "train", "--data", str(data), "--model", "gcn",
+           "--model.hidden=16", "--epochs", "100000", "--metrics", str(m), "--eval_every=7"]
+    with _job(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (m.exists() and len(m.read_text().splitlines()) > 2):
+            time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    stopped = [l for l in err.splitlines() if l.startswith("plexgt train: stopped by signal")]
+    assert len(stopped) == 1 and stopped[0].endswith(
+        "; no checkpoint written (no --checkpoint-dir): a new run starts from epoch 0")
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("plexgt train: stopped by signal 15 after epoch ")
+    assert "written" not in last
 
 
 def test_sigusr1_checkpoints_and_stops_then_resume_finishes(data, tmp_path):

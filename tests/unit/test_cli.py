@@ -231,3 +231,57 @@ def test_mpi_starts_before_torch_is_imported(tmp_path, command):
                                                         "2", "--grid", "2x1x1")])
 def test_help_and_dry_runs_start_no_mpi(args):
     assert _import_order(*args)["torch_at_mpi_start"] is None
+
+
+def _leaves(cls, prefix=""):
+    """(dotted key, default) of every leaf field of a config dataclass, walked here."""
+    import dataclasses
+
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.default_factory is not dataclasses.MISSING:
+            out += _leaves(type(f.default_factory()), f"{prefix}{f.name}.")
+        else:
+            out.append((prefix + f.name, f.default))
+    return out
+
+
+def test_train_help_lists_every_config_key_with_its_default_and_docstring(capsys):
+    """``plexgt train --help`` said "see plexgt/config.py"; it now lists every key of the
+    dataclasses, its default as TOML writes it, and its docstring's first sentence on one
+    line (every key has one: the project's rule for config fields)."""
+    from plexgt.config import TrainConfig, describe_keys
+
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    listed = re.findall(r"^  (\S+) = (.*)\n      (.*)$", text, re.M)
+    want = _leaves(TrainConfig)
+    assert [k for k, _, _ in listed] == [k for k, _ in want] and len(want) > 35
+    for (key, default, doc), (_, value), kd in zip(listed, want, describe_keys()):
+        assert json.loads(default) == value, key
+        assert doc and doc == kd.summary(94) and len(doc) <= 94, key
+        assert doc.rstrip(" …") in " ".join(kd.doc.replace("``", "").split()), key
+    assert "  optim.schedule = \"cosine\"\n      'cosine' (warm-up to lr" in text
+    assert "  model.hidden = 128\n      Hidden width d.\n" in text
+
+
+def test_field_docstrings_are_read_from_any_dataclass():
+    """The list is generated: a new field appears with its docstring, with no list to edit."""
+    import dataclasses
+
+    from plexgt.config import KeyDoc, field_docs
+
+    @dataclasses.dataclass(frozen=True)
+    class Toy:
+        width: int = 3
+        """How wide: a number of columns; 0 = the plan's choice, which it takes from the
+        graph."""
+        plain: str = "x"
+
+    assert field_docs(Toy) == {"width": "How wide: a number of columns; 0 = the plan's "
+                                        "choice, which it takes from the\ngraph."}
+    doc = KeyDoc("width", 3, field_docs(Toy)["width"])
+    assert doc.summary() == ("How wide: a number of columns; 0 = the plan's choice, which it "
+                             "takes from the graph.")
+    assert doc.summary(40) == "How wide: a number of columns …"

@@ -25,7 +25,8 @@ def test_precedence_and_types(tmp_path):
 @pytest.mark.parametrize("overrides,message", [
     (["--model.hiden=3"], "unknown config key 'model.hiden'"),
     (["--epochs=abc"], "config key 'epochs': 'abc' is not a int"),
-    (["--model.name=foo"], "config key 'model.name': 'foo' is not one of gcn, gt, gps"),
+    (["--model.name=foo"], "config key 'model.name': 'foo' is not one of gcn, gt, gps, mlp, "
+                             "sage"),
     (["--parallel.grid=2x2"], "config key 'parallel.grid'"),
     (["--resume=true"], "config key 'resume' needs 'checkpoint_dir'"),
     (["--model.name=gt", "--model.hidden=10", "--model.heads=4"], "not divisible"),

@@ -123,3 +123,76 @@ def test_a_run_without_metrics_plots_without_a_warning(tmp_path, capsys):
         warnings.simplefilter("always")
         assert main(["report", str(m), "--out", str(tmp_path / "r.png")]) == 0
     assert [str(w.message) for w in caught] == [] and capsys.readouterr().err == ""
+
+
+def _binary(path, eval_every=1, metric_key=True, epochs=6):
+    """A binary run's rows: accuracy and ROC-AUC both, their best epochs different (accuracy
+    peaks at 2, ROC-AUC at 5), evaluated every ``eval_every`` epochs and at the last."""
+    acc = [0.6, 0.9, 0.7, 0.7, 0.8, 0.75]
+    auc = [0.55, 0.6, 0.7, 0.8, 0.95, float("nan")]
+    rows = []
+    for e in range(1, epochs + 1):
+        r = {"epoch": e, "loss": 1.0 / e, "lr": 0.01, "time_epoch": 1.0}
+        if metric_key:
+            r["metric"] = "rocauc"
+        if e % eval_every == 0 or e == epochs:
+            for s, shift in (("train", 0.01), ("valid", 0.0), ("test", -0.02)):
+                r[f"{s}_acc"] = acc[e - 1] + shift
+                r[f"{s}_rocauc"] = auc[e - 1] + shift
+        rows.append(r)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.mark.parametrize("metric_key", [True, False], ids=["metric-recorded", "older-file"])
+def test_a_binary_run_is_reported_on_its_roc_auc(tmp_path, capsys, metric_key):
+    """train chose a binary run's best epoch on ROC-AUC, and report chose (and plotted)
+    accuracy, the first valid_ key of the row: best epoch 2 instead of 5. A NaN ROC-AUC
+    (epoch 6) never wins. Older files, without 'metric', are read the same way."""
+    m = _binary(tmp_path / "m.jsonl", metric_key=metric_key)
+    assert main(["report", str(m)]) == 0
+    out = capsys.readouterr().out
+    assert "best valid_rocauc 0.9500 at epoch 5 (test_rocauc 0.9300)" in out
+    assert "valid_acc" not in out
+
+
+def test_the_metric_panel_plots_the_selection_metric_on_the_evaluated_epochs(tmp_path):
+    """eval_every 2: epochs 1, 3, 5 have no metric. The panel looked for the metric in the
+    first row only and stayed empty; it now draws each split at epochs 2, 4, 6."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from plexgt.commands.report import figure, read_metrics, summary
+
+    rows = read_metrics(_binary(tmp_path / "m.jsonl", eval_every=2))
+    fig = figure(rows)
+    try:
+        panel = fig.axes[1]
+        assert panel.get_title() == "ROC-AUC (selection metric)"
+        lines = {l.get_label(): l for l in panel.lines if not l.get_label().startswith("_")}
+        assert sorted(lines) == ["test", "train", "valid"]
+        assert list(lines["valid"].get_xdata()) == [2, 4, 6]
+        assert list(lines["valid"].get_ydata())[:2] == [0.6, 0.8]
+    finally:
+        plt.close(fig)
+    assert "best valid_rocauc 0.8000 at epoch 4" in "\n".join(summary(rows))
+    # a run evaluated once (eval_every past its epochs: the last epoch only) is one marked
+    # point, not an invisible one-point line
+    rows = read_metrics(_binary(tmp_path / "one.jsonl", eval_every=100))
+    fig = figure(rows)
+    try:
+        (valid,) = [l for l in fig.axes[1].lines if l.get_label() == "valid"]
+        assert list(valid.get_xdata()) == [6] and valid.get_marker() == "."
+    finally:
+        plt.close(fig)
+
+
+def test_an_accuracy_run_keeps_accuracy_and_a_bad_metric_name_is_one_line(tmp_path, capsys):
+    m = _metrics(tmp_path / "m.jsonl")
+    assert main(["report", str(m)]) == 0
+    assert "best valid_acc 0.9000 at epoch 3" in capsys.readouterr().out
+    rows = [json.loads(line) for line in m.read_text().splitlines()]
+    rows[1]["metric"] = 3
+    m.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["report", str(m)]) == 2
+    assert f"{m}: line 2: 'metric' is 3, not a metric's name" in _one_line(capsys)

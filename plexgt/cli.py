@@ -25,9 +25,10 @@ from plexgt.distributed.launch import (
 from plexgt.errors import PeerFailed, PlexgtError
 
 #: the subcommands (modules under plexgt.commands) in the order of the workflow: shard a
-#: graph and check it, measure the machine and plan for it, train, read the run; info last,
-#: a check of the launch and the process grid
-COMMANDS: tuple[str, ...] = ("prep", "verify", "profile", "plan", "train", "report", "info")
+#: graph and check it, measure the machine and plan for it, train, predict and evaluate from
+#: its checkpoints, read the run; info last, a check of the launch and the process grid
+COMMANDS: tuple[str, ...] = ("prep", "verify", "profile", "plan", "train", "predict",
+                             "evaluate", "report", "info")
 
 #: ``plexgt --help``'s epilog: the README's quick start, the same four commands
 QUICK_START = """\

@@ -30,14 +30,15 @@ from plexgt.errors import PeerFailed, PlexgtError
 COMMANDS: tuple[str, ...] = ("prep", "verify", "profile", "plan", "train", "predict",
                              "evaluate", "report", "info")
 
-#: ``plexgt --help``'s epilog: the README's quick start, the same four commands
+#: ``plexgt --help``'s epilog: the README's quick start, the same five commands
 QUICK_START = """\
 quick start (README.md; docs/ has the rest):
   plexgt prep --format sbm --nodes 10000 --edges 200000 --out out/graph
   plexgt plan --model gcn --data out/graph --world-size 2
   mpiexec -n 2 plexgt train --data out/graph --model gcn --grid auto --epochs 20 \\
-      --metrics out/metrics.jsonl
-  plexgt report out/metrics.jsonl --out out/report.png"""
+      --metrics out/metrics.jsonl --checkpoint-dir out/ckpt
+  plexgt report out/metrics.jsonl --out out/report.png
+  mpiexec -n 2 plexgt predict --checkpoint out/ckpt --data out/graph --out out/pred.parquet"""
 
 
 def command_help(name: str) -> str:

@@ -236,3 +236,23 @@ def test_evaluate_file_refuses_predictions_of_another_graph(prepared, tmp_path):
         "pred": np.zeros(50, dtype=np.int64), "logits": np.zeros((50, 3), np.float32)}))
     with pytest.raises(DataError, match=r"n\.h5: 50 rows, but .* has N=200 nodes"):
         evaluate_file(tmp_path / "n.h5", data)
+
+
+def test_one_based_inputs_keep_their_ids(tmp_path):
+    """A graph prepped from 1-based ids (--one-based): the file's node ids are the input's,
+    1 … N, and a file of 0-based ids is refused as another order."""
+    g = sbm(num_nodes=50, num_edges=300, num_classes=3, num_features=4, seed=4)
+    data = tmp_path / "g"
+    prepare(MemorySource(g), PrepOptions(out=data, tiles=1, progress=False,
+                                         source_desc={"format": "edgelist",
+                                                      "one_based": True}))
+    split = np.zeros(50, dtype=np.int8)
+    for code, s in enumerate(("train", "valid", "test"), start=1):
+        split[g.splits[s]] = code
+    cols = {"split": split, "pred": g.labels, "logits": np.zeros((50, 3), np.float32)}
+    schema = Schema(50, 3, False, "float32", 0, {})
+    _write_n(tmp_path / "p.npy", schema, Block(0, {"node_id": np.arange(1, 51), **cols}))
+    assert evaluate_file(tmp_path / "p.npy", data)["test_acc"] == 1.0
+    _write_n(tmp_path / "q.npy", schema, Block(0, {"node_id": np.arange(50), **cols}))
+    with pytest.raises(DataError, match=r"row 0 holds node 0, not 1: not plexgt's node id "):
+        evaluate_file(tmp_path / "q.npy", data)

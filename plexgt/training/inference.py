@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from plexgt import __version__
-from plexgt.config import TrainConfig
+from plexgt.config import TrainConfig, read_config
 from plexgt.data.loader import PreparedGraph
 from plexgt.data.predictions import (
     Block,
@@ -120,15 +120,14 @@ def checkpoint_config(cp: Checkpoint, data: str, grid: str | None, strategy: str
     tree = cp.meta.get("config")
     if not isinstance(tree, dict):
         raise CheckpointError(f"{cp.dir / ckpt.COMPLETE}: records no configuration")
-    flags = {**_dotted(tree), "data": data, "parallel.grid": grid,
-             "parallel.strategy": strategy, "progress": False}
-    try:
-        return load_config(None, flags, overrides, registry)
+    try:  # the checkpoint's keys alone first: what they lack or break is the checkpoint's
+        read_config(None, _dotted(tree))
     except ConfigError as e:
-        if any(str(e).startswith(f"config key '{k}'") for k in ("parallel.", "data")):
-            raise
         raise CheckpointError(f"{cp.dir}: its configuration does not load in plexgt "
                               f"{__version__} ({e})") from None
+    flags = {**_dotted(tree), "data": data, "parallel.grid": grid,
+             "parallel.strategy": strategy, "progress": False}
+    return load_config(None, flags, overrides, registry)
 
 
 def check_checkpoint(cp: Checkpoint, cfg: TrainConfig, task: Task) -> None:

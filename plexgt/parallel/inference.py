@@ -57,7 +57,8 @@ def unwrap(model: nn.Module) -> nn.Module:
     inner = model.inner if isinstance(model, WithNodeEmbedding) else model
     if not isinstance(inner, Plexus3DGCN | RowParallel) or (
             isinstance(inner, RowParallel) and not isinstance(inner.model, BlockStack)):
-        raise TypeError(f"inference does not know where {type(inner).__name__}'s outputs live")
+        what = type(inner.model if isinstance(inner, RowParallel) else inner).__name__
+        raise ValueError(f"plexgt does not know where a {what}'s outputs live")
     return inner
 
 
@@ -235,7 +236,10 @@ def drop_backward(model: nn.Module) -> None:
     """Free what only a backward pass reads: the transposed Â blocks of the 3D GCN (and of
     gps's 3D GCN path), as large as the blocks themselves. An inference-only model; training
     it afterwards would fail in backward."""
-    inner = unwrap(model)
+    try:
+        inner = unwrap(model)
+    except ValueError:
+        return  # a model this module does not know: it keeps what it has
     blocked = list(inner.adj) if isinstance(inner, Plexus3DGCN) else []
     if isinstance(inner, RowParallel) and inner.graph.gcn3d is not None:
         blocked.append(inner.graph.gcn3d.adj)

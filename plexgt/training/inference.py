@@ -252,7 +252,14 @@ def write_block(writer: PredictionsWriter, block: Block, ctx: DistContext) -> No
 
 
 def resolve_embeddings(task: Task, name: str | None) -> str | None:
-    """``--embeddings``'s layer, resolved; UsageError listing the model's layers."""
+    """``--embeddings``'s layer, resolved; UsageError listing the model's layers. ConfigError
+    for a model whose outputs this plexgt cannot place (a family without an inference path
+    yet), whatever ``name``."""
+    try:
+        layer_names(task.model)
+    except ValueError as e:
+        raise ConfigError(f"{e} (layout {task.grid} {task.strategy}); predict places the "
+                          "outputs of gcn, gt and gps") from None
     if name is None:
         return None
     try:

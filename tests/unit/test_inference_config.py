@@ -7,10 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from plexgt.config import TrainConfig
 from plexgt.errors import CheckpointError, ConfigError, UsageError
-from plexgt.training.inference import checkpoint_config, find_checkpoint
+from plexgt.parallel.inference import drop_backward
+from plexgt.tasks.task import Task
+from plexgt.training.inference import checkpoint_config, find_checkpoint, resolve_embeddings
 
 
 def _complete(root: Path, epoch: int, config: dict) -> Path:
@@ -64,3 +67,15 @@ def test_this_jobs_bad_keys_are_named_as_such_and_the_checkpoints_as_its(tmp_pat
     with pytest.raises(CheckpointError, match=r"epoch_000001: its configuration does not "
                                               r"load in plexgt .*'model\.norm'"):
         checkpoint_config(cp, "data", None, None)
+
+
+def test_a_model_without_an_inference_path_is_one_line_for_predict_and_runs_for_evaluate():
+    """A family predict cannot place the outputs of (a model other branches may add) is a
+    ConfigError naming it, not a traceback; evaluate's forward (drop_backward) leaves it be."""
+    model = torch.nn.Linear(2, 2)
+    drop_backward(model)
+    task = Task(model=model, inputs=torch.zeros(1, 2), loss=None, correct=None, ledger=None,
+                grid="rows1", strategy="mlp")
+    with pytest.raises(ConfigError, match="plexgt does not know where a Linear's outputs live "
+                                          r"\(layout rows1 mlp\)"):
+        resolve_embeddings(task, None)

@@ -27,18 +27,20 @@ from plexgt.distributed.launch import (
 from plexgt.errors import PeerFailed, PlexgtError
 
 #: the subcommands (modules under plexgt.commands) in the order of the workflow: shard a
-#: graph and check it, measure the machine and plan for it, train, read the run; info last,
-#: a check of the launch and the process grid
-COMMANDS: tuple[str, ...] = ("prep", "verify", "profile", "plan", "train", "report", "info")
+#: graph and check it, measure the machine and plan for it, train, predict and evaluate from
+#: its checkpoints, read the run; info last, a check of the launch and the process grid
+COMMANDS: tuple[str, ...] = ("prep", "verify", "profile", "plan", "train", "predict",
+                             "evaluate", "report", "info")
 
-#: ``plexgt --help``'s epilog: the README's quick start, the same four commands
+#: ``plexgt --help``'s epilog: the README's quick start, the same five commands
 QUICK_START = """\
 quick start (README.md; docs/ has the rest):
   plexgt prep --format sbm --nodes 10000 --edges 200000 --out out/graph
   plexgt plan --model gcn --data out/graph --world-size 2
   mpiexec -n 2 plexgt train --data out/graph --model gcn --grid auto --epochs 20 \\
-      --metrics out/metrics.jsonl
-  plexgt report out/metrics.jsonl --out out/report.png"""
+      --metrics out/metrics.jsonl --checkpoint-dir out/ckpt
+  plexgt report out/metrics.jsonl --out out/report.png
+  mpiexec -n 2 plexgt predict --checkpoint out/ckpt --data out/graph --out out/pred.parquet"""
 
 
 def _constants(name: str) -> dict[str, Any]:

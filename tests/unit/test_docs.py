@@ -67,7 +67,8 @@ def test_no_paragraph_runs_past_eight_lines(page):
 
 
 def test_the_quick_start_is_the_one_plexgt_help_prints():
-    """The four commands of ``plexgt --help``'s epilog are the README's quick start, in order."""
+    """The commands of ``plexgt --help``'s epilog are the README's quick start, in order,
+    ending with predict."""
     readme = README.read_text()
     quick = readme.split("## Quick start", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"^```bash\n(.*?)^```", quick, re.M | re.S)
@@ -76,4 +77,4 @@ def test_the_quick_start_is_the_one_plexgt_help_prints():
     in_help = [c.strip() for c in _one_line(commands).splitlines()]
     assert in_readme == in_help
     assert [c.split()[c.split().index("plexgt") + 1] for c in in_help] == [
-        "prep", "plan", "train", "report"]
+        "prep", "plan", "train", "report", "predict"]

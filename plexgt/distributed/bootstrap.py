@@ -69,11 +69,13 @@ def _host_address() -> str:
 def choose_backend(requested: str, cuda_available: bool) -> str:
     """'auto' means nccl when GPUs are visible, gloo otherwise."""
     if requested not in BACKENDS:
-        raise ValueError(f"unknown backend {requested!r}; expected one of {', '.join(BACKENDS)}")
+        raise DeviceError(f"unknown backend {requested!r}; expected one of "
+                          f"{', '.join(BACKENDS)}")
     if requested == "auto":
         return "nccl" if cuda_available else "gloo"
     if requested == "nccl" and not cuda_available:
-        raise ValueError("backend nccl requested but no GPU is visible to this process")
+        raise DeviceError("backend nccl requested but no GPU is visible to this process "
+                          "(parallel.backend: gloo or auto on CPUs)")
     return requested
 
 

@@ -95,3 +95,18 @@ def test_ledger_times_the_stream_not_the_launch():
         torch.cuda._sleep(50_000_000)  # cycles: tens of ms on any current GPU
     torch.cuda.synchronize()
     assert ledger.settle() > 0.005
+
+
+def test_nccl_without_a_gpu_is_one_line(tmp_path):
+    """plexgt train --backend nccl on a machine with no GPU ended in a ValueError traceback
+    (exit 1); it is the one-line DeviceError, exit 2."""
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "PLEXGT_NO_MPI": "1", "CUDA_VISIBLE_DEVICES": ""}
+    r = subprocess.run([sys.executable, "-m", "plexgt", "train", "--data", str(tmp_path),
+                        "--backend", "nccl"], capture_output=True, text=True, timeout=120,
+                       env=env)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    assert "backend nccl requested but no GPU is visible" in lines[0]

@@ -43,7 +43,8 @@ def test_the_metrics_row_keeps_the_tensor_peak_and_adds_the_device_peak(monkeypa
     cfg = load_config(None, {"eval_every": 5})
     ctx = DistContext(0, 1, 0, 1, "nccl", GPU, "single")
     model = torch.nn.Linear(2, 2)
-    task = SimpleNamespace(ledger=CommLedger(), grid="rows1", strategy="s", model=model)
+    task = SimpleNamespace(ledger=CommLedger(), grid="rows1", strategy="s", model=model,
+                           metric="acc")
     opt = torch.optim.AdamW(model.parameters())
     best = {"epoch": -1, "valid": -1.0, "test": 0.0}
     row, _ = loop.epoch_row(cfg, ctx, task, opt, 0, torch.tensor(1.0), 0.1, 0.0, best)

@@ -34,7 +34,9 @@ def test_the_device_peak_counts_what_the_allocator_does_not(monkeypatch):
     assert loop.peak_memory_bytes(GPU) == 50 * GiB
     assert loop.peak_device_bytes(GPU) == 65 * GiB + 10 * GiB
     cpu = torch.device("cpu")
-    assert loop.peak_device_bytes(cpu) == loop.peak_memory_bytes(cpu) > 0
+    # on CPUs both are the process's peak resident set: read twice, it may only grow (a page)
+    first = loop.peak_device_bytes(cpu)
+    assert 0 < first <= loop.peak_memory_bytes(cpu) < first + (1 << 20)
 
 
 def test_the_metrics_row_keeps_the_tensor_peak_and_adds_the_device_peak(monkeypatch):

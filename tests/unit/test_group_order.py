@@ -117,10 +117,19 @@ def test_a_gps_run_creates_grid_then_gp_2d_groups_in_step(monkeypatch):
 
 
 def test_gp_2d_groups_of_a_sub_group_are_refused_not_left_hanging(monkeypatch):
-    """Only a sub-group's ranks call make_groups; had they split the world alone (local
-    synchronisation, the old branch), the other ranks would never have joined: refused."""
+    """Only a sub-group's ranks call make_groups; with the world bound to a device their
+    split of the world alone (local synchronisation) would leave the other ranks out of an
+    ncclCommSplit: refused. Unbound (gloo), the sub-group makes its groups among its own
+    ranks, with local synchronisation (what the multi-rank tests run p of P ranks on)."""
+    from plexgt.parallel.attention import gp_2d
+
     world = 8
-    _job(monkeypatch, world, 1)
+    calls = _job(monkeypatch, world, 1)
     sub = Comm(FakeGroup(range(4)), 4, 1, "rows", CommLedger())
+    monkeypatch.setattr(gp_2d, "world_bound_to_device", lambda: True)
     with pytest.raises(ValueError, match="every rank of the job.* 4 of the 8 ranks"):
         make_groups(sub, 2, sub.ledger)
+    assert calls == []
+    monkeypatch.setattr(gp_2d, "world_bound_to_device", lambda: False)
+    make_groups(sub, 2, sub.ledger)
+    assert calls == [((0, 1), True), ((1, 3), True)]

@@ -70,14 +70,16 @@ def make_groups(comm: Comm, a: int, ledger: CommLedger, timeout: timedelta | Non
                 ) -> dict[str, Comm]:
     """This rank's 'heads' (a consecutive ranks of ``comm``) and 'ring' (stride a) groups.
 
-    Collective over the whole job, and ``comm`` must span it: every rank creates every head
-    group and then every ring group, in the same order (p/a + a groups). With the world group
-    bound to a GPU (``device_id``, NCCL), each ``new_group`` is an ``ncclCommSplit`` of the
-    world's communicator, which every world rank must join, members or not, in the same order;
-    a rank that skipped one (as ranks outside a sub-group ``comm`` would) leaves the others
-    waiting in it for ever. So a sub-group ``comm`` is refused (ValueError) rather than
-    hanging. An axis of extent p is ``comm``'s own group, of extent 1 a trivial one: neither
-    creates a group, on every rank alike (a and p are the same everywhere).
+    When ``comm`` spans the job (a training run), collective over it: every rank creates
+    every head group and then every ring group, in the same order (p/a + a groups). With the
+    world group bound to a GPU (``device_id``, NCCL), each ``new_group`` is an
+    ``ncclCommSplit`` of the world's communicator, which every world rank must join, members
+    or not, in the same order; a rank that skipped one (as ranks outside a sub-group ``comm``
+    would) leaves the others waiting in it for ever. So there a sub-group ``comm`` is refused
+    (ValueError) rather than hanging. A world not bound to a device (gloo) creates a
+    sub-group's groups among its own ranks (local synchronisation: the others take no part),
+    which the multi-rank tests use to run p of P ranks. An axis of extent p is ``comm``'s own
+    group, of extent 1 a trivial one: neither creates a group, on every rank alike.
     """
     p = comm.size
     check_factor(p, a)
@@ -85,7 +87,8 @@ def make_groups(comm: Comm, a: int, ledger: CommLedger, timeout: timedelta | Non
     if p == 1:
         return {"heads": Comm.single("heads", ledger), "ring": Comm.single("ring", ledger)}
     world = dist.get_world_size()
-    if p != world:
+    local = p != world
+    if local and world_bound_to_device():
         raise ValueError(f"gp_2d: its groups are created by every rank of the job (each is a "
                          f"split of the world's communicator), but comm holds {p} of the "
                          f"{world} ranks")
@@ -99,10 +102,23 @@ def make_groups(comm: Comm, a: int, ledger: CommLedger, timeout: timedelta | Non
             out[name] = Comm.single(name, ledger)
         elif size == p:  # the whole group (a = 1 or b = 1): no new group to create
             out[name] = Comm(comm.group, p, comm.rank, name, ledger)
+        elif local:
+            grp = dist.new_group(all_groups[mine], use_local_synchronization=True, **kw)
+            out[name] = Comm.from_group(grp, name, ledger)
         else:
             made = [dist.new_group(ranks, **kw) for ranks in all_groups]
             out[name] = Comm.from_group(made[mine], name, ledger)
     return out
+
+
+def world_bound_to_device() -> bool:
+    """Whether the default group is bound to a device (``init_process_group(device_id=...)``,
+    as plexgt binds NCCL): every ``new_group`` is then a split of the world's communicator."""
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+    except (RuntimeError, ValueError, AttributeError):
+        return False
+    return getattr(pg, "bound_device_id", None) is not None
 
 
 def _prepare(shard: AttentionShard) -> AttentionShard:

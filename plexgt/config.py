@@ -58,6 +58,39 @@ class ModelConfig:
     node_embedding: int = 0
     """D > 0: a learnable [N, D] node embedding appended to the input features (graphs without
     features, or with weak ones), sharded with the input on every layout; 0: none."""
+    residual: str = "none"
+    """gcn: 'none', 'identity' (each GCN layer adds its input; a learned projection where the
+    input's width differs, the first layer on raw features, a last layer to the classes) or
+    'linear' (adds a learned Linear of its input: tunedGNN's ``conv(x) + lin(x)``). gt and gps
+    blocks always add their input."""
+    norm: str = "auto"
+    """'layer' (LayerNorm), 'batch' (BatchNorm, full-graph batch statistics in training,
+    running statistics in evaluation) or 'none', over the hidden dim: after every hidden GCN
+    layer (gcn) or in place of each block's LayerNorms (gt, gps). 'auto': gt/gps 'layer',
+    gcn 'none'. Exact on every layout: the statistics are all-reduced over the ranks that
+    split the dim they run over."""
+    pre_norm: bool = False
+    """Pre-norm (the norm and ReLU before each layer, the residual stream left raw; gt/gps:
+    x + f(norm(x)) and a final norm before the classifier), which trains deep stacks; false:
+    post-norm (norm after the residual sum)."""
+    jk: str = "none"
+    """Jumping knowledge: the classifier reads 'cat' (concatenation), 'max' (elementwise
+    maximum) or 'sum' of every layer's (block's) output instead of the last; gcn needs
+    ``model.head``."""
+    input_proj: bool = False
+    """gcn: a Linear F -> hidden before the first GCN layer (tunedGNN's pre_linear), so every
+    GCN layer is hidden -> hidden. gt and gps always project their input."""
+    head: bool = False
+    """gcn: a Linear hidden -> classes after the last GCN layer (tunedGNN's classifier), which
+    then ends in ``hidden``; false: the last GCN layer outputs the classes. gt and gps always
+    end in a linear classifier."""
+
+    @property
+    def norm_kind(self) -> str:
+        """``norm`` with 'auto' resolved: 'layer' for gt and gps, 'none' for gcn."""
+        if self.norm != "auto":
+            return self.norm
+        return "none" if self.name == "gcn" else "layer"
 
 
 @dataclass(frozen=True)
@@ -189,6 +222,9 @@ class TrainConfig:
 CHOICES = {
     "metric": ("auto", "accuracy", "rocauc"),
     "model.name": ("gcn", "gt", "gps"),
+    "model.residual": ("none", "identity", "linear"),
+    "model.norm": ("auto", "none", "layer", "batch"),
+    "model.jk": ("none", "cat", "max", "sum"),
     "parallel.gcn_order": ("auto", "aggregate_first", "gemm_first"),
     "parallel.backend": ("auto", "nccl", "gloo"),
     "dtype": tuple(ELEMENT_BYTES),
@@ -306,6 +342,18 @@ def validate(cfg: TrainConfig) -> None:
     if m.node_embedding < 0:
         raise ConfigError(f"config key 'model.node_embedding': {m.node_embedding} is negative "
                           "(0: no embedding, D > 0: D learned columns)")
+    if m.name != "gcn":
+        for k, v in (("residual", m.residual != "none"), ("input_proj", m.input_proj),
+                     ("head", m.head)):
+            if v:
+                raise ConfigError(f"config key 'model.{k}' is gcn's: {m.name} blocks always "
+                                  "add their input, project it and end in a classifier")
+    elif m.jk != "none" and not m.head:
+        raise ConfigError(f"config key 'model.jk': {m.jk!r} needs model.head=true for gcn "
+                          "(the combined layers feed a linear classifier)")
+    if m.super_nodes and m.norm == "batch":
+        raise ConfigError("config key 'model.norm': 'batch' with model.super_nodes: the super "
+                          "rows have no batch statistics of their own (use 'layer')")
     for k in ("dropout", "input_dropout"):
         if not 0.0 <= getattr(m, k) < 1.0:
             raise ConfigError(f"config key 'model.{k}' must be in [0, 1)")

@@ -16,56 +16,119 @@ from typing import Any, NamedTuple
 from plexgt.distributed.collectives import all_gather_bytes, all_reduce_bytes, reduce_scatter_bytes
 from plexgt.distributed.grid import Grid3D, factorizations
 from plexgt.distributed.layout3d import LayerLayout, layer_layouts, output_plane, row_blocks
-from plexgt.models.gcn import layer_widths
+from plexgt.models.gcn import GCNOp, layer_widths
 from plexgt.parallel.attention.strategy import graph_bytes
+from plexgt.parallel.norms import batch_norm_comm, layer_norm_comm
 from plexgt.plan.host import Host, across_group_sizes
 
 
 def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad: bool,
-                gathered_input: bool = False) -> list[tuple[str, str, int]]:
+                gathered_input: bool = False, residual: str = "none", pre_act: bool = False
+                ) -> list[tuple[str, str, int]]:
     """(axis role, op, bytes sent) of one layer's forward and backward, in issue order
-    (``gathered_input``: sparse input features, read already gathered over c)."""
+    (``gathered_input``: sparse input features, read already gathered over c; ``residual``:
+    the conv's residual path, 'identity' or 'linear', fused into its collectives as
+    :class:`~plexgt.parallel.plexus3d.Plexus3DGCN` runs it; ``pre_act``: pre-norm, the
+    residual reads the raw input, gathered on its own)."""
     ga, gb, gc = lay.g
     a, b, c = lay.roles
     din_b, dout_a = lay.d_in // gb, lay.d_out // ga
     rows_pad, cols_pad = lay.rows_pad, lay.cols_pad  # properties: computed once here
-    blocks = row_blocks(rows_pad, block_rows)
+    res = residual != "none"
+    learned = residual == "linear"
+    nbias = 2 if learned else 1
+    gather_in = (c, "all_gather", all_gather_bytes(cols_pad * (din_b // gc) * esize, gc))
+    scatter_in = (c, "reduce_scatter", reduce_scatter_bytes(cols_pad * din_b * esize, gc))
+    raw = [gather_in] if res and pre_act else []
+    raw_grad = [scatter_in] if res and pre_act else []
     if lay.order == "gemm_first":
+        blocks = row_blocks(rows_pad, block_rows)
         dout_b, dout_ab = lay.d_out // gb, lay.d_out // (ga * gb)
+        w_gather = [(c, "all_gather", all_gather_bytes((din_b // gc) * dout_a * esize, gc)),
+                    (a, "all_gather", all_gather_bytes(din_b * dout_a * esize, ga))]
+        w_grad = [(a, "reduce_scatter", reduce_scatter_bytes(din_b * lay.d_out * esize, ga)),
+                  (c, "reduce_scatter", reduce_scatter_bytes(din_b * dout_a * esize, gc))]
+        t_scatter = (b, "reduce_scatter", reduce_scatter_bytes(cols_pad * lay.d_out * esize,
+                                                               gb))
+        t_gather = (b, "all_gather", all_gather_bytes(cols_pad * dout_b * esize, gb))
         ops = [
-            (c, "all_gather", all_gather_bytes(cols_pad * (din_b // gc) * esize, gc)),
-            (c, "all_gather", all_gather_bytes((din_b // gc) * dout_a * esize, gc)),
-            (a, "all_gather", all_gather_bytes(din_b * dout_a * esize, ga)),
-            (b, "reduce_scatter", reduce_scatter_bytes(cols_pad * lay.d_out * esize, gb)),
+            *([] if gathered_input else [gather_in]),
+            *w_gather,
+            t_scatter,
+            *((raw + (w_gather if learned else []) + [t_scatter]) if res else []),
             *[(a, "reduce_scatter", reduce_scatter_bytes((r1 - r0) * dout_b * esize, ga))
               for r0, r1 in blocks],
             # backward
-            (c, "all_reduce", all_reduce_bytes(dout_ab * esize, gc)),
+            (c, "all_reduce", all_reduce_bytes(nbias * dout_ab * esize, gc)),
             *[(a, "all_gather", all_gather_bytes((r1 - r0) * dout_ab * esize, ga))
               for r0, r1 in blocks],
-            (b, "all_gather", all_gather_bytes(cols_pad * dout_b * esize, gb)),
-            (a, "reduce_scatter", reduce_scatter_bytes(din_b * lay.d_out * esize, ga)),
-            (c, "reduce_scatter", reduce_scatter_bytes(din_b * dout_a * esize, gc)),
+            t_gather,
+            *w_grad,
+            *(([t_gather] + (w_grad if learned else []) + raw_grad) if res else []),
         ]
         if input_grad:
-            ops.append((c, "reduce_scatter",
-                        reduce_scatter_bytes(cols_pad * din_b * esize, gc)))
-        return ops[1:] if gathered_input else ops
+            ops.append(scatter_in)
+        return ops
+    # the residual's rows are aggregated beside Â's: [Â; I] (or diag(Â, I)), 2·rows_pad rows
+    blocks = row_blocks(2 * rows_pad if res else rows_pad, block_rows)
+    w_gather = (c, "all_gather", all_gather_bytes((din_b // gc) * dout_a * esize, gc))
+    w_grad = (c, "reduce_scatter", reduce_scatter_bytes(din_b * dout_a * esize, gc))
     ops = [
-        (c, "all_gather", all_gather_bytes(cols_pad * (din_b // gc) * esize, gc)),
+        gather_in,
+        *raw,
         *[(a, "all_reduce", all_reduce_bytes((r1 - r0) * din_b * esize, ga)) for r0, r1 in blocks],
-        (c, "all_gather", all_gather_bytes((din_b // gc) * dout_a * esize, gc)),
+        w_gather,
+        *([w_gather] if learned else []),
         (b, "reduce_scatter", reduce_scatter_bytes(rows_pad * dout_a * esize, gb)),
         # backward
         (b, "all_gather", all_gather_bytes(rows_pad * (dout_a // gb) * esize, gb)),
-        (c, "all_reduce", all_reduce_bytes((dout_a // gb) * esize, gc)),
-        (c, "reduce_scatter", reduce_scatter_bytes(din_b * dout_a * esize, gc)),
+        (c, "all_reduce", all_reduce_bytes(nbias * (dout_a // gb) * esize, gc)),
+        w_grad,
+        *([w_grad] if learned else []),
     ]
     if input_grad:
         ops += [(a, "all_reduce", all_reduce_bytes((r1 - r0) * din_b * esize, ga))
                 for r0, r1 in blocks]
-        ops.append((c, "reduce_scatter", reduce_scatter_bytes(cols_pad * din_b * esize, gc)))
+        ops.append(scatter_in)
+        ops += raw_grad
     return ops
+
+
+def norm_bytes(lay: LayerLayout, norm: str, esize: int) -> list[tuple[str, str, int]]:
+    """(group, op, bytes sent) of a norm of ``lay``'s output in a training step: LayerNorm's
+    row statistics over the plane (a, b), BatchNorm's column statistics over c
+    (:mod:`plexgt.parallel.norms`), and the backward's sum of the parameters' gradients over
+    their copies (c)."""
+    if norm == "none":
+        return []
+    ga, gb, gc = lay.g
+    w = lay.d_out // (ga * gb)
+    c = lay.roles[2]
+    if norm == "layer":
+        group, ops = output_plane(lay.roles), layer_norm_comm(lay.rows_pad, esize, ga * gb)
+    else:
+        group, ops = c, batch_norm_comm(w, esize, gc)
+    out = [(group, o.op, o.sent) for o in ops]
+    return out + [(c, "all_reduce", all_reduce_bytes(2 * w * esize, gc))]
+
+
+def chain_bytes(lays: list[LayerLayout], esize: int, block_rows: int | None,
+                input_grad: bool, sparse_input: bool, ops: list[GCNOp] | None = None,
+                norm: str = "none") -> list[tuple[str, str, int]]:
+    """(group, op, bytes sent) of every layer of a chain (``ops``: each layer's residual and
+    norms, :func:`plexgt.models.gcn.gcn_ops`; None: plain GCN layers)."""
+    out: list[tuple[str, str, int]] = []
+    for k, lay in enumerate(lays):
+        op = None if ops is None else ops[k]
+        out += layer_bytes(lay, esize, block_rows, k > 0 or input_grad,
+                           sparse_input and k == 0,
+                           "none" if op is None else op.residual,
+                           op is not None and op.pre_act)
+        if op is not None and op.pre_norm is not None:
+            out += norm_bytes(lays[k - 1], norm, esize)
+        if op is not None and op.post_norm is not None:
+            out += norm_bytes(lay, norm, esize)
+    return out
 
 
 def loss_bytes(last: LayerLayout, esize: int, multilabel: bool = False
@@ -87,21 +150,32 @@ def loss_bytes(last: LayerLayout, esize: int, multilabel: bool = False
 def plexus_step_bytes(grid: Grid3D, rank: int, n: int, dims: list[int], esize: int,
                       block_rows: int | None = None, order: str = "aggregate_first",
                       input_grad: bool = False, multilabel: bool = False,
-                      sparse_input: bool = False) -> dict[str, int]:
-    """Bytes ``rank`` sends per axis (and class plane) in one forward + loss + backward
+                      sparse_input: bool = False, ops: list[GCNOp] | None = None,
+                      norm: str = "none") -> dict[str, int]:
+    """Bytes ``rank`` sends per axis (and plane) in one forward + loss + backward
     (``input_grad``: the input is trained, a node embedding, so layer 0's input gradient is
     communicated too; ``multilabel``: the binary cross-entropy's loss; ``sparse_input``:
-    CSR-stored features, layer 0 gemm_first on its input read already gathered)."""
+    CSR-stored features, layer 0 gemm_first on its input read already gathered; ``ops``
+    and ``norm``: a GCN with :class:`~plexgt.models.gcn.GCNArch` options, ``dims`` then its
+    :func:`~plexgt.models.gcn.op_widths`)."""
     out: dict[str, int] = defaultdict(int)
-    lays = layer_layouts(grid, rank, n, dims, order,
-                         first_order="gemm_first" if sparse_input else None)
-    for lay in lays:
-        for axis, _, nbytes in layer_bytes(lay, esize, block_rows, lay.layer > 0 or input_grad,
-                                           sparse_input and lay.layer == 0):
-            out[axis] += nbytes
+    lays = chain_layouts(grid, rank, n, dims, order, sparse_input, ops)
+    for axis, _, nbytes in chain_bytes(lays, esize, block_rows, input_grad, sparse_input,
+                                       ops, norm):
+        out[axis] += nbytes
     for axis, _, nbytes in loss_bytes(lays[-1], esize, multilabel):
         out[axis] += nbytes
     return {k: v for k, v in out.items() if v}
+
+
+def chain_layouts(grid: Grid3D, rank: int, n: int, dims: list[int], order: str,
+                  sparse_input: bool = False, ops: list[GCNOp] | None = None
+                  ) -> list[LayerLayout]:
+    """The layouts of a chain of ``dims`` (``ops``: their kinds; sparse input: layer 0
+    gemm_first), as the gcn task builds them."""
+    return layer_layouts(grid, rank, n, dims, order,
+                         first_order="gemm_first" if sparse_input else None,
+                         kinds=None if ops is None else [op.kind for op in ops])
 
 
 def row1d_step_bytes(p: int, n: int, dims: list[int], esize: int) -> int:

@@ -16,7 +16,7 @@ from torch import nn
 
 from plexgt.distributed.collectives import Comm, all_gather, replicated
 from plexgt.distributed.grid import block_bounds, padded
-from plexgt.parallel.plexus3d import BlockedAdjacency, _AggregateAllReduce, gcn_block_values
+from plexgt.parallel.plexus_aggregate import BlockedAdjacency, _AggregateAllReduce, gcn_block_values
 
 
 class Row1DGCN(nn.Module):

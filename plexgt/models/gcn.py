@@ -135,6 +135,27 @@ def gcn_ops(in_dim: int, hidden: int, out_dim: int, num_layers: int,
     return ops
 
 
+def jk_hops(ops: list[GCNOp]) -> dict[int, list[int]]:
+    """Jumping knowledge on the 3D grid: op index i of each combined layer -> the layer
+    indices of the node-wise identity maps ('hops') that carry its output into the layout of
+    the last GCN layer's output (the classifier's input).
+
+    A layer's output layout is set by its index: the axis roles repeat every 3 layers, the
+    row order (P, Q) every 2. One hop at index m moves a tensor from layout m - 1 to layout
+    m, its rows into any order (its identity block is built from both sides' node ids, the
+    last hop's from the target's). So an output i layers before the target needs
+    (target - i) mod 3 hops, or 3 when that is 0 but the orders differ (an odd distance)."""
+    target = len(ops) - 2
+    out: dict[int, list[int]] = {}
+    for i, op in enumerate(ops):
+        if not op.jk:
+            continue
+        diff = target - i
+        k = diff % 3 if diff % 3 else (3 if diff % 2 else 0)
+        out[i] = list(range(i + 1, i + 1 + k))
+    return out
+
+
 def norm_widths(ops: list[GCNOp]) -> list[int]:
     """Width of each norm of the chain, by index."""
     out: dict[int, int] = {}

@@ -36,24 +36,20 @@ import torch
 from torch import nn
 
 from plexgt.data.loader import PlexusArrays
-from plexgt.distributed.collectives import (
-    Comm,
-    all_gather,
-    all_gather_async,
-    all_reduce_async,
-    reduce_scatter,
-    reduce_scatter_async,
-    replicated,
-    wait,
-)
-from plexgt.distributed.layout3d import LayerLayout, output_plane, row_blocks
-from plexgt.models.gcn import PLAIN, GCNArch, GCNOp
-from plexgt.models.layers import Drop, Features, make_norm, sparse_features
-from plexgt.ops.csr import CSRGraph, sparse_csr
-from plexgt.ops.gcn import gcn_spmm, inv_sqrt_degrees
-from plexgt.ops.precision import full_precision
+from plexgt.distributed.collectives import Comm, all_gather, reduce_scatter, replicated
+from plexgt.distributed.layout3d import LayerLayout, output_plane
+from plexgt.models.gcn import PLAIN, GCNArch, GCNOp, jk_hops
+from plexgt.models.layers import Drop, Features, jk_combine, make_norm, sparse_features
+from plexgt.ops.csr import CSRGraph
+from plexgt.ops.gcn import gcn_spmm
 from plexgt.ops.rng import CounterRNG
 from plexgt.parallel.norms import batch_norm_rows, layer_norm_cols
+from plexgt.parallel.plexus_aggregate import (
+    BlockedAdjacency,
+    _AggregateAllReduce,
+    _AggregateReduceScatter,
+    gcn_block_values,
+)
 from plexgt.parallel.plexus_blocks import (
     TunedMatmul,
     _TunedMM,
@@ -63,136 +59,12 @@ from plexgt.parallel.plexus_blocks import (
     padded_block,
     row_mask,
     stacked,
+    stacked_rows,
     vector_full,
     vector_shard,
     weight_full,
     weight_shard,
 )
-
-
-def gcn_block_values(adj: sp.csr_matrix, deg_rows: np.ndarray, deg_cols: np.ndarray
-                     ) -> sp.csr_matrix:
-    """The block of Â = D^-1/2 A D^-1/2 given the pattern block and both sides' degrees."""
-    a = adj.tocsr().astype(np.float64)
-    r = np.repeat(np.arange(a.shape[0]), np.diff(a.indptr))
-    a.data = (inv_sqrt_degrees(deg_rows)[r] * inv_sqrt_degrees(deg_cols)[a.indices]).numpy()
-    return a
-
-
-def _torch_csr(m: sp.csr_matrix, dtype: torch.dtype) -> torch.Tensor:
-    m = m.tocsr()
-    return sparse_csr(  # indices come sorted and in range from scipy
-        torch.from_numpy(m.indptr.astype(np.int64)),
-        torch.from_numpy(m.indices.astype(np.int64)),
-        torch.from_numpy(m.data).to(dtype),
-        m.shape,
-    )
-
-
-class BlockedAdjacency:
-    """One rank's Â block [rows_pad, cols_pad] cut in row blocks, with each block's transpose.
-
-    The blocks bound how much of the aggregate waits for its all-reduce: block k's all-reduce
-    runs while block k+1 is multiplied.
-    """
-
-    def __init__(self, block: sp.csr_matrix, shape: tuple[int, int], block_rows: int | None,
-                 dtype: torch.dtype) -> None:
-        full = sp.csr_matrix(shape, dtype=np.float64)
-        if block.shape[0] and block.shape[1]:
-            full = sp.csr_matrix(
-                (block.data, block.indices, np.concatenate(
-                    [block.indptr, np.full(shape[0] - block.shape[0], block.indptr[-1])])),
-                shape=shape,
-            )
-        self.shape = shape
-        self.bounds = row_blocks(shape[0], block_rows)
-        self.fwd = [_torch_csr(full[r0:r1], dtype) for r0, r1 in self.bounds]
-        self.bwd = [_torch_csr(full[r0:r1].T.tocsr(), dtype) for r0, r1 in self.bounds]
-        self.nnz = int(full.nnz)
-
-
-def _spmm(blk: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """Â_block · H. Half-precision H (bfloat16 runs) is multiplied in the block's float32, sums
-    over each row's neighbours included, and rounded once: CPU sparse kernels have no half
-    types, and autocast is off so its mm does not cast the operands back."""
-    with full_precision(h.device):
-        if h.dtype == blk.dtype:
-            return torch.sparse.mm(blk, h)
-        return torch.sparse.mm(blk, h.to(blk.dtype)).to(h.dtype)
-
-
-class _AggregateAllReduce(torch.autograd.Function):
-    """Z = all-reduce over a of (Â_block · H), blocked so communication overlaps the SpMM."""
-
-    @staticmethod
-    def forward(ctx: Any, h: torch.Tensor, adj: BlockedAdjacency, comm: Comm) -> torch.Tensor:
-        ctx.adj, ctx.comm = adj, comm
-        out = torch.empty((adj.shape[0], h.shape[1]), dtype=h.dtype, device=h.device)
-        handles = []
-        for (r0, r1), blk in zip(adj.bounds, adj.fwd):
-            out[r0:r1] = _spmm(blk, h) if r1 > r0 else out[r0:r1]
-            handles.append(all_reduce_async(out[r0:r1], comm))
-        for hd in handles:
-            wait(hd, comm)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
-        adj, comm = ctx.adj, ctx.comm
-        g = g.contiguous().clone()
-        handles = [all_reduce_async(g[r0:r1], comm) for r0, r1 in adj.bounds]
-        dh = torch.zeros((adj.shape[1], g.shape[1]), dtype=g.dtype, device=g.device)
-        for (r0, r1), blk_t, hd in zip(adj.bounds, adj.bwd, handles):
-            wait(hd, comm)
-            if r1 > r0:
-                dh += _spmm(blk_t, g[r0:r1])
-        return dh, None, None
-
-
-class _AggregateReduceScatter(torch.autograd.Function):
-    """[cols_pad, Ga·w] -> [rows_pad, w]: reduce-scatter over a (dim 1) of (Â_block · T).
-
-    The gemm_first aggregation: T = H·W is already reduced over b, so the partial sums over a
-    only need each rank's own column block, half the bytes of an all-reduce. Row block k's
-    reduce-scatter runs while block k+1 is multiplied; in backward the all-gathers of all
-    blocks are issued first and each block's Âᵀ product starts as soon as its block arrives.
-    """
-
-    @staticmethod
-    def forward(ctx: Any, t: torch.Tensor, adj: BlockedAdjacency, comm: Comm) -> torch.Tensor:
-        ctx.adj, ctx.comm = adj, comm
-        g = comm.size
-        w = t.shape[1] // g
-        out = torch.empty((adj.shape[0], w), dtype=t.dtype, device=t.device)
-        pending = []
-        for (r0, r1), blk in zip(adj.bounds, adj.fwd):
-            z = _spmm(blk, t) if r1 > r0 else t.new_zeros(0, g * w)
-            # [rb, G·w] -> [G, rb, w]: rank i's chunk is its column block, contiguous
-            zt = z.view(r1 - r0, g, w).transpose(0, 1).contiguous()
-            pending.append((zt, reduce_scatter_async(zt.view(g * (r1 - r0), w), out[r0:r1],
-                                                     comm)))
-        for _, hd in pending:
-            wait(hd, comm)
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, dy: torch.Tensor) -> tuple[Any, ...]:
-        adj, comm = ctx.adj, ctx.comm
-        g = comm.size
-        dy = dy.contiguous()
-        w = dy.shape[1]
-        pending = []
-        for r0, r1 in adj.bounds:
-            full = dy.new_empty(g * (r1 - r0), w)
-            pending.append((full, all_gather_async(dy[r0:r1], full, comm)))
-        dt = dy.new_zeros(adj.shape[1], g * w)
-        for (r0, r1), blk_t, (full, hd) in zip(adj.bounds, adj.bwd, pending):
-            wait(hd, comm)
-            if r1 > r0:
-                zb = full.view(g, r1 - r0, w).transpose(0, 1).reshape(r1 - r0, g * w)
-                dt += _spmm(blk_t, zb)
-        return dt, None, None
 
 
 def plain_ops(layouts: Sequence[LayerLayout]) -> list[GCNOp]:
@@ -289,9 +161,37 @@ class Plexus3DGCN(nn.Module):
             if op.pre_norm is not None:
                 at[op.pre_norm] = l - 1
         self.norm_at = [at[j] for j in range(len(at))]
+        self.stack = self.layouts[-1].d_in // self.layouts[-2].d_out if (
+            arch.jk == "cat" and len(self.layouts) > 1) else 1
+        """Layers side by side in the classifier's input (jumping knowledge 'cat')."""
+        last = len(self.ops) - 1
         self.norms = nn.ModuleList(
-            make_norm(arch.norm, _width(self.layouts[l].out_cols)).to(dtype)
+            make_norm(arch.norm, _width(self.layouts[l].out_cols)
+                      * (self.stack if l == last - 1 else 1)).to(dtype)
             for l in self.norm_at)
+        # jumping knowledge: the identity maps ('hops') carrying each combined layer's
+        # output into the classifier's input layout (plexgt.models.gcn.jk_hops)
+        self.hops: dict[int, list[tuple[LayerLayout, BlockedAdjacency]]] = {}
+        for i, path in (jk_hops(self.ops) if arch.jk != "none" else {}).items():
+            assert node_ids is not None, "jumping knowledge needs every layer's node ids"
+            src = node_ids[i + 1]
+            chain = []
+            for m in path:
+                lay = dataclasses.replace(self.layouts[m], kind="linear",
+                                          order="aggregate_first")
+                dst = node_ids[last] if m == path[-1] else node_ids[m + 1]
+                eye = identity_block(np.asarray(dst), np.asarray(src), lay.n)
+                chain.append((lay, BlockedAdjacency(eye, (lay.rows_pad, lay.cols_pad),
+                                                    block_rows, dtype)))
+                self.register_buffer(f"hop_eye_{m}", identity_weight(lay, dtype),
+                                     persistent=False)
+                src = dst
+            self.hops[i] = chain
+        if self.stack > 1:
+            lay = self.layouts[-1]
+            self.register_buffer("stack_rows",
+                                 stacked_rows(lay, self.stack, self.layouts[-2].d_out_true),
+                                 persistent=False)
 
     def _operator(self, l: int, a: sp.csr_matrix | None,
                   node_ids: Sequence[torch.Tensor] | None, out_ids: torch.Tensor | None
@@ -350,7 +250,9 @@ class Plexus3DGCN(nn.Module):
                 i = op.name.split(".")[1]
                 return f"residuals.{i}.{kind if kind == 'weight' else 'bias'}", \
                     self.layouts[l], kind
-            return f"{op.name}.{'weight' if kind == 'weight' else 'bias'}", \
+            if kind == "weight" and self.stack > 1 and l == len(self.ops) - 1:
+                kind = "stacked"
+            return f"{op.name}.{'bias' if kind == 'vector' else 'weight'}", \
                 self.layouts[l], kind
         if group == "norms":
             j, _, field = rest.partition(".")
@@ -376,8 +278,8 @@ class Plexus3DGCN(nn.Module):
             full, lay, kind = self._canonical_name(name)
             if lay is None:
                 out[full] = t.detach().cpu()
-            elif kind == "weight":
-                out[full] = weight_full(lay, t.detach(), self.comms)
+            elif kind != "vector":
+                out[full] = weight_full(lay, t.detach(), self.comms, self._rows(kind))
             else:
                 out[full] = vector_full(lay, t.detach(), self.comms)
         return out
@@ -394,11 +296,14 @@ class Plexus3DGCN(nn.Module):
                 continue
             if lay is None:
                 out[name] = full[key].to(t.device, t.dtype)
-            elif kind == "weight":
-                out[name] = weight_shard(lay, full[key], t)
+            elif kind != "vector":
+                out[name] = weight_shard(lay, full[key], t, self._rows(kind))
             else:
                 out[name] = vector_shard(lay, full[key], t)
         return out
+
+    def _rows(self, kind: str) -> torch.Tensor | None:
+        return self.stack_rows.cpu() if kind == "stacked" else None
 
     def _dropout(self, h: Features, lay: LayerLayout) -> Features:
         """Dropout at the reference GCN's site (the op index), keyed on the block's node ids
@@ -410,8 +315,34 @@ class Plexus3DGCN(nn.Module):
         if self.num_id_layers != len(self.layouts):
             raise ValueError("dropout needs each layer's node ids (Plexus3DGCN(node_ids=...))")
         rng = CounterRNG(self.seed, self.step, getattr(self, f"node_ids_{lay.layer}"))
+        drop = Drop(rng, p, lay.layer)
+        if self.stack > 1 and lay.layer == len(self.layouts) - 1:
+            # the classifier's input: each layer's block at its columns of the concatenation
+            assert isinstance(h, torch.Tensor)
+            prev = self.layouts[-2]
+            parts = h.chunk(self.stack, dim=1)
+            return torch.cat([drop(x, i * prev.d_out_true + prev.out_cols[0])
+                              for i, x in enumerate(parts)], 1)
         col0 = lay.gathered_cols[0] if isinstance(h, CSRGraph) else lay.in_cols[0]
-        return Drop(rng, p, lay.layer).features(h, col0)
+        return drop.features(h, col0)
+
+    def _hop(self, h: torch.Tensor, lay: LayerLayout, adj: BlockedAdjacency) -> torch.Tensor:
+        """One jumping-knowledge hop: the node-wise identity map at ``lay``'s index
+        (aggregate_first, a constant weight, no bias): out(m - 1) -> out(m)."""
+        a, b, c = lay.roles
+        z = _AggregateAllReduce.apply(all_gather(h, self.comms[c], dim=1), adj, self.comms[a])
+        p = _TunedMM.apply(z, getattr(self, f"hop_eye_{lay.layer}"), self.mm)
+        return reduce_scatter(p, self.comms[b], dim=1)
+
+    def _jumping_knowledge(self, hidden: list[tuple[int, torch.Tensor]]) -> torch.Tensor:
+        """Every combined layer's output hopped into the classifier's input layout, then
+        concatenated (each rank its blocks side by side), or their maximum or sum."""
+        outs = []
+        for i, y in hidden:
+            for lay, adj in self.hops[i]:
+                y = self._hop(y, lay, adj)
+            outs.append(y)
+        return jk_combine(outs, self.arch.jk)
 
     def _gather_weight(self, w: torch.Tensor, lay: LayerLayout) -> torch.Tensor:
         """A weight shard gathered as the layer multiplies by it: over c (aggregate_first),
@@ -487,8 +418,10 @@ class Plexus3DGCN(nn.Module):
         wb = replicated(torch.cat([mod.weight, mod.bias]), c)
         w, bias = wb[:k], wb[k:]
         if isinstance(mod, nn.LayerNorm):
-            return layer_norm_cols(h, w, bias, column_mask(lay, h.device), lay.d_out_true,
-                                   self.comms[output_plane(lay.roles)], mod.eps)
+            stack = k // _width(lay.out_cols)  # jumping knowledge 'cat': layers side by side
+            return layer_norm_cols(h, w, bias, column_mask(lay, h.device).repeat(stack),
+                                   stack * lay.d_out_true, self.comms[output_plane(lay.roles)],
+                                   mod.eps)
         return batch_norm_rows(h, mod, row_mask(lay, h.device), lay.n, c, w, bias)
 
     def _apply(self, fn: Any, recurse: bool = True) -> Plexus3DGCN:
@@ -496,17 +429,17 @@ class Plexus3DGCN(nn.Module):
         plain lists of sparse tensors, which nn.Module would skip (and a GPU run would then
         multiply CPU blocks with device features)."""
         super()._apply(fn, recurse)
-        for a in self.adj:
+        for a in self.adj + [adj for chain in self.hops.values() for _, adj in chain]:
             a.fwd = [fn(m) for m in a.fwd]
             a.bwd = [fn(m) for m in a.bwd]
         return self
 
     def forward(self, x: Features) -> torch.Tensor:
         h: Features = x
-        hidden: list[torch.Tensor] = []
+        hidden: list[tuple[int, torch.Tensor]] = []
         for l, (op, lay) in enumerate(zip(self.ops, self.layouts)):
             if op.name == "head" and hidden:
-                raise NotImplementedError("jumping knowledge on the 3D grid")
+                h = self._jumping_knowledge(hidden)
             raw = h
             if op.pre_norm is not None:
                 assert isinstance(h, torch.Tensor)
@@ -524,7 +457,7 @@ class Plexus3DGCN(nn.Module):
             if op.post_act:
                 y = torch.relu(y)
             if op.jk:
-                hidden.append(y)
+                hidden.append((l, y))
             h = y
         if self.training:
             self.step += 1

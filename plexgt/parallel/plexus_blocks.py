@@ -75,16 +75,36 @@ def identity_weight(lay: LayerLayout, dtype: torch.dtype) -> Tensor:
     return gathered_weight(lay, eye)
 
 
-def weight_shard(lay: LayerLayout, full: Tensor, like: Tensor) -> Tensor:
+def stacked_rows(lay: LayerLayout, stack: int, d: int) -> Tensor:
+    """For an input of ``stack`` blocks side by side (jumping knowledge 'cat': each rank
+    holds its w columns of every layer's width-d output, concatenated), the true input
+    column of each padded row of W [d_in = stack·d_pad, ...] as the layer splits it (-1:
+    padding): row blk·(stack·w) + i·w + j is column i·d + blk·w + j of the concatenation,
+    so the shard of rank block blk holds exactly its columns of every layer, in the order
+    its concatenation has them."""
+    w = lay.d_in // (lay.g[1] * lay.g[2]) // stack
+    r = torch.arange(lay.d_in)
+    blk, rem = r // (stack * w), r % (stack * w)
+    col = blk * w + rem % w
+    return torch.where(col < d, (rem // w) * d + col, torch.full_like(r, -1))
+
+
+def weight_shard(lay: LayerLayout, full: Tensor, like: Tensor, rows: Tensor | None = None
+                 ) -> Tensor:
     """This rank's shard of an nn.Linear weight ``full`` [d_out, d_in] (true widths), on
-    ``like``'s device and dtype."""
+    ``like``'s device and dtype (``rows``: W's rows in :func:`stacked_rows`' order)."""
     wt = torch.zeros(lay.d_in, lay.d_out, dtype=like.dtype)
-    wt[: lay.d_in_true, : lay.d_out_true] = full.t().to(like.dtype)
+    if rows is None:
+        wt[: lay.d_in_true, : lay.d_out_true] = full.t().to(like.dtype)
+    else:
+        keep = rows >= 0
+        wt[keep, : lay.d_out_true] = full.t()[rows[keep]].to(like.dtype)
     wt = wt[:, lay.w_column_order]
     return wt[slice(*lay.in_cols), slice(*lay.w_cols)].to(like.device)
 
 
-def weight_full(lay: LayerLayout, w: Tensor, comms: dict[str, Comm]) -> Tensor:
+def weight_full(lay: LayerLayout, w: Tensor, comms: dict[str, Comm],
+                rows: Tensor | None = None) -> Tensor:
     """The inverse of :func:`weight_shard` (collective over the grid): every rank's distinct
     block placed in zeros and summed over the x, y and z axes -> [d_out, d_in] on the CPU."""
     wt = w.new_zeros(lay.d_in, lay.d_out)
@@ -92,25 +112,40 @@ def weight_full(lay: LayerLayout, w: Tensor, comms: dict[str, Comm]) -> Tensor:
     _sum_grid(wt, comms)
     natural = torch.empty_like(wt)
     natural[:, lay.w_column_order] = wt
-    return natural[: lay.d_in_true, : lay.d_out_true].t().cpu()
+    if rows is None:
+        return natural[: lay.d_in_true, : lay.d_out_true].t().cpu()
+    out = natural.new_zeros(lay.d_in_true, lay.d_out_true)
+    keep = rows >= 0
+    out[rows[keep]] = natural[keep, : lay.d_out_true]
+    return out.t().cpu()
 
 
 def vector_shard(lay: LayerLayout, full: Tensor, like: Tensor) -> Tensor:
     """This rank's block of a per-output-feature vector ``full`` [d_out_true]: the output
-    columns ``out_cols`` of the padded [d_out]."""
-    v = torch.zeros(lay.d_out, dtype=like.dtype)
-    v[: lay.d_out_true] = full.to(like.dtype)
-    return v[slice(*lay.out_cols)].to(like.device)
+    columns ``out_cols`` of the padded [d_out]; of ``stack`` such outputs side by side
+    ([stack·d_out_true], jumping knowledge 'cat'), each one's block, concatenated."""
+    d = lay.d_out_true
+    stack = full.shape[0] // d
+    parts = []
+    for i in range(stack):
+        v = torch.zeros(lay.d_out, dtype=like.dtype)
+        v[:d] = full[i * d:(i + 1) * d].to(like.dtype)
+        parts.append(v[slice(*lay.out_cols)])
+    return torch.cat(parts).to(like.device)
 
 
 def vector_full(lay: LayerLayout, v: Tensor, comms: dict[str, Comm]) -> Tensor:
     """The inverse of :func:`vector_shard` (collective): the copy at ic = 0 of each block
-    placed in zeros and summed over the grid -> [d_out_true] on the CPU."""
-    out = v.new_zeros(lay.d_out)
-    if lay.i[2] == 0:
-        out[slice(*lay.out_cols)] = v
-    _sum_grid(out, comms)
-    return out[: lay.d_out_true].cpu()
+    placed in zeros and summed over the grid -> [stack·d_out_true] on the CPU."""
+    w = lay.out_cols[1] - lay.out_cols[0]
+    parts = []
+    for i in range(v.shape[0] // w):
+        out = v.new_zeros(lay.d_out)
+        if lay.i[2] == 0:
+            out[slice(*lay.out_cols)] = v[i * w:(i + 1) * w]
+        _sum_grid(out, comms)
+        parts.append(out[: lay.d_out_true])
+    return torch.cat(parts).cpu()
 
 
 def _sum_grid(t: Tensor, comms: dict[str, Comm]) -> None:

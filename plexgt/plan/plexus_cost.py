@@ -16,20 +16,30 @@ from typing import Any, NamedTuple
 from plexgt.distributed.collectives import all_gather_bytes, all_reduce_bytes, reduce_scatter_bytes
 from plexgt.distributed.grid import Grid3D, factorizations
 from plexgt.distributed.layout3d import LayerLayout, layer_layouts, output_plane, row_blocks
-from plexgt.models.gcn import GCNOp, layer_widths
+from plexgt.models.gcn import GCNOp, jk_hops, layer_widths
 from plexgt.parallel.attention.strategy import graph_bytes
 from plexgt.parallel.norms import batch_norm_comm, layer_norm_comm
 from plexgt.plan.host import Host, across_group_sizes
 
 
+def hop_bytes(lay: LayerLayout, esize: int, block_rows: int | None
+              ) -> list[tuple[str, str, int]]:
+    """(axis role, op, bytes sent) of a jumping-knowledge hop (aggregate_first, a constant
+    identity weight, no bias): the input's all-gather over c, the identity block's blocked
+    all-reduce over a, the reduce-scatter over b, and their adjoints."""
+    return layer_bytes(replace(lay, order="aggregate_first"), esize, block_rows, True,
+                       weighted=False)
+
+
 def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad: bool,
-                gathered_input: bool = False, residual: str = "none", pre_act: bool = False
-                ) -> list[tuple[str, str, int]]:
+                gathered_input: bool = False, residual: str = "none", pre_act: bool = False,
+                weighted: bool = True) -> list[tuple[str, str, int]]:
     """(axis role, op, bytes sent) of one layer's forward and backward, in issue order
     (``gathered_input``: sparse input features, read already gathered over c; ``residual``:
     the conv's residual path, 'identity' or 'linear', fused into its collectives as
     :class:`~plexgt.parallel.plexus3d.Plexus3DGCN` runs it; ``pre_act``: pre-norm, the
-    residual reads the raw input, gathered on its own)."""
+    residual reads the raw input, gathered on its own; ``weighted=False``: aggregate_first
+    with a constant weight and no bias, :func:`hop_bytes`)."""
     ga, gb, gc = lay.g
     a, b, c = lay.roles
     din_b, dout_a = lay.d_in // gb, lay.d_out // ga
@@ -77,13 +87,13 @@ def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad
         gather_in,
         *raw,
         *[(a, "all_reduce", all_reduce_bytes((r1 - r0) * din_b * esize, ga)) for r0, r1 in blocks],
-        w_gather,
+        *([w_gather] if weighted else []),
         *([w_gather] if learned else []),
         (b, "reduce_scatter", reduce_scatter_bytes(rows_pad * dout_a * esize, gb)),
         # backward
         (b, "all_gather", all_gather_bytes(rows_pad * (dout_a // gb) * esize, gb)),
-        (c, "all_reduce", all_reduce_bytes(nbias * (dout_a // gb) * esize, gc)),
-        w_grad,
+        *([(c, "all_reduce", all_reduce_bytes(nbias * (dout_a // gb) * esize, gc)), w_grad]
+          if weighted else []),
         *([w_grad] if learned else []),
     ]
     if input_grad:
@@ -94,15 +104,17 @@ def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad
     return ops
 
 
-def norm_bytes(lay: LayerLayout, norm: str, esize: int) -> list[tuple[str, str, int]]:
+def norm_bytes(lay: LayerLayout, norm: str, esize: int, stack: int = 1
+               ) -> list[tuple[str, str, int]]:
     """(group, op, bytes sent) of a norm of ``lay``'s output in a training step: LayerNorm's
     row statistics over the plane (a, b), BatchNorm's column statistics over c
     (:mod:`plexgt.parallel.norms`), and the backward's sum of the parameters' gradients over
-    their copies (c)."""
+    their copies (c); ``stack``: the norm of ``stack`` such outputs side by side (jumping
+    knowledge 'cat')."""
     if norm == "none":
         return []
     ga, gb, gc = lay.g
-    w = lay.d_out // (ga * gb)
+    w = stack * lay.d_out // (ga * gb)
     c = lay.roles[2]
     if norm == "layer":
         group, ops = output_plane(lay.roles), layer_norm_comm(lay.rows_pad, esize, ga * gb)
@@ -118,6 +130,10 @@ def chain_bytes(lays: list[LayerLayout], esize: int, block_rows: int | None,
     """(group, op, bytes sent) of every layer of a chain (``ops``: each layer's residual and
     norms, :func:`plexgt.models.gcn.gcn_ops`; None: plain GCN layers)."""
     out: list[tuple[str, str, int]] = []
+    hops = {} if ops is None else jk_hops(ops)
+    for path in hops.values():
+        for m in path:
+            out += hop_bytes(lays[m], esize, block_rows)
     for k, lay in enumerate(lays):
         op = None if ops is None else ops[k]
         out += layer_bytes(lay, esize, block_rows, k > 0 or input_grad,
@@ -125,7 +141,7 @@ def chain_bytes(lays: list[LayerLayout], esize: int, block_rows: int | None,
                            "none" if op is None else op.residual,
                            op is not None and op.pre_act)
         if op is not None and op.pre_norm is not None:
-            out += norm_bytes(lays[k - 1], norm, esize)
+            out += norm_bytes(lays[k - 1], norm, esize, lay.d_in // lays[k - 1].d_out)
         if op is not None and op.post_norm is not None:
             out += norm_bytes(lay, norm, esize)
     return out
@@ -173,9 +189,15 @@ def chain_layouts(grid: Grid3D, rank: int, n: int, dims: list[int], order: str,
                   ) -> list[LayerLayout]:
     """The layouts of a chain of ``dims`` (``ops``: their kinds; sparse input: layer 0
     gemm_first), as the gcn task builds them."""
-    return layer_layouts(grid, rank, n, dims, order,
+    lays = layer_layouts(grid, rank, n, dims, order,
                          first_order="gemm_first" if sparse_input else None,
                          kinds=None if ops is None else [op.kind for op in ops])
+    if ops is not None and len(ops) > 1 and ops[-1].d_in != ops[-2].d_out:
+        # jumping knowledge 'cat': the classifier reads the L layers' blocks side by side,
+        # each padded as the last GCN layer's output
+        stack = ops[-1].d_in // ops[-2].d_out
+        lays[-1] = replace(lays[-1], d_in=stack * lays[-2].d_out, d_in_true=ops[-1].d_in)
+    return lays
 
 
 def row1d_step_bytes(p: int, n: int, dims: list[int], esize: int) -> int:

@@ -21,8 +21,17 @@ from plexgt.parallel.plexus_loss import parallel_cross_entropy
 from plexgt.plan.plexus_cost import chain_layouts, plexus_step_bytes
 from plexgt.tasks.gcn import read_plexus_inputs
 
-from .conftest import grids_for_world
-from .test_plexus3d import DT, TOL, C, F, N, _reference, prepared  # noqa: F401 - a fixture
+from .conftest import WORLD, grids_for_world
+from .test_plexus3d import (  # noqa: F401 - the prepared graphs are fixtures
+    DT,
+    TOL,
+    C,
+    F,
+    N,
+    _reference,
+    prepared,
+    prepared_sparse,
+)
 
 pytestmark = pytest.mark.timeout(300)
 HIDDEN = 6
@@ -38,17 +47,22 @@ ARCHS = {
                     "gemm_first", 4),
     "pre-bn-linear": (3, GCNArch(residual="linear", norm="batch", pre_norm=True),
                       "aggregate_first", 4),
+    # jumping knowledge over 5 layers: each output hopped 1, 2, 3 (orders differ) or 0 times
+    # into the classifier's layout; 'cat' with pre-norm: a LayerNorm over the concatenation
+    "jk-cat-pre-ln": (5, GCNArch(head=True, norm="layer", pre_norm=True, jk="cat"), "auto", 4),
+    "jk-max-bn": (4, GCNArch(input_proj=True, head=True, residual="identity", norm="batch",
+                             jk="max"), "auto", None),
 }
 
 
 def build(pg, dist_ctx, grid_groups, grid, layers, arch, order, block_rows, dropout=0.0,
-          seed=7):
+          seed=7, sparse=False):
     """(reference GCN, its inputs, distributed model, layouts, comms, data, ledger, ops)."""
     ahat, x, labels, train, _ = _reference(pg)
     torch.manual_seed(seed)
     ref = GCN(F, HIDDEN, C, num_layers=layers, dropout=dropout, seed=seed, arch=arch).to(DT)
     ops = gcn_ops(F, HIDDEN, C, layers, arch)
-    lays = chain_layouts(grid, dist_ctx.rank, N, op_widths(ops), order, ops=ops)
+    lays = chain_layouts(grid, dist_ctx.rank, N, op_widths(ops), order, sparse, ops)
     ledger = CommLedger()
     comms = plexus_comms(grid_groups(grid), ledger, lays[-1])
     data = read_plexus_inputs(pg, lays, DT)
@@ -71,12 +85,41 @@ def grads(model):
     return model.to_canonical({n: p.grad for n, p in model.named_parameters()})
 
 
-@pytest.mark.parametrize("grid", grids_for_world(every=False), ids=str)
-@pytest.mark.parametrize("name", ARCHS)
+def cases() -> list:
+    """The deep model on every representative grid (two of them at 8 ranks), each other
+    option on two of them (one from 6 ranks on), in turn, so every grid runs some: the
+    suite's runtime stays small where the ranks oversubscribe the cores."""
+    grids = grids_for_world(every=False)
+    each = 2 if WORLD <= 4 else 1
+    out = []
+    for i, name in enumerate(ARCHS):
+        use = ([grids[(i + j) % len(grids)] for j in range(min(each, len(grids)))]
+               if name != "deep-linear-ln" else grids if WORLD <= 6 else grids[:2])
+        out += [pytest.param(name, g, id=f"{name}-{g}") for g in use]
+    return out
+
+
+@pytest.mark.parametrize("name,grid", cases())
 def test_step_equals_reference(prepared, dist_ctx, grid_groups, grid, name):  # noqa: F811
     layers, arch, order, block_rows = ARCHS[name]
+    check_step(prepared, dist_ctx, grid_groups, grid, layers, arch, order, block_rows)
+
+
+@pytest.mark.parametrize("grid", grids_for_world(every=False)[:1], ids=str)
+def test_sparse_features_with_residual_and_norm(prepared_sparse, dist_ctx,  # noqa: F811
+                                                grid_groups, grid):
+    """CSR-stored features into a first layer with a learned residual: both products are
+    SpMMs of the input read already gathered (gemm_first), then LayerNorm."""
+    arch = GCNArch(residual="linear", norm="layer")
+    check_step(prepared_sparse, dist_ctx, grid_groups, grid, 2, arch, "auto", 4, sparse=True)
+
+
+def check_step(pg, dist_ctx, grid_groups, grid, layers, arch, order, block_rows,
+               sparse=False):
+    """One step against the reference: outputs, loss, gradients, running statistics, the
+    evaluation forward, and the ledger against the formula."""
     ref, (ahat, x, labels, train), model, lays, comms, data, ledger, ops = build(
-        prepared, dist_ctx, grid_groups, grid, layers, arch, order, block_rows)
+        pg, dist_ctx, grid_groups, grid, layers, arch, order, block_rows, sparse=sparse)
     out_ref = ref(x, ModelGraph(gcn=ahat))
     loss_ref = cross_entropy(out_ref[train], labels[train])
     loss_ref.backward()
@@ -95,7 +138,7 @@ def test_step_equals_reference(prepared, dist_ctx, grid_groups, grid, name):  # 
         eval_ref = ref(x, ModelGraph(gcn=ahat))
     # every collective has run
     r = last.rows[1] - last.rows[0]
-    mine = my_rows(prepared, last, out_ref.detach())
+    mine = my_rows(pg, last, out_ref.detach())
     torch.testing.assert_close(out[:r, : mine.shape[1]], mine, **TOL)
     torch.testing.assert_close(loss, loss_ref.detach(), **TOL)
     want = dict(ref.named_parameters())
@@ -105,10 +148,10 @@ def test_step_equals_reference(prepared, dist_ctx, grid_groups, grid, name):  # 
     ref_state = ref.state_dict()
     for k, v in state.items():  # BatchNorm's running statistics after the step
         torch.testing.assert_close(v, ref_state[k], **TOL, msg=k)
-    torch.testing.assert_close(out_eval[:r, : mine.shape[1]], my_rows(prepared, last, eval_ref),
+    torch.testing.assert_close(out_eval[:r, : mine.shape[1]], my_rows(pg, last, eval_ref),
                                **TOL)
     assert sent == plexus_step_bytes(grid, dist_ctx.rank, N, op_widths(ops), 8, block_rows,
-                                     order, ops=ops, norm=arch.norm)
+                                     order, ops=ops, norm=arch.norm, sparse_input=sparse)
 
 
 CURVE_ARCH = "deep-linear-ln"

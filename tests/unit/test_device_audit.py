@@ -125,7 +125,7 @@ def test_audit_catches_adjacency_left_on_the_host(prepared, world, monkeypatch, 
     skips the 3D GCN's adjacency blocks (plain lists of sparse tensors), and the first SpMM
     of a GPU run multiplies host blocks with device features."""
     monkeypatch.setattr(Plexus3DGCN, "_apply", nn.Module._apply)
-    with pytest.raises(DeviceMismatch, match=r"_sparse_addmm.*plexus3d.py"):
+    with pytest.raises(DeviceMismatch, match=r"_sparse_addmm.*plexus_aggregate.py"):
         _audited_train("gcn", prepared, monkeypatch, tmp_path)
 
 

@@ -165,10 +165,11 @@ class Plexus3DGCN(nn.Module):
             arch.jk == "cat" and len(self.layouts) > 1) else 1
         """Layers side by side in the classifier's input (jumping knowledge 'cat')."""
         last = len(self.ops) - 1
+        # the classifier's pre-norm reads the concatenation of 'cat'
         self.norms = nn.ModuleList(
             make_norm(arch.norm, _width(self.layouts[l].out_cols)
-                      * (self.stack if l == last - 1 else 1)).to(dtype)
-            for l in self.norm_at)
+                      * (self.stack if j == self.ops[-1].pre_norm else 1)).to(dtype)
+            for j, l in enumerate(self.norm_at))
         # jumping knowledge: the identity maps ('hops') carrying each combined layer's
         # output into the classifier's input layout (plexgt.models.gcn.jk_hops)
         self.hops: dict[int, list[tuple[LayerLayout, BlockedAdjacency]]] = {}

@@ -22,7 +22,7 @@ from typing import NamedTuple
 from plexgt.config import TrainConfig
 from plexgt.distributed.grid import Grid3D, check_world_size, parse_grid
 from plexgt.errors import ConfigError
-from plexgt.models.gcn import layer_widths
+from plexgt.models.gcn import GCNArch, GCNOp, gcn_ops, op_widths
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionStrategy, StrategyRegistry
 from plexgt.plan.agp import SystemModel, Workload, gcn_grid_for
@@ -84,6 +84,18 @@ class ModelShape:
     attention_block_rows: int = 0
     """Strategies without a ring: query rows per attention block; 0: the plan's (whole unless
     the memory needs blocks)."""
+    norm: str = "auto"
+    """``model.norm`` ('auto': the model's own, :attr:`norm_kind`)."""
+    pre_norm: bool = False
+    """Pre-norm layers or blocks."""
+    jk: str = "none"
+    """Jumping knowledge ('none', 'cat', 'max', 'sum')."""
+    residual: str = "none"
+    """gcn: residual connections ('none', 'identity', 'linear')."""
+    input_proj: bool = False
+    """gcn: an input Linear before the first GCN layer."""
+    head: bool = False
+    """gcn: a linear classifier after the last GCN layer."""
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> ModelShape:
@@ -92,12 +104,33 @@ class ModelShape:
         m, par = cfg.model, cfg.parallel
         return cls(m.name, m.hidden, m.layers, m.heads, m.ffn_mult, cfg.esize,
                    par.gcn_order, par.block_rows or None, par.ring_chunks, m.super_nodes,
-                   m.node_embedding > 0, par.attention_block_rows)
+                   m.node_embedding > 0, par.attention_block_rows, m.norm_kind, m.pre_norm,
+                   m.jk, m.residual, m.input_proj, m.head)
+
+    @property
+    def norm_kind(self) -> str:
+        """The norm with 'auto' resolved: 'layer' for gt and gps, 'none' for gcn."""
+        if self.norm != "auto":
+            return self.norm
+        return "none" if self.name == "gcn" else "layer"
+
+    @property
+    def gcn_arch(self) -> GCNArch:
+        """gcn's options, as the model takes them."""
+        return GCNArch(self.input_proj, self.head, self.residual, self.norm_kind,
+                       self.pre_norm, self.jk)
+
+
+def gcn_chain(sizes: GraphSizes, shape: ModelShape) -> list[GCNOp]:
+    """A GCN's ops (:func:`plexgt.models.gcn.gcn_ops`): input Linear, GCN layers, classifier
+    as ``shape`` has them."""
+    return gcn_ops(sizes.features, shape.hidden, max(1, sizes.classes), shape.layers,
+                   shape.gcn_arch)
 
 
 def gcn_dims(sizes: GraphSizes, shape: ModelShape) -> list[int]:
-    """Widths of a GCN's layers, input to output: [F, d, ..., d, C]."""
-    return layer_widths(sizes.features, shape.hidden, max(1, sizes.classes), shape.layers)
+    """Widths of a GCN's layers (ops), input to output: [F, d, ..., d, C]."""
+    return op_widths(gcn_chain(sizes, shape))
 
 
 def resolve_grid(text: str, world_size: int) -> Grid3D | None:
@@ -119,7 +152,8 @@ def workload(sizes: GraphSizes, shape: ModelShape, grid: Grid3D | None = None) -
                     gcn_block_rows=shape.block_rows if gps else None,
                     ring_chunks=shape.ring_chunks or 1, super_nodes=shape.super_nodes,
                     attention_block_rows=shape.attention_block_rows,
-                    feature_density=sizes.feature_density)
+                    feature_density=sizes.feature_density, norm=shape.norm_kind,
+                    pre_norm=shape.pre_norm, jk=shape.jk)
 
 
 def candidates(strategy: str, registry: StrategyRegistry | None = None
@@ -238,7 +272,8 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
                            world_size, memory_per_rank if open_ else None, shape.gcn_order,
                            scales, input_grad=shape.trained_input,
                            input_density=sizes.feature_density, grid=fixed,
-                           block_rows=shape.block_rows)
+                           block_rows=shape.block_rows, ops=gcn_chain(sizes, shape),
+                           norm=shape.norm_kind)
         c = found.chosen
         if c is None:
             raise _none_fits(memory_per_rank, world_size, any_scale, found.least_memory)

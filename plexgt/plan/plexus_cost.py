@@ -334,16 +334,18 @@ class PlexusEstimate:
 
 def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
              coef: Coefficients, block_rows: int | None = None, order: str = "auto",
-             input_grad: bool = False, input_density: float | None = None) -> PlexusEstimate:
+             input_grad: bool = False, input_density: float | None = None,
+             ops: list[GCNOp] | None = None, norm: str = "none") -> PlexusEstimate:
     """Predicted step time and memory of ``grid`` (nnz spread evenly: double permutation;
     ``input_grad``: layer 0's input is trained, a node embedding; ``input_density``: the
-    input is CSR-stored with this share of nonzeros, its layer-0 GEMM an SpMM priced by it)."""
+    input is CSR-stored with this share of nonzeros, its layer-0 GEMM an SpMM priced by it;
+    ``ops``, ``norm``: the GCN's options, :func:`rank_cost`)."""
     # every rank prices the same: blocks are padded to equal shapes (ceil(N/G) rows, padded
     # widths), so bytes, calls, FMAs and memory depend on the grid's extents, not on which
     # block a rank holds (the tests check rank_cost over every rank); one rank stands for
     # all, which keeps a search over every factorisation of every scale fast
     rc = rank_cost(grid, 0, n, nnz, dims, esize, coef, block_rows, order, input_grad,
-                   input_density)
+                   input_density, ops, norm)
     return PlexusEstimate(grid, rc.nbytes, rc.comm_s, rc.compute_s, rc.mem)
 
 
@@ -363,59 +365,109 @@ class RankCost(NamedTuple):
     its bytes (time-shared when CPU ranks outnumber the cores)."""
 
 
+def group_extent(grid: Grid3D, name: str) -> int:
+    """Ranks in the group ``name``: a grid axis ('x') or plane ('xy')."""
+    out = 1
+    for axis in name:
+        out *= grid.dim(axis)
+    return out
+
+
 def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: int,
               coef: Coefficients, block_rows: int | None = None, order: str = "auto",
-              input_grad: bool = False, input_density: float | None = None) -> RankCost:
-    """Rank ``r``'s step (:class:`RankCost`), as :func:`estimate` prices it."""
+              input_grad: bool = False, input_density: float | None = None,
+              ops: list[GCNOp] | None = None, norm: str = "none") -> RankCost:
+    """Rank ``r``'s step (:class:`RankCost`), as :func:`estimate` prices it (``ops``,
+    ``norm``: a GCN with :class:`~plexgt.models.gcn.GCNArch` options, ``dims`` its
+    :func:`~plexgt.models.gcn.op_widths`)."""
     sparse = input_density is not None
-    lays = layer_layouts(grid, r, n, dims, order,
-                         first_order="gemm_first" if sparse else None)
+    lays = chain_layouts(grid, r, n, dims, order, sparse, ops)
     host, p = coef.host, grid.size
     nbytes, calls, flops_s, mem, comm = 0, 0, 0.0, 0, 0.0
+    for name, op, b in chain_bytes(lays, esize, block_rows, input_grad, sparse, ops, norm):
+        if b:
+            nbytes += b
+            calls += 1
+            per_call, per_byte = coef.price(op, group_extent(grid, name), p)
+            comm += per_call + b * per_byte
     for lay in lays:
+        op = None if ops is None else ops[lay.layer]
         ga, gb, gc = lay.g
-        rows_pad, cols_pad = lay.rows_pad, lay.cols_pad
-        ops = layer_bytes(lay, esize, block_rows, lay.layer > 0 or input_grad,
-                          sparse and lay.layer == 0)
-        extent = dict(zip(lay.roles, lay.g))
-        for role, op, b in ops:
-            if b:
-                nbytes += b
-                calls += 1
-                per_call, per_byte = coef.price(op, extent[role], p)
-                comm += per_call + b * per_byte
-        blk_nnz = nnz / (ga * gc)
+        rows_pad, cols_pad = lay.rows_pad, lay.cols_pad  # properties: computed once here
+        din_b, dout_a, dout_ab = lay.d_in // gb, lay.d_out // ga, lay.d_out // (ga * gb)
+        # a node-wise layer's operator is the identity's block: N/(Ga·Gc) entries
+        blk_nnz = (nnz if lay.kind == "conv" else n) / (ga * gc)
         shard = cols_pad * lay.d_in // (gb * gc) * (2 if lay.layer == 0 else 1)
         mem += int(blk_nnz * 12 * 2)  # CSR + transpose: 8-byte index + 4-byte value
-        mem += (lay.d_in // gb) * (lay.d_out // ga) * esize * 4  # W shard, grad, Adam
+        mem += din_b * dout_a * esize * 4  # W shard, grad, Adam
         if lay.order == "gemm_first":
             # the SpMM runs forward and backward on d_out/Gb columns; GEMM on input rows
             spmm = blk_nnz * (lay.d_out // gb) * 2
-            gemm = cols_pad * (lay.d_in // gb) * lay.d_out * (3 if lay.layer else 2)
+            gemm = cols_pad * din_b * lay.d_out * (3 if lay.layer else 2)
             if sparse and lay.layer == 0:
                 # a CSR input's X·W and Xᵀ·dY are SpMMs over its nonzeros, d_out columns
-                spmm += 2 * cols_pad * (lay.d_in // gb) * input_density * lay.d_out
+                spmm += 2 * cols_pad * din_b * input_density * lay.d_out
                 gemm = 0
             # input shard (+ staging on layer 0), gathered input (staged twice), whole W
             # block, H·W before and after its reduce-scatter, the aggregate; a sparse input
             # is read already gathered over c: its CSR block alone, no staging and no
             # gathered copies, but used both ways (X·W, Xᵀ·dY), so with its transpose and
             # index caches as a graph keeps them, and both value arrays
-            inputs = (shard + 2 * cols_pad * lay.d_in // gb) * esize
+            inputs = (shard + 2 * cols_pad * din_b) * esize
             if sparse and lay.layer == 0:
-                nnz_in = int(cols_pad * (lay.d_in // gb) * input_density)
-                inputs = graph_bytes(cols_pad, lay.d_in // gb, nnz_in) + 2 * nnz_in * esize
-            mem += inputs + ((lay.d_in // gb) * lay.d_out + cols_pad * lay.d_out
+                nnz_in = int(cols_pad * din_b * input_density)
+                inputs = graph_bytes(cols_pad, din_b, nnz_in) + 2 * nnz_in * esize
+            mem += inputs + (din_b * lay.d_out + cols_pad * lay.d_out
                              + cols_pad * lay.d_out // gb + rows_pad * lay.d_out // gb
                              ) * esize
         else:
-            spmm = blk_nnz * (lay.d_in // gb) * (2 if lay.layer > 0 else 1)
-            gemm = rows_pad * (lay.d_in // gb) * (lay.d_out // ga) * 3
+            spmm = blk_nnz * din_b * (2 if lay.layer > 0 else 1)
+            gemm = rows_pad * din_b * dout_a * 3
             # input shard (and its staging copy on layer 0), gathered input (twice: the
             # backend stages the gather), aggregate, partial product
-            mem += (shard + 2 * cols_pad * lay.d_in // gb
-                    + rows_pad * lay.d_in // gb + rows_pad * lay.d_out // ga) * esize
+            mem += (shard + 2 * cols_pad * din_b + rows_pad * din_b + rows_pad * dout_a
+                    ) * esize
+        if op is not None and op.residual != "none":
+            # the residual path: the identity's block beside Â's, its weight (a learned one
+            # with its gradient and Adam's moments), and its operands as the conv's
+            eye = n / (ga * gc)
+            mem += int(eye * 12 * 2) + (din_b * dout_a * esize * 4
+                                        if op.residual == "linear" else 0)
+            if lay.order == "gemm_first":
+                spmm += eye * (lay.d_out // gb) * 2
+                gemm += cols_pad * din_b * lay.d_out * 3
+                mem += (din_b * lay.d_out + cols_pad * lay.d_out
+                        + cols_pad * lay.d_out // gb) * esize
+            else:
+                spmm += eye * din_b * 2
+                gemm += rows_pad * din_b * dout_a * 3
+                mem += rows_pad * din_b * esize
+            if op.pre_act:  # the raw input gathered on its own
+                mem += 2 * cols_pad * din_b * esize
+            mem += rows_pad * dout_ab * esize  # the sum
+        for j, at in (() if op is None else
+                      ((op.pre_norm, lays[lay.layer - 1]), (op.post_norm, lay))):
+            if j is not None and norm != "none":
+                # the normalised values kept for backward and the norm's output
+                width = (lay.d_in // (gb * gc) if at is not lay else dout_ab)
+                mem += 2 * at.rows_pad * width * esize
         flops_s += spmm * coef.spmm_s_per_nnz_col + gemm * coef.gemm_s_per_fma
+    for path in ({} if ops is None else jk_hops(ops)).values():
+        for m in path:
+            # a hop: its identity block, gathered input (staged), aggregate, partial
+            # product and output; the combined layers, side by side or stacked
+            lay = lays[m]
+            ga, gb, gc = lay.g
+            din_b, dout_a = lay.d_in // gb, lay.d_out // ga
+            eye = n / (ga * gc)
+            mem += int(eye * 24) + (2 * lay.cols_pad * din_b + lay.rows_pad * din_b
+                                    + lay.rows_pad * dout_a + lay.rows_pad * dout_a // gb
+                                    ) * esize
+            flops_s += (eye * din_b * 2 * coef.spmm_s_per_nnz_col
+                        + lay.rows_pad * din_b * dout_a * 2 * coef.gemm_s_per_fma)
+    if ops is not None and any(op.jk for op in ops):
+        head = lays[-1]
+        mem += 2 * head.cols_pad * head.d_in // (head.g[1] * head.g[2]) * esize
     mem += PROCESS_BASE_BYTES
     flops_s *= coef.compute_scale * host.compute_factor(p)
     return RankCost(nbytes, calls, flops_s, mem, comm)
@@ -439,7 +491,7 @@ def layout_block_rows(layouts: list[LayerLayout], nnz: int, esize: int, coef: Co
     most to overlap (the smallest), from global sizes only, so every rank of an all-reduce
     group cuts the same blocks."""
     picks = [default_block_rows(lay, nnz // (lay.g[0] * lay.g[2]), esize, coef)
-             for lay in layouts]
+             for lay in layouts if lay.kind == "conv"]
     return min((p for p in picks if p), default=None)
 
 

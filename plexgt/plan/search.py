@@ -25,9 +25,15 @@ import time
 from dataclasses import dataclass, field
 
 from plexgt.distributed.grid import Grid3D, factorizations
-from plexgt.distributed.layout3d import layer_layouts
+from plexgt.models.gcn import GCNOp
 from plexgt.plan.pareto import chosen_and_frontier, frontier
-from plexgt.plan.plexus_cost import Coefficients, PlexusEstimate, estimate, layout_block_rows
+from plexgt.plan.plexus_cost import (
+    Coefficients,
+    PlexusEstimate,
+    chain_layouts,
+    estimate,
+    layout_block_rows,
+)
 
 REFINE = 4
 """Grids per scale priced again in every order and blocking (the second stage)."""
@@ -78,23 +84,27 @@ class GcnSearch:
 
 
 def _block_rows(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
-                coef: Coefficients, order: str) -> int | None:
+                coef: Coefficients, order: str, ops: list[GCNOp] | None = None
+                ) -> int | None:
     """The cost model's rows per block for ``grid`` (as train picks them)."""
-    return layout_block_rows(layer_layouts(grid, 0, n, dims, order), nnz, esize, coef)
+    return layout_block_rows(chain_layouts(grid, 0, n, dims, order, ops=ops), nnz, esize,
+                             coef)
 
 
 def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients,
                world_size: int, memory_limit: int | None = None, order: str = "auto",
                scales: list[int] | None = None, refine: int | None = REFINE,
                input_grad: bool = False, input_density: float | None = None,
-               grid: Grid3D | None = None, block_rows: int | None = None) -> GcnSearch:
+               grid: Grid3D | None = None, block_rows: int | None = None,
+               ops: list[GCNOp] | None = None, norm: str = "none") -> GcnSearch:
     """Search every factorisation of every scale in ``scales`` (default 1..world_size; only
     ``grid`` when given), the layer orders (``order`` 'auto': all of :data:`ORDERS`; else
     that one) and blocked or whole aggregation (``block_rows`` given: those rows only); see
-    the module docstring. ``refine=None`` prices every combination."""
+    the module docstring. ``refine=None`` prices every combination. ``ops``, ``norm``: the
+    GCN's options (:func:`plexgt.models.gcn.gcn_ops`; ``dims`` their widths)."""
     t0 = time.perf_counter()
     orders = ORDERS if order == "auto" else (order,)
-    kw = dict(input_grad=input_grad, input_density=input_density)
+    kw = dict(input_grad=input_grad, input_density=input_density, ops=ops, norm=norm)
 
     def price(g: Grid3D, o: str, br: int | None) -> GcnConfig:
         return GcnConfig(g, o, br, estimate(g, n, nnz, dims, esize, coef, br, o, **kw))
@@ -132,7 +142,7 @@ def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients
             for c in first if refine is None else first[:refine]:
                 for o in orders:
                     rows = ({block_rows} if block_rows else
-                            {_block_rows(c.grid, n, nnz, dims, esize, coef, o), None})
+                            {_block_rows(c.grid, n, nnz, dims, esize, coef, o, ops), None})
                     for br in rows:
                         if (o, br) != (c.order, c.block_rows):
                             priced += 1

@@ -1,6 +1,7 @@
 """A run's resumable state in the single-process model's form, whatever the layout.
 
-Keys: ``model/<name>`` (the single-process model's parameter names and shapes),
+Keys: ``model/<name>`` (the single-process model's parameter and persistent buffer names
+and shapes: BatchNorm's running statistics),
 ``optim/exp_avg/<name>``, ``optim/exp_avg_sq/<name>`` (AdamW's moments, shaped like their
 parameters), ``optim/step`` (AdamW's step count) and ``rng/cpu`` (and ``rng/cuda`` on a GPU).
 A distributed model maps its local tensors to and from this form with ``to_canonical`` and
@@ -24,6 +25,13 @@ def _names(model: nn.Module) -> list[str]:
     return [n for n, _ in model.named_parameters()]
 
 
+def _buffers(model: nn.Module) -> dict[str, Tensor]:
+    """The model's persistent buffers (BatchNorm's running statistics): state beside the
+    parameters, canonical like them."""
+    params = set(_names(model))
+    return {k: v for k, v in model.state_dict().items() if k not in params}
+
+
 def canonical_state(model: Any, opt: torch.optim.Optimizer) -> dict[str, Tensor]:
     """The state of ``model`` (a distributed model with ``to_canonical``) and its AdamW
     ``opt`` (one parameter group over ``model.parameters()``), identical on every rank;
@@ -31,7 +39,8 @@ def canonical_state(model: Any, opt: torch.optim.Optimizer) -> dict[str, Tensor]
     are zeros: the same keys and shapes, so this is also the template a resume loads into."""
     names = _names(model)
     params = {n: p.detach() for n, p in model.named_parameters()}
-    out = {f"model/{k}": v for k, v in model.to_canonical(params).items()}
+    out = {f"model/{k}": v for k, v in model.to_canonical({**params, **_buffers(model)}
+                                                           ).items()}
     st = opt.state_dict()["state"]
     for key in MOMENTS:
         local = {n: st[i][key].detach() if i in st else torch.zeros_like(params[n])
@@ -56,6 +65,8 @@ def load_canonical_state(model: Any, opt: torch.optim.Optimizer, state: dict[str
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(local[n])
+        for n, b in _buffers(model).items():
+            b.copy_(local[n])
     step = float(state["optim/step"])
     if step > 0:
         moments = {key: model.from_canonical(part(f"optim/{key}/")) for key in MOMENTS}

@@ -52,6 +52,9 @@ ARCHS = {
     "jk-cat-pre-ln": (5, GCNArch(head=True, norm="layer", pre_norm=True, jk="cat"), "auto", 4),
     "jk-max-bn": (4, GCNArch(input_proj=True, head=True, residual="identity", norm="batch",
                              jk="max"), "auto", None),
+    # 'cat' after post-norm layers: the last layer's own norm is one layer wide
+    "jk-cat-post-bn": (2, GCNArch(input_proj=True, head=True, residual="linear",
+                                  norm="batch", jk="cat"), "auto", None),
 }
 
 

@@ -105,6 +105,15 @@ class OptimConfig:
     """Epochs of linear warm-up from lr/10."""
     min_lr: float = 1e-4
     """Learning rate at the last epoch."""
+    name: str = "adamw"
+    """'adamw' (decoupled weight decay) or 'adam' (weight decay as an L2 term of the
+    gradient: tunedGNN's torch.optim.Adam)."""
+    decay: str = "all"
+    """Which parameters weight decay shrinks: 'all', or 'weights' (weight matrices only, not
+    biases and norm parameters)."""
+    clip_norm: float = 0.0
+    """> 0: clip the gradient to this global 2-norm (over every parameter of the whole model,
+    each element counted once whatever the layout); 0: no clipping."""
 
 
 @dataclass(frozen=True)
@@ -157,6 +166,10 @@ class TrainConfig:
     """Epochs to train (a resumed run continues up to this count)."""
     eval_every: int = 1
     """Evaluate train/valid/test accuracy every this many epochs."""
+    patience: int = 0
+    """> 0: early stopping: stop once this many epochs have passed since the best validation
+    epoch (evaluations every ``eval_every``), the model then restored to that epoch's state;
+    0: run to ``epochs``."""
     metric: str = "auto"
     """'auto' (ROC-AUC for two classes, else accuracy), 'accuracy' or 'rocauc': reported per
     split in the metrics and the final line; the best validation epoch is chosen on it."""
@@ -209,7 +222,8 @@ class TrainConfig:
         resume must match them (:meth:`hash`)."""
         d = self.to_dict()
         for k in ("data", "metrics", "tensorboard", "checkpoint_dir", "checkpoint_every",
-                  "resume", "progress", "eval_every", "stop_after", "epochs", "parallel"):
+                  "resume", "progress", "eval_every", "stop_after", "epochs", "parallel",
+                  "patience"):
             d.pop(k)
         return d
 
@@ -225,6 +239,8 @@ CHOICES = {
     "model.residual": ("none", "identity", "linear"),
     "model.norm": ("auto", "none", "layer", "batch"),
     "model.jk": ("none", "cat", "max", "sum"),
+    "optim.name": ("adamw", "adam"),
+    "optim.decay": ("all", "weights"),
     "parallel.gcn_order": ("auto", "aggregate_first", "gemm_first"),
     "parallel.backend": ("auto", "nccl", "gloo"),
     "dtype": tuple(ELEMENT_BYTES),
@@ -363,6 +379,12 @@ def validate(cfg: TrainConfig) -> None:
         if not (math.isfinite(v) and (v > 0 if k == "lr" else v >= 0)):
             raise ConfigError(f"config key 'optim.{k}': {v!r} must be a finite number "
                               f"{'> 0' if k == 'lr' else '>= 0'}")
+    if not (math.isfinite(o.clip_norm) and o.clip_norm >= 0):
+        raise ConfigError(f"config key 'optim.clip_norm': {o.clip_norm!r} must be a finite "
+                          "number >= 0 (0: no clipping)")
+    if cfg.patience < 0:
+        raise ConfigError(f"config key 'patience': {cfg.patience} must be >= 0 (0: no early "
+                          "stopping)")
     if not (math.isfinite(cfg.parallel.timeout_s) and cfg.parallel.timeout_s > 0):
         raise ConfigError(f"config key 'parallel.timeout_s': {cfg.parallel.timeout_s!r} must "
                           "be a finite number of seconds > 0")

@@ -262,6 +262,13 @@ class Plexus3DGCN(nn.Module):
             return name, self.layouts[self.norm_at[int(j)]], "vector"
         raise KeyError(f"no canonical form for {name}")
 
+    def counted(self, name: str) -> bool:
+        """Whether this rank counts parameter ``name`` in a global sum over ranks (the
+        gradient's norm): every weight block (each is one rank's), a vector's block only at
+        ic = 0 (its copies over c are equal)."""
+        _, lay, kind = self._canonical_name(name)
+        return lay is None or kind != "vector" or lay.i[2] == 0
+
     @torch.no_grad()
     def to_canonical(self, local: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """This rank's parameter-shaped tensors (the parameters and norm statistics, or an

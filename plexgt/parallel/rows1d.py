@@ -326,6 +326,11 @@ class RowParallel(nn.Module):
         return {k: full[k.removeprefix("model.")].to(t.device, t.dtype)
                 for k, t in self.state_dict().items() if k.removeprefix("model.") in full}
 
+    def counted(self, name: str) -> bool:  # noqa: ARG002 - every parameter alike
+        """Whether this rank counts parameter ``name`` in a global sum over ranks: the
+        parameters are replicated (their gradients summed), so rank 0 counts them all."""
+        return self.comm.rank == 0
+
     @property
     def step(self) -> int:
         """The wrapped model's training-step counter (the dropout key; checkpointed)."""

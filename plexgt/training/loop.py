@@ -38,6 +38,7 @@ from plexgt.tasks.metrics import task_roc_auc
 from plexgt.tasks.task import Task
 from plexgt.training import checkpoint as ckpt
 from plexgt.training import ownfiles
+from plexgt.training.optim import clip_gradients, make_optimizer
 from plexgt.training.state import canonical_state, load_canonical_state
 from plexgt.training.tensorboard import TensorBoardLog
 from plexgt.util.progress import Progress
@@ -212,6 +213,8 @@ def step(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int,
     # the loss in float32 outside autocast (its softmax statistics and the mean over nodes)
     loss = task.loss(out if task.amp is None else out.float())
     loss.backward()
+    if cfg.optim.clip_norm > 0:
+        clip_gradients(task.model, cfg.optim.clip_norm, device)
     opt.step()
     synchronize(device)
     t1 = time.perf_counter()
@@ -339,8 +342,7 @@ def stop_requested(stop: StopFlag, cfg: TrainConfig, epoch: int, device: torch.d
 def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> dict[str, Any]:
     """Run the loop; returns the summary (best validation epoch and its test accuracy)."""
     rank0 = ctx.rank == 0
-    opt = torch.optim.AdamW(task.model.parameters(), lr=cfg.optim.lr,
-                            weight_decay=cfg.optim.weight_decay)
+    opt = make_optimizer(cfg, task.model)
     root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     held = agreed(lambda: ckpt.lock(root) if rank0 and root is not None else None, ctx.device)
     try:
@@ -363,12 +365,18 @@ def _epochs(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opt
     root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     best = state.best
     stop = StopFlag()
-    out = agreed(lambda: EpochLog(cfg, rank0, state.start), ctx.device)
     last = state.start
+    early = EarlyStop(cfg.patience)
+    if early.due(state.start, best):  # a resumed run that had already stopped early
+        return _summary(early.why, last, best, task.metric)
+    out = agreed(lambda: EpochLog(cfg, rank0, state.start), ctx.device)
     try:
         for epoch in range(state.start, cfg.epochs):
             loss, step_s, wait_s = step(cfg, task, opt, epoch, ctx.device)
-            row, best = epoch_row(cfg, ctx, task, opt, epoch, loss, step_s, wait_s, best)
+            row, new_best = epoch_row(cfg, ctx, task, opt, epoch, loss, step_s, wait_s, best)
+            if new_best["epoch"] != best["epoch"]:
+                early.keep(task.model)
+            best = new_best
             if not math.isfinite(row["loss"]):  # replicated: every rank stops here at once
                 err = TrainingError(f"epoch {epoch + 1}: the loss is {row['loss']}; lower "
                                     "optim.lr or check the data (plexgt verify)")
@@ -378,8 +386,12 @@ def _epochs(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opt
             last = epoch + 1
             signum, stop_now = stop_requested(stop, cfg, epoch, ctx.device)
             due = cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0
-            if stop_now or due or epoch + 1 == cfg.epochs:
+            patience_out = early.due(epoch + 1, best)  # the same on every rank (metrics are)
+            if stop_now or due or epoch + 1 == cfg.epochs or patience_out:
                 save(cfg, ctx, task, opt, epoch + 1, best, state.run)
+            if patience_out and not stop_now:
+                early.restore(task.model)
+                return _summary(early.why, last, best, task.metric)
             if stop_now:
                 if root is not None:
                     agreed(lambda e=epoch + 1: _mark_stopped(root, e) if rank0 else None,
@@ -393,7 +405,36 @@ def _epochs(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opt
                 return _summary(_why(signum), last, best, task.metric)
     finally:
         out.close()
+    early.restore(task.model)
     return _summary("", last, best, task.metric)
+
+
+class EarlyStop:
+    """Early stopping on the validation metric (``patience`` epochs without a better one; 0:
+    never), and the best validation epoch's model state, kept in memory (this rank's
+    parameters and buffers) and put back when the run ends, so what runs after training
+    sees the best model. The checkpoints stay the last epoch's: the resumable state."""
+
+    def __init__(self, patience: int) -> None:
+        self.patience = patience
+        self.best_state: dict[str, torch.Tensor] | None = None
+        self.why = f"early stopping (patience {patience})"
+
+    def due(self, epoch: int, best: dict[str, Any]) -> bool:
+        """Whether ``epoch`` epochs done, ``patience`` have passed since the best one."""
+        return self.patience > 0 and best["epoch"] > 0 and epoch - best["epoch"] >= \
+            self.patience
+
+    def keep(self, model: torch.nn.Module) -> None:
+        """Remember ``model``'s state (a new best epoch)."""
+        if self.patience > 0:
+            self.best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def restore(self, model: torch.nn.Module) -> None:
+        """Put the best epoch's state back (if this run saw it: a resumed run's earlier best
+        is not in memory)."""
+        if self.best_state is not None:
+            model.load_state_dict(self.best_state)
 
 
 def _new_run_id() -> str:

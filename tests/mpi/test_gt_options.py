@@ -154,3 +154,37 @@ def test_training_with_batchnorm_and_dropout_follows_reference(prepared, groups)
     assert theirs[-1] < theirs[0]
     lo, hi = data.rows
     torch.testing.assert_close(out[: hi - lo], out_ref[pq[lo:hi]], **TOL)
+
+
+def test_adam_weights_only_decay_and_global_clipping_follow_reference(prepared, groups):
+    """Five Adam steps of a BatchNorm gt, L2 decay on the weight matrices only, the gradient
+    clipped to a global norm below its own: the replicated parameters count once (rank 0's),
+    so the norm and the loss curve are the reference's under torch's clip_grad_norm_."""
+    from plexgt.parallel.rows1d import RowParallel
+    from plexgt.training.optim import clip_gradients, param_groups
+
+    graph_ref, x, labels, masks, _ = reference_inputs(prepared)
+    ledger, comm, graph, data = setup_rank(prepared, groups, WORLD, "gp_ag")
+    ref, model = build(GraphTransformer, DistGraphTransformer, 2, seed=5, norm="batch")
+    wrapped = RowParallel(model, graph, comm)
+    opt_ref = torch.optim.Adam(param_groups(ref, 0.05, "weights"), lr=0.05)
+    opt = torch.optim.Adam(param_groups(wrapped, 0.05, "weights"), lr=0.05)
+    curve, norms = [], []
+    for _ in range(5):
+        opt_ref.zero_grad()
+        loss_ref = F.cross_entropy(ref(x, graph_ref)[masks["train"]], labels[masks["train"]])
+        loss_ref.backward()
+        norms_ref = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05)
+        opt_ref.step()
+        opt.zero_grad()
+        loss = row_cross_entropy(wrapped(data.x), data.labels, data.masks["train"], comm)
+        loss.backward()
+        norm = clip_gradients(wrapped, 0.05)
+        opt.step()
+        curve.append((loss.item(), loss_ref.item()))
+        norms.append((norm.item(), norms_ref.item()))
+    mine, theirs = zip(*curve)
+    np.testing.assert_allclose(mine, theirs, rtol=1e-6)
+    got, want = zip(*norms)
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    assert min(want) > 0.05

@@ -195,3 +195,42 @@ def test_training_with_dropout_and_batchnorm_follows_reference(prepared, dist_ct
     r = last.rows[1] - last.rows[0]
     want = my_rows(prepared, last, out_ref)
     torch.testing.assert_close(out[:r, : want.shape[1]], want, **TOL)
+
+
+@pytest.mark.parametrize("grid", grids_for_world(every=False, curves=True), ids=str)
+def test_adam_weights_only_decay_and_global_clipping_follow_reference(prepared,  # noqa: F811
+                                                                     dist_ctx, grid_groups,
+                                                                     grid):
+    """Five Adam steps (L2 weight decay on the weight matrices only), the gradient clipped to
+    a global norm below its own: the sharded weights count once, the biases' and norms' copies
+    over c once; the norm before clipping and the loss curve equal the reference's under
+    torch's clip_grad_norm_."""
+    from plexgt.training.optim import clip_gradients, param_groups
+
+    arch = GCNArch(input_proj=True, head=True, residual="linear", norm="layer")
+    ref, (ahat, x, labels, train), model, lays, comms, data, _, _ = build(
+        prepared, dist_ctx, grid_groups, grid, 2, arch, "auto", None)
+    opt_ref = torch.optim.Adam(param_groups(ref, 0.05, "weights"), lr=0.05)
+    opt = torch.optim.Adam(param_groups(model, 0.05, "weights"), lr=0.05)
+    assert len(opt.param_groups[1]["params"]) == len(opt_ref.param_groups[1]["params"]) > 0
+    curve, norms = [], []
+    graph = ModelGraph(gcn=ahat)
+    for _ in range(5):
+        opt_ref.zero_grad()
+        loss_ref = cross_entropy(ref(x, graph)[train], labels[train])
+        loss_ref.backward()
+        norm_ref = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05)
+        opt_ref.step()
+        opt.zero_grad()
+        loss = parallel_cross_entropy(model(data.x), data.labels, data.masks["train"], lays[-1],
+                                      comms)
+        loss.backward()
+        norm = clip_gradients(model, 0.05)
+        opt.step()
+        curve.append((loss.item(), loss_ref.item()))
+        norms.append((norm.item(), norm_ref.item()))
+    mine, theirs = zip(*curve)
+    np.testing.assert_allclose(mine, theirs, rtol=1e-6)
+    got, want = zip(*norms)
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    assert min(want) > 0.05  # every step clipped

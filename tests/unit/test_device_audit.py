@@ -65,13 +65,13 @@ def world():
     dist.destroy_process_group()
 
 
-def _audited_train(model, prepared, monkeypatch, tmp_path):
-    """``plexgt train`` for two epochs under the audit: (audit, in-step events, task, summary,
-    fused-kernel calls)."""
+def _audited_train(model, prepared, monkeypatch, tmp_path, **options):
+    """``plexgt train`` for two epochs under the audit (``options``: more config keys):
+    (audit, in-step events, task, summary, fused-kernel calls)."""
     cfg = load_config(None, {"data": str(prepared), "model.name": model, "epochs": 2,
                              "progress": False, "model.hidden": 16, "model.heads": 2,
                              "model.dropout": 0.2, "model.input_dropout": 0.2,
-                             "metrics": str(tmp_path / "m.jsonl")})
+                             "metrics": str(tmp_path / "m.jsonl"), **options})
     ctx = DistContext(0, 1, 0, 1, "gloo", DECLARED, "single")
     # what the loop asks of the CUDA runtime, answered as a GPU would (no CUDA here)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 0)
@@ -118,6 +118,28 @@ def test_training_step_stays_on_device(model, prepared, world, monkeypatch, tmp_
     assert in_step["transfers"] == [], in_step["transfers"]
     # per epoch, outside the step: the loss, the accuracy counts, the stats, the stop flags
     assert len(audit.syncs) <= 4 * cfg.epochs, audit.syncs
+
+
+OPTIONS = {
+    "gcn": {"model.norm": "batch", "model.residual": "identity", "model.input_proj": True,
+            "model.head": True, "model.jk": "cat", "optim.clip_norm": 1.0,
+            "optim.decay": "weights", "optim.name": "adam", "patience": 5},
+    "gt": {"model.norm": "batch", "model.pre_norm": True, "model.jk": "max",
+           "optim.clip_norm": 1.0},
+}
+
+
+@pytest.mark.parametrize("model", list(OPTIONS))
+def test_model_and_training_options_stay_on_device(model, prepared, world, monkeypatch,
+                                                   tmp_path):
+    """The options' layers (identity blocks, hops, BatchNorm's statistics and running
+    statistics, the clipped norm) keep the step on the device, without a sync."""
+    audit, in_step, task, summary, _, cfg = _audited_train(model, prepared, monkeypatch,
+                                                           tmp_path, **OPTIONS[model])
+    assert summary["last_epoch"] == 2
+    assert all(p.device == DECLARED for p in task.model.parameters())
+    assert in_step["syncs"] == [], in_step["syncs"]
+    assert in_step["transfers"] == [], in_step["transfers"]
 
 
 def test_audit_catches_adjacency_left_on_the_host(prepared, world, monkeypatch, tmp_path):

@@ -109,11 +109,14 @@ def test_step_equals_reference(prepared, dist_ctx, grid_groups, grid, name):  # 
 
 
 @pytest.mark.parametrize("grid", grids_for_world(every=False)[:1], ids=str)
+@pytest.mark.parametrize("arch", [GCNArch(residual="linear", norm="layer"),
+                                  GCNArch(input_proj=True, head=True, residual="identity")],
+                         ids=["residual", "input-linear"])
 def test_sparse_features_with_residual_and_norm(prepared_sparse, dist_ctx,  # noqa: F811
-                                                grid_groups, grid):
-    """CSR-stored features into a first layer with a learned residual: both products are
-    SpMMs of the input read already gathered (gemm_first), then LayerNorm."""
-    arch = GCNArch(residual="linear", norm="layer")
+                                                grid_groups, grid, arch):
+    """CSR-stored features into a first layer with a learned residual (both products are
+    SpMMs of the input read already gathered, gemm_first), then LayerNorm; or into the input
+    Linear (an SpMM, then the identity's block)."""
     check_step(prepared_sparse, dist_ctx, grid_groups, grid, 2, arch, "auto", 4, sparse=True)
 
 

@@ -16,7 +16,8 @@ from torch import nn
 
 from plexgt.distributed.collectives import Comm, all_gather, replicated
 from plexgt.distributed.grid import block_bounds, padded
-from plexgt.parallel.plexus3d import BlockedAdjacency, _AggregateAllReduce, gcn_block_values
+from plexgt.parallel.operators import gcn_block_values
+from plexgt.parallel.plexus_aggregate import BlockedAdjacency, _AggregateAllReduce
 
 
 class Row1DGCN(nn.Module):

@@ -75,6 +75,40 @@ class ModelConfig:
     node_embedding: int = 0
     """D > 0: a learnable [N, D] node embedding appended to the input features (graphs without
     features, or with weak ones), sharded with the input on every layout; 0: none."""
+    residual: str = "none"
+    """grid3d models (gcn, sage, mlp): 'none', 'identity' (each layer adds its input; a
+    learned projection where the input's width differs, the first layer on raw features, a
+    last layer to the classes) or 'linear' (adds a learned Linear of its input: tunedGNN's
+    ``conv(x) + lin(x)``). gt and gps blocks always add their input."""
+    norm: str = "auto"
+    """'layer' (LayerNorm), 'batch' (BatchNorm, full-graph batch statistics in training,
+    running statistics in evaluation) or 'none', over the hidden dim: after every hidden
+    layer (grid3d models) or in place of each block's LayerNorms (gt, gps). 'auto': 'layer'
+    for models with attention, 'none' for grid3d ones. Exact on every layout: the statistics
+    are all-reduced over the ranks that split the dim they run over."""
+    pre_norm: bool = False
+    """Pre-norm (the norm and ReLU before each layer, the residual stream left raw; gt/gps:
+    x + f(norm(x)) and a final norm before the classifier), which trains deep stacks; false:
+    post-norm (norm after the residual sum)."""
+    jk: str = "none"
+    """Jumping knowledge: the classifier reads 'cat' (concatenation), 'max' (elementwise
+    maximum) or 'sum' of every layer's (block's) output instead of the last; grid3d models
+    need ``model.head``."""
+    input_proj: bool = False
+    """grid3d models: a Linear F -> hidden before the first layer (tunedGNN's pre_linear), so
+    every graph layer is hidden -> hidden. gt and gps always project their input."""
+    head: bool = False
+    """grid3d models: a Linear hidden -> classes after the last layer (tunedGNN's
+    classifier), which then ends in ``hidden``; false: the last layer outputs the classes.
+    gt and gps always end in a linear classifier."""
+
+    def norm_kind(self, attention: bool) -> str:
+        """``norm`` with 'auto' resolved for a model with (gt, gps) or without (the grid3d
+        models) attention: 'layer' or 'none'. The caller knows which from the model's spec
+        (this schema knows no model but by name)."""
+        if self.norm != "auto":
+            return self.norm
+        return "layer" if attention else "none"
 
 
 @dataclass(frozen=True)
@@ -93,6 +127,15 @@ class OptimConfig:
     schedule: str = "cosine"
     """'cosine' (warm-up to lr, then cosine decay to min_lr) or 'constant' (lr at every
     epoch: no warm-up, no decay)."""
+    name: str = "adamw"
+    """'adamw' (decoupled weight decay) or 'adam' (weight decay as an L2 term of the
+    gradient: tunedGNN's torch.optim.Adam)."""
+    decay: str = "all"
+    """Which parameters weight decay shrinks: 'all', or 'weights' (weight matrices only, not
+    biases and norm parameters)."""
+    clip_norm: float = 0.0
+    """> 0: clip the gradient to this global 2-norm (over every parameter of the whole model,
+    each element counted once whatever the layout); 0: no clipping."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +202,10 @@ class TrainConfig:
     """Epochs to train (a resumed run continues up to this count)."""
     eval_every: int = 1
     """Evaluate train/valid/test accuracy every this many epochs."""
+    patience: int = 0
+    """> 0: early stopping: stop once this many epochs have passed since the best validation
+    epoch (evaluations every ``eval_every``), the model then restored to that epoch's state;
+    0: run to ``epochs``."""
     metric: str = "auto"
     """'auto' (ROC-AUC for two classes, else accuracy), 'accuracy' or 'rocauc': reported per
     split in the metrics and the final line; the best validation epoch is chosen on it."""
@@ -216,7 +263,8 @@ class TrainConfig:
             if node[key] == old:
                 node.pop(key)
         for k in ("data", "metrics", "tensorboard", "checkpoint_dir", "checkpoint_every",
-                  "resume", "progress", "eval_every", "stop_after", "epochs", "parallel"):
+                  "resume", "progress", "eval_every", "stop_after", "epochs", "parallel",
+                  "patience"):
             d.pop(k)
         return d
 
@@ -226,7 +274,10 @@ class TrainConfig:
                               ).hexdigest()[:16]
 
 
-ADDED_LATER = {"optim.schedule": "cosine"}
+ADDED_LATER = {"optim.schedule": "cosine", "optim.name": "adamw", "optim.decay": "all",
+               "optim.clip_norm": 0.0, "model.residual": "none", "model.norm": "auto",
+               "model.pre_norm": False, "model.jk": "none", "model.input_proj": False,
+               "model.head": False}
 """Keys added after checkpoints first recorded their configuration, with the value that
 computes what runs before them computed: :meth:`TrainConfig.computation` leaves them out at
 that value, so the hash of such a configuration, and the checkpoints that record it, stay
@@ -235,6 +286,11 @@ what they were (a resume of them is not refused as another configuration)."""
 CHOICES = {
     "metric": ("auto", "accuracy", "rocauc"),
     "optim.schedule": ("cosine", "constant"),
+    "model.residual": ("none", "identity", "linear"),
+    "model.norm": ("auto", "none", "layer", "batch"),
+    "model.jk": ("none", "cat", "max", "sum"),
+    "optim.name": ("adamw", "adam"),
+    "optim.decay": ("all", "weights"),
     "parallel.gcn_order": ("auto", "aggregate_first", "gemm_first"),
     "parallel.backend": ("auto", "nccl", "gloo"),
     "dtype": tuple(ELEMENT_BYTES),
@@ -347,6 +403,9 @@ def validate(cfg: TrainConfig) -> None:
     if m.node_embedding < 0:
         raise ConfigError(f"config key 'model.node_embedding': {m.node_embedding} is negative "
                           "(0: no embedding, D > 0: D learned columns)")
+    if m.super_nodes and m.norm == "batch":
+        raise ConfigError("config key 'model.norm': 'batch' with model.super_nodes: the super "
+                          "rows have no batch statistics of their own (use 'layer')")
     for k in ("dropout", "input_dropout"):
         if not 0.0 <= getattr(m, k) < 1.0:
             raise ConfigError(f"config key 'model.{k}' must be in [0, 1)")
@@ -356,6 +415,12 @@ def validate(cfg: TrainConfig) -> None:
         if not (math.isfinite(v) and (v > 0 if k == "lr" else v >= 0)):
             raise ConfigError(f"config key 'optim.{k}': {v!r} must be a finite number "
                               f"{'> 0' if k == 'lr' else '>= 0'}")
+    if not (math.isfinite(o.clip_norm) and o.clip_norm >= 0):
+        raise ConfigError(f"config key 'optim.clip_norm': {o.clip_norm!r} must be a finite "
+                          "number >= 0 (0: no clipping)")
+    if cfg.patience < 0:
+        raise ConfigError(f"config key 'patience': {cfg.patience} must be >= 0 (0: no early "
+                          "stopping)")
     if not (math.isfinite(cfg.parallel.timeout_s) and cfg.parallel.timeout_s > 0):
         raise ConfigError(f"config key 'parallel.timeout_s': {cfg.parallel.timeout_s!r} must "
                           "be a finite number of seconds > 0")

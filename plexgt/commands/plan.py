@@ -412,9 +412,11 @@ def train_command(args: argparse.Namespace, cfg: TrainConfig, rp: RunPlan) -> st
     if args.config:
         parts.append(f"--config {args.config}")
     m, d = cfg.model, TrainConfig().model
-    for key in ("hidden", "layers", "heads", "ffn_mult", "super_nodes", "node_embedding"):
-        if getattr(m, key) != getattr(d, key):
-            parts.append(f"--model.{key}={getattr(m, key)}")
+    for key in ("hidden", "layers", "heads", "ffn_mult", "super_nodes", "node_embedding",
+                "residual", "norm", "pre_norm", "jk", "input_proj", "head"):
+        v = getattr(m, key)
+        if v != getattr(d, key):
+            parts.append(f"--model.{key}={str(v).lower() if isinstance(v, bool) else v}")
     if cfg.dtype != TrainConfig().dtype:
         parts.append(f"--dtype={cfg.dtype}")
     if rp.grid is not None:

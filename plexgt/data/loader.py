@@ -235,8 +235,9 @@ class PlexusArrays:
     output rows in its output order, padded.
     """
 
-    blocks: list[tuple[sp.csr_matrix, np.ndarray, np.ndarray]]
-    """(pattern, deg of rows, deg of columns) per layer."""
+    blocks: list[tuple[sp.csr_matrix, np.ndarray, np.ndarray] | None]
+    """(pattern, deg of rows, deg of columns) per layer; None for a node-wise ('linear')
+    layer, which reads no adjacency."""
     features: np.ndarray | sp.csr_matrix
     """Dense [cols_pad, d_0/(Gb·Gc)], or CSR [cols_pad, d_0/Gb] (gathered over c)."""
     targets: NodeTargets
@@ -248,6 +249,9 @@ class PlexusArrays:
     node_ids: list[np.ndarray] = field(default_factory=list)
     """Per layer, the original node id of each input row (padded, :func:`read_node_ids`):
     the key of that layer's dropout masks."""
+    out_ids: np.ndarray | None = None
+    """[rows_pad] original node id of each of the last layer's output rows (padded): with
+    the next layers' input ids, what places node-wise layers' and residuals' rows."""
 
 
 def read_node_ids(pg: PreparedGraph, order: str, rows: Range, length: int) -> np.ndarray:
@@ -266,9 +270,12 @@ def read_plexus_arrays(pg: PreparedGraph, layouts: Sequence[LayerLayout]) -> Ple
     blocks, ids = [], []
     for lay in layouts:
         out_o, in_o = ("P", "Q") if lay.matrix == A1 else ("Q", "P")
-        adj = pg.read_adjacency(lay.matrix, lay.rows, lay.cols)
-        blocks.append((adj, read_block_degrees(pg, adj, lay.rows, lay.cols, out_o),
-                       pg.read_degrees(lay.cols, in_o)))
+        if lay.kind == "conv":
+            adj = pg.read_adjacency(lay.matrix, lay.rows, lay.cols)
+            blocks.append((adj, read_block_degrees(pg, adj, lay.rows, lay.cols, out_o),
+                           pg.read_degrees(lay.cols, in_o)))
+        else:
+            blocks.append(None)
         ids.append(read_node_ids(pg, in_o, lay.cols, lay.cols_pad))
     first, last = layouts[0], layouts[-1]
     feats: np.ndarray | sp.csr_matrix
@@ -280,5 +287,6 @@ def read_plexus_arrays(pg: PreparedGraph, layouts: Sequence[LayerLayout]) -> Ple
         width = first.in_cols[1] - first.in_cols[0]
         feats = read_feature_block(pg, first.cols, first.in_cols, (first.cols_pad, width))
     targets = read_targets(pg, last.rows, last.out_order, last.rows_pad)
+    out_ids = read_node_ids(pg, last.out_order, last.rows, last.rows_pad)
     return PlexusArrays(blocks, feats, targets, last.rows, last.out_order,
-                        pg.bytes_read - before, ids)
+                        pg.bytes_read - before, ids, out_ids)

@@ -64,6 +64,11 @@ class LayerLayout:
     """Unpadded output width."""
     order: str = "aggregate_first"
     """'aggregate_first' ((Â·H)·W) or 'gemm_first' (Â·(H·W)); see the module docstring."""
+    kind: str = "conv"
+    """'conv' (Â·H·W, a GCN layer) or 'linear' (H·W, node-wise: an input projection or a
+    classifier): the same blocks with Â's block replaced by the identity's, [rows over c,
+    cols over a] in the layer's output x input orders, so the chain's layouts rotate
+    alike."""
 
     @property
     def rows(self) -> Range:
@@ -166,11 +171,12 @@ def layer_orders(dims: list[int], order: str = "auto") -> list[str]:
 
 
 def layer_layouts(grid: Grid3D, rank: int, n: int, dims: list[int],
-                  order: str = "aggregate_first", first_order: str | None = None
-                  ) -> list[LayerLayout]:
+                  order: str = "aggregate_first", first_order: str | None = None,
+                  kinds: list[str] | None = None) -> list[LayerLayout]:
     """One :class:`LayerLayout` per layer for ``rank`` (``len(dims) - 1`` layers); ``order``
     as in :func:`layer_orders`, layer 0's replaced by ``first_order`` when given (sparse
-    input features run gemm_first whatever the widths)."""
+    input features run gemm_first whatever the widths); ``kinds``: each layer's kind
+    (default all 'conv')."""
     coords = dict(zip("xyz", grid.coords(rank)))
     ext = dict(zip("xyz", grid.shape))
     pd = padded_dims(grid, dims)
@@ -192,6 +198,7 @@ def layer_layouts(grid: Grid3D, rank: int, n: int, dims: list[int],
                 d_in_true=dims[l],
                 d_out_true=dims[l + 1],
                 order=orders[l],
+                kind=kinds[l] if kinds is not None else "conv",
             )
         )
     return out

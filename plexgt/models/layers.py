@@ -231,17 +231,55 @@ def ffn(x: Tensor, lin1: nn.Linear, lin2: nn.Linear, drop: Drop = NO_DROP) -> Te
     return lin2(drop(F.relu(lin1(x))))
 
 
-def residual_norm(x: Tensor, update: Tensor, norm: nn.LayerNorm, drop: Drop = NO_DROP
-                  ) -> Tensor:
-    """Post-norm residual LN(x + dropout(update)), as in Dwivedi & Bresson's graph transformer."""
-    return norm(x + drop(update))
+NORMS = ("none", "layer", "batch")
+"""``model.norm``'s kinds (after 'auto' is resolved)."""
 
 
-Block = Callable[[Any, Tensor, Any, "int | None", Drop, "Tensor | None", bool],
+def make_norm(kind: str, dim: int) -> nn.Module:
+    """The norm over a width-``dim`` hidden activation [n, dim]: LayerNorm (each row over its
+    features), BatchNorm1d (each feature over the rows: all N nodes, full-graph) or none."""
+    if kind == "layer":
+        return nn.LayerNorm(dim)
+    if kind == "batch":
+        return nn.BatchNorm1d(dim)
+    if kind == "none":
+        return nn.Identity()
+    raise ValueError(f"norm {kind!r} is not one of {', '.join(NORMS)}")
+
+
+NormFn = Callable[[nn.Module, Tensor], Tensor]
+"""(norm module, activation [n, d]) -> normalised: how a model applies its norms. On one
+process the module itself; a distributed model substitutes the exact distributed form where
+the statistics span ranks (BatchNorm over a row partition)."""
+
+
+def apply_norm(norm: nn.Module, x: Tensor) -> Tensor:
+    """The single-process :data:`NormFn`: the module."""
+    return norm(x)
+
+
+def jk_combine(outs: list[Tensor], mode: str) -> Tensor:
+    """Jumping knowledge over L layer outputs [n, d]: 'cat' [n, L·d], 'max' / 'sum' [n, d]."""
+    if mode == "cat":
+        return torch.cat(outs, 1)
+    if mode == "max":
+        return torch.stack(outs).amax(0)
+    if mode == "sum":
+        return torch.stack(outs).sum(0)
+    raise ValueError(f"jumping knowledge {mode!r} is not one of cat, max, sum")
+
+
+def residual_norm(x: Tensor, update: Tensor, norm: nn.Module, drop: Drop = NO_DROP,
+                  nf: NormFn = apply_norm) -> Tensor:
+    """Post-norm residual N(x + dropout(update)), as in Dwivedi & Bresson's graph transformer."""
+    return nf(norm, x + drop(update))
+
+
+Block = Callable[[Any, Tensor, Any, "int | None", Drop, "Tensor | None", bool, NormFn],
                  tuple[Tensor, "Tensor | None"]]
 """(block module, rows [n, d], graph, block_rows, dropout, super states [S, d] or None,
-update_super) -> (rows, super states, None when not ``update_super``): one block of a
-:class:`BlockStack`, single-process or distributed."""
+update_super, norm function) -> (rows, super states, None when not ``update_super``): one
+block of a :class:`BlockStack`, single-process or distributed."""
 
 
 class AttentionParams(nn.Module):
@@ -336,16 +374,24 @@ class BlockStack(nn.Module):
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2,
                  heads: int = 8, dropout: float = 0.5, input_dropout: float | None = None,
                  ffn_mult: int = 2, block_rows: int | None = None, seed: int = 0,
-                 super_nodes: int = 0, edge_dim: int = 0) -> None:
+                 super_nodes: int = 0, edge_dim: int = 0, norm: str = "layer",
+                 pre_norm: bool = False, jk: str = "none") -> None:
         super().__init__()
         if super_nodes < 0:
             raise ValueError(f"model.super_nodes must be >= 0, got {super_nodes}")
+        if super_nodes and norm == "batch":
+            raise ValueError("BatchNorm with super nodes: the super rows have no batch")
         self.input = nn.Linear(in_dim, hidden)
         self.blocks = nn.ModuleList(
-            self.block_type(hidden, heads, ffn_mult, dropout, edge_dim)
+            self.block_type(hidden, heads, ffn_mult, dropout, edge_dim, norm, pre_norm)
             for _ in range(num_layers)
         )
-        self.classifier = nn.Linear(hidden, out_dim)
+        self.jk = jk
+        self.classifier = nn.Linear(hidden * (num_layers if jk == "cat" else 1), out_dim)
+        self.pre_norm = pre_norm
+        # pre-norm leaves the residual stream raw: one norm before the classifier (of the
+        # classifier's input width)
+        self.final_norm = make_norm(norm, self.classifier.in_features) if pre_norm else None
         self.dropout = dropout
         self.input_dropout = dropout if input_dropout is None else input_dropout
         self.block_rows = block_rows
@@ -356,17 +402,26 @@ class BlockStack(nn.Module):
         if super_nodes:
             self.super_init = nn.Parameter(torch.randn(super_nodes, hidden))
 
-    def run(self, x: Features, graph: Any, block: Block) -> Tensor:
-        """Dropout, projection, ``block(blk, h, graph, block_rows, drop, z, update_super)``
-        per block, classifier. Sites: 0 input, 1 before the classifier, 8(i+1)+k inside block
-        i. The last block leaves the super states alone (nothing reads them after it)."""
+    def run(self, x: Features, graph: Any, block: Block, nf: NormFn = apply_norm) -> Tensor:
+        """Dropout, projection, ``block(blk, h, graph, block_rows, drop, z, update_super,
+        nf)`` per block, jumping knowledge over the blocks' outputs, the final norm
+        (pre-norm), classifier. Sites: 0 input, 1 before the classifier, 8(i+1)+k inside
+        block i. The last block leaves the super states alone (nothing reads them after
+        it)."""
         drop = Drop(step_rng(self.seed, self.step, graph.node_ids, x, self.training), 0.0)
         h = linear_in(drop.at(0, self.input_dropout).features(x), self.input)
         z = self.super_init.to(h.dtype) if self.super_nodes else None
         last = len(self.blocks) - 1
+        outs = []
         for i, blk in enumerate(self.blocks):
             h, z = block(blk, h, graph, self.block_rows, drop.at(BLOCK_SITES * (i + 1),
-                                                                 blk.dropout), z, i < last)
+                                                                 blk.dropout), z, i < last, nf)
+            if self.jk != "none":
+                outs.append(h)
+        if self.jk != "none":
+            h = jk_combine(outs, self.jk)
+        if self.final_norm is not None:
+            h = nf(self.final_norm, h)
         h = drop.at(1, self.dropout)(h)
         if self.training:
             self.step += 1

@@ -13,7 +13,7 @@ from plexgt.models.stack import LayerStack
 
 
 class MLP(LayerStack):
-    """L layers of nn.Linear (``layers.{l}``), ReLU between them."""
+    """L layers of nn.Linear (``layers.{l}``), ReLU between them; the options as gcn's."""
 
     operators = ("self",)
 

@@ -30,11 +30,11 @@ from plexgt.distributed.collectives import (
     reduce_scatter_bytes,
 )
 from plexgt.models.gps import GPS, GPSBlock
-from plexgt.models.layers import NO_DROP, Drop, Features
+from plexgt.models.layers import NO_DROP, Drop, Features, NormFn, apply_norm
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_spmm
 from plexgt.parallel.attention.strategy import AttentionProblem
-from plexgt.parallel.gt_dist import dist_attention
+from plexgt.parallel.gt_dist import dist_attention, row_norm
 from plexgt.parallel.redistribute import gcn3d_conv
 from plexgt.parallel.rows1d import DistGraph
 
@@ -53,26 +53,28 @@ def dist_gcn_conv(ahat_rows: CSRGraph, x: Tensor, lin: nn.Linear, comm: Comm) ->
 
 
 def dist_gps_block(blk: GPSBlock, x: Tensor, graph: DistGraph, block_rows: int | None = None,
-                   drop: Drop = NO_DROP, z: Tensor | None = None, update_super: bool = True
-                   ) -> tuple[Tensor, Tensor | None]:
+                   drop: Drop = NO_DROP, z: Tensor | None = None, update_super: bool = True,
+                   nf: NormFn = apply_norm) -> tuple[Tensor, Tensor | None]:
     """One GPS block on rows [n, d] and super states [S, d]
     (:meth:`plexgt.models.gps.GPSBlock.forward`, same dropout sites)."""
+    xl, xa = blk.path_inputs(x, nf)
     if graph.gcn3d is not None:
-        g = gcn3d_conv(graph.gcn3d, x, blk.local)
+        g = gcn3d_conv(graph.gcn3d, xl, blk.local)
     elif graph.gcn is not None:
-        g = dist_gcn_conv(graph.gcn, x, blk.local, graph.comm)
+        g = dist_gcn_conv(graph.gcn, xl, blk.local, graph.comm)
     else:
         raise ValueError("a distributed GPS needs its GCN operator (build_dist_graph(gcn=True))")
-    a, az = dist_attention(blk.attn, x, graph.attention, block_rows, z, update_super)
-    zo = None if z is None or az is None else blk.tail(z, blk.super_local(z), az)
-    return blk.tail(x, g, a, drop), zo
+    za = None if z is None else blk.path_inputs(z, nf)[1]
+    a, az = dist_attention(blk.attn, xa, graph.attention, block_rows, za, update_super)
+    zo = None if z is None or az is None else blk.tail(z, blk.super_local(z), az, nf=nf)
+    return blk.tail(x, g, a, drop, nf), zo
 
 
 class DistGPS(GPS):
     """GPS over a 1D node partition (constructor as the reference)."""
 
     def forward(self, x: Features, graph: DistGraph) -> Tensor:  # type: ignore[override]
-        return self.run(x, graph, dist_gps_block)
+        return self.run(x, graph, dist_gps_block, row_norm(graph))
 
 
 def gcn1d_comm(problem: AttentionProblem, p: int) -> list[CommOp]:

@@ -4,10 +4,10 @@ Shapes on a rank of a p-rank group (n = ceil(N/p), see :mod:`plexgt.parallel.row
 x [n, F] -> logits [n, C], rows = this rank's block in Q order. Every dense layer (input
 projection, Q/K/V/O projections, LayerNorm, FFN, classifier) is row-local on replicated
 parameters; only attention communicates, through the strategy of the graph's
-:class:`~plexgt.parallel.attention.strategy.AttentionShard` (GP-AG or GP-A2A). After
-``backward`` the
-caller sums parameter gradients over the group (:func:`~plexgt.parallel.rows1d.
-all_reduce_gradients`), one ledger-counted all-reduce.
+:class:`~plexgt.parallel.attention.strategy.AttentionShard`, and a BatchNorm's column
+statistics (:func:`row_norm`). After ``backward`` the caller sums parameter gradients over
+the group (:func:`~plexgt.parallel.rows1d.all_reduce_gradients`), one ledger-counted
+all-reduce.
 
 The class *is* the reference model (same modules, same names, same initialisation for the same
 seed), only ``forward`` differs, so ``load_state_dict`` moves weights either way.
@@ -18,11 +18,13 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 from plexgt.models.gt import GraphTransformer, GTBlock
-from plexgt.models.layers import NO_DROP, AttentionParams, Drop, Features
+from plexgt.models.layers import NO_DROP, AttentionParams, Drop, Features, NormFn, apply_norm
 from plexgt.parallel.attention.strategy import AttentionShard
 from plexgt.parallel.attention.super_nodes import super_rows
+from plexgt.parallel.norms import batch_norm_rows
 from plexgt.parallel.rows1d import DistGraph
 
 Tensor = torch.Tensor
@@ -59,13 +61,32 @@ def dist_attention(params: AttentionParams, x: Tensor, shard: AttentionShard,
     return params.o(x) + y.reshape(n, d), params.o(z) + ys.to(z.dtype).reshape(z.shape)
 
 
+def row_norm(graph: DistGraph) -> NormFn:
+    """The norms of a row-partitioned model: LayerNorm (and none) are row-local, the
+    reference modules as they are; BatchNorm's column statistics run over every rank's real
+    rows (:func:`~plexgt.parallel.norms.batch_norm_rows` over the group; padding rows
+    excluded)."""
+    shard = graph.attention
+    real = shard.real_rows
+
+    def nf(norm: nn.Module, x: Tensor) -> Tensor:
+        if not isinstance(norm, nn.BatchNorm1d):
+            return norm(x)
+        mask = torch.arange(x.shape[0], device=x.device) < real
+        return batch_norm_rows(x, norm, mask, shard.n, shard.comm)
+
+    return nf
+
+
 def dist_gt_block(blk: GTBlock, x: Tensor, graph: DistGraph, block_rows: int | None = None,
-                  drop: Drop = NO_DROP, z: Tensor | None = None, update_super: bool = True
-                  ) -> tuple[Tensor, Tensor | None]:
+                  drop: Drop = NO_DROP, z: Tensor | None = None, update_super: bool = True,
+                  nf: NormFn = apply_norm) -> tuple[Tensor, Tensor | None]:
     """One GT block on rows [n, d] (and super states [S, d]): attention (distributed) then
-    FFN (row-local); dropout at the reference block's sites, keyed on the rows' node ids."""
-    a, az = dist_attention(blk.attn, x, graph.attention, block_rows, z, update_super)
-    return blk.tail(x, a, drop), None if az is None else blk.tail(z, az)
+    FFN (row-local, but for a BatchNorm's statistics); dropout at the reference block's
+    sites, keyed on the rows' node ids."""
+    a, az = dist_attention(blk.attn, blk.attention_input(x, nf), graph.attention, block_rows,
+                           None if z is None else blk.attention_input(z, nf), update_super)
+    return blk.tail(x, a, drop, nf), None if az is None else blk.tail(z, az, nf=nf)
 
 
 class DistGraphTransformer(GraphTransformer):
@@ -76,4 +97,4 @@ class DistGraphTransformer(GraphTransformer):
     """
 
     def forward(self, x: Features, graph: DistGraph) -> Tensor:  # type: ignore[override]
-        return self.run(x, graph, dist_gt_block)
+        return self.run(x, graph, dist_gt_block, row_norm(graph))

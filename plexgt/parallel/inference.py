@@ -106,10 +106,12 @@ def capture(model: nn.Module, layer: str | None) -> Iterator[Captured]:
         last = len(inner.layouts) - 1
         plain = inner.layer
 
-        def tapped_layer(h: Any, l: int) -> Tensor:
-            if l == want + 1:  # the next layer's input: layer ``want`` after its activation
+        def tapped_layer(h: Any, l: int, res: Tensor | None = None) -> Tensor:
+            # the next layer's input: layer ``want`` after its activation (and, with the
+            # model options, after the next op's pre-norm)
+            if l == want + 1:
                 got.value = h
-            y = plain(h, l)
+            y = plain(h, l, res)
             if l == want == last:
                 got.value = y
             return y
@@ -120,7 +122,7 @@ def capture(model: nn.Module, layer: str | None) -> Iterator[Captured]:
         stack = inner.model
         plain_run = stack.run
 
-        def tapped_run(x: Any, graph: Any, block: Any) -> Tensor:
+        def tapped_run(x: Any, graph: Any, block: Any, *norm: Any) -> Tensor:
             seen = [0]
 
             def tapped(blk: nn.Module, h: Tensor, *rest: Any) -> Any:
@@ -133,7 +135,7 @@ def capture(model: nn.Module, layer: str | None) -> Iterator[Captured]:
                 seen[0] += 1
                 return out
 
-            y = plain_run(x, graph, tapped)
+            y = plain_run(x, graph, tapped, *norm)  # the row-split norms, if given
             if layer == "classifier":
                 got.value = y
             return y

@@ -66,6 +66,13 @@ class WithNodeEmbedding(nn.Module):
         out["embedding.weight"] = block.to(w.device, w.dtype)
         return out
 
+    def counted(self, name: str) -> bool:
+        """Whether this rank counts parameter ``name`` in a global sum over ranks: its table
+        block (no other rank holds it), and what the inner model counts."""
+        if name.startswith("inner."):
+            return bool(self.inner.counted(name.removeprefix("inner.")))
+        return True
+
     def _sharded(self, block: torch.Tensor) -> ShardedTensor:
         emb = self.embedding
         k, m = block.shape

@@ -53,7 +53,7 @@ from plexgt.distributed.grid import Grid3D, block_bounds
 from plexgt.distributed.layout3d import layer_layouts, row_blocks
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_norm
-from plexgt.parallel.plexus3d import BlockedAdjacency, _AggregateAllReduce
+from plexgt.parallel.plexus_aggregate import BlockedAdjacency, _AggregateAllReduce
 
 Tensor = torch.Tensor
 Range = tuple[int, int]

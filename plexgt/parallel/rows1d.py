@@ -321,10 +321,15 @@ class RowParallel(nn.Module):
         return {k.removeprefix("model."): v.detach().cpu() for k, v in local.items()}
 
     def from_canonical(self, full: dict[str, Tensor]) -> dict[str, Tensor]:
-        """The inverse of :meth:`to_canonical`, on the parameters' device and dtype."""
-        params = dict(self.named_parameters())
-        return {k: full[k.removeprefix("model.")].to(p.device, p.dtype)
-                for k, p in params.items()}
+        """The inverse of :meth:`to_canonical`, on the local tensors' device and dtype (the
+        parameters, and the persistent buffers ``full`` holds)."""
+        return {k: full[k.removeprefix("model.")].to(t.device, t.dtype)
+                for k, t in self.state_dict().items() if k.removeprefix("model.") in full}
+
+    def counted(self, name: str) -> bool:  # noqa: ARG002 - every parameter alike
+        """Whether this rank counts parameter ``name`` in a global sum over ranks: the
+        parameters are replicated (their gradients summed), so rank 0 counts them all."""
+        return self.comm.rank == 0
 
     @property
     def step(self) -> int:

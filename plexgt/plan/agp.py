@@ -111,14 +111,19 @@ DEFAULT_KERNELS = _KERNELS | counted_recompute(_KERNELS)
 
 
 def count_params(model: str, features: int, hidden: int, classes: int, layers: int,
-                 ffn_mult: int = 2, super_nodes: int = 0) -> int:
+                 ffn_mult: int = 2, super_nodes: int = 0, norm: str = "layer",
+                 pre_norm: bool = False, jk: str = "none") -> int:
     """Parameters of :class:`~plexgt.models.gt.GraphTransformer` or :class:`~plexgt.models.gps.
     GPS` (checked against the modules in the tests)."""
     d, m = hidden, ffn_mult
-    block = 4 * (d * d + d) + (d * m * d + m * d) + (m * d * d + d) + 2 * 2 * d
+    per_norm = 0 if norm == "none" else 2  # LayerNorm and BatchNorm: a scale and a shift
+    block = 4 * (d * d + d) + (d * m * d + m * d) + (m * d * d + d) + 2 * per_norm * d
     if model == "gps":
-        block += d * d + d + 2 * d
-    return features * d + d + layers * block + d * classes + classes + super_nodes * d
+        block += d * d + d + per_norm * d
+    head = d * (layers if jk == "cat" else 1)
+    final = per_norm * head if pre_norm else 0
+    return (features * d + d + layers * block + head * classes + classes + super_nodes * d
+            + final)
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,13 @@ class Workload:
     feature_density: float | None = None
     """Share of nonzero input features when they are stored and trained sparse (CSR): the
     input projection is then an SpMM over the nonzeros; None: dense."""
+    norm: str = "layer"
+    """The blocks' norm (``model.norm``): 'layer', 'batch' (its column statistics are
+    all-reduced over the rows) or 'none'."""
+    pre_norm: bool = False
+    """Pre-norm blocks (and a final norm before the classifier)."""
+    jk: str = "none"
+    """Jumping knowledge over the blocks' outputs ('cat', 'max', 'sum')."""
 
     def __post_init__(self) -> None:
         if self.model not in ("gt", "gps"):
@@ -170,7 +182,18 @@ class Workload:
     @property
     def num_params(self) -> int:
         return count_params(self.model, self.features, self.hidden, self.classes, self.layers,
-                            self.ffn_mult, self.super_nodes)
+                            self.ffn_mult, self.super_nodes, self.norm, self.pre_norm, self.jk)
+
+    @property
+    def batch_norms(self) -> tuple[int, ...]:
+        """The width of every BatchNorm a step applies (each all-reduces its statistics over
+        the rows): 2 (gt) or 3 (gps) per block, and the final norm of pre-norm."""
+        if self.norm != "batch":
+            return ()
+        per = 3 if self.model == "gps" else 2
+        final = (self.hidden * (self.layers if self.jk == "cat" else 1),) if self.pre_norm \
+            else ()
+        return (self.hidden,) * (per * self.layers) + final
 
     @property
     def gcn(self) -> bool:
@@ -390,7 +413,7 @@ def memory_of(strategy: AttentionStrategy, w: Workload, s: int, head_parallel: i
     model_memory`): cheap, so a search drops what cannot fit before pricing its time."""
     prob = replace(w.problem, head_parallel=head_parallel)
     return model_memory(strategy, prob, s, w.layers, w.features, w.classes, w.num_params,
-                        w.ffn_mult, w.gcn, w.grid_at(s), w.feature_density)
+                        w.ffn_mult, w.gcn, w.grid_at(s), w.feature_density, w.pre_norm, w.jk)
 
 
 def unsupported(strategy: AttentionStrategy, sysm: SystemModel) -> str:
@@ -523,7 +546,8 @@ def step_ops(strategy: AttentionStrategy, w: Workload, s: int, rank: int = 0,
     """(group name, op) of every collective ``rank`` issues in one step on s ranks: what
     :func:`estimate` prices (the ledger of a run equals them to the byte)."""
     return step_comm_named(strategy, replace(w.problem, head_parallel=head_parallel), rank, s,
-                           w.layers, w.num_params, w.gcn, w.grid_at(s), w.gcn_block_rows)
+                           w.layers, w.num_params, w.gcn, w.grid_at(s), w.gcn_block_rows,
+                           w.batch_norms)
 
 
 def comm_time(ops: list[tuple[str, CommOp]], s: int, grid: Grid3D | None,

@@ -22,12 +22,18 @@ from typing import NamedTuple
 from plexgt.config import TrainConfig
 from plexgt.distributed.grid import Grid3D, check_world_size, parse_grid
 from plexgt.errors import ConfigError
-from plexgt.models.gcn import layer_widths
+from plexgt.models.gcn import GCNArch, GCNOp, gcn_ops, op_widths
 from plexgt.models.registry import default_registry as model_registry
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionStrategy, StrategyRegistry
 from plexgt.plan.agp import Estimate, SystemModel, Workload, gcn_grid_for
-from plexgt.plan.plexus_cost import Coefficients, PlexusEstimate, comm_split
+from plexgt.plan.plexus_cost import (
+    Coefficients,
+    PlexusEstimate,
+    comm_split,
+    group_extent,
+    group_stride,
+)
 from plexgt.plan.search import GcnSearch, search_gcn
 from plexgt.plan.search_attention import AttentionSearch, search_attention
 
@@ -87,21 +93,56 @@ class ModelShape:
     the memory needs blocks)."""
     axis_order: str = "auto"
     """The grid's rank order, innermost axis first; 'auto': the plan's."""
+    norm: str = "auto"
+    """``model.norm`` ('auto': the model's own, :attr:`norm_kind`)."""
+    pre_norm: bool = False
+    """Pre-norm layers or blocks."""
+    jk: str = "none"
+    """Jumping knowledge ('none', 'cat', 'max', 'sum')."""
+    residual: str = "none"
+    """grid3d models: residual connections ('none', 'identity', 'linear')."""
+    input_proj: bool = False
+    """grid3d models: an input Linear before the first graph layer."""
+    head: bool = False
+    """grid3d models: a linear classifier after the last graph layer."""
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> ModelShape:
         """The planners' view of a run's configuration: the one place the config's model and
         layout keys become a shape (``plexgt train`` and ``plexgt plan`` both come here)."""
         m, par = cfg.model, cfg.parallel
-        name = model_registry().get(m.name).planned_as  # gcn prices every 3D-grid model
+        spec = model_registry().get(m.name)
+        name = spec.planned_as  # gcn prices every 3D-grid model
         return cls(name, m.hidden, m.layers, m.heads, m.ffn_mult, cfg.esize,
                    par.gcn_order, par.block_rows or None, par.ring_chunks, m.super_nodes,
-                   m.node_embedding > 0, par.attention_block_rows, par.axis_order)
+                   m.node_embedding > 0, par.attention_block_rows, par.axis_order,
+                   m.norm_kind(spec.attention), m.pre_norm, m.jk, m.residual, m.input_proj,
+                   m.head)
+
+    @property
+    def norm_kind(self) -> str:
+        """The norm with 'auto' resolved: 'layer' for gt and gps, 'none' for gcn."""
+        if self.norm != "auto":
+            return self.norm
+        return "none" if self.name == "gcn" else "layer"
+
+    @property
+    def gcn_arch(self) -> GCNArch:
+        """The grid3d models' options, as the reference takes them."""
+        return GCNArch(self.input_proj, self.head, self.residual, self.norm_kind,
+                       self.pre_norm, self.jk)
+
+
+def gcn_chain(sizes: GraphSizes, shape: ModelShape) -> list[GCNOp]:
+    """A GCN's ops (:func:`plexgt.models.gcn.gcn_ops`): input Linear, GCN layers, classifier
+    as ``shape`` has them."""
+    return gcn_ops(sizes.features, shape.hidden, max(1, sizes.classes), shape.layers,
+                   shape.gcn_arch)
 
 
 def gcn_dims(sizes: GraphSizes, shape: ModelShape) -> list[int]:
-    """Widths of a GCN's layers, input to output: [F, d, ..., d, C]."""
-    return layer_widths(sizes.features, shape.hidden, max(1, sizes.classes), shape.layers)
+    """Widths of a GCN's layers (ops), input to output: [F, d, ..., d, C]."""
+    return op_widths(gcn_chain(sizes, shape))
 
 
 def resolve_grid(text: str, world_size: int, axis_order: str = "auto") -> Grid3D | None:
@@ -126,7 +167,8 @@ def workload(sizes: GraphSizes, shape: ModelShape, grid: Grid3D | None = None) -
                     gcn_block_rows=shape.block_rows if gps else None,
                     ring_chunks=shape.ring_chunks or 1, super_nodes=shape.super_nodes,
                     attention_block_rows=shape.attention_block_rows,
-                    feature_density=sizes.feature_density)
+                    feature_density=sizes.feature_density, norm=shape.norm_kind,
+                    pre_norm=shape.pre_norm, jk=shape.jk)
 
 
 def candidates(strategy: str, registry: StrategyRegistry | None = None
@@ -224,7 +266,7 @@ def gcn_split(est: PlexusEstimate, coef: Coefficients) -> tuple[tuple[str, float
     topo, g = coef.topology, est.grid
     out = [("compute (SpMM and GEMM, calibrated)", est.compute_s)]
     for axis, op, t in comm_split(est.traffic, g, coef):
-        size, stride = g.dim(axis), g.stride(axis)
+        size, stride = group_extent(g, axis), group_stride(g, axis)
         where = (topo.group(size, stride).describe() if topo is not None
                  else f"{size} ranks stride {stride}")
         out.append((f"{op} over {axis}: {where}", t))
@@ -269,7 +311,8 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
                            world_size, memory_per_rank if open_ else None, shape.gcn_order,
                            scales, input_grad=shape.trained_input,
                            input_density=sizes.feature_density, grid=fixed,
-                           block_rows=shape.block_rows, axis_order=shape.axis_order)
+                           block_rows=shape.block_rows, axis_order=shape.axis_order,
+                           ops=gcn_chain(sizes, shape), norm=shape.norm_kind)
         c = found.chosen
         if c is None:
             raise _none_fits(memory_per_rank, world_size, any_scale, found.least_memory)

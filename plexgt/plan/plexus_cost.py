@@ -16,57 +16,136 @@ from typing import Any, NamedTuple
 from plexgt.distributed.collectives import all_gather_bytes, all_reduce_bytes, reduce_scatter_bytes
 from plexgt.distributed.grid import Grid3D, factorizations
 from plexgt.distributed.layout3d import LayerLayout, layer_layouts, output_plane, row_blocks
-from plexgt.models.gcn import layer_widths
+from plexgt.models.gcn import GCNOp, jk_hops, layer_widths
 from plexgt.parallel.attention.strategy import graph_bytes
+from plexgt.parallel.norms import batch_norm_comm, layer_norm_comm
 from plexgt.plan.host import Host, across_group_sizes
 from plexgt.plan.placement import Topology
 
 
+def hop_bytes(lay: LayerLayout, esize: int, block_rows: int | None
+              ) -> list[tuple[str, str, int]]:
+    """(axis role, op, bytes sent) of a jumping-knowledge hop (aggregate_first, a constant
+    identity weight, no bias): the input's all-gather over c, the identity block's blocked
+    all-reduce over a, the reduce-scatter over b, and their adjoints."""
+    return layer_bytes(replace(lay, order="aggregate_first"), esize, block_rows, True,
+                       weighted=False)
+
+
 def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad: bool,
-                gathered_input: bool = False) -> list[tuple[str, str, int]]:
+                gathered_input: bool = False, residual: str = "none", pre_act: bool = False,
+                weighted: bool = True) -> list[tuple[str, str, int]]:
     """(axis role, op, bytes sent) of one layer's forward and backward, in issue order
-    (``gathered_input``: sparse input features, read already gathered over c)."""
+    (``gathered_input``: sparse input features, read already gathered over c; ``residual``:
+    the conv's residual path, 'identity' or 'linear', fused into its collectives as
+    :class:`~plexgt.parallel.plexus3d.Plexus3DGCN` runs it; ``pre_act``: pre-norm, the
+    residual reads the raw input, gathered on its own; ``weighted=False``: aggregate_first
+    with a constant weight and no bias, :func:`hop_bytes`)."""
     ga, gb, gc = lay.g
     a, b, c = lay.roles
     din_b, dout_a = lay.d_in // gb, lay.d_out // ga
     rows_pad, cols_pad = lay.rows_pad, lay.cols_pad  # properties: computed once here
-    blocks = row_blocks(rows_pad, block_rows)
+    res = residual != "none"
+    learned = residual == "linear"
+    nbias = 2 if learned else 1
+    gather_in = (c, "all_gather", all_gather_bytes(cols_pad * (din_b // gc) * esize, gc))
+    scatter_in = (c, "reduce_scatter", reduce_scatter_bytes(cols_pad * din_b * esize, gc))
+    raw = [gather_in] if res and pre_act else []
+    raw_grad = [scatter_in] if res and pre_act else []
     if lay.order == "gemm_first":
+        blocks = row_blocks(rows_pad, block_rows)
         dout_b, dout_ab = lay.d_out // gb, lay.d_out // (ga * gb)
+        w_gather = [(c, "all_gather", all_gather_bytes((din_b // gc) * dout_a * esize, gc)),
+                    (a, "all_gather", all_gather_bytes(din_b * dout_a * esize, ga))]
+        w_grad = [(a, "reduce_scatter", reduce_scatter_bytes(din_b * lay.d_out * esize, ga)),
+                  (c, "reduce_scatter", reduce_scatter_bytes(din_b * dout_a * esize, gc))]
+        t_scatter = (b, "reduce_scatter", reduce_scatter_bytes(cols_pad * lay.d_out * esize,
+                                                               gb))
+        t_gather = (b, "all_gather", all_gather_bytes(cols_pad * dout_b * esize, gb))
         ops = [
-            (c, "all_gather", all_gather_bytes(cols_pad * (din_b // gc) * esize, gc)),
-            (c, "all_gather", all_gather_bytes((din_b // gc) * dout_a * esize, gc)),
-            (a, "all_gather", all_gather_bytes(din_b * dout_a * esize, ga)),
-            (b, "reduce_scatter", reduce_scatter_bytes(cols_pad * lay.d_out * esize, gb)),
+            *([] if gathered_input else [gather_in]),
+            *w_gather,
+            t_scatter,
+            *((raw + (w_gather if learned else []) + [t_scatter]) if res else []),
             *[(a, "reduce_scatter", reduce_scatter_bytes((r1 - r0) * dout_b * esize, ga))
               for r0, r1 in blocks],
             # backward
-            (c, "all_reduce", all_reduce_bytes(dout_ab * esize, gc)),
+            (c, "all_reduce", all_reduce_bytes(nbias * dout_ab * esize, gc)),
             *[(a, "all_gather", all_gather_bytes((r1 - r0) * dout_ab * esize, ga))
               for r0, r1 in blocks],
-            (b, "all_gather", all_gather_bytes(cols_pad * dout_b * esize, gb)),
-            (a, "reduce_scatter", reduce_scatter_bytes(din_b * lay.d_out * esize, ga)),
-            (c, "reduce_scatter", reduce_scatter_bytes(din_b * dout_a * esize, gc)),
+            t_gather,
+            *w_grad,
+            *(([t_gather] + (w_grad if learned else []) + raw_grad) if res else []),
         ]
         if input_grad:
-            ops.append((c, "reduce_scatter",
-                        reduce_scatter_bytes(cols_pad * din_b * esize, gc)))
-        return ops[1:] if gathered_input else ops
+            ops.append(scatter_in)
+        return ops
+    # the residual's rows are aggregated beside Â's: [Â; I] (or diag(Â, I)), 2·rows_pad rows
+    blocks = row_blocks(2 * rows_pad if res else rows_pad, block_rows)
+    w_gather = (c, "all_gather", all_gather_bytes((din_b // gc) * dout_a * esize, gc))
+    w_grad = (c, "reduce_scatter", reduce_scatter_bytes(din_b * dout_a * esize, gc))
     ops = [
-        (c, "all_gather", all_gather_bytes(cols_pad * (din_b // gc) * esize, gc)),
+        gather_in,
+        *raw,
         *[(a, "all_reduce", all_reduce_bytes((r1 - r0) * din_b * esize, ga)) for r0, r1 in blocks],
-        (c, "all_gather", all_gather_bytes((din_b // gc) * dout_a * esize, gc)),
+        *([w_gather] if weighted else []),
+        *([w_gather] if learned else []),
         (b, "reduce_scatter", reduce_scatter_bytes(rows_pad * dout_a * esize, gb)),
         # backward
         (b, "all_gather", all_gather_bytes(rows_pad * (dout_a // gb) * esize, gb)),
-        (c, "all_reduce", all_reduce_bytes((dout_a // gb) * esize, gc)),
-        (c, "reduce_scatter", reduce_scatter_bytes(din_b * dout_a * esize, gc)),
+        *([(c, "all_reduce", all_reduce_bytes(nbias * (dout_a // gb) * esize, gc)), w_grad]
+          if weighted else []),
+        *([w_grad] if learned else []),
     ]
     if input_grad:
         ops += [(a, "all_reduce", all_reduce_bytes((r1 - r0) * din_b * esize, ga))
                 for r0, r1 in blocks]
-        ops.append((c, "reduce_scatter", reduce_scatter_bytes(cols_pad * din_b * esize, gc)))
+        ops.append(scatter_in)
+        ops += raw_grad
     return ops
+
+
+def norm_bytes(lay: LayerLayout, norm: str, esize: int, stack: int = 1
+               ) -> list[tuple[str, str, int]]:
+    """(group, op, bytes sent) of a norm of ``lay``'s output in a training step: LayerNorm's
+    row statistics over the plane (a, b), BatchNorm's column statistics over c
+    (:mod:`plexgt.parallel.norms`), and the backward's sum of the parameters' gradients over
+    their copies (c); ``stack``: the norm of ``stack`` such outputs side by side (jumping
+    knowledge 'cat')."""
+    if norm == "none":
+        return []
+    ga, gb, gc = lay.g
+    w = stack * lay.d_out // (ga * gb)
+    c = lay.roles[2]
+    if norm == "layer":
+        group, ops = output_plane(lay.roles), layer_norm_comm(lay.rows_pad, esize, ga * gb)
+    else:
+        group, ops = c, batch_norm_comm(w, esize, gc)
+    out = [(group, o.op, o.sent) for o in ops]
+    return out + [(c, "all_reduce", all_reduce_bytes(2 * w * esize, gc))]
+
+
+def chain_bytes(lays: list[LayerLayout], esize: int, block_rows: int | None,
+                input_grad: bool, sparse_input: bool, ops: list[GCNOp] | None = None,
+                norm: str = "none") -> list[tuple[str, str, int]]:
+    """(group, op, bytes sent) of every layer of a chain (``ops``: each layer's residual and
+    norms, :func:`plexgt.models.gcn.gcn_ops`; None: plain GCN layers)."""
+    out: list[tuple[str, str, int]] = []
+    hops = {} if ops is None else jk_hops(ops)
+    for path in hops.values():
+        for m in path:
+            out += hop_bytes(lays[m], esize, block_rows)
+    for k, lay in enumerate(lays):
+        op = None if ops is None else ops[k]
+        out += layer_bytes(lay, esize, block_rows, k > 0 or input_grad,
+                           sparse_input and k == 0,
+                           "none" if op is None else op.residual,
+                           op is not None and op.pre_act)
+        if op is not None and op.pre_norm is not None:
+            out += norm_bytes(lays[k - 1], norm, esize, lay.d_in // lays[k - 1].d_out)
+        if op is not None and op.post_norm is not None:
+            out += norm_bytes(lay, norm, esize)
+    return out
 
 
 def loss_bytes(last: LayerLayout, esize: int, multilabel: bool = False
@@ -88,21 +167,38 @@ def loss_bytes(last: LayerLayout, esize: int, multilabel: bool = False
 def plexus_step_bytes(grid: Grid3D, rank: int, n: int, dims: list[int], esize: int,
                       block_rows: int | None = None, order: str = "aggregate_first",
                       input_grad: bool = False, multilabel: bool = False,
-                      sparse_input: bool = False) -> dict[str, int]:
-    """Bytes ``rank`` sends per axis (and class plane) in one forward + loss + backward
+                      sparse_input: bool = False, ops: list[GCNOp] | None = None,
+                      norm: str = "none") -> dict[str, int]:
+    """Bytes ``rank`` sends per axis (and plane) in one forward + loss + backward
     (``input_grad``: the input is trained, a node embedding, so layer 0's input gradient is
     communicated too; ``multilabel``: the binary cross-entropy's loss; ``sparse_input``:
-    CSR-stored features, layer 0 gemm_first on its input read already gathered)."""
+    CSR-stored features, layer 0 gemm_first on its input read already gathered; ``ops``
+    and ``norm``: a GCN with :class:`~plexgt.models.gcn.GCNArch` options, ``dims`` then its
+    :func:`~plexgt.models.gcn.op_widths`)."""
     out: dict[str, int] = defaultdict(int)
-    lays = layer_layouts(grid, rank, n, dims, order,
-                         first_order="gemm_first" if sparse_input else None)
-    for lay in lays:
-        for axis, _, nbytes in layer_bytes(lay, esize, block_rows, lay.layer > 0 or input_grad,
-                                           sparse_input and lay.layer == 0):
-            out[axis] += nbytes
+    lays = chain_layouts(grid, rank, n, dims, order, sparse_input, ops)
+    for axis, _, nbytes in chain_bytes(lays, esize, block_rows, input_grad, sparse_input,
+                                       ops, norm):
+        out[axis] += nbytes
     for axis, _, nbytes in loss_bytes(lays[-1], esize, multilabel):
         out[axis] += nbytes
     return {k: v for k, v in out.items() if v}
+
+
+def chain_layouts(grid: Grid3D, rank: int, n: int, dims: list[int], order: str,
+                  sparse_input: bool = False, ops: list[GCNOp] | None = None
+                  ) -> list[LayerLayout]:
+    """The layouts of a chain of ``dims`` (``ops``: their kinds; sparse input: layer 0
+    gemm_first), as the gcn task builds them."""
+    lays = layer_layouts(grid, rank, n, dims, order,
+                         first_order="gemm_first" if sparse_input else None,
+                         kinds=None if ops is None else [op.kind for op in ops])
+    if ops is not None and len(ops) > 1 and ops[-1].d_in != ops[-2].d_out:
+        # jumping knowledge 'cat': the classifier reads the L layers' blocks side by side,
+        # each padded as the last GCN layer's output
+        stack = ops[-1].d_in // ops[-2].d_out
+        lays[-1] = replace(lays[-1], d_in=stack * lays[-2].d_out, d_in_true=ops[-1].d_in)
+    return lays
 
 
 def row1d_step_bytes(p: int, n: int, dims: list[int], esize: int) -> int:
@@ -233,7 +329,8 @@ PROCESS_BASE_BYTES = 350 << 20
 
 
 Traffic = tuple[tuple[str, str, int, int], ...]
-"""(axis, op, calls, bytes) of one rank's step, summed per axis and operation."""
+"""(group, op, calls, bytes) of one rank's step, summed per group (an axis; a norm's plane,
+'xy') and operation."""
 
 
 @dataclass(frozen=True)
@@ -260,7 +357,8 @@ def comm_split(traffic: Traffic, grid: Grid3D, coef: Coefficients
     p = grid.size
     out = []
     for axis, op, calls, nbytes in traffic:
-        per_call, per_byte = coef.price(op, grid.dim(axis), p, grid.stride(axis))
+        per_call, per_byte = coef.price(op, group_extent(grid, axis), p,
+                                        group_stride(grid, axis))
         out.append((axis, op, calls * per_call + nbytes * per_byte))
     return out
 
@@ -275,16 +373,18 @@ def reorder(est: PlexusEstimate, order: str, coef: Coefficients) -> PlexusEstima
 
 def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
              coef: Coefficients, block_rows: int | None = None, order: str = "auto",
-             input_grad: bool = False, input_density: float | None = None) -> PlexusEstimate:
+             input_grad: bool = False, input_density: float | None = None,
+             ops: list[GCNOp] | None = None, norm: str = "none") -> PlexusEstimate:
     """Predicted step time and memory of ``grid`` (nnz spread evenly: double permutation;
     ``input_grad``: layer 0's input is trained, a node embedding; ``input_density``: the
-    input is CSR-stored with this share of nonzeros, its layer-0 GEMM an SpMM priced by it)."""
+    input is CSR-stored with this share of nonzeros, its layer-0 GEMM an SpMM priced by it;
+    ``ops``, ``norm``: the GCN's options, :func:`rank_cost`)."""
     # every rank prices the same: blocks are padded to equal shapes (ceil(N/G) rows, padded
     # widths), so bytes, calls, FMAs and memory depend on the grid's extents, not on which
     # block a rank holds (the tests check rank_cost over every rank); one rank stands for
     # all, which keeps a search over every factorisation of every scale fast
     rc = rank_cost(grid, 0, n, nnz, dims, esize, coef, block_rows, order, input_grad,
-                   input_density)
+                   input_density, ops, norm)
     return PlexusEstimate(grid, rc.nbytes, rc.comm_s, rc.compute_s, rc.mem, rc.traffic)
 
 
@@ -307,64 +407,120 @@ class RankCost(NamedTuple):
     """The same calls and bytes by axis and operation."""
 
 
+def group_extent(grid: Grid3D, name: str) -> int:
+    """Ranks in the group ``name``: a grid axis ('x') or plane ('xy')."""
+    out = 1
+    for axis in name:
+        out *= grid.dim(axis)
+    return out
+
+
+def group_stride(grid: Grid3D, name: str) -> int:
+    """Rank distance between the nearest members of the group ``name`` (an axis, or a plane:
+    its inner axis's stride, the placement a plane's collective is priced at)."""
+    return min(grid.stride(axis) for axis in name)
+
+
 def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: int,
               coef: Coefficients, block_rows: int | None = None, order: str = "auto",
-              input_grad: bool = False, input_density: float | None = None) -> RankCost:
-    """Rank ``r``'s step (:class:`RankCost`), as :func:`estimate` prices it."""
+              input_grad: bool = False, input_density: float | None = None,
+              ops: list[GCNOp] | None = None, norm: str = "none") -> RankCost:
+    """Rank ``r``'s step (:class:`RankCost`), as :func:`estimate` prices it (``ops``,
+    ``norm``: a GCN with :class:`~plexgt.models.gcn.GCNArch` options, ``dims`` its
+    :func:`~plexgt.models.gcn.op_widths`)."""
     sparse = input_density is not None
-    lays = layer_layouts(grid, r, n, dims, order,
-                         first_order="gemm_first" if sparse else None)
+    lays = chain_layouts(grid, r, n, dims, order, sparse, ops)
     host, p = coef.host, grid.size
     nbytes, calls, flops_s, mem, comm = 0, 0, 0.0, 0, 0.0
     traffic: dict[tuple[str, str], list[int]] = {}
-    stride = {a: grid.stride(a) for a in "xyz"}
+    for name, op, b in chain_bytes(lays, esize, block_rows, input_grad, sparse, ops, norm):
+        if b:
+            nbytes += b
+            calls += 1
+            per_call, per_byte = coef.price(op, group_extent(grid, name), p,
+                                            group_stride(grid, name))
+            comm += per_call + b * per_byte
+            t = traffic.setdefault((name, op), [0, 0])
+            t[0] += 1
+            t[1] += b
     for lay in lays:
+        op = None if ops is None else ops[lay.layer]
         ga, gb, gc = lay.g
-        rows_pad, cols_pad = lay.rows_pad, lay.cols_pad
-        ops = layer_bytes(lay, esize, block_rows, lay.layer > 0 or input_grad,
-                          sparse and lay.layer == 0)
-        extent = dict(zip(lay.roles, lay.g))
-        for role, op, b in ops:
-            if b:
-                nbytes += b
-                calls += 1
-                per_call, per_byte = coef.price(op, extent[role], p, stride[role])
-                comm += per_call + b * per_byte
-                t = traffic.setdefault((role, op), [0, 0])
-                t[0] += 1
-                t[1] += b
-        blk_nnz = nnz / (ga * gc)
+        rows_pad, cols_pad = lay.rows_pad, lay.cols_pad  # properties: computed once here
+        din_b, dout_a, dout_ab = lay.d_in // gb, lay.d_out // ga, lay.d_out // (ga * gb)
+        # a node-wise layer's operator is the identity's block: N/(Ga·Gc) entries
+        blk_nnz = (nnz if lay.kind == "conv" else n) / (ga * gc)
         shard = cols_pad * lay.d_in // (gb * gc) * (2 if lay.layer == 0 else 1)
         mem += int(blk_nnz * 12 * 2)  # CSR + transpose: 8-byte index + 4-byte value
-        mem += (lay.d_in // gb) * (lay.d_out // ga) * esize * 4  # W shard, grad, Adam
+        mem += din_b * dout_a * esize * 4  # W shard, grad, Adam
         if lay.order == "gemm_first":
             # the SpMM runs forward and backward on d_out/Gb columns; GEMM on input rows
             spmm = blk_nnz * (lay.d_out // gb) * 2
-            gemm = cols_pad * (lay.d_in // gb) * lay.d_out * (3 if lay.layer else 2)
+            gemm = cols_pad * din_b * lay.d_out * (3 if lay.layer else 2)
             if sparse and lay.layer == 0:
                 # a CSR input's X·W and Xᵀ·dY are SpMMs over its nonzeros, d_out columns
-                spmm += 2 * cols_pad * (lay.d_in // gb) * input_density * lay.d_out
+                spmm += 2 * cols_pad * din_b * input_density * lay.d_out
                 gemm = 0
             # input shard (+ staging on layer 0), gathered input (staged twice), whole W
             # block, H·W before and after its reduce-scatter, the aggregate; a sparse input
             # is read already gathered over c: its CSR block alone, no staging and no
             # gathered copies, but used both ways (X·W, Xᵀ·dY), so with its transpose and
             # index caches as a graph keeps them, and both value arrays
-            inputs = (shard + 2 * cols_pad * lay.d_in // gb) * esize
+            inputs = (shard + 2 * cols_pad * din_b) * esize
             if sparse and lay.layer == 0:
-                nnz_in = int(cols_pad * (lay.d_in // gb) * input_density)
-                inputs = graph_bytes(cols_pad, lay.d_in // gb, nnz_in) + 2 * nnz_in * esize
-            mem += inputs + ((lay.d_in // gb) * lay.d_out + cols_pad * lay.d_out
+                nnz_in = int(cols_pad * din_b * input_density)
+                inputs = graph_bytes(cols_pad, din_b, nnz_in) + 2 * nnz_in * esize
+            mem += inputs + (din_b * lay.d_out + cols_pad * lay.d_out
                              + cols_pad * lay.d_out // gb + rows_pad * lay.d_out // gb
                              ) * esize
         else:
-            spmm = blk_nnz * (lay.d_in // gb) * (2 if lay.layer > 0 else 1)
-            gemm = rows_pad * (lay.d_in // gb) * (lay.d_out // ga) * 3
+            spmm = blk_nnz * din_b * (2 if lay.layer > 0 else 1)
+            gemm = rows_pad * din_b * dout_a * 3
             # input shard (and its staging copy on layer 0), gathered input (twice: the
             # backend stages the gather), aggregate, partial product
-            mem += (shard + 2 * cols_pad * lay.d_in // gb
-                    + rows_pad * lay.d_in // gb + rows_pad * lay.d_out // ga) * esize
+            mem += (shard + 2 * cols_pad * din_b + rows_pad * din_b + rows_pad * dout_a
+                    ) * esize
+        if op is not None and op.residual != "none":
+            # the residual path: the identity's block beside Â's, its weight (a learned one
+            # with its gradient and Adam's moments), and its operands as the conv's
+            eye = n / (ga * gc)
+            mem += int(eye * 12 * 2) + (din_b * dout_a * esize * 4
+                                        if op.residual == "linear" else 0)
+            if lay.order == "gemm_first":
+                spmm += eye * (lay.d_out // gb) * 2
+                gemm += cols_pad * din_b * lay.d_out * 3
+                mem += (din_b * lay.d_out + cols_pad * lay.d_out
+                        + cols_pad * lay.d_out // gb) * esize
+            else:
+                spmm += eye * din_b * 2
+                gemm += rows_pad * din_b * dout_a * 3
+                mem += rows_pad * din_b * esize
+            if op.pre_act:  # the raw input gathered on its own
+                mem += 2 * cols_pad * din_b * esize
+            mem += rows_pad * dout_ab * esize  # the sum
+        for j, at in (() if op is None else
+                      ((op.pre_norm, lays[lay.layer - 1]), (op.post_norm, lay))):
+            if j is not None and norm != "none":
+                # the normalised values kept for backward and the norm's output
+                width = (lay.d_in // (gb * gc) if at is not lay else dout_ab)
+                mem += 2 * at.rows_pad * width * esize
         flops_s += spmm * coef.spmm_s_per_nnz_col + gemm * coef.gemm_s_per_fma
+    for path in ({} if ops is None else jk_hops(ops)).values():
+        for m in path:
+            # a hop: its identity block, gathered input (staged), aggregate, partial
+            # product and output; the combined layers, side by side or stacked
+            lay = lays[m]
+            ga, gb, gc = lay.g
+            din_b, dout_a = lay.d_in // gb, lay.d_out // ga
+            eye = n / (ga * gc)
+            mem += int(eye * 24) + (2 * lay.cols_pad * din_b + lay.rows_pad * din_b
+                                    + lay.rows_pad * dout_a + lay.rows_pad * dout_a // gb
+                                    ) * esize
+            flops_s += (eye * din_b * 2 * coef.spmm_s_per_nnz_col
+                        + lay.rows_pad * din_b * dout_a * 2 * coef.gemm_s_per_fma)
+    if ops is not None and any(op.jk for op in ops):
+        head = lays[-1]
+        mem += 2 * head.cols_pad * head.d_in // (head.g[1] * head.g[2]) * esize
     mem += PROCESS_BASE_BYTES
     flops_s *= coef.compute_scale * host.compute_factor(p)
     return RankCost(nbytes, calls, flops_s, mem, comm,
@@ -389,7 +545,7 @@ def layout_block_rows(layouts: list[LayerLayout], nnz: int, esize: int, coef: Co
     most to overlap (the smallest), from global sizes only, so every rank of an all-reduce
     group cuts the same blocks."""
     picks = [default_block_rows(lay, nnz // (lay.g[0] * lay.g[2]), esize, coef)
-             for lay in layouts]
+             for lay in layouts if lay.kind == "conv"]
     return min((p for p in picks if p), default=None)
 
 

@@ -31,12 +31,15 @@ from dataclasses import dataclass, field
 
 from plexgt.distributed.grid import DEFAULT_ORDER, Grid3D, factorizations
 from plexgt.distributed.grid import ORDERS as AXIS_ORDERS
-from plexgt.distributed.layout3d import layer_layouts
+from plexgt.models.gcn import GCNOp
 from plexgt.plan.pareto import chosen_and_frontier, frontier
 from plexgt.plan.plexus_cost import (
     Coefficients,
     PlexusEstimate,
+    chain_layouts,
     estimate,
+    group_extent,
+    group_stride,
     layout_block_rows,
     reorder,
 )
@@ -90,9 +93,11 @@ class GcnSearch:
 
 
 def _block_rows(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
-                coef: Coefficients, order: str) -> int | None:
+                coef: Coefficients, order: str, ops: list[GCNOp] | None = None
+                ) -> int | None:
     """The cost model's rows per block for ``grid`` (as train picks them)."""
-    return layout_block_rows(layer_layouts(grid, 0, n, dims, order), nnz, esize, coef)
+    return layout_block_rows(chain_layouts(grid, 0, n, dims, order, ops=ops), nnz, esize,
+                             coef)
 
 
 def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients,
@@ -100,16 +105,18 @@ def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients
                scales: list[int] | None = None, refine: int | None = REFINE,
                input_grad: bool = False, input_density: float | None = None,
                grid: Grid3D | None = None, block_rows: int | None = None,
-               axis_order: str = "auto") -> GcnSearch:
+               axis_order: str = "auto", ops: list[GCNOp] | None = None,
+               norm: str = "none") -> GcnSearch:
     """Search every factorisation of every scale in ``scales`` (default 1..world_size; only
     ``grid`` when given), the layer orders (``order`` 'auto': all of :data:`ORDERS`; else
     that one) and blocked or whole aggregation (``block_rows`` given: those rows only); see
     the module docstring. ``refine=None`` prices every combination. ``axis_order``: 'auto'
     searches the rank order where the coefficients know the machine's placement (else the
-    default), or that one; a given ``grid`` keeps its own."""
+    default), or that one; a given ``grid`` keeps its own. ``ops``, ``norm``: the grid3d
+    model's options (:func:`plexgt.models.gcn.gcn_ops`; ``dims`` their widths)."""
     t0 = time.perf_counter()
     orders = ORDERS if order == "auto" else (order,)
-    kw = dict(input_grad=input_grad, input_density=input_density)
+    kw = dict(input_grad=input_grad, input_density=input_density, ops=ops, norm=norm)
     if grid is not None:
         axis_orders: tuple[str, ...] = (grid.order,)
     elif axis_order != "auto":
@@ -124,16 +131,15 @@ def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients
             ext = {"x": g.gx, "y": g.gy, "z": g.gz}
             seen = set()
             for ao in axis_orders[1:]:
-                stride, acc = {}, 1
-                for a in ao:
-                    stride[a], acc = acc, acc * ext[a]
-                key = tuple(stride[a] if ext[a] > 1 else 0 for a in "xyz")
+                go = g.with_order(ao)
+                key = tuple(go.stride(a) if ext[a] > 1 else 0 for a in "xyz")
                 if key in seen:
                     continue
                 seen.add(key)
                 comm = 0.0
-                for axis, op, calls, nbytes in est.traffic:
-                    per_call, per_byte = coef.price(op, ext[axis], g.size, stride[axis])
+                for group, op, calls, nbytes in est.traffic:  # an axis, or a norm's plane
+                    per_call, per_byte = coef.price(op, group_extent(go, group), g.size,
+                                                    group_stride(go, group))
                     comm += calls * per_call + nbytes * per_byte
                 if comm < best_comm:
                     best, best_comm = ao, comm
@@ -174,7 +180,7 @@ def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients
             for c in first if refine is None else first[:refine]:
                 for o in orders:
                     rows = ({block_rows} if block_rows else
-                            {_block_rows(c.grid, n, nnz, dims, esize, coef, o), None})
+                            {_block_rows(c.grid, n, nnz, dims, esize, coef, o, ops), None})
                     for br in rows:
                         if (o, br) != (c.order, c.block_rows):
                             priced += 1

@@ -12,6 +12,7 @@ on every rank; AGP (:mod:`plexgt.plan.agp`) prices these operations and checks t
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 
 from plexgt.distributed.collectives import CommOp, all_reduce_bytes
 from plexgt.distributed.grid import Grid3D
@@ -19,14 +20,15 @@ from plexgt.distributed.layout3d import layer_layouts
 from plexgt.parallel.attention.strategy import AttentionProblem, AttentionStrategy, graph_bytes
 from plexgt.parallel.attention.super_nodes import super_comm
 from plexgt.parallel.gps_dist import gcn1d_comm
+from plexgt.parallel.norms import batch_norm_comm
 from plexgt.parallel.redistribute import gcn3d_comm
 
 
 # -- whole models -----------------------------------------------------------------------------
 def step_comm_named(strategy: AttentionStrategy, problem: AttentionProblem, rank: int,
                     p: int, layers: int, num_params: int, gcn: bool = False,
-                    gcn_grid: Grid3D | None = None, block_rows: int | None = None
-                    ) -> list[tuple[str, CommOp]]:
+                    gcn_grid: Grid3D | None = None, block_rows: int | None = None,
+                    batch_norms: Sequence[int] = ()) -> list[tuple[str, CommOp]]:
     """Every collective of one training step on ``rank``, with the name of the group it runs
     over (the ledger's view): 'rows' (all p ranks) or a grid axis 'x', 'y', 'z'.
 
@@ -37,7 +39,8 @@ def step_comm_named(strategy: AttentionStrategy, problem: AttentionProblem, rank
     (p ranks; ``block_rows``: the blocked aggregation's rows), the 3D path's with its
     redistribution all-to-alls (:func:`~plexgt.parallel.redistribute.gcn3d_comm`); then the
     loss statistics (sum, count: 2 elements) and one all-reduce of every parameter gradient,
-    over 'rows'.
+    over 'rows'; each BatchNorm of width w in ``batch_norms`` all-reduces its column
+    statistics over 'rows' (:func:`~plexgt.parallel.norms.batch_norm_comm`).
     """
     gcn3: list[tuple[str, CommOp]] = []
     if gcn and gcn_grid is not None:
@@ -53,6 +56,8 @@ def step_comm_named(strategy: AttentionStrategy, problem: AttentionProblem, rank
         if gcn and gcn_grid is None:
             ops += [("rows", o) for o in gcn1d_comm(problem, p)]
         ops += gcn3
+    for w in batch_norms:
+        ops += [("rows", o) for o in batch_norm_comm(w, problem.esize, p)]
     if p > 1:
         b = all_reduce_bytes(2 * problem.esize, p)
         ops.append(("rows", CommOp("all_reduce", b, b)))
@@ -63,22 +68,24 @@ def step_comm_named(strategy: AttentionStrategy, problem: AttentionProblem, rank
 
 def step_comm(strategy: AttentionStrategy, problem: AttentionProblem, rank: int, p: int,
               layers: int, num_params: int, gcn: bool = False,
-              gcn_grid: Grid3D | None = None, block_rows: int | None = None) -> list[CommOp]:
+              gcn_grid: Grid3D | None = None, block_rows: int | None = None,
+              batch_norms: Sequence[int] = ()) -> list[CommOp]:
     """Every collective of one training step of a distributed gt (gcn=False) or gps model
     (:func:`step_comm_named` without the group names)."""
     return [o for _, o in step_comm_named(strategy, problem, rank, p, layers, num_params, gcn,
-                                          gcn_grid, block_rows)]
+                                          gcn_grid, block_rows, batch_norms)]
 
 
 def step_bytes(strategy: AttentionStrategy, problem: AttentionProblem, rank: int, p: int,
                layers: int, num_params: int, gcn: bool = False, kind: str = "sent",
-               gcn_grid: Grid3D | None = None, block_rows: int | None = None
-               ) -> dict[str, int]:
+               gcn_grid: Grid3D | None = None, block_rows: int | None = None,
+               batch_norms: Sequence[int] = ()) -> dict[str, int]:
     """Bytes ``kind`` ('sent' or 'recv') per operation name in one step (ledger's view):
     :func:`step_bytes_named` summed over the groups, operations of 0 bytes kept."""
     out: dict[str, int] = defaultdict(int)
     for (_, op), b in step_bytes_named(strategy, problem, rank, p, layers, num_params, gcn,
-                                       kind, gcn_grid, block_rows, keep_zero=True).items():
+                                       kind, gcn_grid, block_rows, keep_zero=True,
+                                       batch_norms=batch_norms).items():
         out[op] += b
     return dict(out)
 
@@ -86,13 +93,14 @@ def step_bytes(strategy: AttentionStrategy, problem: AttentionProblem, rank: int
 def step_bytes_named(strategy: AttentionStrategy, problem: AttentionProblem, rank: int, p: int,
                      layers: int, num_params: int, gcn: bool = False, kind: str = "sent",
                      gcn_grid: Grid3D | None = None, block_rows: int | None = None,
-                     keep_zero: bool = False) -> dict[tuple[str, str], int]:
+                     keep_zero: bool = False, batch_norms: Sequence[int] = ()
+                     ) -> dict[tuple[str, str], int]:
     """Bytes ``kind`` per (group name, operation) in one step: the keys of a
     :class:`~plexgt.distributed.collectives.CommLedger` (entries of 0 bytes left out unless
     ``keep_zero``)."""
     out: dict[tuple[str, str], int] = defaultdict(int)
     for name, op in step_comm_named(strategy, problem, rank, p, layers, num_params, gcn,
-                                    gcn_grid, block_rows):
+                                    gcn_grid, block_rows, batch_norms):
         out[name, op.op] += op.total_sent if kind == "sent" else op.total_recv
     return {k: v for k, v in out.items() if v or keep_zero}
 
@@ -111,7 +119,8 @@ def dense_activation_elems(n_rows: int, d: int, ffn_mult: int, gcn: bool) -> int
 def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int, layers: int,
                  features: int, classes: int, num_params: int, ffn_mult: int = 2,
                  gcn: bool = False, gcn_grid: Grid3D | None = None,
-                 feature_density: float | None = None) -> dict[str, int]:
+                 feature_density: float | None = None, pre_norm: bool = False,
+                 jk: str = "none") -> dict[str, int]:
     """Per-rank bytes of a training step: attention (Table 1 per layer, plus the backward's
     three [h, E/p] temporaries of one layer), dense activations, graphs, features, and
     parameters with gradients and two AdamW moments (4 copies).
@@ -127,6 +136,14 @@ def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int,
     # input projection and classifier (2·d), logits and their gradient (2·C), and the
     # gradients of one block in flight during backward (4·d)
     dense += n_loc * (6 * problem.d + 2 * classes) * e
+    # jumping knowledge: the combined blocks ('cat': [n, L·d] and its gradient; 'max' /
+    # 'sum': the stacked [L, n, d] and the result); pre-norm's final norm of the
+    # classifier's input (its output and the normalised values it keeps)
+    head = problem.d * (layers if jk == "cat" else 1)
+    if jk != "none":
+        dense += n_loc * (2 * head if jk == "cat" else (layers + 1) * problem.d) * e
+    if pre_norm:
+        dense += n_loc * 2 * head * e
     graphs = att.graph_bytes
     if gcn and gcn_grid is not None:
         lay = layer_layouts(gcn_grid, 0, problem.n, [problem.d, problem.d])[0]

@@ -23,8 +23,9 @@ from plexgt.data.loader import PreparedGraph, check_grid, read_node_ids, read_pl
 from plexgt.distributed.bootstrap import DistContext
 from plexgt.distributed.collectives import CommLedger
 from plexgt.distributed.grid import build_groups
-from plexgt.distributed.layout3d import LayerLayout, layer_layouts
+from plexgt.distributed.layout3d import LayerLayout
 from plexgt.errors import ConfigError
+from plexgt.models.gcn import op_widths
 from plexgt.models.node_embedding import NodeEmbedding
 from plexgt.models.spec import parameter_lists
 from plexgt.parallel.attention.strategy import StrategyRegistry
@@ -36,7 +37,8 @@ from plexgt.parallel.plexus_loss import (
     parallel_cross_entropy,
     parallel_scores,
 )
-from plexgt.plan.choose import ModelShape, gcn_dims
+from plexgt.plan.choose import ModelShape, gcn_chain
+from plexgt.plan.plexus_cost import chain_layouts
 from plexgt.tasks.limits import check_memory
 from plexgt.tasks.task import (
     AMP,
@@ -83,8 +85,9 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
     dt = DTYPES[cfg.dtype]
     emb = cfg.model.node_embedding
     sizes, shape = graph_sizes(pg, emb), ModelShape.of(cfg)
-    lays = layer_layouts(grid, ctx.rank, pg.N, gcn_dims(sizes, shape), rp.gcn_order,
-                         first_order="gemm_first" if pg.sparse_features else None)
+    ops = gcn_chain(sizes, shape)
+    lays = chain_layouts(grid, ctx.rank, pg.N, op_widths(ops), rp.gcn_order,
+                         pg.sparse_features, ops)
     groups = build_groups(grid, ctx.rank, ctx.world_size, ctx.timeout)
     comms = plexus_comms(groups, ledger, lays[-1])
     data = read_plexus_inputs(pg, lays, dt, spec.operators)
@@ -94,10 +97,11 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
                         # the tuned GEMM form is chosen by timing, which load can flip between
                         # a run and its resume: deterministic runs keep the plain product
                         tune_gemm=not cfg.deterministic,
-                        seed=cfg.seed, node_ids=data.node_ids,
-                        names=parameter_lists(spec.operators))
+                        seed=cfg.seed, node_ids=data.node_ids, ops=ops, arch=shape.gcn_arch,
+                        out_ids=data.out_ids, names=parameter_lists(spec.operators))
     torch.manual_seed(cfg.seed)
-    ref = spec.reference(pg.F + emb, cfg.model.hidden, pg.C, num_layers=cfg.model.layers)
+    ref = spec.reference(pg.F + emb, cfg.model.hidden, pg.C, num_layers=cfg.model.layers,
+                         arch=shape.gcn_arch)
     model.load_reference(ref.state_dict())
     if emb:
         model = WithNodeEmbedding(model, input_embedding(pg, lays[0], data.node_ids[0], emb,

@@ -38,6 +38,7 @@ from plexgt.tasks.metrics import task_roc_auc
 from plexgt.tasks.task import Task
 from plexgt.training import checkpoint as ckpt
 from plexgt.training import ownfiles
+from plexgt.training.optim import EarlyStop, clip_gradients, make_optimizer
 from plexgt.training.state import canonical_state, fit_rng, load_canonical_state
 from plexgt.training.tensorboard import TensorBoardLog
 from plexgt.util.progress import Progress
@@ -245,6 +246,8 @@ def step(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int,
         loss.backward()
     except RuntimeError as e:
         raise nondeterministic_error(e, device) from None
+    if cfg.optim.clip_norm > 0:
+        clip_gradients(task.model, cfg.optim.clip_norm, device)
     opt.step()
     synchronize(device)
     t1 = time.perf_counter()
@@ -392,8 +395,7 @@ def stop_requested(stop: StopFlag, cfg: TrainConfig, epoch: int, device: torch.d
 def train(cfg: TrainConfig, ctx: DistContext, task: Task, log: Any = print) -> dict[str, Any]:
     """Run the loop; returns the summary (best validation epoch and its test accuracy)."""
     rank0 = ctx.rank == 0
-    opt = torch.optim.AdamW(task.model.parameters(), lr=cfg.optim.lr,
-                            weight_decay=cfg.optim.weight_decay)
+    opt = make_optimizer(cfg, task.model)
     root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     held = agreed(lambda: ckpt.lock(root) if rank0 and root is not None else None, ctx.device)
     try:
@@ -416,12 +418,18 @@ def _epochs(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opt
     root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     best = state.best
     stop = StopFlag()
-    out = agreed(lambda: EpochLog(cfg, rank0, state.start), ctx.device)
     last = state.start
+    early = EarlyStop(cfg.patience)
+    if early.due(state.start, best):  # a resumed run that had already stopped early
+        return _summary(early.why, state.start, last, best, task.metric, root)
+    out = agreed(lambda: EpochLog(cfg, rank0, state.start), ctx.device)
     try:
         for epoch in range(state.start, cfg.epochs):
             loss, step_s, wait_s = step(cfg, task, opt, epoch, ctx.device)
-            row, best = epoch_row(cfg, ctx, task, opt, epoch, loss, step_s, wait_s, best)
+            row, new_best = epoch_row(cfg, ctx, task, opt, epoch, loss, step_s, wait_s, best)
+            if new_best["epoch"] != best["epoch"]:
+                early.keep(task.model)
+            best = new_best
             if not math.isfinite(row["loss"]):  # replicated: every rank stops here at once
                 err = TrainingError(f"epoch {epoch + 1}: the loss is {row['loss']}; lower "
                                     "optim.lr or check the data (plexgt verify)")
@@ -434,8 +442,12 @@ def _epochs(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opt
             # script would requeue it) and no 'continue with --resume' (nothing is left)
             final = epoch + 1 == cfg.epochs
             due = cfg.checkpoint_every and (epoch + 1) % cfg.checkpoint_every == 0
-            if stop_now or due or final:
+            patience_out = early.due(epoch + 1, best)  # the same on every rank (metrics are)
+            if stop_now or due or final or patience_out:
                 save(cfg, ctx, task, opt, epoch + 1, best, state.run)
+            if patience_out and not stop_now:
+                early.restore(task.model)
+                return _summary(early.why, state.start, last, best, task.metric, root)
             if stop_now and not final:
                 if root is not None:
                     agreed(lambda e=epoch + 1: _mark_stopped(root, e) if rank0 else None,
@@ -449,6 +461,7 @@ def _epochs(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opt
                 return _summary(_why(signum), state.start, last, best, task.metric, root)
     finally:
         out.close()
+    early.restore(task.model)
     return _summary("", state.start, last, best, task.metric, root)
 
 

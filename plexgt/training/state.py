@@ -1,6 +1,7 @@
 """A run's resumable state in the single-process model's form, whatever the layout.
 
-Keys: ``model/<name>`` (the single-process model's parameter names and shapes),
+Keys: ``model/<name>`` (the single-process model's parameter and persistent buffer names
+and shapes: BatchNorm's running statistics),
 ``optim/exp_avg/<name>``, ``optim/exp_avg_sq/<name>`` (AdamW's moments, shaped like their
 parameters), ``optim/step`` (AdamW's step count) and ``rng/cpu`` (and ``rng/cuda`` on a GPU).
 A checkpoint resumes across device types: written on a CPU it has no ``rng/cuda``, which a
@@ -29,18 +30,35 @@ def _names(model: nn.Module) -> list[str]:
     return [n for n, _ in model.named_parameters()]
 
 
+def _opt_index(model: nn.Module, opt: torch.optim.Optimizer) -> dict[str, int]:
+    """Parameter name -> its index in the optimiser's state (the parameters numbered group
+    by group, as ``state_dict`` numbers them: weight decay on weights only puts the vectors
+    in a group of their own)."""
+    ids = {id(p): n for n, p in model.named_parameters()}
+    order = [ids[id(p)] for g in opt.param_groups for p in g["params"]]
+    return {n: i for i, n in enumerate(order)}
+
+
+def _buffers(model: nn.Module) -> dict[str, Tensor]:
+    """The model's persistent buffers (BatchNorm's running statistics): state beside the
+    parameters, canonical like them."""
+    params = set(_names(model))
+    return {k: v for k, v in model.state_dict().items() if k not in params}
+
+
 def canonical_state(model: Any, opt: torch.optim.Optimizer) -> dict[str, Tensor]:
-    """The state of ``model`` (a distributed model with ``to_canonical``) and its AdamW
-    ``opt`` (one parameter group over ``model.parameters()``), identical on every rank;
+    """The state of ``model`` (a distributed model with ``to_canonical``) and its Adam(W)
+    ``opt`` (parameter groups over ``model.parameters()``), identical on every rank;
     collective where the model's parameters are sharded. Before the first step the moments
     are zeros: the same keys and shapes, so this is also the template a resume loads into."""
-    names = _names(model)
     params = {n: p.detach() for n, p in model.named_parameters()}
-    out = {f"model/{k}": v for k, v in model.to_canonical(params).items()}
+    out = {f"model/{k}": v for k, v in model.to_canonical({**params, **_buffers(model)}
+                                                           ).items()}
     st = opt.state_dict()["state"]
+    index = _opt_index(model, opt)
     for key in MOMENTS:
-        local = {n: st[i][key].detach() if i in st else torch.zeros_like(params[n])
-                 for i, n in enumerate(names)}
+        local = {n: st[index[n]][key].detach() if index[n] in st
+                 else torch.zeros_like(params[n]) for n in params}
         out.update({f"optim/{key}/{k}": v for k, v in model.to_canonical(local).items()})
     steps = [float(s["step"]) for s in st.values()]
     out["optim/step"] = torch.tensor(max(steps, default=0.0))
@@ -85,17 +103,19 @@ def load_canonical_state(model: Any, opt: torch.optim.Optimizer, state: dict[str
         return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
     local = model.from_canonical(part("model/"))
-    names = _names(model)
+    index = _opt_index(model, opt)
     with torch.no_grad():
         for n, p in model.named_parameters():
             p.copy_(local[n])
+        for n, b in _buffers(model).items():
+            b.copy_(local[n])
     step = float(state["optim/step"])
     if step > 0:
         moments = {key: model.from_canonical(part(f"optim/{key}/")) for key in MOMENTS}
         sd = opt.state_dict()
-        sd["state"] = {i: {"step": torch.tensor(step),
-                           **{key: moments[key][n].clone() for key in MOMENTS}}
-                       for i, n in enumerate(names)}
+        sd["state"] = {index[n]: {"step": torch.tensor(step),
+                                  **{key: moments[key][n].clone() for key in MOMENTS}}
+                       for n in index}
         opt.load_state_dict(sd)
     torch.set_rng_state(state["rng/cpu"])
     if not cuda_rng_in_use():

@@ -356,6 +356,50 @@ def test_resume_on_another_layout_continues_the_curve(data, tmp_path, model, fir
     assert {r["ranks"] for r in rows[:4]} == {n1} and {r["ranks"] for r in rows[4:]} == {n2}
 
 
+OPTIONS = {"gcn": ["--model.norm=batch", "--model.residual=linear", "--model.input_proj=true",
+                   "--model.head=true", "--model.jk=cat", "--optim.name=adam",
+                   "--optim.decay=weights", "--optim.clip_norm=0.5"],
+           "gt": ["--model.norm=batch", "--model.pre_norm=true", "--model.jk=max"]}
+
+
+@pytest.mark.parametrize("model,first,then", [
+    ("gcn", (4, ["--grid", "1x2x2"]), (3, ["--grid", "3x1x1"])),
+    ("gt", (3, ["--strategy", "gp_a2a"]), (2, ["--strategy", "gp_ring"])),
+])
+def test_model_options_resume_on_another_layout_with_their_running_statistics(
+        data, tmp_path, model, first, then):
+    """BatchNorm, residuals, input and output Linears and jumping knowledge (gcn: with Adam,
+    weight decay on weights only, in two parameter groups, and global clipping) through a
+    checkpoint on one layout and a resume on another: the loss curve and the final state,
+    BatchNorm's running statistics and the moments included (checkpointed beside the
+    parameters, canonical like them), equal the uninterrupted 1-rank run's."""
+    ck, m, ref, ck1 = tmp_path / "ck", tmp_path / "m.jsonl", tmp_path / "ref.jsonl", \
+        tmp_path / "ck1"
+    common = ["--model", model, "--model.heads=2", "--epochs", "6", "--dtype=float64",
+              *OPTIONS[model]]
+    r = _train(data, 1, *common, "--metrics", str(ref), "--checkpoint-dir", str(ck1))
+    assert r.returncode == 0, r.stderr
+    (n1, lay1), (n2, lay2) = first, then
+    r = _train(data, n1, *common, *lay1, "--metrics", str(m), "--checkpoint-dir", str(ck),
+               "--stop-after", "3")
+    assert r.returncode == 0, r.stderr
+    r = _train(data, n2, *common, *lay2, "--metrics", str(m), "--checkpoint-dir", str(ck),
+               "--resume")
+    assert r.returncode == 0, r.stderr
+    got, want = _losses(m), _losses(ref)
+    assert list(got) == list(want) == list(range(1, 7))
+    for e in want:
+        assert got[e] == pytest.approx(want[e], rel=1e-6, abs=1e-9), e
+    a = _checkpoint(ck / "epoch_000006", tmp_path / "a.pt")
+    b = _checkpoint(ck1 / "epoch_000006", tmp_path / "b.pt")
+    stats = [k for k in b if "running_" in k]
+    assert stats and sorted(k for k in a if k.startswith("model/")) == sorted(
+        k for k in b if k.startswith("model/"))
+    for k in b:
+        if k.startswith(("model/", "optim/")):
+            torch.testing.assert_close(a[k], b[k], rtol=1e-6, atol=1e-9, msg=k)
+
+
 def _runs(ck: Path) -> dict[int, str]:
     """{epoch: run id} of the complete checkpoints in ``ck``."""
     return {int(d.name[6:]): json.loads((d / "COMPLETE").read_text())["run"]

@@ -65,12 +65,17 @@ from plexgt.plan.step_cost import gcn1d_comm, step_bytes, step_comm, step_comm_n
 from tests.parallel_helpers import redistribute_bytes
 
 
+@pytest.mark.parametrize("options", [{}, dict(norm="none", jk="cat"),
+                                     dict(norm="batch", pre_norm=True, jk="cat"),
+                                     dict(pre_norm=True, jk="max")])
 @pytest.mark.parametrize("super_nodes", [0, 3])
 @pytest.mark.parametrize("model", ["gt", "gps"])
-def test_parameter_count_matches_the_modules(model, super_nodes):
+def test_parameter_count_matches_the_modules(model, super_nodes, options):
+    if super_nodes and options.get("norm") == "batch":
+        pytest.skip("BatchNorm with super nodes is refused")
     cls = GraphTransformer if model == "gt" else GPS
-    m = cls(37, 16, 5, num_layers=3, heads=4, ffn_mult=3, super_nodes=super_nodes)
-    assert count_params(model, 37, 16, 5, 3, 3, super_nodes) == \
+    m = cls(37, 16, 5, num_layers=3, heads=4, ffn_mult=3, super_nodes=super_nodes, **options)
+    assert count_params(model, 37, 16, 5, 3, 3, super_nodes, **options) == \
         sum(p.numel() for p in m.parameters())
 
 

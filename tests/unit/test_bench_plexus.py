@@ -12,7 +12,7 @@ import torch
 
 from perf import bench_plexus
 from plexgt.models import sparse_features
-from plexgt.parallel.plexus3d import BlockedAdjacency
+from plexgt.parallel.plexus_aggregate import BlockedAdjacency
 
 
 @pytest.mark.parametrize("layout", ["dense", "csr"])

@@ -46,6 +46,18 @@ def test_precedence_and_types(tmp_path):
      "parallel.strategy gp_ag has no head axis"),
     (["--parallel.head_parallel=2"], "'parallel.head_parallel': 2 would be ignored: gcn has "
                                      "no attention"),
+    (["--model.norm=group"], "config key 'model.norm': 'group' is not one of auto, none, "
+                             "layer, batch"),
+    (["--model.residual=yes"], "config key 'model.residual': 'yes' is not one of none, "
+                               "identity, linear"),
+    (["--model.jk=cat"], "config key 'model.jk': 'cat' needs model.head=true for gcn"),
+    (["--model.name=gt", "--model.residual=linear"],
+     "config key 'model.residual' is the grid3d models'"),
+    (["--model.name=gps", "--model.head=true"], "config key 'model.head' is the grid3d models'"),
+    (["--model.name=sage", "--model.jk=max"],
+     "config key 'model.jk': 'max' needs model.head=true for sage"),
+    (["--model.name=gt", "--model.super_nodes=2", "--model.norm=batch"],
+     "config key 'model.norm': 'batch' with model.super_nodes"),
 ])
 def test_bad_values_name_the_key(overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -202,12 +202,34 @@ def test_bfloat16_runs_stay_on_device(model, strategy, bias, prepared_edges, wor
         assert audit.bf16["plexgt.fused_attention_forward.default"]
 
 
+OPTIONS = {
+    "gcn": {"model.norm": "batch", "model.residual": "identity", "model.input_proj": True,
+            "model.head": True, "model.jk": "cat", "optim.clip_norm": 1.0,
+            "optim.decay": "weights", "optim.name": "adam", "patience": 5},
+    "gt": {"model.norm": "batch", "model.pre_norm": True, "model.jk": "max",
+           "optim.clip_norm": 1.0},
+}
+
+
+@pytest.mark.parametrize("model", list(OPTIONS))
+def test_model_and_training_options_stay_on_device(model, prepared, world, monkeypatch,
+                                                   tmp_path):
+    """The options' layers (identity blocks, hops, BatchNorm's statistics and running
+    statistics, the clipped norm) keep the step on the device, without a sync."""
+    audit, in_step, task, summary, _, cfg = _audited_train(model, prepared, monkeypatch,
+                                                           tmp_path, OPTIONS[model])
+    assert summary["last_epoch"] == 2
+    assert all(p.device == DECLARED for p in task.model.parameters())
+    assert in_step["syncs"] == [], in_step["syncs"]
+    assert in_step["transfers"] == [], in_step["transfers"]
+
+
 def test_audit_catches_adjacency_left_on_the_host(prepared, world, monkeypatch, tmp_path):
     """The bug this audit was written for: without Plexus3DGCN._apply, ``model.to(device)``
     skips the 3D GCN's adjacency blocks (plain lists of sparse tensors), and the first SpMM
     of a GPU run multiplies host blocks with device features."""
     monkeypatch.setattr(Plexus3DGCN, "_apply", nn.Module._apply)
-    with pytest.raises(DeviceMismatch, match=r"_sparse_addmm.*plexus3d.py"):
+    with pytest.raises(DeviceMismatch, match=r"_sparse_addmm.*plexus_aggregate.py"):
         _audited_train("gcn", prepared, monkeypatch, tmp_path)
 
 

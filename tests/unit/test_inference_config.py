@@ -63,9 +63,9 @@ def test_this_jobs_bad_keys_are_named_as_such_and_the_checkpoints_as_its(tmp_pat
         checkpoint_config(cp, "data", None, None, ["--parallel.foo=1"])
     with pytest.raises(ConfigError, match=r"^config key 'parallel\.grid': grid 'abc'"):
         checkpoint_config(cp, "data", "abc", None)
-    cp = find_checkpoint(_complete(tmp_path / "new", 1, _computation(norm="layer")))
+    cp = find_checkpoint(_complete(tmp_path / "new", 1, _computation(attention_kind="linear")))
     with pytest.raises(CheckpointError, match=r"epoch_000001: its configuration does not "
-                                              r"load in plexgt .*'model\.norm'"):
+                                              r"load in plexgt .*'model\.attention_kind'"):
         checkpoint_config(cp, "data", None, None)
 
 

@@ -212,3 +212,39 @@ def test_super_nodes_gradcheck_and_init():
     assert torch.autograd.gradcheck(f, (params["super_init"].clone().requires_grad_(),))
     with pytest.raises(ValueError, match="super_nodes"):
         _build("gt", 4, 2, super_nodes=-1)
+
+
+def test_gcn_options_are_tunedgnns_forms():
+    """The GCN's options written out: tunedGNN's MPNNs (pre_linear, res, ln/bn, jk sum; its
+    dropout after each layer is plexgt's before the next, none here) is input Linear, then per
+    layer ReLU(N(Â h W + b + h W_r + b_r)), then the classifier; pre-norm (DeeperGCN's res+)
+    is h + conv(ReLU(N(h))) after a plain first layer, and a final norm and ReLU before the
+    classifier; 'identity' residuals add h itself where the widths agree."""
+    from plexgt.models.gcn import GCNArch
+    from plexgt.models.layers import gcn_conv, jk_combine
+
+    x, graph, _ = _toy(n=30, feats=6)
+    ahat = graph.gcn
+
+    def build(arch, layers=3):
+        torch.manual_seed(2)
+        return GCN(6, 8, 3, num_layers=layers, dropout=0.0, arch=arch).double().eval()
+
+    for norm in ("layer", "batch"):
+        m = build(GCNArch(input_proj=True, head=True, residual="linear", norm=norm, jk="sum"))
+        m.train()  # BatchNorm on the batch's statistics, as tunedGNN trains
+        h, outs = m.input(x), []
+        for i, conv in enumerate(m.layers):
+            h = F.relu(m.norms[i](gcn_conv(ahat, h, conv) + m.residuals[i](h)))
+            outs.append(h)
+        torch.testing.assert_close(m(x, graph), m.head(jk_combine(outs, "sum")))
+    m = build(GCNArch(head=True, residual="identity", norm="layer", pre_norm=True))
+    h = gcn_conv(ahat, x, m.layers[0]) + m.residuals[0](x)  # widths differ: a projection
+    for i in (1, 2):
+        h = h + gcn_conv(ahat, F.relu(m.norms[i - 1](h)), m.layers[i])
+    torch.testing.assert_close(m(x, graph), m.head(F.relu(m.norms[2](h))))
+    m = build(GCNArch(), layers=2)  # the plain model: ReLU between the layers, nothing else
+    want = gcn_conv(ahat, F.relu(gcn_conv(ahat, x, m.layers[0])), m.layers[1])
+    torch.testing.assert_close(m(x, graph), want)
+    assert [n for n, _ in m.named_parameters()] == [f"layers.{i}.{k}" for i in range(2)
+                                                    for k in ("weight", "bias")]

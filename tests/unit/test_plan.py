@@ -542,3 +542,44 @@ def test_a_machine_plan_searches_the_axis_order_and_prints_the_split(tmp_path, c
     out = capsys.readouterr().out
     assert "where the step's predicted time goes:" in out and "stride" in out
     assert json.loads(js.read_text())["choice"]["label"] == free.label
+
+
+def test_plan_prices_the_model_options_and_train_runs_them(prepared, capsys):
+    """gcn's options reach the 3D cost model (a norm's statistics, a residual's path, the
+    input and output Linears, jumping knowledge's hops: more bytes and memory than the plain
+    model at the same width and depth), gt's reach AGP's (BatchNorm's statistics, the
+    parameters of the final norm and the wider classifier), and plan's next: command passes
+    them on to train."""
+    from plexgt.distributed.grid import parse_grid
+    from plexgt.models.gcn import GCNArch, gcn_ops, op_widths
+    from plexgt.parallel.attention.registry import default_registry
+    from plexgt.parallel.norms import batch_norm_comm
+    from plexgt.plan.agp import Workload, memory_of, step_ops
+    from plexgt.plan.plexus_cost import rank_cost
+
+    grid, n, e, coef = parse_grid("2x2x2"), 20_000, 400_000, Coefficients()
+    plain = gcn_ops(100, 64, 8, 4)
+    base = rank_cost(grid, 0, n, e, op_widths(plain), 4, coef, ops=plain)
+    for arch in (GCNArch(norm="layer"), GCNArch(norm="batch"), GCNArch(residual="linear"),
+                 GCNArch(residual="identity", pre_norm=True, norm="layer"),
+                 GCNArch(input_proj=True, head=True, jk="cat")):
+        ops = gcn_ops(100, 64, 8, 4, arch)
+        rc = rank_cost(grid, 0, n, e, op_widths(ops), 4, coef, ops=ops, norm=arch.norm)
+        assert rc.nbytes > base.nbytes and rc.mem > base.mem and rc.calls > base.calls, arch
+    gt = Workload("gt", n, e, 100, 8, 64, 4, layers=3)
+    bn = dataclasses.replace(gt, norm="batch", pre_norm=True, jk="cat")
+    strat = default_registry().get("gp_ag")
+    extra = [o for _, o in step_ops(strat, bn, 4)]
+    assert len(extra) - len(step_ops(strat, gt, 4)) == 7 * len(batch_norm_comm(64, 4, 4))
+    assert bn.num_params - gt.num_params == 2 * 64 * 8 + 2 * 3 * 64  # classifier, final norm
+    assert memory_of(strat, bn, 4)["dense_activations"] > memory_of(strat, gt, 4)[
+        "dense_activations"]
+    rc = main(["plan", "--data", str(prepared), "--model", "gcn", "--world-size", "4",
+               "--hidden", "16", "--model.norm=batch", "--model.head=true",
+               "--model.jk=max", "--model.pre_norm=true"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    nxt = next(ln for ln in out.splitlines() if ln.startswith("next: "))
+    for flag in ("--model.norm=batch", "--model.head=true", "--model.jk=max",
+                 "--model.pre_norm=true"):
+        assert flag in nxt.split()

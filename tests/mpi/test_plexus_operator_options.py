@@ -48,8 +48,9 @@ ARCHS = {
 
 
 PRE_NORM_DIFFERS = pytest.mark.xfail(
-    strict=True, reason="pre-norm on operator models differs from the reference: found in "
-    "the i36 merge, not yet understood; check_config refuses model.pre_norm for them")
+    strict=False, reason="pre-norm on operator models differs from the reference: found in "
+    "the i36 merge, not yet understood; check_config refuses model.pre_norm for them (not "
+    "strict: at 8 ranks the ranks whose blocks the difference does not reach compare equal)")
 
 
 @pytest.mark.parametrize("grid", grids_for_world(every=False)[:2], ids=str)

@@ -9,7 +9,7 @@ import json
 import torch
 
 from plexgt.distributed.agree import agreed
-from plexgt.distributed.bootstrap import init_distributed, shutdown
+from plexgt.distributed.bootstrap import shutdown
 from plexgt.distributed.collectives import CommLedger
 from plexgt.distributed.launch import launch_rank
 from plexgt.errors import UsageError
@@ -18,14 +18,12 @@ from plexgt.plan.knobs import strategy_choices
 from plexgt.tasks import build_task
 from plexgt.tasks.metrics import METRICS
 from plexgt.training.inference import (
-    checkpoint_config,
     evaluate_file,
-    find_checkpoint,
     infer,
     load_weights,
     split_metrics,
+    start_checkpoint_job,
 )
-from plexgt.training.numerics import apply_numerics
 
 HELP = "Metrics per split of a checkpoint (MPI job) or of a predictions file."
 
@@ -65,14 +63,8 @@ def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> i
         return 0
     if args.metric is not None:
         raise UsageError("--metric is for --predictions; a checkpoint's metric is its run's")
-    cp = agreed(lambda: find_checkpoint(args.checkpoint))
-    overrides = list(args.overrides) + ([f"--parallel.backend={args.backend}"]
-                                        if args.backend else [])
-    cfg = agreed(lambda: checkpoint_config(cp, args.data, args.grid, args.strategy, overrides,
-                                           registry))
-    apply_numerics(cfg)
-    torch.manual_seed(cfg.seed)
-    ctx = init_distributed(cfg.parallel.backend, cfg.parallel.timeout_s)
+    cp, cfg, ctx = start_checkpoint_job(args.checkpoint, args.data, args.grid, args.strategy,
+                                        args.backend, list(args.overrides), registry)
     task = agreed(lambda: build_task(cfg, ctx, CommLedger(device=ctx.device), registry),
                   ctx.device)
     load_weights(cp, cfg, ctx, task)

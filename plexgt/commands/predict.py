@@ -13,22 +13,20 @@ import torch
 from plexgt.data.loader import PreparedGraph
 from plexgt.data.predictions import FORMATS, PredictionsWriter, node_id_base, output_format
 from plexgt.distributed.agree import agreed
-from plexgt.distributed.bootstrap import init_distributed, shutdown
+from plexgt.distributed.bootstrap import shutdown
 from plexgt.distributed.collectives import CommLedger
 from plexgt.parallel.attention.strategy import StrategyRegistry
 from plexgt.plan.knobs import strategy_choices
 from plexgt.tasks import build_task
 from plexgt.training.inference import (
-    checkpoint_config,
-    find_checkpoint,
     infer,
     load_weights,
     node_block,
     predictions_schema,
     resolve_embeddings,
+    start_checkpoint_job,
     write_block,
 )
-from plexgt.training.numerics import apply_numerics
 
 HELP = "Predict every node from a checkpoint: classes, logits, embeddings (MPI job)."
 
@@ -55,14 +53,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> int:
     t0 = time.perf_counter()
     output_format(args.out)  # an unknown suffix is refused before anything starts
-    cp = agreed(lambda: find_checkpoint(args.checkpoint))
-    overrides = list(args.overrides) + ([f"--parallel.backend={args.backend}"]
-                                        if args.backend else [])
-    cfg = agreed(lambda: checkpoint_config(cp, args.data, args.grid, args.strategy, overrides,
-                                           registry))
-    apply_numerics(cfg)
-    torch.manual_seed(cfg.seed)
-    ctx = init_distributed(cfg.parallel.backend, cfg.parallel.timeout_s)
+    cp, cfg, ctx = start_checkpoint_job(args.checkpoint, args.data, args.grid, args.strategy,
+                                        args.backend, list(args.overrides), registry)
     rank0 = ctx.rank == 0
     writer = PredictionsWriter(args.out, ctx.rank, ctx.world_size, args.overwrite)
     agreed(lambda: writer.check() if rank0 else None, ctx.device)

@@ -37,7 +37,7 @@ from plexgt.data.predictions import (
     node_id_base,
 )
 from plexgt.distributed.agree import agreed
-from plexgt.distributed.bootstrap import DistContext
+from plexgt.distributed.bootstrap import DistContext, init_distributed
 from plexgt.distributed.grid import block_bounds
 from plexgt.errors import CheckpointError, ConfigError, DataError, UsageError
 from plexgt.parallel.attention.strategy import StrategyRegistry
@@ -57,6 +57,7 @@ from plexgt.tasks.task import Task, dataset_identity
 from plexgt.training import checkpoint as ckpt
 from plexgt.training import ownfiles
 from plexgt.training.loop import autocast
+from plexgt.training.numerics import apply_numerics
 
 Tensor = torch.Tensor
 
@@ -128,6 +129,23 @@ def checkpoint_config(cp: Checkpoint, data: str, grid: str | None, strategy: str
     flags = {**_dotted(tree), "data": data, "parallel.grid": grid,
              "parallel.strategy": strategy, "progress": False}
     return load_config(None, flags, overrides, registry)
+
+
+def start_checkpoint_job(checkpoint: str, data: str, grid: str | None, strategy: str | None,
+                         backend: str | None, overrides: list[str],
+                         registry: StrategyRegistry | None = None
+                         ) -> tuple[Checkpoint, TrainConfig, DistContext]:
+    """What ``predict`` and ``evaluate --checkpoint`` start with, on every rank: the
+    checkpoint found, the configuration it trained with on this job's data and layout
+    (``backend``: one more ``parallel.backend`` override), its numerics and seed applied,
+    and the process group up. Errors of the first two are agreed: one copy of the line."""
+    cp = agreed(lambda: find_checkpoint(checkpoint))
+    extra = [f"--parallel.backend={backend}"] if backend else []
+    cfg = agreed(lambda: checkpoint_config(cp, data, grid, strategy, [*overrides, *extra],
+                                           registry))
+    apply_numerics(cfg)
+    torch.manual_seed(cfg.seed)
+    return cp, cfg, init_distributed(cfg.parallel.backend, cfg.parallel.timeout_s)
 
 
 def check_checkpoint(cp: Checkpoint, cfg: TrainConfig, task: Task) -> None:

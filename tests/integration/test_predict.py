@@ -304,3 +304,19 @@ def test_predict_grid_auto_takes_plan_inference_choice_where_training_does_not_f
     f = PredictionsFile(tmp_path / "p.npy")
     (_, cols), = list(f.chunks(f.columns, rows=f.n))
     _same(cols, one, ("node_id", "pred", "logits"))
+
+
+@pytest.mark.parametrize("model", ["mlp", "sage"])
+def test_grid3d_registry_models_predict_on_any_grid_as_on_one_rank(graph, model, tmp_path):
+    """The grid3d registry's other models (mlp, sage) are not refused: trained on 1 rank,
+    they predict on 3 ranks (3x1x1, 1x3x1) the 1-rank logits, classes and hidden embeddings,
+    row i the raw input's node i."""
+    g, data = graph
+    ck, _ = _trained(data, tmp_path, 1, "--model", model, "--epochs", "2")
+    one = _predict(ck, data, tmp_path / "one.parquet", 1, "--embeddings", "hidden")
+    assert one["meta"]["model"] == model
+    for grid in ("3x1x1", "1x3x1"):
+        got = _predict(ck, data, tmp_path / f"{grid}.h5", 3, "--grid", grid,
+                       "--embeddings", "hidden")
+        _check_order_and_splits(got, g)
+        _same(got, one, ("pred", "logits", "embedding"))

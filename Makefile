@@ -32,7 +32,7 @@ ifeq ($(MPI),wheel)
 else
 	$(PY) -m pip install --no-binary mpi4py "mpi4py>=4.0"
 endif
-	$(PY) -m pip install -e ".[test]"
+	$(PY) -m pip install -e ".[test,pyg]"
 	$(PY) -c "import sys, plexgt.ops.native as n; sys.exit(n.main())"
 	touch $@
 

@@ -28,9 +28,10 @@ from plexgt.errors import PeerFailed, PlexgtError
 
 #: the subcommands (modules under plexgt.commands) in the order of the workflow: shard a
 #: graph and check it, measure the machine and plan for it, train, predict and evaluate from
-#: its checkpoints, read the run; info last, a check of the launch and the process grid
+#: its checkpoints, export the predictions (for PyG), read the run; info last, a check of the
+#: launch and the process grid
 COMMANDS: tuple[str, ...] = ("prep", "verify", "profile", "plan", "train", "predict",
-                             "evaluate", "report", "info")
+                             "evaluate", "export", "report", "info")
 
 #: ``plexgt --help``'s epilog: the README's quick start, the same five commands
 QUICK_START = """\

@@ -65,8 +65,8 @@ def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> i
         raise UsageError("--metric is for --predictions; a checkpoint's metric is its run's")
     cp, cfg, ctx = start_checkpoint_job(args.checkpoint, args.data, args.grid, args.strategy,
                                         args.backend, list(args.overrides), registry)
-    task = agreed(lambda: build_task(cfg, ctx, CommLedger(device=ctx.device), registry),
-                  ctx.device)
+    task = agreed(lambda: build_task(cfg, ctx, CommLedger(device=ctx.device), registry,
+                                     inference=True), ctx.device)
     load_weights(cp, cfg, ctx, task)
     with torch.inference_mode():
         metrics = split_metrics(task, infer(task, ctx).out)

@@ -101,6 +101,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategies", default=None,
                    help="comma-separated attention strategies the search may take "
                         "(default: every registered one)")
+    p.add_argument("--inference", action="store_true",
+                   help="price one forward pass (plexgt predict) instead of a training step: "
+                        "no autograd graph, gradients or optimizer state, activations freed "
+                        "layer by layer; what predict --grid auto chooses")
     p.add_argument("--json", type=Path, help="also write what it printed as JSON here")
     p.set_defaults(accepts_overrides=True)
     p.allow_abbrev = False
@@ -288,10 +292,11 @@ def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> i
         limit = mach.usable_memory_bytes if limit is None else limit
         src = (f"machine description {mach.name} ({mach.path}; a model projection, not a "
                "measurement)" + (f", overridden by profile {args.profile}" if measured else ""))
-    shape = ModelShape.of(cfg)
+    shape = ModelShape.of(cfg, args.inference)
     m = cfg.model
     print(f"{name}: {m.name} (hidden {m.hidden}, {m.layers} layers"
-          + (f", {m.heads} heads" if m.name != "gcn" else "") + f", {cfg.dtype}) on up to "
+          + (f", {m.heads} heads" if m.name != "gcn" else "") + f", {cfg.dtype}"
+          + ("; inference: one forward pass" if args.inference else "") + f") on up to "
           f"{args.world_size} ranks, {src}")
     print("memory per rank: " + ("no limit" if limit is None else
                                  f"at most {limit / 2**30:.2f} GiB"))
@@ -301,7 +306,7 @@ def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> i
     if m.name == "gcn":
         print(f"layer widths {gcn_dims(sizes, shape)}, stored nonzeros {sizes.e}")
     out = _search(args, cfg, sizes, shape, prof, limit, reg)
-    out.update(model=m.name, config=_model_fields(cfg))
+    out.update(model=m.name, config=_model_fields(cfg), inference=args.inference)
     if args.json is not None:
         try:
             args.json.write_text(json.dumps(out, indent=1) + "\n")
@@ -361,12 +366,15 @@ def _search(args: argparse.Namespace, cfg: TrainConfig, sizes: GraphSizes, shape
                           f"no world size up to {MAX_WORLD_SIZE} ranks fits"))
         return out
     out["search"]["at_world_size"] = out["choice"] = _run_plan_fields(rp)
-    print(f"choice on {P} ranks (what train --grid auto --strategy auto runs): {rp.label}, "
-          f"{rp.time_s:.4g} s a step, {rp.memory_bytes / 2**30:.3g} GiB per rank")
-    print("where the step's predicted time goes:")
+    runs, step = (("predict --grid auto", "forward") if args.inference
+                  else ("train --grid auto --strategy auto", "step"))
+    print(f"choice on {P} ranks (what {runs} runs): {rp.label}, "
+          f"{rp.time_s:.4g} s a {step}, {rp.memory_bytes / 2**30:.3g} GiB per rank")
+    print(f"where the {step}'s predicted time goes:")
     for what, t in rp.split:
         print(f"  {t:>10.4g} s  {what}")
-    print("next: " + train_command(args, cfg, rp))
+    if not args.inference:
+        print("next: " + train_command(args, cfg, rp))
     return out
 
 
@@ -392,8 +400,10 @@ def _print_scales(wide: Choice, P: int, out: dict[str, Any]) -> None:
                   + ("  * Pareto" if on else "") + ("  <- fastest" if chosen else ""))
     print("(each row: the fastest configuration of that many ranks that fits, listed at powers "
           "of two, P and\n the Pareto set: those no other configuration beats on both time and "
-          "memory; step s: one\n training step's predicted seconds; GiB/rank: its predicted "
-          "peak memory per rank)")
+          "memory; step s: one\n "
+          + ("forward pass's" if rp.shape is not None and rp.shape.inference
+             else "training step's")
+          + " predicted seconds; GiB/rank: its predicted peak memory per rank)")
     print(f"fastest at any scale: {rp.label} on {rp.scale} ranks, {rp.time_s:.4g} s, "
           f"{rp.memory_bytes / 2**30:.3g} GiB")
     out["rows"] = rows

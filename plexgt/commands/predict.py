@@ -58,8 +58,8 @@ def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> i
     rank0 = ctx.rank == 0
     writer = PredictionsWriter(args.out, ctx.rank, ctx.world_size, args.overwrite)
     agreed(lambda: writer.check() if rank0 else None, ctx.device)
-    task = agreed(lambda: build_task(cfg, ctx, CommLedger(device=ctx.device), registry),
-                  ctx.device)
+    task = agreed(lambda: build_task(cfg, ctx, CommLedger(device=ctx.device), registry,
+                                     inference=True), ctx.device)
     pg = PreparedGraph(cfg.data)
     layer = agreed(lambda: resolve_embeddings(task, args.embeddings), ctx.device)
     writer.schema = predictions_schema(task, pg, cfg, cp, layer, args.embeddings)

@@ -163,6 +163,10 @@ class Workload:
     """Pre-norm blocks (and a final norm before the classifier)."""
     jk: str = "none"
     """Jumping knowledge over the blocks' outputs ('cat', 'max', 'sum')."""
+    inference: bool = False
+    """Price one forward pass (``plexgt predict``) instead of a training step: the forward's
+    collectives, a third of the step's kernel time (backward is about twice the forward), no
+    optimizer, and :func:`~plexgt.plan.step_cost.model_memory`'s inference memory."""
 
     def __post_init__(self) -> None:
         if self.model not in ("gt", "gps"):
@@ -413,7 +417,8 @@ def memory_of(strategy: AttentionStrategy, w: Workload, s: int, head_parallel: i
     model_memory`): cheap, so a search drops what cannot fit before pricing its time."""
     prob = replace(w.problem, head_parallel=head_parallel)
     return model_memory(strategy, prob, s, w.layers, w.features, w.classes, w.num_params,
-                        w.ffn_mult, w.gcn, w.grid_at(s), w.feature_density, w.pre_norm, w.jk)
+                        w.ffn_mult, w.gcn, w.grid_at(s), w.feature_density, w.pre_norm, w.jk,
+                        w.inference)
 
 
 def unsupported(strategy: AttentionStrategy, sysm: SystemModel) -> str:
@@ -495,7 +500,8 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     # fixed per-call costs every rank pays whatever its share: kernel calls per head, the
     # dense block's operator overheads, the optimizer over the replicated parameters
     calls = L * (h_r * wk.launches * k["attention_s_per_head"] + k["dense_s_per_block"]) * kappa
-    calls += OPTIMIZER_PASSES * w.num_params * k["elementwise_s_per_elem"] * kappa
+    if not w.inference:
+        calls += OPTIMIZER_PASSES * w.num_params * k["elementwise_s_per_elem"] * kappa
     # GP-AG makes no layout copies outside the kernel (the gathered K, V and the kernel's
     # node-major dK, dV go to and from the collectives as they are); what the kernel does with
     # the N gathered columns is its per-column cost (``gathered``)
@@ -514,6 +520,8 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
         if t > comm:
             comm, comm_rank, ops = t, r, ops_r
     compute = (edge + node + dense) * kernels
+    if w.inference:  # the forward alone: a third of forward + backward (twice the forward)
+        compute, copy = compute / 3, copy / 3
     mem = memory_of(strategy, w, s, head_parallel)
     return Estimate(strategy.name, s, compute / max(1, w.e), (copy + calls + comm) / w.n,
                     compute, copy, calls, comm, sum(o.total_sent for _, o in ops), mem,
@@ -545,9 +553,12 @@ def step_ops(strategy: AttentionStrategy, w: Workload, s: int, rank: int = 0,
              head_parallel: int = 1) -> list[tuple[str, CommOp]]:
     """(group name, op) of every collective ``rank`` issues in one step on s ranks: what
     :func:`estimate` prices (the ledger of a run equals them to the byte)."""
-    return step_comm_named(strategy, replace(w.problem, head_parallel=head_parallel), rank, s,
-                           w.layers, w.num_params, w.gcn, w.grid_at(s), w.gcn_block_rows,
-                           w.batch_norms)
+    ops = step_comm_named(strategy, replace(w.problem, head_parallel=head_parallel), rank, s,
+                          w.layers, w.num_params, w.gcn, w.grid_at(s), w.gcn_block_rows,
+                          () if w.inference else w.batch_norms)
+    if w.inference:  # one forward: its collectives (eval BatchNorm uses its running stats)
+        ops = [(g, o) for g, o in ops if o.phase == "forward"]
+    return ops
 
 
 def comm_time(ops: list[tuple[str, CommOp]], s: int, grid: Grid3D | None,

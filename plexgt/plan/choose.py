@@ -105,11 +105,16 @@ class ModelShape:
     """grid3d models: an input Linear before the first graph layer."""
     head: bool = False
     """grid3d models: a linear classifier after the last graph layer."""
+    inference: bool = False
+    """Price one forward pass (``plexgt predict``, ``plan --inference``) instead of a
+    training step: no autograd graph, gradients or optimizer state, each layer's activations
+    freed as the next consumes them, so a layout may fit that training's does not."""
 
     @classmethod
-    def of(cls, cfg: TrainConfig) -> ModelShape:
+    def of(cls, cfg: TrainConfig, inference: bool = False) -> ModelShape:
         """The planners' view of a run's configuration: the one place the config's model and
-        layout keys become a shape (``plexgt train`` and ``plexgt plan`` both come here)."""
+        layout keys become a shape (``plexgt train``, ``plexgt predict`` with
+        ``inference`` and ``plexgt plan`` all come here)."""
         m, par = cfg.model, cfg.parallel
         spec = model_registry().get(m.name)
         name = spec.planned_as  # gcn prices every 3D-grid model
@@ -117,7 +122,7 @@ class ModelShape:
                    par.gcn_order, par.block_rows or None, par.ring_chunks, m.super_nodes,
                    m.node_embedding > 0, par.attention_block_rows, par.axis_order,
                    m.norm_kind(spec.attention), m.pre_norm, m.jk, m.residual, m.input_proj,
-                   m.head)
+                   m.head, inference)
 
     @property
     def norm_kind(self) -> str:
@@ -168,7 +173,7 @@ def workload(sizes: GraphSizes, shape: ModelShape, grid: Grid3D | None = None) -
                     ring_chunks=shape.ring_chunks or 1, super_nodes=shape.super_nodes,
                     attention_block_rows=shape.attention_block_rows,
                     feature_density=sizes.feature_density, norm=shape.norm_kind,
-                    pre_norm=shape.pre_norm, jk=shape.jk)
+                    pre_norm=shape.pre_norm, jk=shape.jk, inference=shape.inference)
 
 
 def candidates(strategy: str, registry: StrategyRegistry | None = None
@@ -301,6 +306,8 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
     ``any_scale`` (what ``plexgt plan`` reports). gcn: :func:`~plexgt.plan.search.
     search_gcn`; gt / gps: :func:`~plexgt.plan.search_attention.search_attention`. A
     configuration given whole is priced, not checked against the memory: the user's call.
+    ``shape.inference`` prices one forward pass instead of a training step (``plexgt
+    predict``'s, so it may choose fewer ranks a layer than training did).
 
     Raises :class:`NothingFits` (a ConfigError) when nothing fits."""
     fixed = resolve_grid(grid, world_size, shape.axis_order)
@@ -312,7 +319,8 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
                            scales, input_grad=shape.trained_input,
                            input_density=sizes.feature_density, grid=fixed,
                            block_rows=shape.block_rows, axis_order=shape.axis_order,
-                           ops=gcn_chain(sizes, shape), norm=shape.norm_kind)
+                           ops=gcn_chain(sizes, shape), norm=shape.norm_kind,
+                           inference=shape.inference)
         c = found.chosen
         if c is None:
             raise _none_fits(memory_per_rank, world_size, any_scale, found.least_memory)

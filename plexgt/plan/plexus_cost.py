@@ -23,24 +23,26 @@ from plexgt.plan.host import Host, across_group_sizes
 from plexgt.plan.placement import Topology
 
 
-def hop_bytes(lay: LayerLayout, esize: int, block_rows: int | None
-              ) -> list[tuple[str, str, int]]:
+def hop_bytes(lay: LayerLayout, esize: int, block_rows: int | None,
+              forward_only: bool = False) -> list[tuple[str, str, int]]:
     """(axis role, op, bytes sent) of a jumping-knowledge hop (aggregate_first, a constant
     identity weight, no bias): the input's all-gather over c, the identity block's blocked
     all-reduce over a, the reduce-scatter over b, and their adjoints."""
     return layer_bytes(replace(lay, order="aggregate_first"), esize, block_rows, True,
-                       weighted=False)
+                       weighted=False, forward_only=forward_only)
 
 
 def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad: bool,
                 gathered_input: bool = False, residual: str = "none", pre_act: bool = False,
-                weighted: bool = True) -> list[tuple[str, str, int]]:
+                weighted: bool = True, forward_only: bool = False
+                ) -> list[tuple[str, str, int]]:
     """(axis role, op, bytes sent) of one layer's forward and backward, in issue order
     (``gathered_input``: sparse input features, read already gathered over c; ``residual``:
     the conv's residual path, 'identity' or 'linear', fused into its collectives as
     :class:`~plexgt.parallel.plexus3d.Plexus3DGCN` runs it; ``pre_act``: pre-norm, the
     residual reads the raw input, gathered on its own; ``weighted=False``: aggregate_first
-    with a constant weight and no bias, :func:`hop_bytes`)."""
+    with a constant weight and no bias, :func:`hop_bytes`; ``forward_only``: the forward's
+    collectives alone, what an inference pass sends)."""
     ga, gb, gc = lay.g
     a, b, c = lay.roles
     din_b, dout_a = lay.d_in // gb, lay.d_out // ga
@@ -69,6 +71,10 @@ def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad
             *((raw + (w_gather if learned else []) + [t_scatter]) if res else []),
             *[(a, "reduce_scatter", reduce_scatter_bytes((r1 - r0) * dout_b * esize, ga))
               for r0, r1 in blocks],
+        ]
+        if forward_only:
+            return ops
+        ops += [
             # backward
             (c, "all_reduce", all_reduce_bytes(nbias * dout_ab * esize, gc)),
             *[(a, "all_gather", all_gather_bytes((r1 - r0) * dout_ab * esize, ga))
@@ -91,6 +97,10 @@ def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad
         *([w_gather] if weighted else []),
         *([w_gather] if learned else []),
         (b, "reduce_scatter", reduce_scatter_bytes(rows_pad * dout_a * esize, gb)),
+    ]
+    if forward_only:
+        return ops
+    ops += [
         # backward
         (b, "all_gather", all_gather_bytes(rows_pad * (dout_a // gb) * esize, gb)),
         *([(c, "all_reduce", all_reduce_bytes(nbias * (dout_a // gb) * esize, gc)), w_grad]
@@ -105,8 +115,8 @@ def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad
     return ops
 
 
-def norm_bytes(lay: LayerLayout, norm: str, esize: int, stack: int = 1
-               ) -> list[tuple[str, str, int]]:
+def norm_bytes(lay: LayerLayout, norm: str, esize: int, stack: int = 1,
+               forward_only: bool = False) -> list[tuple[str, str, int]]:
     """(group, op, bytes sent) of a norm of ``lay``'s output in a training step: LayerNorm's
     row statistics over the plane (a, b), BatchNorm's column statistics over c
     (:mod:`plexgt.parallel.norms`), and the backward's sum of the parameters' gradients over
@@ -120,31 +130,36 @@ def norm_bytes(lay: LayerLayout, norm: str, esize: int, stack: int = 1
     if norm == "layer":
         group, ops = output_plane(lay.roles), layer_norm_comm(lay.rows_pad, esize, ga * gb)
     else:
-        group, ops = c, batch_norm_comm(w, esize, gc)
-    out = [(group, o.op, o.sent) for o in ops]
+        group, ops = c, batch_norm_comm(w, esize, gc, training=not forward_only)
+    out = [(group, o.op, o.sent) for o in ops if not forward_only or o.phase == "forward"]
+    if forward_only:  # an inference pass: the statistics, no parameter gradients
+        return out
     return out + [(c, "all_reduce", all_reduce_bytes(2 * w * esize, gc))]
 
 
 def chain_bytes(lays: list[LayerLayout], esize: int, block_rows: int | None,
                 input_grad: bool, sparse_input: bool, ops: list[GCNOp] | None = None,
-                norm: str = "none") -> list[tuple[str, str, int]]:
+                norm: str = "none", forward_only: bool = False
+                ) -> list[tuple[str, str, int]]:
     """(group, op, bytes sent) of every layer of a chain (``ops``: each layer's residual and
-    norms, :func:`plexgt.models.gcn.gcn_ops`; None: plain GCN layers)."""
+    norms, :func:`plexgt.models.gcn.gcn_ops`; None: plain GCN layers; ``forward_only``: an
+    inference pass's)."""
     out: list[tuple[str, str, int]] = []
     hops = {} if ops is None else jk_hops(ops)
     for path in hops.values():
         for m in path:
-            out += hop_bytes(lays[m], esize, block_rows)
+            out += hop_bytes(lays[m], esize, block_rows, forward_only)
     for k, lay in enumerate(lays):
         op = None if ops is None else ops[k]
         out += layer_bytes(lay, esize, block_rows, k > 0 or input_grad,
                            sparse_input and k == 0,
                            "none" if op is None else op.residual,
-                           op is not None and op.pre_act)
+                           op is not None and op.pre_act, forward_only=forward_only)
         if op is not None and op.pre_norm is not None:
-            out += norm_bytes(lays[k - 1], norm, esize, lay.d_in // lays[k - 1].d_out)
+            out += norm_bytes(lays[k - 1], norm, esize, lay.d_in // lays[k - 1].d_out,
+                              forward_only)
         if op is not None and op.post_norm is not None:
-            out += norm_bytes(lay, norm, esize)
+            out += norm_bytes(lay, norm, esize, forward_only=forward_only)
     return out
 
 
@@ -374,17 +389,19 @@ def reorder(est: PlexusEstimate, order: str, coef: Coefficients) -> PlexusEstima
 def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
              coef: Coefficients, block_rows: int | None = None, order: str = "auto",
              input_grad: bool = False, input_density: float | None = None,
-             ops: list[GCNOp] | None = None, norm: str = "none") -> PlexusEstimate:
+             ops: list[GCNOp] | None = None, norm: str = "none",
+             inference: bool = False) -> PlexusEstimate:
     """Predicted step time and memory of ``grid`` (nnz spread evenly: double permutation;
-    ``input_grad``: layer 0's input is trained, a node embedding; ``input_density``: the
-    input is CSR-stored with this share of nonzeros, its layer-0 GEMM an SpMM priced by it;
-    ``ops``, ``norm``: the GCN's options, :func:`rank_cost`)."""
+    ``inference``: one forward pass, :func:`rank_cost`; ``input_grad``: layer 0's input is
+    trained, a node embedding; ``input_density``: the input is CSR-stored with this share of
+    nonzeros, its layer-0 GEMM an SpMM priced by it; ``ops``, ``norm``: the GCN's options,
+    :func:`rank_cost`)."""
     # every rank prices the same: blocks are padded to equal shapes (ceil(N/G) rows, padded
     # widths), so bytes, calls, FMAs and memory depend on the grid's extents, not on which
     # block a rank holds (the tests check rank_cost over every rank); one rank stands for
     # all, which keeps a search over every factorisation of every scale fast
     rc = rank_cost(grid, 0, n, nnz, dims, esize, coef, block_rows, order, input_grad,
-                   input_density, ops, norm)
+                   input_density, ops, norm, inference)
     return PlexusEstimate(grid, rc.nbytes, rc.comm_s, rc.compute_s, rc.mem, rc.traffic)
 
 
@@ -424,16 +441,30 @@ def group_stride(grid: Grid3D, name: str) -> int:
 def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: int,
               coef: Coefficients, block_rows: int | None = None, order: str = "auto",
               input_grad: bool = False, input_density: float | None = None,
-              ops: list[GCNOp] | None = None, norm: str = "none") -> RankCost:
+              ops: list[GCNOp] | None = None, norm: str = "none",
+              inference: bool = False) -> RankCost:
     """Rank ``r``'s step (:class:`RankCost`), as :func:`estimate` prices it (``ops``,
     ``norm``: a GCN with :class:`~plexgt.models.gcn.GCNArch` options, ``dims`` its
-    :func:`~plexgt.models.gcn.op_widths`)."""
+    :func:`~plexgt.models.gcn.op_widths`).
+
+    ``inference``: one forward under ``torch.inference_mode`` (``plexgt predict``) instead
+    of a training step: the forward's collectives and FMAs alone; no transposed Â blocks
+    (``drop_backward`` frees them), weights without gradients or AdamW's moments, and only
+    the largest layer's live activations (no autograd graph keeps the others) plus the
+    input shard and the logits shard being written."""
     sparse = input_density is not None
     lays = chain_layouts(grid, r, n, dims, order, sparse, ops)
     host, p = coef.host, grid.size
-    nbytes, calls, flops_s, mem, comm = 0, 0, 0.0, 0, 0.0
+    nbytes, calls, flops_s, comm = 0, 0, 0.0, 0.0
+    # training keeps every layer's activations for backward (their sum); inference frees
+    # each layer's as the next consumes it (their max)
+    graph_mem, weight_mem, acts = 0, 0, []
+    adj_copies = 1 if inference else 2  # Â's CSR block, and its transpose for backward
+    w_copies = 1 if inference else 4  # W shard, and its gradient and Adam's two moments
+    fwd = inference
     traffic: dict[tuple[str, str], list[int]] = {}
-    for name, op, b in chain_bytes(lays, esize, block_rows, input_grad, sparse, ops, norm):
+    for name, op, b in chain_bytes(lays, esize, block_rows, input_grad, sparse, ops, norm,
+                                   inference):
         if b:
             nbytes += b
             calls += 1
@@ -451,15 +482,16 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
         # a node-wise layer's operator is the identity's block: N/(Ga·Gc) entries
         blk_nnz = (nnz if lay.kind == "conv" else n) / (ga * gc)
         shard = cols_pad * lay.d_in // (gb * gc) * (2 if lay.layer == 0 else 1)
-        mem += int(blk_nnz * 12 * 2)  # CSR + transpose: 8-byte index + 4-byte value
-        mem += din_b * dout_a * esize * 4  # W shard, grad, Adam
+        mem = 0  # this layer's activations
+        graph_mem += int(blk_nnz * 12 * adj_copies)  # 8-byte index + 4-byte value
+        weight_mem += din_b * dout_a * esize * w_copies
         if lay.order == "gemm_first":
             # the SpMM runs forward and backward on d_out/Gb columns; GEMM on input rows
-            spmm = blk_nnz * (lay.d_out // gb) * 2
-            gemm = cols_pad * din_b * lay.d_out * (3 if lay.layer else 2)
+            spmm = blk_nnz * (lay.d_out // gb) * (1 if fwd else 2)
+            gemm = cols_pad * din_b * lay.d_out * (1 if fwd else 3 if lay.layer else 2)
             if sparse and lay.layer == 0:
                 # a CSR input's X·W and Xᵀ·dY are SpMMs over its nonzeros, d_out columns
-                spmm += 2 * cols_pad * din_b * input_density * lay.d_out
+                spmm += (1 if fwd else 2) * cols_pad * din_b * input_density * lay.d_out
                 gemm = 0
             # input shard (+ staging on layer 0), gathered input (staged twice), whole W
             # block, H·W before and after its reduce-scatter, the aggregate; a sparse input
@@ -474,8 +506,8 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
                              + cols_pad * lay.d_out // gb + rows_pad * lay.d_out // gb
                              ) * esize
         else:
-            spmm = blk_nnz * din_b * (2 if lay.layer > 0 else 1)
-            gemm = rows_pad * din_b * dout_a * 3
+            spmm = blk_nnz * din_b * (2 if lay.layer > 0 and not fwd else 1)
+            gemm = rows_pad * din_b * dout_a * (1 if fwd else 3)
             # input shard (and its staging copy on layer 0), gathered input (twice: the
             # backend stages the gather), aggregate, partial product
             mem += (shard + 2 * cols_pad * din_b + rows_pad * din_b + rows_pad * dout_a
@@ -484,8 +516,9 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
             # the residual path: the identity's block beside Â's, its weight (a learned one
             # with its gradient and Adam's moments), and its operands as the conv's
             eye = n / (ga * gc)
-            mem += int(eye * 12 * 2) + (din_b * dout_a * esize * 4
-                                        if op.residual == "linear" else 0)
+            graph_mem += int(eye * 12 * adj_copies)
+            weight_mem += (din_b * dout_a * esize * w_copies if op.residual == "linear"
+                           else 0)
             if lay.order == "gemm_first":
                 spmm += eye * (lay.d_out // gb) * 2
                 gemm += cols_pad * din_b * lay.d_out * 3
@@ -504,7 +537,18 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
                 # the normalised values kept for backward and the norm's output
                 width = (lay.d_in // (gb * gc) if at is not lay else dout_ab)
                 mem += 2 * at.rows_pad * width * esize
+        acts.append(mem)
         flops_s += spmm * coef.spmm_s_per_nnz_col + gemm * coef.gemm_s_per_fma
+    mem = graph_mem + weight_mem
+    if inference:
+        # the input shard stays (it is the task's), the largest layer's live activations,
+        # and the last layer's logits shard, which predict's all-to-all reads and sends
+        last = lays[-1]
+        mem += (lays[0].cols_pad * lays[0].d_in // (lays[0].g[1] * lays[0].g[2])
+                + last.rows_pad * last.d_out // (last.g[0] * last.g[1])) * esize
+        mem += max(acts)
+    else:
+        mem += sum(acts)
     for path in ({} if ops is None else jk_hops(ops)).values():
         for m in path:
             # a hop: its identity block, gathered input (staged), aggregate, partial

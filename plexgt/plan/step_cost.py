@@ -120,22 +120,30 @@ def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int,
                  features: int, classes: int, num_params: int, ffn_mult: int = 2,
                  gcn: bool = False, gcn_grid: Grid3D | None = None,
                  feature_density: float | None = None, pre_norm: bool = False,
-                 jk: str = "none") -> dict[str, int]:
+                 jk: str = "none", inference: bool = False) -> dict[str, int]:
     """Per-rank bytes of a training step: attention (Table 1 per layer, plus the backward's
     three [h, E/p] temporaries of one layer), dense activations, graphs, features, and
     parameters with gradients and two AdamW moments (4 copies).
 
     For gps the GCN operator is this rank's Â rows [N/p, N] (1D) or, on ``gcn_grid``, its Â
     block [N/Gz, N/Gx] of E/(Gx·Gz) entries, whose layer also keeps the aggregate
-    [N/Gz, d/Gy] for the weight gradient. ``feature_density``: the input stored CSR."""
+    [N/Gz, d/Gy] for the weight gradient. ``feature_density``: the input stored CSR.
+
+    ``inference``: one forward under ``torch.inference_mode`` (``plexgt predict``): no
+    autograd graph, so one block's activations live at a time (attention's and the dense
+    ones of the largest block, no backward temporaries), the logits shard being written, and
+    the parameters alone (no gradients, no AdamW moments)."""
     e = problem.esize
     att = strategy.memory(problem, p)
     n_loc = problem.rows(p)
     nnz_in = int(n_loc * features * (feature_density or 0.0))
-    dense = layers * dense_activation_elems(n_loc, problem.d, ffn_mult, gcn) * e
+    live = 1 if inference else layers  # blocks whose activations are held at once
+    dense = live * dense_activation_elems(n_loc, problem.d, ffn_mult, gcn) * e
     # input projection and classifier (2·d), logits and their gradient (2·C), and the
     # gradients of one block in flight during backward (4·d)
-    dense += n_loc * (6 * problem.d + 2 * classes) * e
+    # (inference: the projection's output, the block output and the logits)
+    dense += n_loc * ((2 * problem.d + classes) if inference
+                      else (6 * problem.d + 2 * classes)) * e
     # jumping knowledge: the combined blocks ('cat': [n, L·d] and its gradient; 'max' /
     # 'sum': the stacked [L, n, d] and the result); pre-norm's final norm of the
     # classifier's input (its output and the normalised values it keeps)
@@ -149,20 +157,20 @@ def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int,
         lay = layer_layouts(gcn_grid, 0, problem.n, [problem.d, problem.d])[0]
         nnz = -(-problem.e // (lay.g[0] * lay.g[2]))
         graphs += graph_bytes(lay.rows_pad, lay.cols_pad, nnz) + nnz * e
-        dense += layers * lay.rows_pad * (lay.d_in // lay.g[1]) * e
+        dense += live * lay.rows_pad * (lay.d_in // lay.g[1]) * e
     elif gcn:
         graphs += graph_bytes(n_loc, p * n_loc, -(-problem.e // p)) + (
             -(-problem.e // p)) * e
     out = {
-        "attention_activations": (layers * att.activation_bytes + att.transient_bytes
-                                  + 3 * att.score_elems * e),
+        "attention_activations": (live * att.activation_bytes + att.transient_bytes
+                                  + (0 if inference else 3 * att.score_elems * e)),
         "dense_activations": dense,
         "graph": graphs,
         # dense [N/p, F], or CSR used both ways (X·W, Xᵀ·dY): a graph with its transpose
         # and index caches, and both value arrays
         "features": (n_loc * features * e if feature_density is None else
                      graph_bytes(n_loc, features, nnz_in) + 2 * nnz_in * e),
-        "parameters": 4 * num_params * e,
+        "parameters": (1 if inference else 4) * num_params * e,
     }
     out["total"] = sum(out.values())
     return out

@@ -21,9 +21,9 @@ from plexgt.tasks.gcn import build_gcn_task
 from plexgt.tasks.task import Task, model_spec
 
 Builder = Callable[[TrainConfig, DistContext, PreparedGraph, CommLedger,
-                    StrategyRegistry | None], Task]
+                    StrategyRegistry | None, bool], Task]
 """(config, context, prepared graph, ledger, attention strategies or None: the built-in
-ones) -> the rank's Task."""
+ones, inference: the layout planned for one forward pass) -> the rank's Task."""
 
 BUILDERS: dict[str, Builder] = {
     "grid3d": build_gcn_task,
@@ -33,8 +33,10 @@ BUILDERS: dict[str, Builder] = {
 
 
 def build_task(cfg: TrainConfig, ctx: DistContext, ledger: CommLedger,
-               registry: StrategyRegistry | None = None) -> Task:
+               registry: StrategyRegistry | None = None, inference: bool = False) -> Task:
     """The Task of ``cfg.model.name`` on this rank, reading ``cfg.data``; attention strategies
-    from ``registry`` (default: the built-in ones)."""
+    from ``registry`` (default: the built-in ones); ``inference``: what the configuration
+    leaves open is planned for one forward pass (``plexgt predict``), not a training step."""
     spec = model_spec(cfg)
-    return BUILDERS[spec.layout](cfg, ctx, PreparedGraph(cfg.data), ledger, registry)
+    return BUILDERS[spec.layout](cfg, ctx, PreparedGraph(cfg.data), ledger, registry,
+                                 inference)

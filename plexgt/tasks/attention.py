@@ -131,9 +131,11 @@ def read_row_data(pg: PreparedGraph, p: int, i: int, dtype: torch.dtype = torch.
 
 
 def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
-                         ledger: CommLedger, registry: StrategyRegistry | None = None) -> Task:
+                         ledger: CommLedger, registry: StrategyRegistry | None = None,
+                         inference: bool = False) -> Task:
     """A :class:`Task` for ``model.name`` 'gt' or 'gps', its strategy from ``registry``
-    (default: the built-in strategies)."""
+    (default: the built-in strategies; ``inference``: the layout planned for one forward
+    pass)."""
     if pg.C < 1:
         raise ConfigError(f"{pg.path}: the prepared graph has no labels to train on")
     if ctx.world_size > pg.N:
@@ -145,7 +147,7 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
     metric = task_metric(cfg, pg)
     comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
     gps = cfg.model.name == "gps"
-    rp = run_plan(cfg, pg, ctx.world_size, ctx.device, registry)
+    rp = run_plan(cfg, pg, ctx.world_size, ctx.device, registry, inference)
     sname, grid, head_axis = rp.layout
     axis = None
     if grid is not None:

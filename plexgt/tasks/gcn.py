@@ -70,16 +70,17 @@ def read_plexus_inputs(pg: PreparedGraph, layouts: Sequence[LayerLayout], dtype:
 
 
 def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger: CommLedger,
-                   registry: StrategyRegistry | None = None) -> Task:
+                   registry: StrategyRegistry | None = None, inference: bool = False) -> Task:
     """A :class:`Task` for a grid3d model (``model.name = "gcn"``, or another registered one
-    of graph operators; ``registry`` unused: no attention)."""
+    of graph operators; ``registry`` unused: no attention; ``inference``: the layout planned
+    for one forward pass)."""
     spec = model_spec(cfg)
     if pg.C < 1:
         raise ConfigError(f"{pg.path}: the prepared graph has no labels to train on")
     check_inputs(cfg, pg)
     check_memory(cfg, pg, ctx.world_size, ctx.device)
     metric = task_metric(cfg, pg)
-    rp = run_plan(cfg, pg, ctx.world_size, ctx.device)
+    rp = run_plan(cfg, pg, ctx.world_size, ctx.device, inference=inference)
     grid = rp.grid  # gcn's plan always has one
     check_grid(pg, grid, cfg.model.layers)
     dt = DTYPES[cfg.dtype]

@@ -158,13 +158,14 @@ def memory_limit(cfg: TrainConfig, device: torch.device | None = None) -> int | 
 
 def run_plan(cfg: TrainConfig, pg: PreparedGraph, world_size: int,
              device: torch.device | None = None,
-             registry: StrategyRegistry | None = None) -> RunPlan:
+             registry: StrategyRegistry | None = None, inference: bool = False) -> RunPlan:
     """The run's layout on ``world_size`` ranks (:func:`plexgt.plan.choose.choose`): the
-    configured values, the plan's where they are left open. The same on every rank, since it
-    reads only sizes, the config and the profile."""
+    configured values, the plan's where they are left open (``inference``: priced for one
+    forward pass, ``plexgt predict``'s). The same on every rank, since it reads only sizes,
+    the config and the profile."""
     prof = machine_profile(cfg)
-    return choose(graph_sizes(pg, cfg.model.node_embedding), ModelShape.of(cfg), world_size,
-                  system_model_for(prof, device), plexus_coefficients_for(prof),
+    return choose(graph_sizes(pg, cfg.model.node_embedding), ModelShape.of(cfg, inference),
+                  world_size, system_model_for(prof, device), plexus_coefficients_for(prof),
                   memory_limit(cfg, device), cfg.parallel.strategy, cfg.parallel.grid,
                   cfg.parallel.head_parallel, registry=registry).plan
 

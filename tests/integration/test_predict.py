@@ -267,3 +267,56 @@ def test_bad_input_is_one_line_and_leaves_no_file(graph, gcn_ckpt, tmp_path):
         assert lines[0].startswith("plexgt predict: error: ")
         assert sorted(p.name for p in out.iterdir()) == ["exists.npy", "file"], msg
     assert (out / "exists.npy").read_text() == "mine"
+
+
+def test_predict_grid_auto_takes_plan_inference_choice_where_training_does_not_fit(
+        graph, gcn_ckpt, tmp_path):
+    """At a memory per rank between what one forward and one training step of the checkpoint's
+    model need on 2 ranks, ``plan`` refuses training (exit 1) and ``plan --inference`` chooses
+    a grid; ``predict --grid auto`` on 2 ranks runs that grid and predicts what 1 rank does."""
+    g, data = graph
+    ck, _ = gcn_ckpt
+    model = ["--model", "gcn", "--hidden", "16", "--layers", "3", "--dtype", "float64",
+             "--world-size", "2", "--data", data]
+
+    def plan(*extra: str) -> tuple[int, dict]:
+        js = tmp_path / "plan.json"
+        r = _plexgt(1, "plan", *model, "--json", js, *extra)
+        assert r.returncode in (0, 1), r.stderr
+        return r.returncode, json.loads(js.read_text())
+
+    least = {}
+    for mode in ((), ("--inference",)):
+        rc, out = plan("--memory-per-rank", "0.001", *mode)
+        assert rc == 1
+        least[mode] = out["search"]["least_memory_bytes"]
+    assert least[("--inference",)] < least[()]
+    gib = repr((least[()] + least[("--inference",)]) / 2 / 2**30)
+    assert plan("--memory-per-rank", gib)[0] == 1
+    rc, out = plan("--memory-per-rank", gib, "--inference")
+    assert rc == 0 and out["choice"]["scale"] == 2
+    grid = out["choice"]["grid"]
+    one = _predict(ck, data, tmp_path / "one.npy", 1)
+    r = _plexgt(2, "predict", "--checkpoint", ck, "--data", data, "--out", tmp_path / "p.npy",
+                "--grid", "auto", f"--parallel.memory_per_rank_gb={gib}")
+    assert r.returncode == 0, r.stderr
+    assert f"grid {grid}," in r.stderr, (grid, r.stderr)
+    f = PredictionsFile(tmp_path / "p.npy")
+    (_, cols), = list(f.chunks(f.columns, rows=f.n))
+    _same(cols, one, ("node_id", "pred", "logits"))
+
+
+@pytest.mark.parametrize("model", ["mlp", "sage"])
+def test_grid3d_registry_models_predict_on_any_grid_as_on_one_rank(graph, model, tmp_path):
+    """The grid3d registry's other models (mlp, sage) are not refused: trained on 1 rank,
+    they predict on 3 ranks (3x1x1, 1x3x1) the 1-rank logits, classes and hidden embeddings,
+    row i the raw input's node i."""
+    g, data = graph
+    ck, _ = _trained(data, tmp_path, 1, "--model", model, "--epochs", "2")
+    one = _predict(ck, data, tmp_path / "one.parquet", 1, "--embeddings", "hidden")
+    assert one["meta"]["model"] == model
+    for grid in ("3x1x1", "1x3x1"):
+        got = _predict(ck, data, tmp_path / f"{grid}.h5", 3, "--grid", grid,
+                       "--embeddings", "hidden")
+        _check_order_and_splits(got, g)
+        _same(got, one, ("pred", "logits", "embedding"))

@@ -64,7 +64,7 @@ def test_help_lists_the_commands_in_workflow_order_by_their_modules_help():
     assert [name for name, _ in listed] == list(cli.COMMANDS)
     assert _help_and_imports("--help", "train")[0] == text
     assert cli.COMMANDS == ("prep", "verify", "profile", "plan", "train", "predict",
-                            "evaluate", "report", "info")
+                            "evaluate", "export", "report", "info")
     for name, shown in listed:
         assert shown == importlib.import_module(f"plexgt.commands.{name}").HELP, name
     assert text.endswith(cli.QUICK_START)

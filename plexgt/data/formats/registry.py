@@ -7,13 +7,14 @@ and may extend (``reg.register(...)``), so there is no module-level mutable stat
 
 from __future__ import annotations
 
-from plexgt.data.formats import edgelist, gnn_benchmark, mtx, npz_edges, ogb, rmat, sbm, snap
+from plexgt.data.formats import edgelist, gnn_benchmark, mtx, npz_edges, ogb, pyg, rmat, sbm, snap
 from plexgt.data.formats.spec import FormatRegistry
 
 FORMATS = (
     gnn_benchmark.SPEC,
     ogb.SPEC,
     npz_edges.SPEC,
+    pyg.SPEC,
     snap.SPEC,
     edgelist.SPEC,
     mtx.SPEC,

@@ -189,7 +189,11 @@ class ParallelConfig:
     """Collective timeout: a lost rank becomes an error after this long, never a hang."""
     profile: str = ""
     """System profile JSON (``plexgt profile``) that grid 'auto' and strategy 'auto' plan
-    with; empty = built-in default coefficients, which may misjudge a machine."""
+    with; empty = on a CPU host a quick calibration of it (seconds, cached per host), on GPUs
+    built-in default coefficients, which may misjudge a machine."""
+    calibrate: bool = True
+    """Without a profile on a CPU host, plan with a quick calibration of it (measured once,
+    cached in ~/.cache/plexgt); false = default coefficients (as ``PLEXGT_NO_CALIBRATE=1``)."""
 
 
 @dataclass(frozen=True)

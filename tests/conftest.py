@@ -2,10 +2,14 @@
 
 Without a GPU, Triton kernels run under Triton's CPU interpreter: the flag is read when a
 kernel is decorated, so it is set here, before any test module imports
-:mod:`plexgt.ops.attention_triton`. On a GPU machine the kernels are compiled for real.
+:mod:`plexgt.ops.attention_triton`. On a GPU machine the kernels are compiled for real. The
+planner's quick host calibration is off and its cache in a scratch directory (below).
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 import pytest
 import torch
@@ -13,6 +17,14 @@ from xdist.scheduler import LoadScopeScheduling
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Plans in the suite use the default coefficients: a quick calibration of the host
+# (plexgt.plan.calibrate) would make every planned layout depend on the machine's load and
+# cost seconds per test process. Its own tests turn it back on, and whatever a test caches
+# goes to a scratch directory, never the real ~/.cache (subprocesses inherit both).
+os.environ["PLEXGT_NO_CALIBRATE"] = "1"
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="plexgt-test-cache-")
+atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
 
 
 # The Slurm tests share one local Slurm cluster (a session fixture per xdist worker), so they

@@ -9,7 +9,9 @@ as train's (:func:`plexgt.plan.knobs.load_config`: a ``--config`` TOML, these fl
 come from a prepared directory's manifest (``--data``) or from ``--nodes --edges --features
 --classes`` (plan papers100M before preparing it); machine coefficients from ``--profile``
 (``plexgt profile``), a machine description (``--machine perlmutter|frontier|dgx-a100|
-FILE.toml``, :mod:`plexgt.plan.machine`), or defaults. One process, no MPI.
+FILE.toml``, :mod:`plexgt.plan.machine`), on a CPU host without either a quick calibration of
+it (:mod:`plexgt.plan.calibrate`: seconds, cached per host; what ``train`` plans with too), or
+defaults. One process, no MPI (the calibration's two worker processes aside).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +29,7 @@ from plexgt.errors import ConfigError, DataError, UsageError
 from plexgt.models.registry import default_registry as model_registry
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import StrategyRegistry
+from plexgt.plan.calibrate import OFF_ENV, applies, calibration, disabled
 from plexgt.plan.choose import (
     Choice,
     GraphSizes,
@@ -87,6 +91,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "frontier, dgx-a100) or a TOML file; memory per rank defaults to what a "
                    "plan may fill of its GPUs (node.memory_fraction, less "
                    "node.memory_reserve_gib)")
+    p.add_argument("--no-calibrate", action="store_true",
+                   help="without --profile or --machine on a CPU host: price with the "
+                        "default coefficients instead of a quick calibration of this host "
+                        "(seconds, once: cached in ~/.cache/plexgt; also PLEXGT_NO_CALIBRATE=1)")
     p.add_argument("--memory-per-rank", type=float, metavar="GB",
                    help="memory per rank in GiB; what does not fit is never chosen")
     for flag, (_key, text) in MODEL_FLAGS.items():
@@ -206,6 +214,8 @@ def _config(args: argparse.Namespace, registry: StrategyRegistry) -> TrainConfig
     flags = {key: getattr(args, flag) for flag, (key, _) in MODEL_FLAGS.items()}
     if args.memory_per_rank is not None:
         flags["parallel.memory_per_rank_gb"] = args.memory_per_rank
+    if args.no_calibrate:
+        flags["parallel.calibrate"] = False
     try:
         return load_config(args.config, flags, getattr(args, "overrides", []), registry)
     except ConfigError as e:
@@ -278,9 +288,11 @@ def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> i
     _check_config(args, cfg)
     args.node_embedding = cfg.model.node_embedding
     sizes, name = _sizes(args)
-    prof = load_profile(args.profile or (Path(cfg.parallel.profile)
-                                         if cfg.parallel.profile else None))
-    src = f"profile {args.profile}" if prof else "default coefficients (no --profile)"
+    given = args.profile or (Path(cfg.parallel.profile) if cfg.parallel.profile else None)
+    prof = load_profile(given)
+    src = f"profile {given}" if prof else ""
+    if prof is None and not args.machine:
+        prof, src = _calibration(cfg)
     limit = None if args.memory_per_rank is None else int(args.memory_per_rank * 2**30)
     if args.machine:
         try:
@@ -297,7 +309,8 @@ def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> i
     print(f"{name}: {m.name} (hidden {m.hidden}, {m.layers} layers"
           + (f", {m.heads} heads" if m.name != "gcn" else "") + f", {cfg.dtype}"
           + ("; inference: one forward pass" if args.inference else "") + f") on up to "
-          f"{args.world_size} ranks, {src}")
+          f"{args.world_size} ranks")
+    print(f"coefficients: {src}")
     print("memory per rank: " + ("no limit" if limit is None else
                                  f"at most {limit / 2**30:.2f} GiB"))
     node = Host.from_profile(prof)
@@ -306,13 +319,28 @@ def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> i
     if m.name == "gcn":
         print(f"layer widths {gcn_dims(sizes, shape)}, stored nonzeros {sizes.e}")
     out = _search(args, cfg, sizes, shape, prof, limit, reg)
-    out.update(model=m.name, config=_model_fields(cfg), inference=args.inference)
+    out.update(model=m.name, config=_model_fields(cfg), inference=args.inference,
+               coefficients=src)
     if args.json is not None:
         try:
             args.json.write_text(json.dumps(out, indent=1) + "\n")
         except OSError as e:
             raise UsageError(f"--json {args.json}: {e.strerror or e}") from None
     return 0 if out.get("choice") else 1
+
+
+def _calibration(cfg: TrainConfig) -> tuple[dict[str, Any] | None, str]:
+    """Without a profile or machine description: this CPU host's quick calibration (what
+    ``train`` plans with too), or None and why the defaults."""
+    why = ("--no-calibrate" if not cfg.parallel.calibrate else f"{OFF_ENV} is set"
+           if disabled() else "" if applies() else
+           "a GPU host: measure it with plexgt profile, or give --machine")
+    if why:
+        return None, f"default coefficients (no --profile; {why})"
+    cal = calibration(announce=lambda: print(
+        "calibrating this host's kernels and collectives (seconds, once: the result is "
+        "cached; --no-calibrate skips it)", file=sys.stderr, flush=True))
+    return cal.profile, cal.describe()
 
 
 def _model_fields(cfg: TrainConfig) -> dict[str, Any]:
@@ -446,6 +474,8 @@ def train_command(args: argparse.Namespace, cfg: TrainConfig, rp: RunPlan) -> st
             parts.append(f"--parallel.block_rows={rp.block_rows}")
     if args.profile is not None:
         parts.append(f"--parallel.profile={args.profile}")
+    if args.no_calibrate:
+        parts.append("--parallel.calibrate=false")
     if args.memory_per_rank is not None:
         parts.append(f"--parallel.memory_per_rank_gb={args.memory_per_rank}")
     return " ".join(parts)

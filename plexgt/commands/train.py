@@ -89,7 +89,8 @@ def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> i
     if ctx.rank == 0:
         rp = task.plan
         planned = (f"; plan {rp.label}: predicted {rp.time_s:.4g} s a step, "
-                   f"{rp.memory_bytes / 2**30:.3g} GiB a rank" if rp is not None else "")
+                   f"{rp.memory_bytes / 2**30:.3g} GiB a rank, priced with {rp.coefficients}"
+                   if rp is not None else "")
         print(f"plexgt train: {ctx.world_size} ranks ({ctx.backend}), grid {task.grid}, "
               f"strategy {task.strategy}{planned}\n# resolved config\n{to_toml(cfg)}",
               file=sys.stderr, flush=True)

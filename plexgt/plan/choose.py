@@ -252,6 +252,9 @@ class RunPlan:
     """The model it was priced for (the config's, :meth:`ModelShape.of`): what a reader of the
     plan needs beyond the layout (heads, super nodes, aggregation blocks), so it takes the
     plan whole instead of a dozen loose arguments."""
+    coefficients: str = ""
+    """Where the machine coefficients it was priced with came from (a profile, the host's
+    quick calibration, the defaults), as a plan's reader is told."""
 
     @property
     def layout(self) -> Layout:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from plexgt.config import TrainConfig
@@ -26,6 +27,8 @@ from plexgt.models.spec import ModelSpec
 from plexgt.ops.attention import sampled_addmm_available
 from plexgt.parallel.attention.strategy import StrategyRegistry
 from plexgt.plan.agp import SystemModel
+from plexgt.plan.calibrate import applies as calibration_applies
+from plexgt.plan.calibrate import calibration
 from plexgt.plan.choose import GraphSizes, ModelShape, RunPlan, choose
 from plexgt.plan.machine import usable_memory
 from plexgt.plan.plexus_cost import Coefficients
@@ -163,16 +166,40 @@ def run_plan(cfg: TrainConfig, pg: PreparedGraph, world_size: int,
     configured values, the plan's where they are left open (``inference``: priced for one
     forward pass, ``plexgt predict``'s). The same on every rank, since it reads only sizes,
     the config and the profile."""
-    prof = machine_profile(cfg)
-    return choose(graph_sizes(pg, cfg.model.node_embedding), ModelShape.of(cfg, inference),
-                  world_size, system_model_for(prof, device), plexus_coefficients_for(prof),
-                  memory_limit(cfg, device), cfg.parallel.strategy, cfg.parallel.grid,
-                  cfg.parallel.head_parallel, registry=registry).plan
+    prof, source = planning_profile(cfg, device)
+    rp = choose(graph_sizes(pg, cfg.model.node_embedding), ModelShape.of(cfg, inference),
+                world_size, system_model_for(prof, device), plexus_coefficients_for(prof),
+                memory_limit(cfg, device), cfg.parallel.strategy, cfg.parallel.grid,
+                cfg.parallel.head_parallel, registry=registry).plan
+    return replace(rp, coefficients=source)
 
 
 def machine_profile(cfg: TrainConfig) -> dict[str, Any] | None:
     """parallel.profile read and validated, or None when none is configured."""
     return read_profile(cfg.parallel.profile) if cfg.parallel.profile else None
+
+
+def planning_profile(cfg: TrainConfig, device: torch.device | None = None
+                     ) -> tuple[dict[str, Any] | None, str]:
+    """(the coefficients a run plans with, where they come from): parallel.profile read and
+    validated; without one, on a CPU host, its quick calibration (:mod:`plexgt.plan.
+    calibrate`: rank 0's, cached or measured, sent to every rank so that all plan alike);
+    else None, the defaults."""
+    if cfg.parallel.profile:
+        return machine_profile(cfg), f"profile {cfg.parallel.profile}"
+    if not cfg.parallel.calibrate or not calibration_applies(device):
+        return None, "default coefficients"
+    got: list[Any] = [None, "default coefficients (the quick calibration failed)"]
+    many = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if not many or dist.get_rank() == 0:
+        try:
+            cal = calibration()
+            got = [cal.profile, cal.describe()]
+        except Exception as e:  # noqa: BLE001 -- a plan with defaults beats a failed run
+            got[1] = f"default coefficients (the quick calibration failed: {e})"
+    if many:
+        dist.broadcast_object_list(got, src=0)
+    return got[0], got[1]
 
 
 def plexus_coefficients_for(prof: dict[str, Any] | None) -> Coefficients:

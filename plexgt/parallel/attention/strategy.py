@@ -268,9 +268,9 @@ class AttentionStrategy:
     backward rebuilds the scores from the saved lse, so row blocking is moot."""
     needs_sampled_addmm: bool = False
     """Its kernels are torch's sparse SDDMM (``torch.sparse.sampled_addmm``) whatever the
-    sizes (a ring's column-block kernels): a ROCm GPU has none, so there the strategy is
-    refused when configured and never planned (:func:`~plexgt.ops.attention.
-    sampled_addmm_available`). False: the fused kernel serves it on GPUs."""
+    sizes: a ROCm GPU has none, so there the strategy is refused when configured and never
+    planned (:func:`~plexgt.ops.attention.sampled_addmm_available`). False: the fused kernel
+    serves it on GPUs, as it does every built-in one (the rings' column blocks included)."""
 
     def label(self, p: int, head_parallel: int = 1) -> str:
         """How plans and metrics name the strategy on p ranks: its name, with the head axis

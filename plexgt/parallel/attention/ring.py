@@ -439,7 +439,7 @@ def ring_comm(m: int, heads: int, head_dim: int, members: int, chunks: int, esiz
 INDEX_BYTES = 8
 GRAPH_BYTES_PER_EDGE = 48
 """As :mod:`plexgt.parallel.attention.strategy` counts them (int64 indices, the transpose's,
-the row ids, the permutations, the int32 copies of the CPU kernels)."""
+the row ids, the permutations, the int32 copies the compiled and the fused kernels read)."""
 
 
 def ring_graph_bytes(rows: int, members: int, m: int, chunks: int, edges: int) -> int:

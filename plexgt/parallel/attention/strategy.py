@@ -319,7 +319,8 @@ INDEX_BYTES = 8
 GRAPH_BYTES_PER_EDGE = 48
 """What a :class:`~plexgt.ops.csr.CSRGraph` keeps per edge once attention has run on it:
 indices and row ids (int64), the transpose's indices and the two edge permutations (int64),
-and the int32 index copies torch's CPU sparse kernels use for the matrix and its transpose."""
+and the int32 index copies the CPU kernels and the fused GPU kernel read for the matrix and
+its transpose (the int32 transpose permutation they also read, 4 more, is not counted)."""
 
 
 def graph_bytes(rows: int, cols: int, edges: int) -> int:

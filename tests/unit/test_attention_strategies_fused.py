@@ -7,7 +7,8 @@ the whole rows' lse and delta). The GPU dispatch is selected by declaring the CP
 :func:`~plexgt.ops.attention_triton.gpu_default`); the kernels then run under Triton's
 interpreter. ``torch.sparse.sampled_addmm`` is replaced by a function that raises: the same
 calls without the declared GPU reach it (so the trap is live), with it none does, and the
-results equal torch's kernels on the whole pattern.
+results equal torch's kernels on the whole pattern. On a machine with a GPU the same runs
+there, compiled (the trap stays; the CPU run shows it live).
 """
 
 import pytest
@@ -20,9 +21,11 @@ from plexgt.ops.csr import CSRGraph
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import make_shard
 
+ON_GPU = torch.cuda.is_available()
 pytestmark = [
-    pytest.mark.skipif(attention_triton.triton is None or not attention_triton.interpreted(),
-                       reason="needs Triton's interpreter"),
+    pytest.mark.skipif(attention_triton.triton is None
+                       or not (ON_GPU or attention_triton.interpreted()),
+                       reason="needs a GPU or Triton's interpreter"),
     pytest.mark.timeout(240),
 ]
 STRATEGIES = default_registry().names()
@@ -69,11 +72,22 @@ def _inputs(shard, heads, d, dtype):
             rnd(S, heads, d), rnd(shard.graph.num_edges, FE), rnd(heads, FE), rnd(n, heads, d))
 
 
-def _attend(shard, q, k, v, ks, vs, attr, w, dy):
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v, ks, vs, w)]
+def _attend(shard, q, k, v, ks, vs, attr, w, dy, dev="cpu"):
+    """y and the gradients of q, k, v, the super k, v and W_b on ``dev`` (back on the CPU)."""
+    shard = shard.to(dev)
+    leaves = [t.detach().to(dev).requires_grad_() for t in (q, k, v, ks, vs, w)]
     qq, kk, vv, kks, vvs, ww = leaves
-    y = shard.attend(qq, kk, vv, kv_super=(kks, vvs), bias=(attr @ ww.t()).t())
-    return y.detach(), torch.autograd.grad(y, leaves, dy)
+    y = shard.attend(qq, kk, vv, kv_super=(kks, vvs), bias=(attr.to(dev) @ ww.t()).t())
+    grads = torch.autograd.grad(y, leaves, dy.to(dev))
+    return y.detach().cpu(), [g.cpu() for g in grads]
+
+
+def _gpu_dispatch(monkeypatch) -> str:
+    """The device whose dispatch is the GPU's: a real GPU, else the CPU declared one."""
+    if ON_GPU:
+        return "cuda"
+    monkeypatch.setattr(attention_triton, "GPU_TYPES", ("cpu",))
+    return "cpu"
 
 
 def _reference(shard, q, k, v, ks, vs, attr, w, dy):
@@ -98,8 +112,7 @@ def test_gpu_dispatch_never_reaches_sampled_addmm(name, heads, d, chunks, monkey
     monkeypatch.setattr(torch.sparse, "sampled_addmm", _trap)
     with pytest.raises(SampledAddmmReached):  # the CPU dispatch (a bias: torch's kernels)
         _attend(shard, *args)
-    monkeypatch.setattr(attention_triton, "GPU_TYPES", ("cpu",))
-    y, grads = _attend(shard, *args)
+    y, grads = _attend(shard, *args, dev=_gpu_dispatch(monkeypatch))
     for a, b, what in zip((y, *grads), (y_ref, *g_ref), NAMES):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11, msg=what)
 
@@ -112,8 +125,7 @@ def test_ring_blocks_float32_within_rounding(name, monkeypatch):
     args = _inputs(shard, 2, 16, torch.float32)
     y_ref, g_ref = _reference(shard, *args)
     monkeypatch.setattr(torch.sparse, "sampled_addmm", _trap)
-    monkeypatch.setattr(attention_triton, "GPU_TYPES", ("cpu",))
-    y, grads = _attend(shard, *args)
+    y, grads = _attend(shard, *args, dev=_gpu_dispatch(monkeypatch))
     for a, b, what in zip((y, *grads), (y_ref, *g_ref), NAMES):
         assert a.dtype == torch.float32
         err = (a.double() - b).abs().max() / b.abs().max()

@@ -11,8 +11,8 @@ probabilities held until backward), and ROCm builds of torch have no GPU ``sampl
 all. Here a program owns ``BLOCK_R`` rows of one head, walks their edges ``BLOCK_E`` at a time,
 gathers the K and V rows those edges name (and the bias of those edges), and keeps
 FlashAttention's running (max, sum, acc) per row in registers, so nothing of size E leaves the
-chip in forward and only y and the [h, Nr] log-sum-exps are kept for backward. Triton compiles
-the same source for CUDA and ROCm.
+chip in forward and only y (in the accumulation dtype) and the [h, Nr] log-sum-exps are kept
+for backward. Triton compiles the same source for CUDA and ROCm.
 
 Backward recomputes scores from the saved log-sum-exp, in two kernels so no gradient needs
 atomics (deterministic, as FlashAttention-2 does), with delta_r = rowsum(dY ∘ Y)

@@ -49,13 +49,12 @@ def sampled_addmm_available(device: torch.device | str) -> bool:
     return not (torch.version.hip and torch.device(device).type == "cuda")
 
 
-def torch_kernels_reason(head_dim: int, bias: bool) -> str:
+def torch_kernels_reason(head_dim: int) -> str:
     """Why :func:`sparse_attention` with ``kernel='auto'`` on a GPU takes torch's kernels (and so
     :func:`sddmm`) rather than the fused one, '' when the fused one serves: the configured
-    sizes alone decide it (Triton installed, d' at most :data:`attention_triton.MAX_HEAD_DIM`,
-    no edge bias), so a run can be refused before anything is built."""
-    if bias:
-        return "an edge bias runs on torch's kernels (the fused kernel has no bias input)"
+    sizes alone decide it (Triton installed, d' at most :data:`attention_triton.MAX_HEAD_DIM`;
+    an edge bias and a ring's column blocks are the fused kernel's too), so a run can be
+    refused before anything is built."""
     if head_dim > attention_triton.MAX_HEAD_DIM:
         return (f"d' = {head_dim} is wider than the fused kernel's "
                 f"{attention_triton.MAX_HEAD_DIM}")
@@ -358,9 +357,11 @@ def sparse_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
     in place, so a layer's X W_o + attention costs no pass of its own.
     ``kernel``: one of :data:`KERNELS`. The fused kernel is always blocked (it keeps [h, Nr]
     only), so ``block_rows`` does not apply to it.
-    ``bias`` [h, E] (graph's edge order): added to each edge's scaled score before the
-    softmax (an edge encoding), with its gradient; it runs on torch's kernels (the compiled
-    and the fused ones have no bias input).
+    ``bias`` [h, E] (graph's edge order, any strides): added to each edge's scaled score
+    before the softmax (an edge encoding), with its gradient. The fused kernel reads it in
+    place; on the CPU a biased call takes torch's sparse kernels (the compiled CPU kernels
+    fuse scores and softmax and have no bias input), an unbiased one keeps the compiled
+    kernels.
     """
     if q.dim() != 3 or k.shape != v.shape or q.shape[1:] != k.shape[1:]:
         raise ValueError(f"expected q [Nr,h,d], k/v [Nc,h,d]; got {tuple(q.shape)}, "
@@ -381,15 +382,11 @@ def sparse_attention(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor,
         if bias.shape != (q.shape[1], graph.num_edges):
             raise ValueError(f"bias must be [heads, edges] = [{q.shape[1]}, {graph.num_edges}]"
                              f"; got {tuple(bias.shape)}")
-        if kernel == "fused":
-            raise ValueError("the fused attention kernel takes no edge bias")
     if kernel == "torch" and not sampled_addmm_available(q.device):
         raise ValueError(f"attention kernel 'torch' on {q.device}: {NO_SAMPLED_ADDMM}; use "
                          "'fused' or 'auto'")
-    if kernel == "fused" or (kernel == "auto" and bias is None
-                             and q.device.type in attention_triton.GPU_TYPES
-                             and attention_triton.supports(q)):
-        return attention_triton.fused_attention(graph, q, k, v, float(scale), residual)
+    if kernel == "fused" or (kernel == "auto" and attention_triton.gpu_default(q)):
+        return attention_triton.fused_attention(graph, q, k, v, float(scale), residual, bias)
     if q.dtype in LOW_PRECISION:
         # torch's sparse kernels (and the compiled ones) have no half types on the CPU, and
         # cuSPARSE's would sum in half: the reference computes in float32, rounds once

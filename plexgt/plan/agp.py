@@ -423,8 +423,9 @@ def memory_of(strategy: AttentionStrategy, w: Workload, s: int, head_parallel: i
 
 def unsupported(strategy: AttentionStrategy, sysm: SystemModel) -> str:
     """Why the machine cannot run ``strategy``'s kernels at all ('' when it can): a ROCm GPU
-    has no ``torch.sparse.sampled_addmm``, which a ring's column-block kernels are
-    (:attr:`~plexgt.parallel.attention.strategy.AttentionStrategy.needs_sampled_addmm`).
+    has no ``torch.sparse.sampled_addmm``, which a strategy marked
+    :attr:`~plexgt.parallel.attention.strategy.AttentionStrategy.needs_sampled_addmm` computes
+    its scores with (no built-in one since the rings' column blocks run on the fused kernel).
     Plans never choose such a strategy, whatever its predicted time."""
     if sysm.host.rocm and strategy.needs_sampled_addmm:
         return "needs torch.sparse.sampled_addmm, which ROCm GPUs lack"

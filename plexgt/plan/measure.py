@@ -56,7 +56,13 @@ from plexgt.distributed.grid import Grid3D
 from plexgt.distributed.layout3d import layer_layouts
 from plexgt.models.gt import GTBlock
 from plexgt.models.layers import ffn, residual_norm, sparse_features
-from plexgt.ops.attention import sampled_addmm_available, sddmm, sparse_attention, spmm
+from plexgt.ops.attention import (
+    sampled_addmm_available,
+    sddmm,
+    sparse_attention,
+    spmm,
+    torch_kernels_reason,
+)
 from plexgt.ops.csr import CSRGraph
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.ring import Ring, column_blocks, ring_attention
@@ -350,7 +356,8 @@ def _attention_samples(g: Any, rows: int, cols: int, device: torch.device,
 
     out: list[Sample] = []
     ring = None
-    if recompute and sampled_addmm_available(device):  # a ROCm GPU cannot run the ring's
+    # a ROCm GPU runs the ring's blocks on the fused kernel only (no sampled_addmm there)
+    if recompute and (sampled_addmm_available(device) or not torch_kernels_reason(32)):
         whole = ((0, cols),)
         ring = Ring(Comm.single("ring", CommLedger()), column_blocks(g, 1, cols, whole), whole)
     for h, dh in ((2, 16), (4, 16), (4, 32)):

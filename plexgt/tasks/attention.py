@@ -142,7 +142,7 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
         raise ConfigError(f"{pg.path}: {ctx.world_size} ranks for N={pg.N} nodes")
     check_inputs(cfg, pg)
     check_memory(cfg, pg, ctx.world_size, ctx.device)
-    check_attention_kernels(cfg, pg.FE, ctx.device)
+    check_attention_kernels(cfg, ctx.device)
     dt = DTYPES[cfg.dtype]
     metric = task_metric(cfg, pg)
     comm = Comm.from_group(dist.group.WORLD, "rows", ledger)

@@ -18,9 +18,11 @@ import torch.distributed as dist
 from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.models.gps import GPS
 from plexgt.models.gt import GraphTransformer
+from plexgt.ops import attention_triton
 from plexgt.ops.attention import sparse_attention
 from plexgt.ops.csr import CSRGraph
 from plexgt.parallel.attention.gp_2d import factorisations, make_groups
+from plexgt.parallel.attention.heads import my_heads
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionProblem, make_shard
 from plexgt.parallel.gps_dist import DistGPS
@@ -107,6 +109,64 @@ def test_ring_attention_equals_single_process(world_groups, strategy, a, graph, 
         key = (op.group or "rows", op.op)
         want[key] = want.get(key, 0) + op.total_sent
     assert {k: v for k, v in ledger.sent.items() if v} == {k: v for k, v in want.items() if v}
+
+
+def _trap(*args, **kwargs):
+    raise AssertionError("torch.sparse.sampled_addmm reached on the declared GPU")
+
+
+@pytest.mark.skipif(attention_triton.triton is None or not attention_triton.interpreted(),
+                    reason="the fused kernel on the CPU needs Triton's interpreter")
+@pytest.mark.parametrize("chunks", [1, 3])
+@pytest.mark.parametrize("strategy,a", LAYOUTS)
+def test_ring_on_the_fused_kernel_with_bias_equals_single_process(world_groups, strategy, a,
+                                                                  chunks, monkeypatch):
+    """The rings' GPU dispatch (the CPU declared a GPU type, the fused kernel under Triton's
+    interpreter, torch's SDDMM trapped) with an edge bias: y and dq, dk, dv and the bias's
+    gradient of every rank's edges equal one process's torch kernels (float64)."""
+    n, dh = GRAPHS["random"]
+    g = _graph(n)
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(n, H, dh, generator=gen, dtype=torch.float64).requires_grad_()
+               for _ in range(3))
+    bias = torch.randn(H, g.num_edges, generator=gen, dtype=torch.float64).requires_grad_()
+    w = torch.randn(n, H, dh, generator=gen, dtype=torch.float64)
+    y = sparse_attention(g, q, k, v, kernel="torch", bias=bias)
+    (y * w).sum().backward()
+
+    monkeypatch.setattr(attention_triton, "GPU_TYPES", ("cpu",))
+    monkeypatch.setattr(torch.sparse, "sampled_addmm", _trap)
+    ledger = CommLedger()
+    comm = Comm.from_group(dist.group.WORLD, "rows", ledger)
+    sub = {}
+    if strategy == "gp_2d":
+        sub = {name: Comm(c.group, c.size, c.rank, name, ledger)
+               for name, c in world_groups[a].items()}
+    strat = default_registry().get(strategy)
+    lo, hi = strat.rows_held(n, WORLD, RANK, a)
+    held = CSRGraph.from_scipy(g.to_scipy()[lo:hi], keep_values=False)
+    shard = make_shard(strat, comm, n, H, held, sub, a, chunks)
+    e0, e1 = int(g.indptr[lo]), int(g.indptr[hi])  # the held rows' edges, in order
+    n_loc = shard.n_loc
+    r0, r1 = RANK * n_loc, (RANK + 1) * n_loc
+
+    def mine(t):
+        out = torch.zeros(WORLD * n_loc, H, dh, dtype=t.dtype)
+        out[:n] = t.detach()
+        return out[r0:r1]
+
+    ql, kl, vl = (mine(t).clone().requires_grad_() for t in (q, k, v))
+    bl = bias.detach()[:, e0:e1].clone().requires_grad_()
+    yl = shard.attend(ql, kl, vl, bias=bl)
+    (yl * mine(w)).sum().backward()
+    torch.testing.assert_close(yl.detach(), mine(y), **TOL)
+    # gp_2d: a rank's bias gradient is its own heads' (the head group's ranks sum to it)
+    h0, h1 = my_heads(H, sub["heads"]) if sub else (0, H)
+    dbias = torch.zeros_like(bl)
+    dbias[h0:h1] = bias.grad[h0:h1, e0:e1]
+    for name, got, want in (("dq", ql.grad, mine(q.grad)), ("dk", kl.grad, mine(k.grad)),
+                            ("dv", vl.grad, mine(v.grad)), ("dbias", bl.grad, dbias)):
+        torch.testing.assert_close(got, want, **TOL, msg=name)
 
 
 PROPER = [a for a in factorisations(WORLD) if 1 < a < WORLD]

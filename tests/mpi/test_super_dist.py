@@ -22,6 +22,7 @@ from plexgt.data.synthetic import sbm
 from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.models.gps import GPS
 from plexgt.models.gt import GraphTransformer
+from plexgt.ops import attention_triton
 from plexgt.ops.attention import sparse_attention
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.super_nodes import edge_bias_with_super, super_attention, super_columns
@@ -169,6 +170,21 @@ def test_edge_bias_and_super_nodes_model_step_equals_reference(prepared, groups,
                          else (GPS, DistGPS))
     _gt.check_one_step(prepared, groups, WORLD, strategy, ref_cls, dist_cls, model == "gps",
                        head_parallel=a, super_nodes=3)
+
+
+@pytest.mark.skipif(attention_triton.triton is None or not attention_triton.interpreted(),
+                    reason="the fused kernel on the CPU needs Triton's interpreter")
+@pytest.mark.parametrize("strategy,a", LAYOUTS)
+def test_edge_bias_and_super_nodes_model_step_on_the_fused_kernel(prepared, groups, strategy,
+                                                                  a, monkeypatch):
+    """The same gt step on every strategy's GPU dispatch (the CPU declared a GPU type, the
+    fused kernel under Triton's interpreter, torch.sparse.sampled_addmm trapped): equal to
+    the single-process model's, which runs on the same dispatch (the operator tests compare
+    the fused kernel with torch's: tests/unit/test_attention_strategies_fused.py)."""
+    monkeypatch.setattr(attention_triton, "GPU_TYPES", ("cpu",))
+    monkeypatch.setattr(torch.sparse, "sampled_addmm", _ring._trap)
+    _gt.check_one_step(prepared, groups, WORLD, strategy, GraphTransformer,
+                       DistGraphTransformer, False, head_parallel=a, super_nodes=3)
 
 
 @pytest.mark.skipif(WORLD not in (1, 4), reason="one curve: 4 ranks (and 1)")

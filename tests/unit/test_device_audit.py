@@ -85,6 +85,10 @@ def prepared_edges(tmp_path_factory):
     return path
 
 
+def _no_sampled_addmm(*args, **kwargs):
+    raise AssertionError("torch.sparse.sampled_addmm reached on the declared GPU")
+
+
 def _audited_train(model, prepared, monkeypatch, tmp_path, overrides=None, half=False):
     """``plexgt train`` for two epochs under the audit: (audit, in-step events, task, summary,
     fused-kernel calls, config). ``overrides``: more config keys. ``half``: a bfloat16 run
@@ -103,6 +107,8 @@ def _audited_train(model, prepared, monkeypatch, tmp_path, overrides=None, half=
     # the declared device takes the GPU's kernels: attention by the fused Triton operators
     # (run under the interpreter on the audit's CPU data)
     monkeypatch.setattr(attention_triton, "GPU_TYPES", ("cuda", DECLARED.type))
+    # and no GPU path may reach torch's SDDMM (ROCm GPUs have none): a call fails the test
+    monkeypatch.setattr(torch.sparse, "sampled_addmm", _no_sampled_addmm)
     fused_calls = []
     real_fused = attention_triton.fused_attention
     monkeypatch.setattr(attention_triton, "fused_attention",
@@ -168,9 +174,11 @@ def test_every_strategy_with_edge_bias_and_super_nodes_stays_on_device(
         strategy, prepared_edges, world, monkeypatch, tmp_path):
     """gt on each registered strategy (on one rank each still runs its own forward: the
     all-to-alls, the ring's column blocks and online merge, gp_2d's groups), every block
-    with an edge bias (torch's kernels on a GPU: the bias path's host reads of the row
-    pointers were syncs in every step) and two super nodes: no host tensor, no sync or copy
-    inside a step, and none of the ops CUDA has no deterministic kernel for."""
+    with an edge bias (once torch's kernels on a GPU, whose host reads of the row pointers
+    were syncs in every step; the fused kernel's now, the rings' blocks included) and two
+    super nodes: no host tensor, no sync or copy inside a step, no call of
+    torch.sparse.sampled_addmm (trapped in every audited run), and none of the ops CUDA has
+    no deterministic kernel for."""
     audit, in_step, task, summary, fused_calls, cfg = _audited_train(
         "gt", prepared_edges, monkeypatch, tmp_path,
         {"parallel.strategy": strategy, "model.super_nodes": 2})

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from plexgt.ops import attention_triton
 from plexgt.ops.attention import dense_attention_reference, sparse_attention
 from plexgt.ops.csr import CSRGraph
 
@@ -191,8 +192,12 @@ def test_edge_bias_equals_dense_reference_with_gradients(block_rows):
         torch.testing.assert_close(a, c, rtol=1e-9, atol=1e-12, msg=name)
     with pytest.raises(ValueError, match=r"bias must be \[heads, edges\]"):
         sparse_attention(g, q, k, v, bias=b[:, 1:])
-    with pytest.raises(ValueError, match="fused attention kernel takes no edge bias"):
-        sparse_attention(g, q, k, v, bias=b, kernel="fused")
+    if attention_triton.supports(q):  # the fused kernel takes the bias too (it once refused)
+        fused = sparse_attention(g, q, k, v, bias=b, kernel="fused")
+        torch.testing.assert_close(fused, ref, rtol=1e-10, atol=1e-12)
+        for name, a, c in zip("qkvb", torch.autograd.grad((fused * w).sum(), (q, k, v, b)),
+                              want):
+            torch.testing.assert_close(a, c, rtol=1e-9, atol=1e-12, msg=name)
 
 
 def _bias_graph() -> CSRGraph:

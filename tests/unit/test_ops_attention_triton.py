@@ -181,7 +181,7 @@ def test_dispatch_on_cpu_inputs_is_torch_whatever_gpu_the_machine_has(monkeypatc
 
 
 def test_dispatch_on_gpu_inputs_is_fused_where_the_kernel_serves_them(monkeypatch):
-    """GPU inputs take the fused kernel unless it cannot serve them: an edge bias, or d' over
+    """GPU inputs take the fused kernel, with an edge bias too, unless d' is over
     MAX_HEAD_DIM. Without a GPU the CPU stands in for one under Triton's interpreter."""
     if ON_CPU:
         if not attention_triton.interpreted():
@@ -191,7 +191,7 @@ def test_dispatch_on_gpu_inputs_is_fused_where_the_kernel_serves_them(monkeypatc
     q, k, v = (t.to(DEV).requires_grad_() for t in _qkv(6, 6, 1, 8, torch.float64))
     assert _kernel_taken(sparse_attention(graph, q, k, v)) == "fused"
     bias = torch.zeros(1, graph.num_edges, dtype=torch.float64, device=DEV)
-    assert _kernel_taken(sparse_attention(graph, q, k, v, bias=bias)) == "torch"
+    assert _kernel_taken(sparse_attention(graph, q, k, v, bias=bias)) == "fused"
     wide = attention_triton.MAX_HEAD_DIM + 8
     q, k, v = (t.to(DEV).requires_grad_() for t in _qkv(6, 6, 1, wide, torch.float64))
     assert _kernel_taken(sparse_attention(graph, q, k, v)) == "torch"
@@ -214,8 +214,9 @@ def test_compiled_kernel_on_gpu(dtype):
 
 
 def test_nothing_of_size_e_is_kept_for_backward():
-    """Between forward and backward the fused kernel keeps q, k, v and the [h, Nr] log-sum-exp;
-    the torch path keeps the [h, E] probabilities (what makes it run out of memory first)."""
+    """Between forward and backward the fused kernel keeps q, k, v, y (for delta =
+    rowsum(dY ∘ Y)) and the [h, Nr] log-sum-exp; the torch path keeps the [h, E]
+    probabilities (what makes it run out of memory first)."""
     nr, nc, h, d = 30, 30, 4, 8
     graph = _graph(nr, nc, 400, 5)
     q, k, v = (t.requires_grad_() for t in _qkv(nr, nc, h, d, torch.float64))
@@ -236,5 +237,5 @@ def test_nothing_of_size_e_is_kept_for_backward():
         return sizes
 
     fused = saved_sizes("fused")
-    assert sorted(fused) == sorted([nr * h * d, nc * h * d, nc * h * d, h * nr])
+    assert sorted(fused) == sorted([nr * h * d, nc * h * d, nc * h * d, nr * h * d, h * nr])
     assert h * e in saved_sizes("torch")

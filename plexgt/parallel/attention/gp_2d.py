@@ -221,5 +221,4 @@ GP_2D = AttentionStrategy(
     head_axes=factorisations,
     groups=make_groups,
     rings=True,
-    needs_sampled_addmm=True,
 )

@@ -98,5 +98,4 @@ GP_RING = AttentionStrategy(
     full_graph=False,
     prepare=_prepare,
     rings=True,
-    needs_sampled_addmm=True,
 )

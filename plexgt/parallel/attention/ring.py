@@ -20,6 +20,11 @@ of the 2·b·m·d an all-gather holds, and the traffic is an all-gather's bytes,
 twice that in backward (K/V again, and the accumulators). Blocks without edges on this rank
 cost no compute, but the rank still relays them.
 
+Kernels: on a GPU the fused Triton kernel (:func:`~plexgt.ops.attention_triton.block_attention`
+returns a block's normalised output and lse, the merge stays here; its backward takes the
+whole rows' lse and delta), so no ring reaches torch's SDDMM there (ROCm has none); on the
+CPU the compiled kernels, or torch's sparse ones with an edge bias.
+
 Communication is point-to-point (:func:`~plexgt.distributed.collectives.shift_async`), one
 'send_recv' per step, recorded in the ledger; :func:`ring_comm` gives the same bytes.
 Low-precision inputs travel in their dtype and are computed on, and accumulated, in float32.
@@ -37,7 +42,7 @@ from torch.autograd.function import once_differentiable
 
 from plexgt.distributed.collectives import Comm, CommOp, shift_async, wait
 from plexgt.distributed.grid import block_bounds
-from plexgt.ops import native
+from plexgt.ops import attention_triton, native
 from plexgt.ops.attention import probs_from_lse, row_softmax_, sddmm, spmm
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.precision import LOW_PRECISION, full_precision
@@ -197,8 +202,13 @@ def _native(x: Tensor) -> Any | None:
 def _block_forward(blk: ColumnBlock, q: Tensor, kh: Tensor, vh: Tensor, scale: float,
                    bias: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """One column block, K/V head-major [h, m_i, d']: (softmax-within-block output [R, h, d'],
-    its lse [h, R]) of the block's rows; ``bias`` [h, E_block] added to its scores."""
+    its lse [h, R]) of the block's rows; ``bias`` [h, E_block] added to its scores. On a GPU
+    the fused kernel (K/V read through node-major views of the head-major pieces, no copy);
+    on the CPU the compiled kernels, or torch's with a bias."""
     g, qr = blk.graph, q.index_select(0, blk.rows)
+    if attention_triton.gpu_default(q):
+        return attention_triton.block_attention(g, qr, kh.transpose(0, 1), vh.transpose(0, 1),
+                                                scale, bias)
     nat = _native(q) if bias is None else None  # the compiled scores fuse the softmax
     if nat is not None:
         ip, ix = g.compact_index()
@@ -217,9 +227,20 @@ def _block_backward(blk: ColumnBlock, q: Tensor, kh: Tensor, vh: Tensor, lse: Te
     """One column block's gradients, K/V head-major [h, m_i, d']: dQ += dS K_b (in ``dq``, on
     its rows), dK_b += dSᵀ Q and dV_b += Pᵀ dY (in ``acc`` [2, m_i, h, d']); with a
     ``bias`` [h, E_block], its gradient (the logits', unscaled) into the block's edges of
-    ``dbias`` [h, E]."""
+    ``dbias`` [h, E]. On a GPU the fused kernel's backward, with the whole rows' lse and
+    delta (so P and dS are the block's share of the whole row's, FlashAttention-2 style) and
+    dK/dV added into ``acc`` in the kernel."""
     g, rows = blk.graph, blk.rows
     qr, dyr = q.index_select(0, rows), dy.index_select(0, rows)
+    if attention_triton.gpu_default(q):
+        dqb, _, _, db = attention_triton.fused_backward(
+            g, qr, kh.transpose(0, 1), vh.transpose(0, 1), lse.index_select(1, rows),
+            delta.index_select(1, rows), dyr, scale, (True, True, True), bias,
+            dbias is not None, dkv=(acc[0], acc[1]))
+        _add_rows_(dq, rows, dqb)
+        if dbias is not None:
+            dbias.index_copy_(1, blk.edges, db)
+        return
     qrh, dyrh = _head_major(qr), _head_major(dyr)
     nat = _native(q) if bias is None else None
     if nat is not None:  # P from the block's own softmax, rescaled to the whole row's
@@ -418,7 +439,7 @@ def ring_comm(m: int, heads: int, head_dim: int, members: int, chunks: int, esiz
 INDEX_BYTES = 8
 GRAPH_BYTES_PER_EDGE = 48
 """As :mod:`plexgt.parallel.attention.strategy` counts them (int64 indices, the transpose's,
-the row ids, the permutations, the int32 copies of the CPU kernels)."""
+the row ids, the permutations, the int32 copies the compiled and the fused kernels read)."""
 
 
 def ring_graph_bytes(rows: int, members: int, m: int, chunks: int, edges: int) -> int:

@@ -268,9 +268,9 @@ class AttentionStrategy:
     backward rebuilds the scores from the saved lse, so row blocking is moot."""
     needs_sampled_addmm: bool = False
     """Its kernels are torch's sparse SDDMM (``torch.sparse.sampled_addmm``) whatever the
-    sizes (a ring's column-block kernels): a ROCm GPU has none, so there the strategy is
-    refused when configured and never planned (:func:`~plexgt.ops.attention.
-    sampled_addmm_available`). False: the fused kernel serves it on GPUs."""
+    sizes: a ROCm GPU has none, so there the strategy is refused when configured and never
+    planned (:func:`~plexgt.ops.attention.sampled_addmm_available`). False: the fused kernel
+    serves it on GPUs, as it does every built-in one (the rings' column blocks included)."""
 
     def label(self, p: int, head_parallel: int = 1) -> str:
         """How plans and metrics name the strategy on p ranks: its name, with the head axis
@@ -319,7 +319,8 @@ INDEX_BYTES = 8
 GRAPH_BYTES_PER_EDGE = 48
 """What a :class:`~plexgt.ops.csr.CSRGraph` keeps per edge once attention has run on it:
 indices and row ids (int64), the transpose's indices and the two edge permutations (int64),
-and the int32 index copies torch's CPU sparse kernels use for the matrix and its transpose."""
+and the int32 index copies the CPU kernels and the fused GPU kernel read for the matrix and
+its transpose (the int32 transpose permutation they also read, 4 more, is not counted)."""
 
 
 def graph_bytes(rows: int, cols: int, edges: int) -> int:

@@ -5,6 +5,11 @@ checked: an unknown key or a value of the wrong type is a one-line error naming 
 resolved configuration is logged by rank 0 and stored with every checkpoint (with its hash, so
 a resume under a different configuration is refused rather than silently mixed).
 
+A file may also hold a ``[recipe]`` table (:data:`RECIPE_TABLE`): what the configuration
+reproduces (dataset, prep command, split file, published result, source), for people and for
+``perf/train_reference.py --recipes``. It is description, not configuration: :func:`read_config`
+sets nothing from it, so a recipe trains exactly as its other keys say (``configs/``).
+
 Why this module imports nothing of plexgt but its errors: it is the bottom schema every layer
 reads (``plexgt train`` and ``plexgt plan`` build the same record from the same defaults).
 The checks that need a layer above it (a strategy the registry knows, a grid that parses, a
@@ -358,6 +363,26 @@ def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+RECIPE_TABLE = "recipe"
+"""The table of a config file that describes what it reproduces (module docstring); ignored
+by :func:`read_config`, read by :func:`read_recipe`."""
+
+
+def read_recipe(path: str | Path) -> dict[str, Any]:
+    """The ``[recipe]`` table of the config file ``path`` ({} when it has none)."""
+    p = Path(path)
+    try:
+        tree = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: not valid TOML ({e})") from None
+    recipe = tree.get(RECIPE_TABLE, {})
+    if not isinstance(recipe, dict):
+        raise ConfigError(f"{p}: '{RECIPE_TABLE}' must be a table")
+    return recipe
+
+
 def read_config(path: str | Path | None = None, flags: dict[str, Any] | None = None,
                 overrides: list[str] | None = None) -> TrainConfig:
     """Resolve a :class:`TrainConfig` from a TOML file, flags ({dotted key: value}) and
@@ -373,6 +398,8 @@ def read_config(path: str | Path | None = None, flags: dict[str, Any] | None = N
             raise ConfigError(f"{p}: config file not found") from None
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{p}: not valid TOML ({e})") from None
+        if isinstance(tree.get(RECIPE_TABLE), dict):  # description, not configuration
+            tree.pop(RECIPE_TABLE)
     extra: dict[str, Any] = {}
     for k, v in (flags or {}).items():
         if v is not None:

@@ -105,6 +105,8 @@ class ModelShape:
     """grid3d models: an input Linear before the first graph layer."""
     head: bool = False
     """grid3d models: a linear classifier after the last graph layer."""
+    init: str = "torch"
+    """grid3d models: the graph layers' initialisation ('torch', 'glorot')."""
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> ModelShape:
@@ -117,7 +119,7 @@ class ModelShape:
                    par.gcn_order, par.block_rows or None, par.ring_chunks, m.super_nodes,
                    m.node_embedding > 0, par.attention_block_rows, par.axis_order,
                    m.norm_kind(spec.attention), m.pre_norm, m.jk, m.residual, m.input_proj,
-                   m.head)
+                   m.head, m.init)
 
     @property
     def norm_kind(self) -> str:
@@ -130,7 +132,7 @@ class ModelShape:
     def gcn_arch(self) -> GCNArch:
         """The grid3d models' options, as the reference takes them."""
         return GCNArch(self.input_proj, self.head, self.residual, self.norm_kind,
-                       self.pre_norm, self.jk)
+                       self.pre_norm, self.jk, self.init)
 
 
 def gcn_chain(sizes: GraphSizes, shape: ModelShape) -> list[GCNOp]:

@@ -35,7 +35,9 @@ RESULTS_DIR = Path(os.environ.get("PLEXGT_RESULTS_DIR") or ROOT / "perf" / "resu
 """Where the benchmarks write their results: perf/results, or ``PLEXGT_RESULTS_DIR`` (the GPU
 check collects its benchmarks' files from a folder of its own, so a step that fails never
 hands back a stale committed copy)."""
-DATASETS_DIR = ROOT.parent / "shared" / "datasets"
+DATASETS_DIR = Path(os.environ.get("PLEXGT_DATASETS_DIR") or ROOT.parent / "shared" / "datasets")
+"""The public datasets (read, never copied into the repository): ../shared/datasets beside the
+checkout, or ``PLEXGT_DATASETS_DIR`` (a worktree elsewhere)."""
 BIN = Path(sys.executable).parent
 """The interpreter's bin folder, where the venv keeps mpiexec."""
 GNN_BENCHMARK = {"computers": "amazon_electronics_computers.npz", "cs": "ms_academic_cs.npz",

@@ -3,6 +3,11 @@
     OMP_NUM_THREADS=2 .venv/bin/python -m perf.train_reference            # everything
     .venv/bin/python -m perf.train_reference --datasets computers --models gcn --seeds 0
     .venv/bin/python -m perf.train_reference --models mlp sage --out reference_baselines
+    .venv/bin/python -m perf.train_reference --recipes [photo ...] [--seeds 0] [--epochs 30]
+
+``--recipes``: the published recipes of configs/ through ``plexgt prep`` and ``plexgt train``
+instead (their splits, features and hyperparameters; perf/train_recipes.py). The rest of this
+docstring is the default mode's.
 
 Datasets (gnn-benchmark npz, symmetrised): Amazon Computers, Coauthor CS, Coauthor Physics;
 random 60/20/20 split per seed (plexgt.data.graph.random_split), model init from the same seed.
@@ -23,6 +28,7 @@ import scipy.sparse as sp
 import torch
 import torch.nn.functional as F
 
+from perf import train_recipes
 from perf.harness import (
     DATASETS_DIR,
     gnn_benchmark,
@@ -153,7 +159,13 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     ap.add_argument("--models", nargs="+", default=["gcn", "gt", "gps"], choices=list(MODELS))
-    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--recipes", nargs="*", choices=train_recipes.RECIPES, metavar="NAME",
+                    help="run configs/tunedgnn-gcn-NAME.toml through plexgt prep and train "
+                    f"(NAME: {', '.join(train_recipes.RECIPES)}; none named: all) and compare "
+                    "with the published numbers; --seeds (default: each recipe's), --epochs "
+                    "(a cap: a smoke run) and --out apply")
+    ap.add_argument("--seeds", nargs="+", type=int, default=None,
+                    help="default 0 1 2 (--recipes: each recipe's own)")
     ap.add_argument("--epochs", type=int, help="override every config's epoch count")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="override config fields, e.g. --set hidden=128 dropout=0.3")
@@ -162,6 +174,13 @@ def main(argv: list[str] | None = None) -> int:
     if not (DATASETS_DIR / "gnn-benchmark").is_dir():
         print(f"datasets not found at {DATASETS_DIR}", file=sys.stderr)
         return 2
+    if args.recipes is not None:
+        if args.set or args.models != ap.get_default("models") or \
+                args.datasets != ap.get_default("datasets"):
+            ap.error("--recipes runs the recipes as configs/ has them: not with --set, "
+                     "--models or --datasets")
+        return train_recipes.main(args.recipes, args.seeds, args.epochs, args.out)
+    args.seeds = [0, 1, 2] if args.seeds is None else args.seeds
     overrides: dict = {}
     for kv in args.set:
         k, v = kv.split("=", 1)

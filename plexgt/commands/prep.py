@@ -13,6 +13,7 @@ from plexgt.data.formats import options as source_options
 from plexgt.data.formats.registry import default_registry
 from plexgt.data.formats.spec import FormatRegistry
 from plexgt.data.shard import PrepOptions, prepare
+from plexgt.data.source import FEATURE_NORMALIZATIONS
 from plexgt.distributed.hostcomm import world_comm
 from plexgt.errors import UsageError
 
@@ -45,6 +46,11 @@ def add_arguments(p: argparse.ArgumentParser, formats: FormatRegistry | None = N
     p.add_argument("--features-dtype", choices=("float16", "float32"),
                    help="stored feature dtype (default: float16 sources stay float16, "
                    "others float32)")
+    p.add_argument("--normalize-features", choices=FEATURE_NORMALIZATIONS, default="none",
+                   help="row: divide every node's feature row by its sum (PyG's "
+                   "NormalizeFeatures, which the published Amazon/Coauthor recipes use; rows "
+                   "summing to 0 kept), dense and sparse tiles alike, recorded in the "
+                   "manifest; none (default): as the source has them")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the permutations, the generators and the split: a source "
                    "with no train/valid/test split of its own (e.g. an edge list without "
@@ -88,6 +94,7 @@ def run(args: argparse.Namespace, formats: FormatRegistry | None = None) -> int:
         permutation=args.permutation, balance_blocks=args.balance_blocks,
         overwrite=args.overwrite, resume=args.resume, chunk_edges=args.chunk_edges,
         progress=not args.quiet, source_desc=source_options.describe(args, formats),
+        normalize_features=args.normalize_features,
     )
     src = source_options.open_source(args, formats, comm)
     m = prepare(src, opts, comm)

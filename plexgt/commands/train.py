@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from plexgt.config import describe_keys, notes, to_toml
+from plexgt.config import TrainConfig, describe_keys, notes, to_toml
 from plexgt.distributed.agree import agreed
-from plexgt.distributed.bootstrap import init_distributed, shutdown
+from plexgt.distributed.bootstrap import DistContext, init_distributed, shutdown
 from plexgt.distributed.collectives import CommLedger
 from plexgt.errors import UsageError
 from plexgt.models.registry import default_registry
@@ -20,6 +21,13 @@ from plexgt.plan.knobs import load_config, strategy_choices
 from plexgt.tasks import build_task
 from plexgt.training.loop import train
 from plexgt.training.numerics import apply_numerics
+from plexgt.training.repeats import (
+    run_record,
+    seed_config,
+    summarize,
+    summary_line,
+    write_summary,
+)
 
 HELP = "Train a GNN or graph transformer full-graph on a prepared directory (MPI job)."
 STARTS_MPI = True
@@ -45,6 +53,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stop-after", type=int, help="stop with a checkpoint after this epoch")
     p.add_argument("--deterministic", action="store_true", default=None)
     p.add_argument("--backend", choices=["auto", "nccl", "gloo"])
+    p.add_argument("--seeds", type=int, nargs="+", metavar="SEED",
+                   help="train the run once per seed (each its own run: metrics file "
+                   "m.jsonl -> m.seed<k>.jsonl, checkpoint and TensorBoard directories get a "
+                   "seed<k> subdirectory) and report the test value of the selection metric "
+                   "at each run's best validation epoch as mean ± std (ddof 1)")
+    p.add_argument("--summary", metavar="JSON",
+                   help="--seeds: write the runs and their mean ± std here (default: beside "
+                   "--metrics as <stem>.summary.json; none without --metrics)")
     p.set_defaults(accepts_overrides=True)
     # no abbreviated flags: an override such as --metric=accuracy would otherwise be taken
     # for --metrics (the metrics file 'accuracy'), and the metric key silently left as it was
@@ -81,12 +97,52 @@ def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> i
     cfg = agreed(lambda: load_config(args.config, flags, args.overrides, registry))
     if not cfg.data:
         raise UsageError("--data (or data in the config file) is required")
+    seeds = getattr(args, "seeds", None)
+    summary_path = getattr(args, "summary", None)
+    if seeds is not None:
+        if len(set(seeds)) != len(seeds):
+            raise UsageError(f"--seeds {' '.join(map(str, seeds))}: a seed is named twice")
+        if cfg.resume or cfg.stop_after:
+            raise UsageError("--seeds runs every seed from epoch 0 to the end: not with "
+                             "--resume or --stop-after (resume one seed's run without --seeds, "
+                             "with --seed=<k> and its seed<k> checkpoint directory)")
+        if summary_path is None and cfg.metrics:
+            m = Path(cfg.metrics)
+            summary_path = str(m.with_name(f"{m.stem}.summary.json"))
+    elif summary_path is not None:
+        raise UsageError("--summary goes with --seeds")
     apply_numerics(cfg)
-    torch.manual_seed(cfg.seed)
     ctx = init_distributed(cfg.parallel.backend, cfg.parallel.timeout_s)
+    runs = []
+    for k, seed in enumerate(seeds if seeds is not None else [cfg.seed]):
+        run_cfg = cfg if seeds is None else seed_config(cfg, seed)
+        if seeds is not None and ctx.rank == 0:
+            print(f"plexgt train: seed {seed} ({k + 1} of {len(seeds)})", file=sys.stderr,
+                  flush=True)
+        summary = _one_run(run_cfg, ctx, registry, header=k == 0)
+        runs.append(run_record(seed, summary, run_cfg))
+        if ctx.rank == 0:
+            line = final_line(summary)
+            if seeds is not None:  # each seed's own line, then the summary's
+                line = line.replace("plexgt train: ", f"plexgt train: seed {seed}: ", 1)
+            print(line, flush=True)
+    if seeds is not None and ctx.rank == 0:
+        s = summarize(summary["metric"], runs, seed_config(cfg, seeds[0]))
+        if summary_path:
+            write_summary(summary_path, s)
+        print(summary_line(s), flush=True)
+    shutdown(ctx)
+    return 0
+
+
+def _one_run(cfg: TrainConfig, ctx: DistContext, registry: StrategyRegistry | None,
+             header: bool) -> dict[str, Any]:
+    """Build the task of ``cfg`` (its seed: the model's initialisation) and train it; rank 0
+    logs the layout and the resolved configuration (``header``: the first run of several)."""
+    torch.manual_seed(cfg.seed)
     ledger = CommLedger(device=ctx.device)
     task = agreed(lambda: build_task(cfg, ctx, ledger, registry), ctx.device)
-    if ctx.rank == 0:
+    if ctx.rank == 0 and header:
         rp = task.plan
         planned = (f"; plan {rp.label}: predicted {rp.time_s:.4g} s a step, "
                    f"{rp.memory_bytes / 2**30:.3g} GiB a rank, priced with {rp.coefficients}"
@@ -96,11 +152,7 @@ def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> i
               file=sys.stderr, flush=True)
         for line in notes(cfg):
             print(f"plexgt train: note: {line}", file=sys.stderr, flush=True)
-    summary = train(cfg, ctx, task, log=lambda m: print(m, file=sys.stderr, flush=True))
-    if ctx.rank == 0:
-        print(final_line(summary), flush=True)
-    shutdown(ctx)
-    return 0
+    return train(cfg, ctx, task, log=lambda m: print(m, file=sys.stderr, flush=True))
 
 
 def final_line(summary: dict[str, Any]) -> str:

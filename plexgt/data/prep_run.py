@@ -21,7 +21,7 @@ import numpy as np
 from plexgt.data.permute import inverse, permutations
 from plexgt.data.prepared import FEATURE_UNIT, FORMAT_VERSION, MATRICES, done_file, unit_file
 from plexgt.data.reciprocity import decide
-from plexgt.data.source import GraphSource
+from plexgt.data.source import FEATURE_NORMALIZATIONS, GraphSource, RowNormalizedFeatures
 from plexgt.distributed.hostcomm import HostComm
 from plexgt.errors import DataError
 from plexgt.util.system import physical_memory
@@ -68,6 +68,10 @@ class PrepOptions:
     progress: bool = True
     source_desc: dict[str, Any] = field(default_factory=dict)
     """How the source was specified (format, input, sizes): recorded, and checked on resume."""
+    normalize_features: str = "none"
+    """'row': every feature row divided by its sum before it is stored (PyG's
+    ``NormalizeFeatures``, which the published Amazon / Coauthor recipes train on; rows
+    summing to 0 kept); 'none': stored as the source has them. Recorded in the manifest."""
 
     def __post_init__(self) -> None:
         """Refuse a bad ``balance_blocks`` here: before the CLI opens (maybe counts) the input."""
@@ -229,6 +233,11 @@ class PrepRun:
         n = source.num_nodes
         if n <= 0:
             raise DataError(f"{source.name}: empty graph (0 nodes)")
+        if opts.normalize_features not in FEATURE_NORMALIZATIONS:
+            raise DataError(f"--normalize-features {opts.normalize_features}: expected "
+                            f"{'|'.join(FEATURE_NORMALIZATIONS)}")
+        if opts.normalize_features == "row" and source.num_features:
+            source = RowNormalizedFeatures(source)
         check_node_memory(n, source.name)
         asked = asked_symmetrize(opts.symmetrize)
         sym_bound = asked is not False  # sizes: auto may double the edges
@@ -265,6 +274,8 @@ class PrepRun:
         }
         if balance_blocks:
             params["balance_blocks"] = balance_blocks
+        if opts.normalize_features != "none":  # absent at 'none': older runs' params stand
+            params["normalize_features"] = opts.normalize_features
         if source.num_edge_features:
             params["FE"] = source.num_edge_features
         density = source.feature_density() if f else None

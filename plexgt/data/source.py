@@ -414,6 +414,51 @@ class GeneratedFeatures(NodeDataOver):
         return None if self._classes else self.base.label_names()
 
 
+FEATURE_NORMALIZATIONS = ("none", "row")
+"""What ``plexgt prep --normalize-features`` offers (:class:`RowNormalizedFeatures`)."""
+
+
+def row_normalized(x: np.ndarray) -> np.ndarray:
+    """[k, F] rows each divided by its sum (a row summing to 0 left as it is), in float32 (a
+    float16 chunk comes back float16): PyG's ``T.NormalizeFeatures``."""
+    x32 = np.asarray(x, dtype=np.float32)
+    s = x32.sum(axis=1, dtype=np.float64, keepdims=True)
+    s[s == 0] = 1.0
+    out = (x32 / s).astype(np.float32, copy=False)
+    return out.astype(x.dtype, copy=False) if x.dtype == np.float16 else out
+
+
+class RowNormalizedFeatures(NodeDataOver):
+    """``base`` with every feature row divided by its sum (``--normalize-features row``).
+
+    Why at prep: the published recipes of Amazon / Coauthor (tunedGNN, PyG's examples) train
+    on ``T.NormalizeFeatures()`` rows, and a row's sum needs the whole row, which every chunk
+    of a source holds (chunks split rows, never columns); so the dense and the CSR feature
+    tiles get the same normalised values, and nothing at training time depends on it.
+    """
+
+    def __init__(self, base: GraphSource) -> None:
+        self.base = base
+        self.name = base.name
+        self.num_nodes = base.num_nodes
+        self.files = base.files
+        self.num_features = base.num_features
+        self.num_edge_features = base.num_edge_features
+        self.feature_dtype = base.feature_dtype
+        self.random_access_features = base.random_access_features
+
+    def feature_chunks(self, part, nparts, chunk_rows):  # noqa: ANN001, ANN201 - see base
+        for first, x in self.base.feature_chunks(part, nparts, chunk_rows):
+            yield first, row_normalized(x)
+
+    def feature_rows(self, ids: np.ndarray) -> np.ndarray:
+        return row_normalized(self.base.feature_rows(ids))
+
+    def feature_density(self) -> float | None:
+        """The base's: dividing a row by its nonzero sum keeps its zeros and nonzeros."""
+        return self.base.feature_density()
+
+
 def collect_edges(blocks: Iterable[tuple[np.ndarray, np.ndarray]]
                   ) -> tuple[np.ndarray, np.ndarray]:
     """Every (src, dst) block of a pass as two whole int64 arrays (empty when none).

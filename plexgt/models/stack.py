@@ -79,8 +79,13 @@ class GCNArch:
     pre_norm: bool = False
     jk: str = "none"
     """'none', 'cat', 'max' or 'sum' (needs ``head``)."""
+    init: str = "torch"
+    """The graph layers' initialisation: 'torch' (nn.Linear's) or 'glorot' (Glorot-uniform
+    weights, zero biases: PyG's GCNConv, tunedGNN's GCN)."""
 
     def __post_init__(self) -> None:
+        if self.init not in ("torch", "glorot"):
+            raise ValueError(f"init {self.init!r} is not torch or glorot")
         if self.residual not in ("none", "identity", "linear"):
             raise ValueError(f"residual {self.residual!r} is not none, identity or linear")
         if self.norm not in ("none", "layer", "batch"):
@@ -217,6 +222,12 @@ class LayerStack(nn.Module):
         for k, name in enumerate(parameter_lists(self.operators)):
             setattr(self, name, nn.ModuleList(nn.Linear(op.d_in, op.d_out, bias=k == 0)
                                               for op in convs))
+        if arch.init == "glorot":  # drawn after torch's, so 'torch' draws what it always did
+            for name in parameter_lists(self.operators):
+                for lin in getattr(self, name):
+                    nn.init.xavier_uniform_(lin.weight)
+                    if lin.bias is not None:
+                        nn.init.zeros_(lin.bias)
         self.arch = arch
         if arch.input_proj:
             self.input = nn.Linear(in_dim, hidden)

@@ -105,6 +105,8 @@ class ModelShape:
     """grid3d models: an input Linear before the first graph layer."""
     head: bool = False
     """grid3d models: a linear classifier after the last graph layer."""
+    init: str = "torch"
+    """grid3d models: the graph layers' initialisation ('torch', 'glorot')."""
     inference: bool = False
     """Price one forward pass (``plexgt predict``, ``plan --inference``) instead of a
     training step: no autograd graph, gradients or optimizer state, each layer's activations
@@ -122,7 +124,7 @@ class ModelShape:
                    par.gcn_order, par.block_rows or None, par.ring_chunks, m.super_nodes,
                    m.node_embedding > 0, par.attention_block_rows, par.axis_order,
                    m.norm_kind(spec.attention), m.pre_norm, m.jk, m.residual, m.input_proj,
-                   m.head, inference)
+                   m.head, m.init, inference)
 
     @property
     def norm_kind(self) -> str:
@@ -135,7 +137,7 @@ class ModelShape:
     def gcn_arch(self) -> GCNArch:
         """The grid3d models' options, as the reference takes them."""
         return GCNArch(self.input_proj, self.head, self.residual, self.norm_kind,
-                       self.pre_norm, self.jk)
+                       self.pre_norm, self.jk, self.init)
 
 
 def gcn_chain(sizes: GraphSizes, shape: ModelShape) -> list[GCNOp]:

@@ -51,7 +51,7 @@ def check_config(cfg: TrainConfig, registry: StrategyRegistry | None = None,
                           f"and 0 for {m.name} (super nodes join attention: {with_attention})")
     if attention:
         for k, v in (("residual", m.residual != "none"), ("input_proj", m.input_proj),
-                     ("head", m.head)):
+                     ("head", m.head), ("init", m.init != "torch")):
             if v:
                 raise ConfigError(f"config key 'model.{k}' is the grid3d models': {m.name} "
                                   "blocks always add their input, project it and end in a "

@@ -8,6 +8,9 @@ A directory holding ``reddit_data.npz`` (``feature`` [N, F], ``label`` [N], ``no
 1 train, 2 valid, 3 test) and ``reddit_graph.npz`` (a scipy ``save_npz`` COO matrix, row =
 source) is the other npz layout PyG reads (Reddit, as DGL publishes it); :func:`read_reddit`
 reads it, and :func:`read_gnn_benchmark` dispatches to it when given such a directory.
+
+``--split-file`` replaces either's split by an external one (tunedGNN's ``*_split.npz``:
+:mod:`plexgt.data.formats.split_file`), its origin recorded in the manifest.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from plexgt.data.formats.spec import FormatSpec, Probe
+from plexgt.data.formats.split_file import SPLIT_FILE, read_split_file, split_file_origin
 from plexgt.data.graph import GraphData, class_ids, integer_ids
 from plexgt.data.npzio import NPZ_ERRORS, require_arrays
 from plexgt.data.source import GraphSource, MemorySource
@@ -128,11 +132,16 @@ def _recognise(probe: Probe) -> bool:
 
 def _open(args: argparse.Namespace, comm: HostComm | None) -> GraphSource:
     files = sorted(args.input.glob("*.npz")) if args.input.is_dir() else [args.input]
-    return MemorySource(read_gnn_benchmark(args.input), files)
+    g = read_gnn_benchmark(args.input)
+    path = getattr(args, "split_file", None)
+    if path is None:
+        return MemorySource(g, files)
+    g.splits = read_split_file(path, g.num_nodes)
+    return MemorySource(g, files, split_origin=split_file_origin(path, g.splits))
 
 
 SPEC = FormatSpec(
     "gnn-benchmark", "Shchur et al.'s npz (CSR adjacency, features, labels), or Reddit's "
     "reddit_*.npz pair", _open, input="an .npz, or the Reddit directory of reddit_*.npz",
     recognise=_recognise, order=20, looked_for="a directory of reddit_*.npz or an .npz with "
-    "adj_data/adj_indices/adj_indptr")
+    "adj_data/adj_indices/adj_indptr", options=(SPLIT_FILE,))

@@ -1,0 +1,50 @@
+"""perf.train_reference --recipes: prep + train --seeds of a recipe, written beside the
+published numbers (on a stand-in graph of the recipe's size: the tool, not the accuracy)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import perf.harness as harness
+from perf import train_recipes
+from plexgt.config import read_recipe
+from plexgt.data.graph import GraphData
+from tests.datagen import write_gnn_benchmark
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def test_prep_args_follow_the_recipe(tmp_path):
+    r = read_recipe(train_recipes.recipe_path("cs"))
+    args = train_recipes.prep_args(r, tmp_path / "o", tmp_path)
+    assert args[:3] == ["prep", "--input", str(tmp_path / "gnn-benchmark" / "ms_academic_cs.npz")]
+    i = args.index("--split-file")
+    assert args[i + 1] == str(train_recipes.ROOT / "configs/splits/coauthor-cs_split.npz")
+    assert "--symmetrize" in args and args[args.index("--normalize-features") + 1] == "row"
+
+
+def test_a_recipe_runs_and_is_written_beside_the_published_number(tmp_path, monkeypatch):
+    n = 7650  # Amazon Photo's N: the recipe's split file names its nodes
+    rng = np.random.default_rng(0)
+    src, dst = rng.integers(0, n, (2, 20000))
+    x = rng.random((n, 6)).astype(np.float32)
+    g = GraphData("photo", n, src, dst, x, rng.integers(0, 8, n))
+    (tmp_path / "gnn-benchmark").mkdir()
+    write_gnn_benchmark(tmp_path / "gnn-benchmark" / "amazon_electronics_photo.npz", g)
+    monkeypatch.setattr(harness, "RESULTS_DIR", tmp_path / "results")
+    assert train_recipes.main(["photo"], [3], 2, "ref", datasets=tmp_path) == 0
+    out = json.loads((tmp_path / "results" / "ref.json").read_text())
+    (rec,) = out["recipes"]
+    assert rec["seeds"] == [3] and rec["epochs"] == 2 and rec["smoke"]
+    assert (rec["published_mean"], rec["published_std"]) == (96.10, 0.46)
+    assert rec["split"]["origin"] == "file" and rec["feature_normalization"] == "row"
+    assert rec["nodes"] == n and len(rec["per_run"]) == 1
+    assert rec["test_acc_mean"] == pytest.approx(100 * rec["per_run"][0]["test"])
+    assert rec["difference"] == pytest.approx(rec["test_acc_mean"] - 96.10)
+    md = (tmp_path / "results" / "ref.md").read_text()
+    assert "| Amazon Photo | `configs/tunedgnn-gcn-photo.toml` |" in md
+    assert "96.10 ± 0.46" in md and "2 of 1000 (smoke: not comparable)" in md
+    assert "1000 epochs x 3 runs ~" in md

@@ -163,6 +163,9 @@ class Workload:
     """Pre-norm blocks (and a final norm before the classifier)."""
     jk: str = "none"
     """Jumping knowledge over the blocks' outputs ('cat', 'max', 'sum')."""
+    checkpoint: bool = False
+    """Blocks recomputed in backward (``model.checkpoint = 'block'``): their inputs kept
+    instead of their activations, their forward (collectives too) run twice a step."""
 
     def __post_init__(self) -> None:
         if self.model not in ("gt", "gps"):
@@ -194,6 +197,13 @@ class Workload:
         final = (self.hidden * (self.layers if self.jk == "cat" else 1),) if self.pre_norm \
             else ()
         return (self.hidden,) * (per * self.layers) + final
+
+    @property
+    def block_batch_norms(self) -> tuple[int, ...]:
+        """The BatchNorms inside the blocks (what a checkpointed block recomputes): all of
+        :attr:`batch_norms` but pre-norm's final one."""
+        bns = self.batch_norms
+        return bns[: len(bns) - 1] if self.pre_norm and bns else bns
 
     @property
     def gcn(self) -> bool:
@@ -407,13 +417,18 @@ class Estimate:
         return self.compute_s + self.overhead_s
 
 
+RECOMPUTED = 1 / 3
+"""The forward's share of a block's compute in a training step: what checkpointing adds."""
+
+
 def memory_of(strategy: AttentionStrategy, w: Workload, s: int, head_parallel: int = 1
               ) -> dict[str, int]:
     """Per-rank bytes of ``strategy``'s step on s ranks (:func:`~plexgt.plan.step_cost.
     model_memory`): cheap, so a search drops what cannot fit before pricing its time."""
     prob = replace(w.problem, head_parallel=head_parallel)
     return model_memory(strategy, prob, s, w.layers, w.features, w.classes, w.num_params,
-                        w.ffn_mult, w.gcn, w.grid_at(s), w.feature_density, w.pre_norm, w.jk)
+                        w.ffn_mult, w.gcn, w.grid_at(s), w.feature_density, w.pre_norm, w.jk,
+                        w.checkpoint)
 
 
 def unsupported(strategy: AttentionStrategy, sysm: SystemModel) -> str:
@@ -513,6 +528,12 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
         t = comm_time(ops_r, s, grid, sysm)
         if t > comm:
             comm, comm_rank, ops = t, r, ops_r
+    if w.checkpoint:
+        # the blocks' forward once more: a third of their step (one product of a GEMM's
+        # three; attention's forward pass of its three), input projection and classifier
+        # included, which are not recomputed (a few percent of a deep model's)
+        edge, node, dense = (t * (1 + RECOMPUTED) for t in (edge, node, dense))
+        copy *= 1 + RECOMPUTED
     compute = (edge + node + dense) * kernels
     mem = memory_of(strategy, w, s, head_parallel)
     return Estimate(strategy.name, s, compute / max(1, w.e), (copy + calls + comm) / w.n,
@@ -547,7 +568,7 @@ def step_ops(strategy: AttentionStrategy, w: Workload, s: int, rank: int = 0,
     :func:`estimate` prices (the ledger of a run equals them to the byte)."""
     return step_comm_named(strategy, replace(w.problem, head_parallel=head_parallel), rank, s,
                            w.layers, w.num_params, w.gcn, w.grid_at(s), w.gcn_block_rows,
-                           w.batch_norms)
+                           w.batch_norms, w.block_batch_norms if w.checkpoint else None)
 
 
 def comm_time(ops: list[tuple[str, CommOp]], s: int, grid: Grid3D | None,

@@ -105,6 +105,8 @@ class ModelShape:
     """grid3d models: an input Linear before the first graph layer."""
     head: bool = False
     """grid3d models: a linear classifier after the last graph layer."""
+    checkpoint: bool = False
+    """Activation checkpointing per block (``model.checkpoint = 'block'``)."""
 
     @classmethod
     def of(cls, cfg: TrainConfig) -> ModelShape:
@@ -117,7 +119,7 @@ class ModelShape:
                    par.gcn_order, par.block_rows or None, par.ring_chunks, m.super_nodes,
                    m.node_embedding > 0, par.attention_block_rows, par.axis_order,
                    m.norm_kind(spec.attention), m.pre_norm, m.jk, m.residual, m.input_proj,
-                   m.head)
+                   m.head, m.checkpoint == "block")
 
     @property
     def norm_kind(self) -> str:
@@ -168,7 +170,7 @@ def workload(sizes: GraphSizes, shape: ModelShape, grid: Grid3D | None = None) -
                     ring_chunks=shape.ring_chunks or 1, super_nodes=shape.super_nodes,
                     attention_block_rows=shape.attention_block_rows,
                     feature_density=sizes.feature_density, norm=shape.norm_kind,
-                    pre_norm=shape.pre_norm, jk=shape.jk)
+                    pre_norm=shape.pre_norm, jk=shape.jk, checkpoint=shape.checkpoint)
 
 
 def candidates(strategy: str, registry: StrategyRegistry | None = None
@@ -312,7 +314,8 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
                            scales, input_grad=shape.trained_input,
                            input_density=sizes.feature_density, grid=fixed,
                            block_rows=shape.block_rows, axis_order=shape.axis_order,
-                           ops=gcn_chain(sizes, shape), norm=shape.norm_kind)
+                           ops=gcn_chain(sizes, shape), norm=shape.norm_kind,
+                           checkpoint=shape.checkpoint)
         c = found.chosen
         if c is None:
             raise _none_fits(memory_per_rank, world_size, any_scale, found.least_memory)

@@ -34,13 +34,15 @@ def hop_bytes(lay: LayerLayout, esize: int, block_rows: int | None
 
 def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad: bool,
                 gathered_input: bool = False, residual: str = "none", pre_act: bool = False,
-                weighted: bool = True) -> list[tuple[str, str, int]]:
+                weighted: bool = True, forward_only: bool = False
+                ) -> list[tuple[str, str, int]]:
     """(axis role, op, bytes sent) of one layer's forward and backward, in issue order
     (``gathered_input``: sparse input features, read already gathered over c; ``residual``:
     the conv's residual path, 'identity' or 'linear', fused into its collectives as
     :class:`~plexgt.parallel.plexus3d.Plexus3DGCN` runs it; ``pre_act``: pre-norm, the
     residual reads the raw input, gathered on its own; ``weighted=False``: aggregate_first
-    with a constant weight and no bias, :func:`hop_bytes`)."""
+    with a constant weight and no bias, :func:`hop_bytes`; ``forward_only``: the forward's
+    alone, what a checkpointed block runs again in backward)."""
     ga, gb, gc = lay.g
     a, b, c = lay.roles
     din_b, dout_a = lay.d_in // gb, lay.d_out // ga
@@ -62,13 +64,18 @@ def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad
         t_scatter = (b, "reduce_scatter", reduce_scatter_bytes(cols_pad * lay.d_out * esize,
                                                                gb))
         t_gather = (b, "all_gather", all_gather_bytes(cols_pad * dout_b * esize, gb))
-        ops = [
+        fwd = [
             *([] if gathered_input else [gather_in]),
             *w_gather,
             t_scatter,
             *((raw + (w_gather if learned else []) + [t_scatter]) if res else []),
             *[(a, "reduce_scatter", reduce_scatter_bytes((r1 - r0) * dout_b * esize, ga))
               for r0, r1 in blocks],
+        ]
+        if forward_only:
+            return fwd
+        ops = [
+            *fwd,
             # backward
             (c, "all_reduce", all_reduce_bytes(nbias * dout_ab * esize, gc)),
             *[(a, "all_gather", all_gather_bytes((r1 - r0) * dout_ab * esize, ga))
@@ -84,13 +91,18 @@ def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad
     blocks = row_blocks(2 * rows_pad if res else rows_pad, block_rows)
     w_gather = (c, "all_gather", all_gather_bytes((din_b // gc) * dout_a * esize, gc))
     w_grad = (c, "reduce_scatter", reduce_scatter_bytes(din_b * dout_a * esize, gc))
-    ops = [
+    fwd = [
         gather_in,
         *raw,
         *[(a, "all_reduce", all_reduce_bytes((r1 - r0) * din_b * esize, ga)) for r0, r1 in blocks],
         *([w_gather] if weighted else []),
         *([w_gather] if learned else []),
         (b, "reduce_scatter", reduce_scatter_bytes(rows_pad * dout_a * esize, gb)),
+    ]
+    if forward_only:
+        return fwd
+    ops = [
+        *fwd,
         # backward
         (b, "all_gather", all_gather_bytes(rows_pad * (dout_a // gb) * esize, gb)),
         *([(c, "all_reduce", all_reduce_bytes(nbias * (dout_a // gb) * esize, gc)), w_grad]
@@ -105,13 +117,13 @@ def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad
     return ops
 
 
-def norm_bytes(lay: LayerLayout, norm: str, esize: int, stack: int = 1
-               ) -> list[tuple[str, str, int]]:
+def norm_bytes(lay: LayerLayout, norm: str, esize: int, stack: int = 1,
+               forward_only: bool = False) -> list[tuple[str, str, int]]:
     """(group, op, bytes sent) of a norm of ``lay``'s output in a training step: LayerNorm's
     row statistics over the plane (a, b), BatchNorm's column statistics over c
     (:mod:`plexgt.parallel.norms`), and the backward's sum of the parameters' gradients over
     their copies (c); ``stack``: the norm of ``stack`` such outputs side by side (jumping
-    knowledge 'cat')."""
+    knowledge 'cat'; ``forward_only``: the statistics' all-reduces alone)."""
     if norm == "none":
         return []
     ga, gb, gc = lay.g
@@ -121,15 +133,18 @@ def norm_bytes(lay: LayerLayout, norm: str, esize: int, stack: int = 1
         group, ops = output_plane(lay.roles), layer_norm_comm(lay.rows_pad, esize, ga * gb)
     else:
         group, ops = c, batch_norm_comm(w, esize, gc)
-    out = [(group, o.op, o.sent) for o in ops]
-    return out + [(c, "all_reduce", all_reduce_bytes(2 * w * esize, gc))]
+    out = [(group, o.op, o.sent) for o in ops if o.phase == "forward" or not forward_only]
+    return out if forward_only else out + [(c, "all_reduce", all_reduce_bytes(2 * w * esize,
+                                                                              gc))]
 
 
 def chain_bytes(lays: list[LayerLayout], esize: int, block_rows: int | None,
                 input_grad: bool, sparse_input: bool, ops: list[GCNOp] | None = None,
-                norm: str = "none") -> list[tuple[str, str, int]]:
+                norm: str = "none", checkpoint: bool = False) -> list[tuple[str, str, int]]:
     """(group, op, bytes sent) of every layer of a chain (``ops``: each layer's residual and
-    norms, :func:`plexgt.models.gcn.gcn_ops`; None: plain GCN layers)."""
+    norms, :func:`plexgt.models.gcn.gcn_ops`; None: plain GCN layers). ``checkpoint``:
+    every op is a checkpointed block (``model.checkpoint = 'block'``), whose forward
+    collectives, its norms' statistics included, run once more in backward."""
     out: list[tuple[str, str, int]] = []
     hops = {} if ops is None else jk_hops(ops)
     for path in hops.values():
@@ -137,14 +152,16 @@ def chain_bytes(lays: list[LayerLayout], esize: int, block_rows: int | None,
             out += hop_bytes(lays[m], esize, block_rows)
     for k, lay in enumerate(lays):
         op = None if ops is None else ops[k]
-        out += layer_bytes(lay, esize, block_rows, k > 0 or input_grad,
-                           sparse_input and k == 0,
-                           "none" if op is None else op.residual,
-                           op is not None and op.pre_act)
-        if op is not None and op.pre_norm is not None:
-            out += norm_bytes(lays[k - 1], norm, esize, lay.d_in // lays[k - 1].d_out)
-        if op is not None and op.post_norm is not None:
-            out += norm_bytes(lay, norm, esize)
+        for fwd in (False, True) if checkpoint else (False,):
+            out += layer_bytes(lay, esize, block_rows, k > 0 or input_grad,
+                               sparse_input and k == 0,
+                               "none" if op is None else op.residual,
+                               op is not None and op.pre_act, forward_only=fwd)
+            if op is not None and op.pre_norm is not None:
+                out += norm_bytes(lays[k - 1], norm, esize, lay.d_in // lays[k - 1].d_out,
+                                  fwd)
+            if op is not None and op.post_norm is not None:
+                out += norm_bytes(lay, norm, esize, forward_only=fwd)
     return out
 
 
@@ -168,17 +185,18 @@ def plexus_step_bytes(grid: Grid3D, rank: int, n: int, dims: list[int], esize: i
                       block_rows: int | None = None, order: str = "aggregate_first",
                       input_grad: bool = False, multilabel: bool = False,
                       sparse_input: bool = False, ops: list[GCNOp] | None = None,
-                      norm: str = "none") -> dict[str, int]:
+                      norm: str = "none", checkpoint: bool = False) -> dict[str, int]:
     """Bytes ``rank`` sends per axis (and plane) in one forward + loss + backward
     (``input_grad``: the input is trained, a node embedding, so layer 0's input gradient is
     communicated too; ``multilabel``: the binary cross-entropy's loss; ``sparse_input``:
     CSR-stored features, layer 0 gemm_first on its input read already gathered; ``ops``
     and ``norm``: a GCN with :class:`~plexgt.models.gcn.GCNArch` options, ``dims`` then its
-    :func:`~plexgt.models.gcn.op_widths`)."""
+    :func:`~plexgt.models.gcn.op_widths`; ``checkpoint``: blocks recomputed,
+    :func:`chain_bytes`)."""
     out: dict[str, int] = defaultdict(int)
     lays = chain_layouts(grid, rank, n, dims, order, sparse_input, ops)
     for axis, _, nbytes in chain_bytes(lays, esize, block_rows, input_grad, sparse_input,
-                                       ops, norm):
+                                       ops, norm, checkpoint):
         out[axis] += nbytes
     for axis, _, nbytes in loss_bytes(lays[-1], esize, multilabel):
         out[axis] += nbytes
@@ -374,17 +392,18 @@ def reorder(est: PlexusEstimate, order: str, coef: Coefficients) -> PlexusEstima
 def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
              coef: Coefficients, block_rows: int | None = None, order: str = "auto",
              input_grad: bool = False, input_density: float | None = None,
-             ops: list[GCNOp] | None = None, norm: str = "none") -> PlexusEstimate:
+             ops: list[GCNOp] | None = None, norm: str = "none", checkpoint: bool = False
+             ) -> PlexusEstimate:
     """Predicted step time and memory of ``grid`` (nnz spread evenly: double permutation;
     ``input_grad``: layer 0's input is trained, a node embedding; ``input_density``: the
     input is CSR-stored with this share of nonzeros, its layer-0 GEMM an SpMM priced by it;
-    ``ops``, ``norm``: the GCN's options, :func:`rank_cost`)."""
+    ``ops``, ``norm``, ``checkpoint``: the GCN's options, :func:`rank_cost`)."""
     # every rank prices the same: blocks are padded to equal shapes (ceil(N/G) rows, padded
     # widths), so bytes, calls, FMAs and memory depend on the grid's extents, not on which
     # block a rank holds (the tests check rank_cost over every rank); one rank stands for
     # all, which keeps a search over every factorisation of every scale fast
     rc = rank_cost(grid, 0, n, nnz, dims, esize, coef, block_rows, order, input_grad,
-                   input_density, ops, norm)
+                   input_density, ops, norm, checkpoint)
     return PlexusEstimate(grid, rc.nbytes, rc.comm_s, rc.compute_s, rc.mem, rc.traffic)
 
 
@@ -424,16 +443,21 @@ def group_stride(grid: Grid3D, name: str) -> int:
 def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: int,
               coef: Coefficients, block_rows: int | None = None, order: str = "auto",
               input_grad: bool = False, input_density: float | None = None,
-              ops: list[GCNOp] | None = None, norm: str = "none") -> RankCost:
+              ops: list[GCNOp] | None = None, norm: str = "none", checkpoint: bool = False
+              ) -> RankCost:
     """Rank ``r``'s step (:class:`RankCost`), as :func:`estimate` prices it (``ops``,
     ``norm``: a GCN with :class:`~plexgt.models.gcn.GCNArch` options, ``dims`` its
-    :func:`~plexgt.models.gcn.op_widths`)."""
+    :func:`~plexgt.models.gcn.op_widths`). ``checkpoint``: every op a checkpointed block,
+    which keeps its input shard alone until backward runs its forward again: activations of
+    the inputs plus the largest block's, one more forward's SpMMs, GEMMs and collectives."""
     sparse = input_density is not None
     lays = chain_layouts(grid, r, n, dims, order, sparse, ops)
     host, p = coef.host, grid.size
     nbytes, calls, flops_s, mem, comm = 0, 0, 0.0, 0, 0.0
+    kept, largest = 0, 0  # checkpointing: the blocks' inputs, the largest block's rest
     traffic: dict[tuple[str, str], list[int]] = {}
-    for name, op, b in chain_bytes(lays, esize, block_rows, input_grad, sparse, ops, norm):
+    for name, op, b in chain_bytes(lays, esize, block_rows, input_grad, sparse, ops, norm,
+                                   checkpoint):
         if b:
             nbytes += b
             calls += 1
@@ -453,6 +477,7 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
         shard = cols_pad * lay.d_in // (gb * gc) * (2 if lay.layer == 0 else 1)
         mem += int(blk_nnz * 12 * 2)  # CSR + transpose: 8-byte index + 4-byte value
         mem += din_b * dout_a * esize * 4  # W shard, grad, Adam
+        act = 0  # the layer's activations (what checkpointing drops)
         if lay.order == "gemm_first":
             # the SpMM runs forward and backward on d_out/Gb columns; GEMM on input rows
             spmm = blk_nnz * (lay.d_out // gb) * 2
@@ -461,6 +486,9 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
                 # a CSR input's X·W and Xᵀ·dY are SpMMs over its nonzeros, d_out columns
                 spmm += 2 * cols_pad * din_b * input_density * lay.d_out
                 gemm = 0
+            # the forward's share: one SpMM of two, one GEMM of three (of two on layer 0)
+            fwd = (spmm / 2 * coef.spmm_s_per_nnz_col
+                   + gemm / (3 if lay.layer else 2) * coef.gemm_s_per_fma)
             # input shard (+ staging on layer 0), gathered input (staged twice), whole W
             # block, H·W before and after its reduce-scatter, the aggregate; a sparse input
             # is read already gathered over c: its CSR block alone, no staging and no
@@ -470,15 +498,16 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
             if sparse and lay.layer == 0:
                 nnz_in = int(cols_pad * din_b * input_density)
                 inputs = graph_bytes(cols_pad, din_b, nnz_in) + 2 * nnz_in * esize
-            mem += inputs + (din_b * lay.d_out + cols_pad * lay.d_out
+            act += inputs + (din_b * lay.d_out + cols_pad * lay.d_out
                              + cols_pad * lay.d_out // gb + rows_pad * lay.d_out // gb
                              ) * esize
         else:
             spmm = blk_nnz * din_b * (2 if lay.layer > 0 else 1)
             gemm = rows_pad * din_b * dout_a * 3
+            fwd = blk_nnz * din_b * coef.spmm_s_per_nnz_col + gemm / 3 * coef.gemm_s_per_fma
             # input shard (and its staging copy on layer 0), gathered input (twice: the
             # backend stages the gather), aggregate, partial product
-            mem += (shard + 2 * cols_pad * din_b + rows_pad * din_b + rows_pad * dout_a
+            act += (shard + 2 * cols_pad * din_b + rows_pad * din_b + rows_pad * dout_a
                     ) * esize
         if op is not None and op.residual != "none":
             # the residual path: the identity's block beside Â's, its weight (a learned one
@@ -486,25 +515,38 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
             eye = n / (ga * gc)
             mem += int(eye * 12 * 2) + (din_b * dout_a * esize * 4
                                         if op.residual == "linear" else 0)
+            fwd += eye * (lay.d_out // gb if lay.order == "gemm_first" else din_b) * \
+                coef.spmm_s_per_nnz_col + (cols_pad * din_b * lay.d_out if lay.order ==
+                                           "gemm_first" else rows_pad * din_b * dout_a
+                                           ) * coef.gemm_s_per_fma
             if lay.order == "gemm_first":
                 spmm += eye * (lay.d_out // gb) * 2
                 gemm += cols_pad * din_b * lay.d_out * 3
-                mem += (din_b * lay.d_out + cols_pad * lay.d_out
+                act += (din_b * lay.d_out + cols_pad * lay.d_out
                         + cols_pad * lay.d_out // gb) * esize
             else:
                 spmm += eye * din_b * 2
                 gemm += rows_pad * din_b * dout_a * 3
-                mem += rows_pad * din_b * esize
+                act += rows_pad * din_b * esize
             if op.pre_act:  # the raw input gathered on its own
-                mem += 2 * cols_pad * din_b * esize
-            mem += rows_pad * dout_ab * esize  # the sum
+                act += 2 * cols_pad * din_b * esize
+            act += rows_pad * dout_ab * esize  # the sum
         for j, at in (() if op is None else
                       ((op.pre_norm, lays[lay.layer - 1]), (op.post_norm, lay))):
             if j is not None and norm != "none":
                 # the normalised values kept for backward and the norm's output
                 width = (lay.d_in // (gb * gc) if at is not lay else dout_ab)
-                mem += 2 * at.rows_pad * width * esize
+                act += 2 * at.rows_pad * width * esize
         flops_s += spmm * coef.spmm_s_per_nnz_col + gemm * coef.gemm_s_per_fma
+        if not checkpoint:
+            mem += act
+            continue
+        # the block's input shard stays (checkpoint's saved input); the rest is rebuilt in
+        # backward, one block at a time
+        inp = cols_pad * lay.d_in // (gb * gc) * esize
+        kept += inp
+        largest = max(largest, act - inp)
+        flops_s += fwd
     for path in ({} if ops is None else jk_hops(ops)).values():
         for m in path:
             # a hop: its identity block, gathered input (staged), aggregate, partial
@@ -521,7 +563,7 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
     if ops is not None and any(op.jk for op in ops):
         head = lays[-1]
         mem += 2 * head.cols_pad * head.d_in // (head.g[1] * head.g[2]) * esize
-    mem += PROCESS_BASE_BYTES
+    mem += PROCESS_BASE_BYTES + kept + largest
     flops_s *= coef.compute_scale * host.compute_factor(p)
     return RankCost(nbytes, calls, flops_s, mem, comm,
                     tuple((a, op, c, b) for (a, op), (c, b) in traffic.items()))

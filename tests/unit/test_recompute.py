@@ -9,13 +9,18 @@ import numpy as np
 import pytest
 import torch
 
+from plexgt.distributed.collectives import all_reduce_bytes
+from plexgt.distributed.grid import Grid3D
 from plexgt.models import GPS, GraphTransformer, ModelGraph
 from plexgt.models.gcn import GCN
 from plexgt.models.mlp import MLP
 from plexgt.models.recompute import checkpointed, recomputing
 from plexgt.models.sage import SAGE
-from plexgt.models.stack import GCNArch
+from plexgt.models.stack import GCNArch, gcn_ops, op_widths
 from plexgt.ops.rng import CounterRNG
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.plan.agp import Workload, memory_of, step_ops
+from plexgt.plan.plexus_cost import Coefficients, rank_cost
 
 DT = torch.float64
 
@@ -116,3 +121,33 @@ def test_each_block_runs_again_in_backward_with_the_same_dropout_mask():
     with torch.no_grad():  # evaluation: no recompute machinery
         checkpointed(block, x)
     assert len(seen) == 3
+
+
+def test_the_planner_prices_checkpointing():
+    """Deeper stacks: checkpointing keeps the inputs plus one block's activations (memory
+    falls, and grows with depth by an input per layer only) for one more forward of compute
+    and of the blocks' forward collectives."""
+    arch = GCNArch(input_proj=True, head=True, residual="identity", norm="layer")
+    grid = Grid3D(2, 1, 2)
+    cost = {}
+    for layers in (6, 12):
+        ops = gcn_ops(64, 64, 8, layers, arch)
+        for ck in (False, True):
+            cost[layers, ck] = rank_cost(grid, 0, 20000, 200000, op_widths(ops), 4,
+                                         Coefficients(), 256, "aggregate_first", ops=ops,
+                                         norm="layer", checkpoint=ck)
+    for layers in (6, 12):
+        plain, ck = cost[layers, False], cost[layers, True]
+        assert ck.mem < plain.mem and ck.compute_s > plain.compute_s
+        assert ck.nbytes > plain.nbytes and ck.calls > plain.calls
+    assert cost[12, True].mem - cost[6, True].mem < (cost[12, False].mem
+                                                     - cost[6, False].mem) / 3
+    strat = default_registry().get("gp_ag")
+    w = {ck: Workload("gt", 20000, 200000, 64, 8, 64, 4, 12, norm="batch", checkpoint=ck)
+         for ck in (False, True)}
+    mem = {ck: memory_of(strat, w[ck], 4) for ck in w}
+    assert mem[True]["total"] < mem[False]["total"]
+    sent = {ck: sum(o.total_sent for _, o in step_ops(strat, w[ck], 4)) for ck in w}
+    fwd = sum(o.total_sent for _, o in step_ops(strat, w[False], 4) if o.phase == "forward")
+    loss = all_reduce_bytes(2 * 4, 4)  # the loss statistics' (forward, in no block)
+    assert sent[True] - sent[False] == fwd - loss > 0  # every block's forward once more

@@ -10,7 +10,7 @@ import pytest
 from . import test_gt_dist as _gt
 from .conftest import ROW_PARTITIONED
 from .test_gt_dist import STRATEGIES
-from .test_gt_options import check
+from .test_gt_options import _grid, axis_groups, check  # noqa: F401 - a fixture
 
 prepared = _gt.prepared  # the fixtures, module-scoped here too
 groups = _gt.groups
@@ -26,3 +26,11 @@ def test_checkpointed_attention_models_equal_reference(prepared, groups, model, 
     running statistics and the ledger with AGP's step, which prices the recompute."""
     kw = (dict(norm="batch", pre_norm=True) if model == "gt" else dict(jk="max"))
     check(prepared, groups, strategy, model == "gps", 3, checkpoint=True, **kw)
+
+
+@ROW_PARTITIONED
+def test_checkpointed_gps_3d_path(prepared, groups, axis_groups):  # noqa: F811
+    """gps's GCN path on the 3D grid inside a checkpointed block: its redistribution and
+    aggregation collectives run again in backward, a pre-norm BatchNorm's statistics too."""
+    check(prepared, groups, "gp_ag", True, 2, _grid(), axis_groups, norm="batch",
+          pre_norm=True, checkpoint=True)

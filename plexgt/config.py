@@ -101,6 +101,14 @@ class ModelConfig:
     """grid3d models: a Linear hidden -> classes after the last layer (tunedGNN's
     classifier), which then ends in ``hidden``; false: the last layer outputs the classes.
     gt and gps always end in a linear classifier."""
+    checkpoint: str = "none"
+    """Activation checkpointing: 'block' keeps only each block's input (a grid3d model's
+    layer, with its norm and residual; a gt / gps block) for backward and runs the block's
+    forward again, collectives included, when its gradient is needed: activation memory
+    falls from L blocks' to L inputs plus one block's, for one more forward of compute and
+    communication a step (the planner prices both). The results are the same (dropout masks
+    are counter-based, BatchNorm's running statistics updated once); 'none': every
+    activation kept."""
 
     def norm_kind(self, attention: bool) -> str:
         """``norm`` with 'auto' resolved for a model with (gt, gps) or without (the grid3d
@@ -270,6 +278,7 @@ class TrainConfig:
                   "resume", "progress", "eval_every", "stop_after", "epochs", "parallel",
                   "patience"):
             d.pop(k)
+        d["model"].pop("checkpoint")  # recomputation computes the same model
         return d
 
     def hash(self) -> str:
@@ -293,6 +302,7 @@ CHOICES = {
     "model.residual": ("none", "identity", "linear"),
     "model.norm": ("auto", "none", "layer", "batch"),
     "model.jk": ("none", "cat", "max", "sum"),
+    "model.checkpoint": ("none", "block"),
     "optim.name": ("adamw", "adam"),
     "optim.decay": ("all", "weights"),
     "parallel.gcn_order": ("auto", "aggregate_first", "gemm_first"),

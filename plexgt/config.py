@@ -112,6 +112,14 @@ class ModelConfig:
     and their biases zero, as PyG's GCNConv: tunedGNN's GCN; the residual, input and head
     Linears stay torch's). Measured on Amazon Photo (tunedGNN's 6-layer residual LN GCN, lr
     1e-3): 85 % validation accuracy at epoch 51 with 'glorot', 47 % with 'torch'."""
+    checkpoint: str = "none"
+    """Activation checkpointing: 'block' keeps only each block's input (a grid3d model's
+    layer, with its norm and residual; a gt / gps block) for backward and runs the block's
+    forward again, collectives included, when its gradient is needed: activation memory
+    falls from L blocks' to L inputs plus one block's, for one more forward of compute and
+    communication a step (the planner prices both). The results are the same (dropout masks
+    are counter-based, BatchNorm's running statistics updated once); 'none': every
+    activation kept."""
 
     def norm_kind(self, attention: bool) -> str:
         """``norm`` with 'auto' resolved for a model with (gt, gps) or without (the grid3d
@@ -281,6 +289,7 @@ class TrainConfig:
                   "resume", "progress", "eval_every", "stop_after", "epochs", "parallel",
                   "patience"):
             d.pop(k)
+        d["model"].pop("checkpoint")  # recomputation computes the same model
         return d
 
     def hash(self) -> str:
@@ -305,6 +314,7 @@ CHOICES = {
     "model.norm": ("auto", "none", "layer", "batch"),
     "model.jk": ("none", "cat", "max", "sum"),
     "model.init": ("torch", "glorot"),
+    "model.checkpoint": ("none", "block"),
     "optim.name": ("adamw", "adam"),
     "optim.decay": ("all", "weights"),
     "parallel.gcn_order": ("auto", "aggregate_first", "gemm_first"),

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plexgt.models.recompute import checkpointed, module_norm
 from plexgt.ops.attention import sparse_attention
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_norm, gcn_spmm, mean_norm
@@ -254,8 +255,9 @@ the statistics span ranks (BatchNorm over a row partition)."""
 
 
 def apply_norm(norm: nn.Module, x: Tensor) -> Tensor:
-    """The single-process :data:`NormFn`: the module."""
-    return norm(x)
+    """The single-process :data:`NormFn`: the module (a recomputed BatchNorm leaves its
+    running statistics alone, :func:`~plexgt.models.recompute.module_norm`)."""
+    return module_norm(norm, x)
 
 
 def jk_combine(outs: list[Tensor], mode: str) -> Tensor:
@@ -375,7 +377,7 @@ class BlockStack(nn.Module):
                  heads: int = 8, dropout: float = 0.5, input_dropout: float | None = None,
                  ffn_mult: int = 2, block_rows: int | None = None, seed: int = 0,
                  super_nodes: int = 0, edge_dim: int = 0, norm: str = "layer",
-                 pre_norm: bool = False, jk: str = "none") -> None:
+                 pre_norm: bool = False, jk: str = "none", checkpoint: bool = False) -> None:
         super().__init__()
         if super_nodes < 0:
             raise ValueError(f"model.super_nodes must be >= 0, got {super_nodes}")
@@ -395,6 +397,9 @@ class BlockStack(nn.Module):
         self.dropout = dropout
         self.input_dropout = dropout if input_dropout is None else input_dropout
         self.block_rows = block_rows
+        self.checkpoint = checkpoint
+        """Recompute each block's activations in backward (:mod:`plexgt.models.recompute`):
+        [n, d] kept per block instead of its attention and FFN activations."""
         self.seed = seed
         self.step = 0
         """Training forwards so far: the step key of the dropout masks (checkpointed)."""
@@ -414,8 +419,9 @@ class BlockStack(nn.Module):
         last = len(self.blocks) - 1
         outs = []
         for i, blk in enumerate(self.blocks):
-            h, z = block(blk, h, graph, self.block_rows, drop.at(BLOCK_SITES * (i + 1),
-                                                                 blk.dropout), z, i < last, nf)
+            h, z = checkpointed(block, blk, h, graph, self.block_rows,
+                                drop.at(BLOCK_SITES * (i + 1), blk.dropout), z, i < last, nf,
+                                enabled=self.checkpoint)
             if self.jk != "none":
                 outs.append(h)
         if self.jk != "none":

@@ -37,6 +37,7 @@ from plexgt.models.layers import (
     num_features,
     step_rng,
 )
+from plexgt.models.recompute import checkpointed, module_norm
 from plexgt.models.spec import parameter_lists
 
 
@@ -215,7 +216,7 @@ class LayerStack(nn.Module):
 
     def __init__(self, in_dim: int, hidden: int, out_dim: int, num_layers: int = 2,
                  dropout: float = 0.5, input_dropout: float | None = None, seed: int = 0,
-                 arch: GCNArch = PLAIN) -> None:
+                 arch: GCNArch = PLAIN, checkpoint: bool = False) -> None:
         super().__init__()
         self.ops = gcn_ops(in_dim, hidden, out_dim, num_layers, arch)
         convs = [op for op in self.ops if op.kind == "conv"]
@@ -241,6 +242,8 @@ class LayerStack(nn.Module):
         self.dropout = dropout
         self.input_dropout = dropout if input_dropout is None else input_dropout
         self.seed = seed
+        self.checkpoint = checkpoint
+        """Recompute each op's activations in backward (:mod:`plexgt.models.recompute`)."""
         self.step = 0
         """Training forwards so far: the step key of the dropout masks."""
 
@@ -265,32 +268,7 @@ class LayerStack(nn.Module):
         for k, op in enumerate(self.ops):  # dropout site k: before op k
             if op.name == "head" and hidden:
                 h = jk_combine(hidden, self.arch.jk)
-            raw = h
-            if op.pre_norm is not None:
-                assert isinstance(h, torch.Tensor)
-                h = self.norms[op.pre_norm](h)
-            if op.pre_act:
-                h = F.relu(h)  # type: ignore[arg-type]
-            h = drop.at(k, self.input_dropout if k == 0 else self.dropout).features(h)
-            if op.kind == "linear":
-                y = linear_in(h, self.module(op.name))
-            else:
-                i = int(op.name.split(".")[1])
-                terms = [apply_operator(o, graph, h, lin)
-                         for o, lin in zip(self.operators, self.operator_layers(i))]
-                y = terms[0]
-                for t in terms[1:]:
-                    y = y + t
-                if op.residual != "none":
-                    # pre-norm's residual stream is the raw input; post-norm (and the first
-                    # conv, which has no pre-transform) adds what the conv read
-                    src = raw if op.pre_act else h
-                    res = self.residuals[i]
-                    y = y + (linear_in(src, res) if op.residual == "linear" else src)
-            if op.post_norm is not None:
-                y = self.norms[op.post_norm](y)
-            if op.post_act:
-                y = F.relu(y)
+            y = checkpointed(self._op, k, h, drop, graph, enabled=self.checkpoint)
             if op.jk:
                 hidden.append(y)
             h = y
@@ -298,3 +276,35 @@ class LayerStack(nn.Module):
         if self.training:
             self.step += 1
         return h
+
+    def _op(self, k: int, h: Features, drop: Drop, graph: ModelGraph | None) -> torch.Tensor:
+        """Op k on its input h: its pre-norm and ReLU, dropout, the op with its residual, its
+        post-norm and ReLU (one block of :mod:`plexgt.models.recompute`)."""
+        op = self.ops[k]
+        raw = h
+        if op.pre_norm is not None:
+            assert isinstance(h, torch.Tensor)
+            h = module_norm(self.norms[op.pre_norm], h)
+        if op.pre_act:
+            h = F.relu(h)  # type: ignore[arg-type]
+        h = drop.at(k, self.input_dropout if k == 0 else self.dropout).features(h)
+        if op.kind == "linear":
+            y = linear_in(h, self.module(op.name))
+        else:
+            i = int(op.name.split(".")[1])
+            terms = [apply_operator(o, graph, h, lin)
+                     for o, lin in zip(self.operators, self.operator_layers(i))]
+            y = terms[0]
+            for t in terms[1:]:
+                y = y + t
+            if op.residual != "none":
+                # pre-norm's residual stream is the raw input; post-norm (and the first
+                # conv, which has no pre-transform) adds what the conv read
+                src = raw if op.pre_act else h
+                res = self.residuals[i]
+                y = y + (linear_in(src, res) if op.residual == "linear" else src)
+        if op.post_norm is not None:
+            y = module_norm(self.norms[op.post_norm], y)
+        if op.post_act:
+            y = F.relu(y)
+        return y

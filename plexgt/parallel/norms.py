@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from plexgt.distributed.collectives import Comm, CommOp, all_reduce_, all_reduce_bytes
+from plexgt.models.recompute import recomputing
 
 Tensor = torch.Tensor
 
@@ -137,7 +138,7 @@ def batch_norm_rows(x: Tensor, norm: torch.nn.BatchNorm1d, mask: Tensor, count: 
         return ((x - rm.to(x.dtype)) * (r * w).to(x.dtype) + b.to(x.dtype))
     stats: list[Tensor] = []
     y = _BatchNormRows.apply(x, w, b, mask, count, comm, norm.eps, stats)
-    if rm is not None and rv is not None:
+    if rm is not None and rv is not None and not recomputing():  # updated once a step
         with torch.no_grad():
             tracked = norm.num_batches_tracked
             if tracked is not None:

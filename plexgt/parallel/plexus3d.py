@@ -46,6 +46,7 @@ from plexgt.distributed.collectives import Comm, all_gather, reduce_scatter, rep
 from plexgt.distributed.layout3d import LayerLayout, output_plane
 from plexgt.models.gcn import PLAIN, GCNArch, GCNOp, jk_hops
 from plexgt.models.layers import Drop, Features, jk_combine, make_norm, sparse_features
+from plexgt.models.recompute import checkpointed
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_spmm
 from plexgt.ops.rng import CounterRNG
@@ -126,8 +127,12 @@ class Plexus3DGCN(nn.Module):
         arch: GCNArch = PLAIN,
         out_ids: torch.Tensor | None = None,
         names: Sequence[str] = ("layers",),
+        checkpoint: bool = False,
     ) -> None:
         super().__init__()
+        self.checkpoint = checkpoint
+        """Recompute each op's activations, collectives included, in backward
+        (:mod:`plexgt.models.recompute`): only the ops' input blocks are kept."""
         self.names = list(names)
         self.layouts = list(layouts)
         self.ops = list(ops) if ops is not None else plain_ops(self.layouts)
@@ -361,7 +366,7 @@ class Plexus3DGCN(nn.Module):
     def _rows(self, kind: str) -> torch.Tensor | None:
         return self.stack_rows.cpu() if kind == "stacked" else None
 
-    def _dropout(self, h: Features, lay: LayerLayout) -> Features:
+    def _dropout(self, h: Features, lay: LayerLayout, step: int) -> Features:
         """Dropout at the reference GCN's site (the op index), keyed on the block's node ids
         and global columns: the entries the single-process model drops, on any grid (sparse
         input: its stored entries, at their gathered columns)."""
@@ -370,7 +375,7 @@ class Plexus3DGCN(nn.Module):
             return h
         if self.num_id_layers != len(self.layouts):
             raise ValueError("dropout needs each layer's node ids (Plexus3DGCN(node_ids=...))")
-        rng = CounterRNG(self.seed, self.step, getattr(self, f"node_ids_{lay.layer}"))
+        rng = CounterRNG(self.seed, step, getattr(self, f"node_ids_{lay.layer}"))
         drop = Drop(rng, p, lay.layer)
         if self.stack > 1 and lay.layer == len(self.layouts) - 1:
             # the classifier's input: each layer's block at its columns of the concatenation
@@ -496,25 +501,11 @@ class Plexus3DGCN(nn.Module):
     def forward(self, x: Features) -> torch.Tensor:
         h: Features = x
         hidden: list[tuple[int, torch.Tensor]] = []
-        for l, (op, lay) in enumerate(zip(self.ops, self.layouts)):
+        for l, op in enumerate(self.ops):
             if op.name == "head" and hidden:
                 h = self._jumping_knowledge(hidden)
-            raw = h
-            if op.pre_norm is not None:
-                assert isinstance(h, torch.Tensor)
-                h = self._norm(op.pre_norm, h)
-            if op.pre_act:
-                h = torch.relu(h)  # type: ignore[arg-type]
-            h = self._dropout(h, lay)
-            res = None
-            if op.residual != "none":
-                assert isinstance(raw, torch.Tensor) or not op.pre_act
-                res = raw if op.pre_act else h
-            y = self.layer(h, l, res)  # type: ignore[arg-type]
-            if op.post_norm is not None:
-                y = self._norm(op.post_norm, y)
-            if op.post_act:
-                y = torch.relu(y)
+            # the step passed in, not read: a recomputed block runs after the step counted
+            y = checkpointed(self._block, l, h, self.step, enabled=self.checkpoint)
             if op.jk:
                 hidden.append((l, y))
             h = y
@@ -522,6 +513,29 @@ class Plexus3DGCN(nn.Module):
             self.step += 1
         assert isinstance(h, torch.Tensor)
         return h
+
+    def _block(self, l: int, h: Features, step: int) -> torch.Tensor:
+        """Op l on its input block: pre-norm and ReLU, dropout (of training step ``step``),
+        the layer with its residual, post-norm and ReLU (one block of
+        :mod:`plexgt.models.recompute`)."""
+        op, lay = self.ops[l], self.layouts[l]
+        raw = h
+        if op.pre_norm is not None:
+            assert isinstance(h, torch.Tensor)
+            h = self._norm(op.pre_norm, h)
+        if op.pre_act:
+            h = torch.relu(h)  # type: ignore[arg-type]
+        h = self._dropout(h, lay, step)
+        res = None
+        if op.residual != "none":
+            assert isinstance(raw, torch.Tensor) or not op.pre_act
+            res = raw if op.pre_act else h
+        y = self.layer(h, l, res)  # type: ignore[arg-type]
+        if op.post_norm is not None:
+            y = self._norm(op.post_norm, y)
+        if op.post_act:
+            y = torch.relu(y)
+        return y
 
 
 @dataclass

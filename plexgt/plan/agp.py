@@ -167,6 +167,10 @@ class Workload:
     """Price one forward pass (``plexgt predict``) instead of a training step: the forward's
     collectives, a third of the step's kernel time (backward is about twice the forward), no
     optimizer, and :func:`~plexgt.plan.step_cost.model_memory`'s inference memory."""
+    checkpoint: bool = False
+    """Blocks recomputed in backward (``model.checkpoint = 'block'``): their inputs kept
+    instead of their activations, their forward (collectives too) run twice a step.
+    Ignored under ``inference`` (no backward: nothing is recomputed)."""
 
     def __post_init__(self) -> None:
         if self.model not in ("gt", "gps"):
@@ -198,6 +202,13 @@ class Workload:
         final = (self.hidden * (self.layers if self.jk == "cat" else 1),) if self.pre_norm \
             else ()
         return (self.hidden,) * (per * self.layers) + final
+
+    @property
+    def block_batch_norms(self) -> tuple[int, ...]:
+        """The BatchNorms inside the blocks (what a checkpointed block recomputes): all of
+        :attr:`batch_norms` but pre-norm's final one."""
+        bns = self.batch_norms
+        return bns[: len(bns) - 1] if self.pre_norm and bns else bns
 
     @property
     def gcn(self) -> bool:
@@ -411,6 +422,10 @@ class Estimate:
         return self.compute_s + self.overhead_s
 
 
+RECOMPUTED = 1 / 3
+"""The forward's share of a block's compute in a training step: what checkpointing adds."""
+
+
 def memory_of(strategy: AttentionStrategy, w: Workload, s: int, head_parallel: int = 1
               ) -> dict[str, int]:
     """Per-rank bytes of ``strategy``'s step on s ranks (:func:`~plexgt.plan.step_cost.
@@ -418,7 +433,7 @@ def memory_of(strategy: AttentionStrategy, w: Workload, s: int, head_parallel: i
     prob = replace(w.problem, head_parallel=head_parallel)
     return model_memory(strategy, prob, s, w.layers, w.features, w.classes, w.num_params,
                         w.ffn_mult, w.gcn, w.grid_at(s), w.feature_density, w.pre_norm, w.jk,
-                        w.inference)
+                        w.inference, w.checkpoint)
 
 
 def unsupported(strategy: AttentionStrategy, sysm: SystemModel) -> str:
@@ -520,6 +535,12 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
         t = comm_time(ops_r, s, grid, sysm)
         if t > comm:
             comm, comm_rank, ops = t, r, ops_r
+    if w.checkpoint and not w.inference:
+        # the blocks' forward once more: a third of their step (one product of a GEMM's
+        # three; attention's forward pass of its three), input projection and classifier
+        # included, which are not recomputed (a few percent of a deep model's)
+        edge, node, dense = (t * (1 + RECOMPUTED) for t in (edge, node, dense))
+        copy *= 1 + RECOMPUTED
     compute = (edge + node + dense) * kernels
     if w.inference:  # the forward alone: a third of forward + backward (twice the forward)
         compute, copy = compute / 3, copy / 3
@@ -554,9 +575,11 @@ def step_ops(strategy: AttentionStrategy, w: Workload, s: int, rank: int = 0,
              head_parallel: int = 1) -> list[tuple[str, CommOp]]:
     """(group name, op) of every collective ``rank`` issues in one step on s ranks: what
     :func:`estimate` prices (the ledger of a run equals them to the byte)."""
+    train = not w.inference
     ops = step_comm_named(strategy, replace(w.problem, head_parallel=head_parallel), rank, s,
                           w.layers, w.num_params, w.gcn, w.grid_at(s), w.gcn_block_rows,
-                          () if w.inference else w.batch_norms)
+                          w.batch_norms if train else (),
+                          w.block_batch_norms if w.checkpoint and train else None)
     if w.inference:  # one forward: its collectives (eval BatchNorm uses its running stats)
         ops = [(g, o) for g, o in ops if o.phase == "forward"]
     return ops

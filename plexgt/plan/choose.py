@@ -111,6 +111,9 @@ class ModelShape:
     """Price one forward pass (``plexgt predict``, ``plan --inference``) instead of a
     training step: no autograd graph, gradients or optimizer state, each layer's activations
     freed as the next consumes them, so a layout may fit that training's does not."""
+    checkpoint: bool = False
+    """Activation checkpointing per block (``model.checkpoint = 'block'``; a training
+    step's: ``inference`` has no backward to recompute for, and ignores it)."""
 
     @classmethod
     def of(cls, cfg: TrainConfig, inference: bool = False) -> ModelShape:
@@ -124,7 +127,7 @@ class ModelShape:
                    par.gcn_order, par.block_rows or None, par.ring_chunks, m.super_nodes,
                    m.node_embedding > 0, par.attention_block_rows, par.axis_order,
                    m.norm_kind(spec.attention), m.pre_norm, m.jk, m.residual, m.input_proj,
-                   m.head, m.init, inference)
+                   m.head, m.init, inference, m.checkpoint == "block")
 
     @property
     def norm_kind(self) -> str:
@@ -175,7 +178,8 @@ def workload(sizes: GraphSizes, shape: ModelShape, grid: Grid3D | None = None) -
                     ring_chunks=shape.ring_chunks or 1, super_nodes=shape.super_nodes,
                     attention_block_rows=shape.attention_block_rows,
                     feature_density=sizes.feature_density, norm=shape.norm_kind,
-                    pre_norm=shape.pre_norm, jk=shape.jk, inference=shape.inference)
+                    pre_norm=shape.pre_norm, jk=shape.jk, inference=shape.inference,
+                    checkpoint=shape.checkpoint)
 
 
 def candidates(strategy: str, registry: StrategyRegistry | None = None
@@ -325,7 +329,7 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
                            input_density=sizes.feature_density, grid=fixed,
                            block_rows=shape.block_rows, axis_order=shape.axis_order,
                            ops=gcn_chain(sizes, shape), norm=shape.norm_kind,
-                           inference=shape.inference)
+                           inference=shape.inference, checkpoint=shape.checkpoint)
         c = found.chosen
         if c is None:
             raise _none_fits(memory_per_rank, world_size, any_scale, found.least_memory)

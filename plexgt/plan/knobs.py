@@ -59,11 +59,6 @@ def check_config(cfg: TrainConfig, registry: StrategyRegistry | None = None,
     elif m.jk != "none" and not m.head:
         raise ConfigError(f"config key 'model.jk': {m.jk!r} needs model.head=true for "
                           f"{m.name} (the combined layers feed a linear classifier)")
-    elif m.pre_norm and models.get(m.name).operators != ("gcn",):
-        # tests/mpi/test_plexus_operator_options.py: pre-norm on sage / mlp differs from the
-        # single-process model on the 3D grid (post-norm, residuals, jk and the Linears agree)
-        raise ConfigError(f"config key 'model.pre_norm': not yet exact for {m.name} on the 3D "
-                          "grid (gcn has it; use post-norm)")
     if par.head_parallel > 1 and not attention:
         raise ConfigError(f"config key 'parallel.head_parallel': {par.head_parallel} would be "
                           f"ignored: {m.name} has no attention")

@@ -1,7 +1,8 @@
 """Cost of a 3D tensor-parallel GCN step: bytes per rank per axis (exact), time, memory.
 
-The byte formulas use the collectives' own per-rank formulas, operation by operation, so the
-ledger of a real run equals :func:`plexus_step_bytes` to the byte (tests check it). Time adds
+The byte formulas (:mod:`plexgt.plan.plexus_bytes`, re-exported here) use the collectives'
+own per-rank formulas, operation by operation, so the ledger of a real run equals
+:func:`plexus_step_bytes` to the byte (tests check it). Time adds
 profiled coefficients: SpMM seconds per nonzero·column, GEMM seconds per multiply-add, and per
 axis a latency and a seconds-per-byte (see :class:`Coefficients`).
 """
@@ -9,228 +10,26 @@ axis a latency and a seconds-per-byte (see :class:`Coefficients`).
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
-from plexgt.distributed.collectives import all_gather_bytes, all_reduce_bytes, reduce_scatter_bytes
+from plexgt.distributed.collectives import all_reduce_bytes, reduce_scatter_bytes
 from plexgt.distributed.grid import Grid3D, factorizations
-from plexgt.distributed.layout3d import LayerLayout, layer_layouts, output_plane, row_blocks
+from plexgt.distributed.layout3d import LayerLayout
 from plexgt.models.gcn import GCNOp, jk_hops, layer_widths
 from plexgt.parallel.attention.strategy import graph_bytes
-from plexgt.parallel.norms import batch_norm_comm, layer_norm_comm
 from plexgt.plan.host import Host, across_group_sizes
 from plexgt.plan.placement import Topology
-
-
-def hop_bytes(lay: LayerLayout, esize: int, block_rows: int | None,
-              forward_only: bool = False) -> list[tuple[str, str, int]]:
-    """(axis role, op, bytes sent) of a jumping-knowledge hop (aggregate_first, a constant
-    identity weight, no bias): the input's all-gather over c, the identity block's blocked
-    all-reduce over a, the reduce-scatter over b, and their adjoints."""
-    return layer_bytes(replace(lay, order="aggregate_first"), esize, block_rows, True,
-                       weighted=False, forward_only=forward_only)
-
-
-def layer_bytes(lay: LayerLayout, esize: int, block_rows: int | None, input_grad: bool,
-                gathered_input: bool = False, residual: str = "none", pre_act: bool = False,
-                weighted: bool = True, forward_only: bool = False
-                ) -> list[tuple[str, str, int]]:
-    """(axis role, op, bytes sent) of one layer's forward and backward, in issue order
-    (``gathered_input``: sparse input features, read already gathered over c; ``residual``:
-    the conv's residual path, 'identity' or 'linear', fused into its collectives as
-    :class:`~plexgt.parallel.plexus3d.Plexus3DGCN` runs it; ``pre_act``: pre-norm, the
-    residual reads the raw input, gathered on its own; ``weighted=False``: aggregate_first
-    with a constant weight and no bias, :func:`hop_bytes`; ``forward_only``: the forward's
-    collectives alone, what an inference pass sends)."""
-    ga, gb, gc = lay.g
-    a, b, c = lay.roles
-    din_b, dout_a = lay.d_in // gb, lay.d_out // ga
-    rows_pad, cols_pad = lay.rows_pad, lay.cols_pad  # properties: computed once here
-    res = residual != "none"
-    learned = residual == "linear"
-    nbias = 2 if learned else 1
-    gather_in = (c, "all_gather", all_gather_bytes(cols_pad * (din_b // gc) * esize, gc))
-    scatter_in = (c, "reduce_scatter", reduce_scatter_bytes(cols_pad * din_b * esize, gc))
-    raw = [gather_in] if res and pre_act else []
-    raw_grad = [scatter_in] if res and pre_act else []
-    if lay.order == "gemm_first":
-        blocks = row_blocks(rows_pad, block_rows)
-        dout_b, dout_ab = lay.d_out // gb, lay.d_out // (ga * gb)
-        w_gather = [(c, "all_gather", all_gather_bytes((din_b // gc) * dout_a * esize, gc)),
-                    (a, "all_gather", all_gather_bytes(din_b * dout_a * esize, ga))]
-        w_grad = [(a, "reduce_scatter", reduce_scatter_bytes(din_b * lay.d_out * esize, ga)),
-                  (c, "reduce_scatter", reduce_scatter_bytes(din_b * dout_a * esize, gc))]
-        t_scatter = (b, "reduce_scatter", reduce_scatter_bytes(cols_pad * lay.d_out * esize,
-                                                               gb))
-        t_gather = (b, "all_gather", all_gather_bytes(cols_pad * dout_b * esize, gb))
-        ops = [
-            *([] if gathered_input else [gather_in]),
-            *w_gather,
-            t_scatter,
-            *((raw + (w_gather if learned else []) + [t_scatter]) if res else []),
-            *[(a, "reduce_scatter", reduce_scatter_bytes((r1 - r0) * dout_b * esize, ga))
-              for r0, r1 in blocks],
-        ]
-        if forward_only:
-            return ops
-        ops += [
-            # backward
-            (c, "all_reduce", all_reduce_bytes(nbias * dout_ab * esize, gc)),
-            *[(a, "all_gather", all_gather_bytes((r1 - r0) * dout_ab * esize, ga))
-              for r0, r1 in blocks],
-            t_gather,
-            *w_grad,
-            *(([t_gather] + (w_grad if learned else []) + raw_grad) if res else []),
-        ]
-        if input_grad:
-            ops.append(scatter_in)
-        return ops
-    # the residual's rows are aggregated beside Â's: [Â; I] (or diag(Â, I)), 2·rows_pad rows
-    blocks = row_blocks(2 * rows_pad if res else rows_pad, block_rows)
-    w_gather = (c, "all_gather", all_gather_bytes((din_b // gc) * dout_a * esize, gc))
-    w_grad = (c, "reduce_scatter", reduce_scatter_bytes(din_b * dout_a * esize, gc))
-    ops = [
-        gather_in,
-        *raw,
-        *[(a, "all_reduce", all_reduce_bytes((r1 - r0) * din_b * esize, ga)) for r0, r1 in blocks],
-        *([w_gather] if weighted else []),
-        *([w_gather] if learned else []),
-        (b, "reduce_scatter", reduce_scatter_bytes(rows_pad * dout_a * esize, gb)),
-    ]
-    if forward_only:
-        return ops
-    ops += [
-        # backward
-        (b, "all_gather", all_gather_bytes(rows_pad * (dout_a // gb) * esize, gb)),
-        *([(c, "all_reduce", all_reduce_bytes(nbias * (dout_a // gb) * esize, gc)), w_grad]
-          if weighted else []),
-        *([w_grad] if learned else []),
-    ]
-    if input_grad:
-        ops += [(a, "all_reduce", all_reduce_bytes((r1 - r0) * din_b * esize, ga))
-                for r0, r1 in blocks]
-        ops.append(scatter_in)
-        ops += raw_grad
-    return ops
-
-
-def norm_bytes(lay: LayerLayout, norm: str, esize: int, stack: int = 1,
-               forward_only: bool = False) -> list[tuple[str, str, int]]:
-    """(group, op, bytes sent) of a norm of ``lay``'s output in a training step: LayerNorm's
-    row statistics over the plane (a, b), BatchNorm's column statistics over c
-    (:mod:`plexgt.parallel.norms`), and the backward's sum of the parameters' gradients over
-    their copies (c); ``stack``: the norm of ``stack`` such outputs side by side (jumping
-    knowledge 'cat')."""
-    if norm == "none":
-        return []
-    ga, gb, gc = lay.g
-    w = stack * lay.d_out // (ga * gb)
-    c = lay.roles[2]
-    if norm == "layer":
-        group, ops = output_plane(lay.roles), layer_norm_comm(lay.rows_pad, esize, ga * gb)
-    else:
-        group, ops = c, batch_norm_comm(w, esize, gc, training=not forward_only)
-    out = [(group, o.op, o.sent) for o in ops if not forward_only or o.phase == "forward"]
-    if forward_only:  # an inference pass: the statistics, no parameter gradients
-        return out
-    return out + [(c, "all_reduce", all_reduce_bytes(2 * w * esize, gc))]
-
-
-def chain_bytes(lays: list[LayerLayout], esize: int, block_rows: int | None,
-                input_grad: bool, sparse_input: bool, ops: list[GCNOp] | None = None,
-                norm: str = "none", forward_only: bool = False
-                ) -> list[tuple[str, str, int]]:
-    """(group, op, bytes sent) of every layer of a chain (``ops``: each layer's residual and
-    norms, :func:`plexgt.models.gcn.gcn_ops`; None: plain GCN layers; ``forward_only``: an
-    inference pass's)."""
-    out: list[tuple[str, str, int]] = []
-    hops = {} if ops is None else jk_hops(ops)
-    for path in hops.values():
-        for m in path:
-            out += hop_bytes(lays[m], esize, block_rows, forward_only)
-    for k, lay in enumerate(lays):
-        op = None if ops is None else ops[k]
-        out += layer_bytes(lay, esize, block_rows, k > 0 or input_grad,
-                           sparse_input and k == 0,
-                           "none" if op is None else op.residual,
-                           op is not None and op.pre_act, forward_only=forward_only)
-        if op is not None and op.pre_norm is not None:
-            out += norm_bytes(lays[k - 1], norm, esize, lay.d_in // lays[k - 1].d_out,
-                              forward_only)
-        if op is not None and op.post_norm is not None:
-            out += norm_bytes(lay, norm, esize, forward_only=forward_only)
-    return out
-
-
-def loss_bytes(last: LayerLayout, esize: int, multilabel: bool = False
-               ) -> list[tuple[str, str, int]]:
-    """Parallel cross-entropy: row max and (exp-sum, target) over the class plane, totals over
-    c. Multi-label binary cross-entropy is elementwise: (sum, count) over the plane, then c."""
-    ga, gb, gc = last.g
-    plane = output_plane(last.roles)
-    if multilabel:
-        return [(plane, "all_reduce", all_reduce_bytes(2 * esize, ga * gb)),
-                (last.roles[2], "all_reduce", all_reduce_bytes(2 * esize, gc))]
-    return [
-        (plane, "all_reduce", all_reduce_bytes(last.rows_pad * esize, ga * gb)),
-        (plane, "all_reduce", all_reduce_bytes(last.rows_pad * 2 * esize, ga * gb)),
-        (last.roles[2], "all_reduce", all_reduce_bytes(2 * esize, gc)),
-    ]
-
-
-def plexus_step_bytes(grid: Grid3D, rank: int, n: int, dims: list[int], esize: int,
-                      block_rows: int | None = None, order: str = "aggregate_first",
-                      input_grad: bool = False, multilabel: bool = False,
-                      sparse_input: bool = False, ops: list[GCNOp] | None = None,
-                      norm: str = "none") -> dict[str, int]:
-    """Bytes ``rank`` sends per axis (and plane) in one forward + loss + backward
-    (``input_grad``: the input is trained, a node embedding, so layer 0's input gradient is
-    communicated too; ``multilabel``: the binary cross-entropy's loss; ``sparse_input``:
-    CSR-stored features, layer 0 gemm_first on its input read already gathered; ``ops``
-    and ``norm``: a GCN with :class:`~plexgt.models.gcn.GCNArch` options, ``dims`` then its
-    :func:`~plexgt.models.gcn.op_widths`)."""
-    out: dict[str, int] = defaultdict(int)
-    lays = chain_layouts(grid, rank, n, dims, order, sparse_input, ops)
-    for axis, _, nbytes in chain_bytes(lays, esize, block_rows, input_grad, sparse_input,
-                                       ops, norm):
-        out[axis] += nbytes
-    for axis, _, nbytes in loss_bytes(lays[-1], esize, multilabel):
-        out[axis] += nbytes
-    return {k: v for k, v in out.items() if v}
-
-
-def chain_layouts(grid: Grid3D, rank: int, n: int, dims: list[int], order: str,
-                  sparse_input: bool = False, ops: list[GCNOp] | None = None
-                  ) -> list[LayerLayout]:
-    """The layouts of a chain of ``dims`` (``ops``: their kinds; sparse input: layer 0
-    gemm_first), as the gcn task builds them."""
-    lays = layer_layouts(grid, rank, n, dims, order,
-                         first_order="gemm_first" if sparse_input else None,
-                         kinds=None if ops is None else [op.kind for op in ops])
-    if ops is not None and len(ops) > 1 and ops[-1].d_in != ops[-2].d_out:
-        # jumping knowledge 'cat': the classifier reads the L layers' blocks side by side,
-        # each padded as the last GCN layer's output
-        stack = ops[-1].d_in // ops[-2].d_out
-        lays[-1] = replace(lays[-1], d_in=stack * lays[-2].d_out, d_in_true=ops[-1].d_in)
-    return lays
-
-
-def row1d_step_bytes(p: int, n: int, dims: list[int], esize: int) -> int:
-    """Bytes per rank of the 1D baseline: rows over p ranks, H all-gathered every layer.
-
-    Forward all-gathers H [N/p, d] per layer; backward reduce-scatters dH (not for layer 0);
-    the replicated weight and bias gradients are all-reduced; the loss sums two scalars.
-    """
-    rows = -(-n // p)
-    total = 0
-    for l in range(len(dims) - 1):
-        total += all_gather_bytes(rows * dims[l] * esize, p)
-        if l > 0:
-            total += reduce_scatter_bytes(rows * p * dims[l] * esize, p)
-        total += all_reduce_bytes(dims[l] * dims[l + 1] * esize, p)
-        total += all_reduce_bytes(dims[l + 1] * esize, p)
-    return total + all_reduce_bytes(2 * esize, p)  # the loss total
+from plexgt.plan.plexus_bytes import (  # noqa: F401 - re-exported: the byte formulas' home before
+    chain_bytes,
+    chain_layouts,
+    hop_bytes,
+    layer_bytes,
+    loss_bytes,
+    norm_bytes,
+    plexus_step_bytes,
+    row1d_step_bytes,
+)
 
 
 @dataclass(frozen=True)
@@ -389,19 +188,19 @@ def reorder(est: PlexusEstimate, order: str, coef: Coefficients) -> PlexusEstima
 def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
              coef: Coefficients, block_rows: int | None = None, order: str = "auto",
              input_grad: bool = False, input_density: float | None = None,
-             ops: list[GCNOp] | None = None, norm: str = "none",
-             inference: bool = False) -> PlexusEstimate:
+             ops: list[GCNOp] | None = None, norm: str = "none", inference: bool = False,
+             checkpoint: bool = False) -> PlexusEstimate:
     """Predicted step time and memory of ``grid`` (nnz spread evenly: double permutation;
     ``inference``: one forward pass, :func:`rank_cost`; ``input_grad``: layer 0's input is
     trained, a node embedding; ``input_density``: the input is CSR-stored with this share of
-    nonzeros, its layer-0 GEMM an SpMM priced by it; ``ops``, ``norm``: the GCN's options,
-    :func:`rank_cost`)."""
+    nonzeros, its layer-0 GEMM an SpMM priced by it; ``ops``, ``norm``, ``checkpoint``: the
+    GCN's options, :func:`rank_cost`)."""
     # every rank prices the same: blocks are padded to equal shapes (ceil(N/G) rows, padded
     # widths), so bytes, calls, FMAs and memory depend on the grid's extents, not on which
     # block a rank holds (the tests check rank_cost over every rank); one rank stands for
     # all, which keeps a search over every factorisation of every scale fast
     rc = rank_cost(grid, 0, n, nnz, dims, esize, coef, block_rows, order, input_grad,
-                   input_density, ops, norm, inference)
+                   input_density, ops, norm, inference, checkpoint)
     return PlexusEstimate(grid, rc.nbytes, rc.comm_s, rc.compute_s, rc.mem, rc.traffic)
 
 
@@ -441,30 +240,33 @@ def group_stride(grid: Grid3D, name: str) -> int:
 def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: int,
               coef: Coefficients, block_rows: int | None = None, order: str = "auto",
               input_grad: bool = False, input_density: float | None = None,
-              ops: list[GCNOp] | None = None, norm: str = "none",
-              inference: bool = False) -> RankCost:
+              ops: list[GCNOp] | None = None, norm: str = "none", inference: bool = False,
+              checkpoint: bool = False) -> RankCost:
     """Rank ``r``'s step (:class:`RankCost`), as :func:`estimate` prices it (``ops``,
     ``norm``: a GCN with :class:`~plexgt.models.gcn.GCNArch` options, ``dims`` its
-    :func:`~plexgt.models.gcn.op_widths`).
+    :func:`~plexgt.models.gcn.op_widths`). ``checkpoint``: every op a checkpointed block,
+    which keeps its input shard alone until backward runs its forward again: activations of
+    the inputs plus the largest block's, one more forward's SpMMs, GEMMs and collectives.
 
     ``inference``: one forward under ``torch.inference_mode`` (``plexgt predict``) instead
     of a training step: the forward's collectives and FMAs alone; no transposed Â blocks
     (``drop_backward`` frees them), weights without gradients or AdamW's moments, and only
     the largest layer's live activations (no autograd graph keeps the others) plus the
-    input shard and the logits shard being written."""
+    input shard and the logits shard being written. No backward: ``checkpoint`` is moot."""
+    checkpoint = checkpoint and not inference
     sparse = input_density is not None
     lays = chain_layouts(grid, r, n, dims, order, sparse, ops)
     host, p = coef.host, grid.size
-    nbytes, calls, flops_s, comm = 0, 0, 0.0, 0.0
-    # training keeps every layer's activations for backward (their sum); inference frees
-    # each layer's as the next consumes it (their max)
-    graph_mem, weight_mem, acts = 0, 0, []
+    nbytes, calls, flops_s, mem, comm = 0, 0, 0.0, 0, 0.0
+    # activations: every layer's kept tensors (checkpointing: its input alone; inference:
+    # none) and the largest layer's rest, its working set (checkpointing: recomputed, one
+    # at a time; inference: all of it, each layer's freed as the next consumes it)
+    kept, largest = 0, 0
     adj_copies = 1 if inference else 2  # Â's CSR block, and its transpose for backward
     w_copies = 1 if inference else 4  # W shard, and its gradient and Adam's two moments
-    fwd = inference
     traffic: dict[tuple[str, str], list[int]] = {}
     for name, op, b in chain_bytes(lays, esize, block_rows, input_grad, sparse, ops, norm,
-                                   inference):
+                                   checkpoint, forward_only=inference):
         if b:
             nbytes += b
             calls += 1
@@ -482,17 +284,20 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
         # a node-wise layer's operator is the identity's block: N/(Ga·Gc) entries
         blk_nnz = (nnz if lay.kind == "conv" else n) / (ga * gc)
         shard = cols_pad * lay.d_in // (gb * gc) * (2 if lay.layer == 0 else 1)
-        mem = 0  # this layer's activations
-        graph_mem += int(blk_nnz * 12 * adj_copies)  # 8-byte index + 4-byte value
-        weight_mem += din_b * dout_a * esize * w_copies
+        mem += int(blk_nnz * 12 * adj_copies)  # 8-byte index + 4-byte value
+        mem += din_b * dout_a * esize * w_copies
+        act = 0  # the layer's activations (what checkpointing drops)
         if lay.order == "gemm_first":
             # the SpMM runs forward and backward on d_out/Gb columns; GEMM on input rows
-            spmm = blk_nnz * (lay.d_out // gb) * (1 if fwd else 2)
-            gemm = cols_pad * din_b * lay.d_out * (1 if fwd else 3 if lay.layer else 2)
+            spmm = blk_nnz * (lay.d_out // gb) * 2
+            gemm = cols_pad * din_b * lay.d_out * (3 if lay.layer else 2)
             if sparse and lay.layer == 0:
                 # a CSR input's X·W and Xᵀ·dY are SpMMs over its nonzeros, d_out columns
-                spmm += (1 if fwd else 2) * cols_pad * din_b * input_density * lay.d_out
+                spmm += 2 * cols_pad * din_b * input_density * lay.d_out
                 gemm = 0
+            # the forward's share: one SpMM of two, one GEMM of three (of two on layer 0)
+            fwd = (spmm / 2 * coef.spmm_s_per_nnz_col
+                   + gemm / (3 if lay.layer else 2) * coef.gemm_s_per_fma)
             # input shard (+ staging on layer 0), gathered input (staged twice), whole W
             # block, H·W before and after its reduce-scatter, the aggregate; a sparse input
             # is read already gathered over c: its CSR block alone, no staging and no
@@ -502,53 +307,77 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
             if sparse and lay.layer == 0:
                 nnz_in = int(cols_pad * din_b * input_density)
                 inputs = graph_bytes(cols_pad, din_b, nnz_in) + 2 * nnz_in * esize
-            mem += inputs + (din_b * lay.d_out + cols_pad * lay.d_out
+            act += inputs + (din_b * lay.d_out + cols_pad * lay.d_out
                              + cols_pad * lay.d_out // gb + rows_pad * lay.d_out // gb
                              ) * esize
         else:
-            spmm = blk_nnz * din_b * (2 if lay.layer > 0 and not fwd else 1)
-            gemm = rows_pad * din_b * dout_a * (1 if fwd else 3)
+            spmm = blk_nnz * din_b * (2 if lay.layer > 0 else 1)
+            gemm = rows_pad * din_b * dout_a * 3
+            fwd = blk_nnz * din_b * coef.spmm_s_per_nnz_col + gemm / 3 * coef.gemm_s_per_fma
             # input shard (and its staging copy on layer 0), gathered input (twice: the
             # backend stages the gather), aggregate, partial product
-            mem += (shard + 2 * cols_pad * din_b + rows_pad * din_b + rows_pad * dout_a
+            act += (shard + 2 * cols_pad * din_b + rows_pad * din_b + rows_pad * dout_a
                     ) * esize
         if op is not None and op.residual != "none":
             # the residual path: the identity's block beside Â's, its weight (a learned one
             # with its gradient and Adam's moments), and its operands as the conv's
             eye = n / (ga * gc)
-            graph_mem += int(eye * 12 * adj_copies)
-            weight_mem += (din_b * dout_a * esize * w_copies if op.residual == "linear"
-                           else 0)
+            mem += int(eye * 12 * adj_copies) + (din_b * dout_a * esize * w_copies
+                                                 if op.residual == "linear" else 0)
+            fwd += eye * (lay.d_out // gb if lay.order == "gemm_first" else din_b) * \
+                coef.spmm_s_per_nnz_col + (cols_pad * din_b * lay.d_out if lay.order ==
+                                           "gemm_first" else rows_pad * din_b * dout_a
+                                           ) * coef.gemm_s_per_fma
             if lay.order == "gemm_first":
                 spmm += eye * (lay.d_out // gb) * 2
                 gemm += cols_pad * din_b * lay.d_out * 3
-                mem += (din_b * lay.d_out + cols_pad * lay.d_out
+                act += (din_b * lay.d_out + cols_pad * lay.d_out
                         + cols_pad * lay.d_out // gb) * esize
             else:
                 spmm += eye * din_b * 2
                 gemm += rows_pad * din_b * dout_a * 3
-                mem += rows_pad * din_b * esize
+                act += rows_pad * din_b * esize
             if op.pre_act:  # the raw input gathered on its own
-                mem += 2 * cols_pad * din_b * esize
-            mem += rows_pad * dout_ab * esize  # the sum
+                act += 2 * cols_pad * din_b * esize
+            act += rows_pad * dout_ab * esize  # the sum
+        # what autograd keeps of the layer until its backward (the rest of ``act`` lives
+        # while the layer runs): the GEMM's input (the aggregate, aggregate_first; the
+        # gathered input, gemm_first, a tensor of its own only where c splits it, and the
+        # raw input beside it, pre-norm residual), the ReLUs' outputs, the norms' normalised
+        # values (below)
+        raw = op is not None and op.residual != "none" and op.pre_act
+        if lay.order == "gemm_first":
+            gathered = gc > 1 and not (sparse and lay.layer == 0)
+            held = cols_pad * din_b * ((1 + raw) if gathered else raw)
+        else:
+            held = rows_pad * din_b * (2 if op is not None and op.residual != "none" else 1)
+        post = op.post_act if op is not None else lay.layer < len(lays) - 1
+        held = (held + (cols_pad * lay.d_in // (gb * gc) if op is not None and op.pre_act
+                        else 0) + (rows_pad * dout_ab if post else 0)) * esize
         for j, at in (() if op is None else
                       ((op.pre_norm, lays[lay.layer - 1]), (op.post_norm, lay))):
             if j is not None and norm != "none":
                 # the normalised values kept for backward and the norm's output
                 width = (lay.d_in // (gb * gc) if at is not lay else dout_ab)
-                mem += 2 * at.rows_pad * width * esize
-        acts.append(mem)
+                act += 2 * at.rows_pad * width * esize
+                held += at.rows_pad * width * esize
+        if inference:  # the forward's FMAs; nothing kept for a backward
+            flops_s += fwd
+            largest = max(largest, act)
+            continue
         flops_s += spmm * coef.spmm_s_per_nnz_col + gemm * coef.gemm_s_per_fma
-    mem = graph_mem + weight_mem
-    if inference:
-        # the input shard stays (it is the task's), the largest layer's live activations,
-        # and the last layer's logits shard, which predict's all-to-all reads and sends
-        last = lays[-1]
-        mem += (lays[0].cols_pad * lays[0].d_in // (lays[0].g[1] * lays[0].g[2])
-                + last.rows_pad * last.d_out // (last.g[0] * last.g[1])) * esize
-        mem += max(acts)
-    else:
-        mem += sum(acts)
+        if not checkpoint:
+            # every layer's kept tensors, and one layer's working set at a time
+            held = min(held, act)
+            kept += held
+            largest = max(largest, act - held)
+            continue
+        # the block's input shard stays (checkpoint's saved input); the rest is rebuilt in
+        # backward, one block at a time
+        inp = cols_pad * lay.d_in // (gb * gc) * esize
+        kept += inp
+        largest = max(largest, act - inp)
+        flops_s += fwd
     for path in ({} if ops is None else jk_hops(ops)).values():
         for m in path:
             # a hop: its identity block, gathered input (staged), aggregate, partial
@@ -560,12 +389,18 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
             mem += int(eye * 24) + (2 * lay.cols_pad * din_b + lay.rows_pad * din_b
                                     + lay.rows_pad * dout_a + lay.rows_pad * dout_a // gb
                                     ) * esize
-            flops_s += (eye * din_b * 2 * coef.spmm_s_per_nnz_col
-                        + lay.rows_pad * din_b * dout_a * 2 * coef.gemm_s_per_fma)
+            flops_s += (eye * din_b * coef.spmm_s_per_nnz_col + lay.rows_pad * din_b * dout_a
+                        * coef.gemm_s_per_fma) * (1 if inference else 2)
     if ops is not None and any(op.jk for op in ops):
         head = lays[-1]
         mem += 2 * head.cols_pad * head.d_in // (head.g[1] * head.g[2]) * esize
-    mem += PROCESS_BASE_BYTES
+    if inference:
+        # the input shard stays (it is the task's), and the last layer's logits shard,
+        # which predict's all-to-all reads and sends
+        first, last = lays[0], lays[-1]
+        kept = (first.cols_pad * first.d_in // (first.g[1] * first.g[2])
+                + last.rows_pad * last.d_out // (last.g[0] * last.g[1])) * esize
+    mem += PROCESS_BASE_BYTES + kept + largest
     flops_s *= coef.compute_scale * host.compute_factor(p)
     return RankCost(nbytes, calls, flops_s, mem, comm,
                     tuple((a, op, c, b) for (a, op), (c, b) in traffic.items()))

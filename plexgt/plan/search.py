@@ -105,7 +105,8 @@ def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients
                input_grad: bool = False, input_density: float | None = None,
                grid: Grid3D | None = None, block_rows: int | None = None,
                axis_order: str = "auto", ops: list[GCNOp] | None = None,
-               norm: str = "none", inference: bool = False) -> GcnSearch:
+               norm: str = "none", inference: bool = False,
+               checkpoint: bool = False) -> GcnSearch:
     """Search every factorisation of every scale in ``scales`` (default 1..world_size; only
     ``grid`` when given), the layer orders (``order`` 'auto': all of :data:`ORDERS`; else
     that one) and blocked or whole aggregation (``block_rows`` given: those rows only); see
@@ -114,11 +115,12 @@ def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients
     default), or that one; a given ``grid`` keeps its own. ``ops``, ``norm``: the grid3d
     model's options (:func:`plexgt.models.gcn.gcn_ops`; ``dims`` their widths);
     ``inference``: price one forward pass, not a training step
-    (:func:`~plexgt.plan.plexus_cost.rank_cost`)."""
+    (:func:`~plexgt.plan.plexus_cost.rank_cost`); ``checkpoint``: its ops recomputed in
+    backward (``model.checkpoint``; a training step's only)."""
     t0 = time.perf_counter()
     orders = ORDERS if order == "auto" else (order,)
     kw = dict(input_grad=input_grad, input_density=input_density, ops=ops, norm=norm,
-              inference=inference)
+              inference=inference, checkpoint=checkpoint)
     if grid is not None:
         axis_orders: tuple[str, ...] = (grid.order,)
     elif axis_order != "auto":

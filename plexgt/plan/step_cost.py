@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
 
 from plexgt.distributed.collectives import CommOp, all_reduce_bytes
 from plexgt.distributed.grid import Grid3D
@@ -28,7 +29,9 @@ from plexgt.parallel.redistribute import gcn3d_comm
 def step_comm_named(strategy: AttentionStrategy, problem: AttentionProblem, rank: int,
                     p: int, layers: int, num_params: int, gcn: bool = False,
                     gcn_grid: Grid3D | None = None, block_rows: int | None = None,
-                    batch_norms: Sequence[int] = ()) -> list[tuple[str, CommOp]]:
+                    batch_norms: Sequence[int] = (),
+                    recompute_norms: Sequence[int] | None = None
+                    ) -> list[tuple[str, CommOp]]:
     """Every collective of one training step on ``rank``, with the name of the group it runs
     over (the ledger's view): 'rows' (all p ranks) or a grid axis 'x', 'y', 'z'.
 
@@ -41,6 +44,11 @@ def step_comm_named(strategy: AttentionStrategy, problem: AttentionProblem, rank
     loss statistics (sum, count: 2 elements) and one all-reduce of every parameter gradient,
     over 'rows'; each BatchNorm of width w in ``batch_norms`` all-reduces its column
     statistics over 'rows' (:func:`~plexgt.parallel.norms.batch_norm_comm`).
+
+    ``recompute_norms`` (not None: the blocks are checkpointed, ``model.checkpoint``):
+    backward runs every block's forward again, so each block's forward collectives (phase
+    'forward': attention, super-row merges, the GCN path's) and those of its BatchNorms (the
+    widths given) are issued twice, the second time in backward.
     """
     gcn3: list[tuple[str, CommOp]] = []
     if gcn and gcn_grid is not None:
@@ -56,8 +64,14 @@ def step_comm_named(strategy: AttentionStrategy, problem: AttentionProblem, rank
         if gcn and gcn_grid is None:
             ops += [("rows", o) for o in gcn1d_comm(problem, p)]
         ops += gcn3
+    again: list[tuple[str, CommOp]] = []
+    if recompute_norms is not None:
+        again = [(n, o) for n, o in ops if o.phase == "forward"]
+        again += [("rows", o) for w in recompute_norms
+                  for o in batch_norm_comm(w, problem.esize, p) if o.phase == "forward"]
     for w in batch_norms:
         ops += [("rows", o) for o in batch_norm_comm(w, problem.esize, p)]
+    ops += [(n, replace(o, phase="backward")) for n, o in again]
     if p > 1:
         b = all_reduce_bytes(2 * problem.esize, p)
         ops.append(("rows", CommOp("all_reduce", b, b)))
@@ -120,7 +134,8 @@ def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int,
                  features: int, classes: int, num_params: int, ffn_mult: int = 2,
                  gcn: bool = False, gcn_grid: Grid3D | None = None,
                  feature_density: float | None = None, pre_norm: bool = False,
-                 jk: str = "none", inference: bool = False) -> dict[str, int]:
+                 jk: str = "none", inference: bool = False, checkpoint: bool = False
+                 ) -> dict[str, int]:
     """Per-rank bytes of a training step: attention (Table 1 per layer, plus the backward's
     three [h, E/p] temporaries of one layer), dense activations, graphs, features, and
     parameters with gradients and two AdamW moments (4 copies).
@@ -128,17 +143,25 @@ def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int,
     For gps the GCN operator is this rank's Â rows [N/p, N] (1D) or, on ``gcn_grid``, its Â
     block [N/Gz, N/Gx] of E/(Gx·Gz) entries, whose layer also keeps the aggregate
     [N/Gz, d/Gy] for the weight gradient. ``feature_density``: the input stored CSR.
+    ``checkpoint``: the blocks recomputed in backward keep their input [N/p, d] (and the
+    super states [S, d]) each, and one block at a time its activations.
 
     ``inference``: one forward under ``torch.inference_mode`` (``plexgt predict``): no
     autograd graph, so one block's activations live at a time (attention's and the dense
     ones of the largest block, no backward temporaries), the logits shard being written, and
-    the parameters alone (no gradients, no AdamW moments)."""
+    the parameters alone (no gradients, no AdamW moments); ``checkpoint`` is ignored (no
+    backward, nothing kept for one)."""
     e = problem.esize
     att = strategy.memory(problem, p)
     n_loc = problem.rows(p)
     nnz_in = int(n_loc * features * (feature_density or 0.0))
-    live = 1 if inference else layers  # blocks whose activations are held at once
-    dense = live * dense_activation_elems(n_loc, problem.d, ffn_mult, gcn) * e
+    checkpoint = checkpoint and not inference  # a forward alone recomputes nothing
+    # blocks whose activations are held at once (inference: the one running; checkpointing:
+    # the one being recomputed)
+    held = 1 if inference or checkpoint else layers
+    dense = held * dense_activation_elems(n_loc, problem.d, ffn_mult, gcn) * e
+    if checkpoint:
+        dense += layers * (n_loc + problem.super_nodes) * problem.d * e
     # input projection and classifier (2·d), logits and their gradient (2·C), and the
     # gradients of one block in flight during backward (4·d)
     # (inference: the projection's output, the block output and the logits)
@@ -157,12 +180,12 @@ def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int,
         lay = layer_layouts(gcn_grid, 0, problem.n, [problem.d, problem.d])[0]
         nnz = -(-problem.e // (lay.g[0] * lay.g[2]))
         graphs += graph_bytes(lay.rows_pad, lay.cols_pad, nnz) + nnz * e
-        dense += live * lay.rows_pad * (lay.d_in // lay.g[1]) * e
+        dense += held * lay.rows_pad * (lay.d_in // lay.g[1]) * e
     elif gcn:
         graphs += graph_bytes(n_loc, p * n_loc, -(-problem.e // p)) + (
             -(-problem.e // p)) * e
     out = {
-        "attention_activations": (live * att.activation_bytes + att.transient_bytes
+        "attention_activations": (held * att.activation_bytes + att.transient_bytes
                                   + (0 if inference else 3 * att.score_elems * e)),
         "dense_activations": dense,
         "graph": graphs,

@@ -167,7 +167,8 @@ def build_attention_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
                 seed=cfg.seed, super_nodes=cfg.model.super_nodes,
                 edge_dim=pg.FE if cfg.model.edge_bias else 0,
                 block_rows=rp.attention_block_rows or None, norm=cfg.model.norm_kind(True),
-                pre_norm=cfg.model.pre_norm, jk=cfg.model.jk).to(dt)
+                pre_norm=cfg.model.pre_norm, jk=cfg.model.jk,
+                checkpoint=cfg.model.checkpoint == "block").to(dt)
     lossf = row_binary_cross_entropy if pg.multilabel else row_cross_entropy
     wrapped: torch.nn.Module = RowParallel(model, graph, comm)
     if emb:

@@ -99,7 +99,8 @@ def build_gcn_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph, ledger
                         # a run and its resume: deterministic runs keep the plain product
                         tune_gemm=not cfg.deterministic,
                         seed=cfg.seed, node_ids=data.node_ids, ops=ops, arch=shape.gcn_arch,
-                        out_ids=data.out_ids, names=parameter_lists(spec.operators))
+                        out_ids=data.out_ids, names=parameter_lists(spec.operators),
+                        checkpoint=cfg.model.checkpoint == "block")
     torch.manual_seed(cfg.seed)
     ref = spec.reference(pg.F + emb, cfg.model.hidden, pg.C, num_layers=cfg.model.layers,
                          arch=shape.gcn_arch)

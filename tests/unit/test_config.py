@@ -64,6 +64,15 @@ def test_bad_values_name_the_key(overrides, message):
         load_config(None, {}, overrides)
 
 
+@pytest.mark.parametrize("name", ["gcn", "sage", "mlp"])
+def test_pre_norm_is_accepted_on_every_grid3d_model(name):
+    # refused for sage and mlp until the operator-options test compared the last op's rows
+    # in its own output order (tests/mpi/test_plexus_operator_options.py)
+    cfg = load_config(None, {}, [f"--model.name={name}", "--model.pre_norm=true",
+                                 "--model.head=true", "--model.norm=layer"])
+    assert cfg.model.pre_norm
+
+
 def test_bad_file(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "missing.toml")

@@ -11,9 +11,18 @@ import pytest
 
 from plexgt.cli import main
 from plexgt.distributed.grid import Grid3D
-from plexgt.plan.agp import SystemModel
+from plexgt.models.stack import GCNArch, gcn_ops, op_widths
+from plexgt.parallel.attention.registry import default_registry
+from plexgt.plan.agp import SystemModel, Workload, step_ops
+from plexgt.plan.agp import estimate as agp_estimate
 from plexgt.plan.choose import GraphSizes, ModelShape, NothingFits, choose
-from plexgt.plan.plexus_cost import Coefficients, chain_bytes, chain_layouts, estimate
+from plexgt.plan.plexus_cost import (
+    Coefficients,
+    chain_bytes,
+    chain_layouts,
+    estimate,
+    rank_cost,
+)
 
 # a graph where memory, not the process base, decides: 10^6 nodes, 2·10^7 edges
 SIZES = GraphSizes(1_000_000, 20_000_000, 128, 40)
@@ -30,7 +39,10 @@ def test_inference_prices_less_memory_and_fits_where_training_does_not(model):
     infer = ModelShape(model, train.hidden, 3, inference=True)
     t = choose(SIZES, train, 4, sysm, coef).plan
     i = choose(SIZES, infer, 4, sysm, coef).plan
-    assert i.memory_bytes < 0.7 * t.memory_bytes, (i.memory_bytes, t.memory_bytes)
+    # gcn: 2.69 against 3.17 GiB (training keeps each layer's saved tensors plus one layer's
+    # working set, not every layer's working set); gt, gps: 0.43 of training's
+    assert i.memory_bytes < (0.9 if model == "gcn" else 0.5) * t.memory_bytes, \
+        (i.memory_bytes, t.memory_bytes)
     limit = (i.memory_bytes + t.memory_bytes) // 2
     with pytest.raises(NothingFits) as e:
         choose(SIZES, train, 4, sysm, coef, limit)
@@ -53,6 +65,32 @@ def test_an_inference_pass_sends_only_the_forward_collectives():
     b = estimate(g, 100_000, 2_000_000, dims, 4, Coefficients(), inference=True)
     assert b.bytes_per_rank < a.bytes_per_rank
     assert b.compute_s < a.compute_s and b.memory_bytes < a.memory_bytes
+
+
+def test_inference_ignores_checkpointing():
+    """A forward has no backward to recompute for: ``checkpoint`` changes neither planner's
+    inference price (3D gcn: bytes, calls, compute, memory; gt on GP-AG with BatchNorm:
+    collectives, compute, memory), while it does change the training step's."""
+    arch = GCNArch(input_proj=True, head=True, residual="identity", norm="batch")
+    ops = gcn_ops(64, 64, 8, 6, arch)
+    g = Grid3D(2, 1, 2)
+    cost = {(inf, ck): rank_cost(g, 0, 20000, 200000, op_widths(ops), 4, Coefficients(),
+                                 ops=ops, norm="batch", inference=inf, checkpoint=ck)
+            for inf in (False, True) for ck in (False, True)}
+    assert cost[True, True] == cost[True, False]
+    assert cost[False, True].mem < cost[False, False].mem
+    assert cost[False, True].nbytes > cost[False, False].nbytes
+    strat, sysm = default_registry().get("gp_ag"), SystemModel()
+    est = {(inf, ck): agp_estimate(strat, Workload("gt", 20000, 200000, 64, 8, 64, 4, 6,
+                                                   norm="batch", inference=inf,
+                                                   checkpoint=ck), 4, sysm)
+           for inf in (False, True) for ck in (False, True)}
+    sent = {k: sum(o.total_sent for _, o in step_ops(strat, Workload(
+        "gt", 20000, 200000, 64, 8, 64, 4, 6, norm="batch", inference=k[0],
+        checkpoint=k[1]), 4)) for k in est}
+    assert est[True, True] == est[True, False] and sent[True, True] == sent[True, False]
+    assert est[False, True].memory["total"] < est[False, False].memory["total"]
+    assert sent[False, True] > sent[False, False] > sent[True, False]
 
 
 def test_plan_inference_fits_where_plan_of_training_does_not(tmp_path, capsys):

@@ -70,13 +70,18 @@ def gp_ag_comm(problem: AttentionProblem, rank: int, p: int) -> list[CommOp]:
 
 def gp_ag_memory(problem: AttentionProblem, p: int) -> MemoryEstimate:
     """4·N·d (gathered K, V and their full-size gradients) + E·h/p (scores of local rows;
-    blocked: the [h, N/p] log-sum-exp, :func:`score_terms`)."""
+    blocked: the [h, N/p] log-sum-exp, :func:`score_terms`): Table 1's elements. Of its
+    bytes a layer keeps the gathered K, V and the scores until its backward; the gradients
+    [N, d] twice exist during that backward only (``transient_bytes``: one layer's at a time,
+    which a model of L layers counts once, not L times)."""
     n_pad = p * problem.rows(p)
     e_loc = -(-problem.e // p)
     kept, scores, _ = score_terms(problem, problem.rows(p), e_loc, problem.heads)
     act = 4 * n_pad * problem.d + kept
-    return MemoryEstimate(act, act * problem.esize, graph_bytes(problem.rows(p), n_pad, e_loc),
-                          scores)
+    grads = 2 * n_pad * problem.d
+    return MemoryEstimate(act, (act - grads) * problem.esize,
+                          graph_bytes(problem.rows(p), n_pad, e_loc), scores,
+                          grads * problem.esize)
 
 
 def gp_ag_work(problem: AttentionProblem, p: int) -> KernelWork:

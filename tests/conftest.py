@@ -21,10 +21,12 @@ if not torch.cuda.is_available():
 # Plans in the suite use the default coefficients: a quick calibration of the host
 # (plexgt.plan.calibrate) would make every planned layout depend on the machine's load and
 # cost seconds per test process. Its own tests turn it back on, and whatever a test caches
-# goes to a scratch directory, never the real ~/.cache (subprocesses inherit both).
+# goes to a scratch directory, never the real ~/.cache (subprocesses inherit both). Only
+# plexgt's cache moves: moving XDG_CACHE_HOME would move torch's compiled-extension cache
+# too, and every test process would rebuild plexgt's C++ kernels (~60 s each).
 os.environ["PLEXGT_NO_CALIBRATE"] = "1"
-os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="plexgt-test-cache-")
-atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
+os.environ["PLEXGT_CACHE_DIR"] = tempfile.mkdtemp(prefix="plexgt-test-cache-")
+atexit.register(shutil.rmtree, os.environ["PLEXGT_CACHE_DIR"], True)
 
 
 # The Slurm tests share one local Slurm cluster (a session fixture per xdist worker), so they

@@ -19,7 +19,8 @@ seconds:
   alone ~6 s of CPU), two 4-5 s, under other users' load.
 
 The result is a system profile (:func:`plexgt.plan.profile.check_profile` reads it), cached in
-``$XDG_CACHE_HOME/plexgt`` (else ``~/.cache/plexgt``) under a file named by the host's key
+``$PLEXGT_CACHE_DIR``, else ``$XDG_CACHE_HOME/plexgt`` (else ``~/.cache/plexgt``), under a
+file named by the host's key
 (CPU model, usable cores, torch version, threads a rank was measured with, this format's
 version): written atomically, never through a symlink, read with :mod:`json` alone.
 ``PLEXGT_NO_CALIBRATE=1`` (or ``parallel.calibrate = false``, ``plan --no-calibrate``) turns
@@ -137,8 +138,15 @@ def host_key() -> dict[str, Any]:
             "threads_per_rank": BASE_THREADS, "calibration": CALIBRATION_VERSION}
 
 
+CACHE_ENV = "PLEXGT_CACHE_DIR"
+
+
 def cache_dir(env: Mapping[str, str] = os.environ) -> Path:
-    """``$XDG_CACHE_HOME/plexgt``, else ``~/.cache/plexgt``."""
+    """``$PLEXGT_CACHE_DIR``, else ``$XDG_CACHE_HOME/plexgt``, else ``~/.cache/plexgt``
+    (``PLEXGT_CACHE_DIR`` moves plexgt's cache alone: moving ``XDG_CACHE_HOME`` moves
+    torch's compiled-extension cache too, which then rebuilds, ~60 s)."""
+    if env.get(CACHE_ENV):
+        return Path(env[CACHE_ENV])
     base = env.get("XDG_CACHE_HOME") or str(Path(env.get("HOME") or Path.home()) / ".cache")
     return Path(base) / "plexgt"
 

@@ -134,7 +134,7 @@ def test_plan_prints_which_coefficients_it_used(prepared, tmp_path, fake, monkey
     from plexgt.tasks.task import planning_profile, run_plan
 
     monkeypatch.delenv(calibrate.OFF_ENV, raising=False)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv(calibrate.CACHE_ENV, str(tmp_path / "plexgt"))
     monkeypatch.setattr(calibrate, "applies", lambda device=None, env=None: True)
     monkeypatch.setattr("plexgt.commands.plan.applies", lambda: True)
     base = ["plan", "--data", str(prepared), "--model", "gcn", "--world-size", "2",

@@ -21,8 +21,7 @@ from __future__ import annotations
 import torch
 
 from plexgt.ops import attention_triton
-
-triton, tl = attention_triton.triton, attention_triton.tl
+from plexgt.ops.attention_kernels import tl, triton
 
 Tensor = torch.Tensor
 

@@ -14,6 +14,10 @@ one head (``program_id(1)``) and steps through their edges ``BLOCK_E`` at a time
 * the merge kernels fold a long row's partials in slot order (a fixed order, no atomics: the
   results are the same bits on every run).
 
+The edge loops are ``tl.range(..., num_stages=STAGES)``: Triton software-pipelines a loop
+without ``tl.dot`` only when asked, and without it every step pays the index load -> gather
+latency in series. ``STAGES`` changes no arithmetic (the same bits at any value).
+
 Arithmetic is in the dtype of ``scale_ptr`` (float32, float64 for float64 inputs); loads and
 the final stores use the tensors' own dtypes. Addresses are computed in int64.
 """
@@ -73,7 +77,7 @@ if triton is not None:
                    scale_ptr, n_out, sq0, sq1, sk0, sk1, sv0, sv1, sy0, sy1, sr0, sr1, sb0, sb1,
                    D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
                    BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
-                   PARTIAL: tl.constexpr):
+                   PARTIAL: tl.constexpr, STAGES: tl.constexpr):
         # running max m, sum l, accumulator acc per segment. PARTIAL: y is the [W, h, d']
         # acc buffer, lse the [h, W] max and res the [h, W] sum, all at the segment's slot
         # (n_out = W); else y, res [Nr, h, d'] and lse [h, Nr] at its row (n_out = Nr)
@@ -87,7 +91,7 @@ if triton is not None:
         m = tl.full([BLOCK_R], float("-inf"), scale.dtype)
         el = tl.zeros([BLOCK_R], scale.dtype)
         acc = tl.zeros([BLOCK_R, BLOCK_D], scale.dtype)
-        for j in range(0, tl.max(end - start, axis=0), BLOCK_E):
+        for j in tl.range(0, tl.max(end - start, axis=0), BLOCK_E, num_stages=STAGES):
             eo, col, emask = _edges(indices, start, end, j, BLOCK_E)
             tmask = emask[:, :, None] & dmask[None, None, :]
             kt = _gather(k, col, hd, sk0, sk1, dd, tmask, scale.dtype)
@@ -192,7 +196,7 @@ if triton is not None:
                         sg1, sdq0, sdq1, sb0, sb1, sdb0, sdb1,
                         D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
                         BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DQ: tl.constexpr,
-                        NEED_DB: tl.constexpr, PARTIAL: tl.constexpr):
+                        NEED_DB: tl.constexpr, PARTIAL: tl.constexpr, STAGES: tl.constexpr):
         # one walk over the segment's edges: dS = P (dP - delta_r) with delta_r = rowsum(dY∘Y)
         # given; dBias_e = dS (the logits' gradient), dQ_r = sum_e scale dS K_c (PARTIAL: the
         # segment's share, stored at its slot of the [W, h, d'] buffer dq)
@@ -207,7 +211,7 @@ if triton is not None:
         ls = tl.load(lse + hd * n_rows + rows, mask=rmask, other=0.0)
         dl = tl.load(delta + hd * n_rows + rows, mask=rmask, other=0.0)
         acc = tl.zeros([BLOCK_R, BLOCK_D], scale.dtype)
-        for j in range(0, tl.max(end - start, axis=0), BLOCK_E):
+        for j in tl.range(0, tl.max(end - start, axis=0), BLOCK_E, num_stages=STAGES):
             eo, col, emask = _edges(indices, start, end, j, BLOCK_E)
             tmask = emask[:, :, None] & dmask[None, None, :]
             kt = _gather(k, col, hd, sk0, sk1, dd, tmask, scale.dtype)
@@ -233,7 +237,8 @@ if triton is not None:
                         sg0, sg1, sdk0, sdk1, sdv0, sdv1, sb0, sb1,
                         D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
                         BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DK: tl.constexpr,
-                        NEED_DV: tl.constexpr, ACCUMULATE: tl.constexpr, PARTIAL: tl.constexpr):
+                        NEED_DV: tl.constexpr, ACCUMULATE: tl.constexpr, PARTIAL: tl.constexpr,
+                        STAGES: tl.constexpr):
         # over the transpose: a segment is (column c, a range of the rows r naming it);
         # dV_c = sum P dY_r, dK_c = sum scale dS Q_r, with P and dS recomputed from lse_r,
         # delta_r (and the bias, read at the CSR position tperm gives each transposed edge).
@@ -248,7 +253,7 @@ if triton is not None:
         vc = _rows(v, cols, hd, sv0, sv1, dd, cdmask, scale.dtype)
         dk_acc = tl.zeros([BLOCK_R, BLOCK_D], scale.dtype)
         dv_acc = tl.zeros([BLOCK_R, BLOCK_D], scale.dtype)
-        for j in range(0, tl.max(end - start, axis=0), BLOCK_E):
+        for j in tl.range(0, tl.max(end - start, axis=0), BLOCK_E, num_stages=STAGES):
             eo, row, emask = _edges(tindices, start, end, j, BLOCK_E)
             tmask = emask[:, :, None] & dmask[None, None, :]
             qt = _gather(q, row, hd, sq0, sq1, dd, tmask, scale.dtype)

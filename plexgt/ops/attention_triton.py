@@ -66,6 +66,9 @@ MAX_HEAD_DIM = 256
 TILE_ELEMS = 4096
 """Elements of one gathered [BLOCK_R, BLOCK_E, d'] tile: sized for registers, not tuned on a
 GPU yet (the blocks are chosen by :func:`blocks`)."""
+EDGE_STAGES = 3
+"""Software-pipeline stages of the edge loops (``tl.range(num_stages=...)``): index loads and
+gathers of the next steps in flight while one step computes. Not tuned on a GPU yet."""
 SPLIT_STEPS = 8
 """A row (or, in the column backward, a column) with more than SPLIT_STEPS·BLOCK_E edges is
 cut into segments of that many, walked by separate programs and merged exactly
@@ -168,7 +171,7 @@ def _forward_op(sched: list[Tensor], indices: Tensor, q: Tensor, k: Tensor, v: T
     fwd_kernel[(triton.cdiv(nr, br), h)](
         lr, ls, le, nr, indices, q, k, v, b_arg, y, y if res is None else res, lse, sc, nr,
         *qkv, *_strides(y), *_strides(res), *_strides(bias), **flags,
-        ACCUMULATE=res is not None, PARTIAL=False)
+        ACCUMULATE=res is not None, PARTIAL=False, STAGES=EDGE_STAGES)
     w, n_long = sr.numel(), long_row.numel()
     if w:  # long rows: segments into (acc, max, sum) partials, folded per row in slot order
         pacc = torch.empty(w, h, d, dtype=acc_dt, device=q.device)
@@ -176,7 +179,8 @@ def _forward_op(sched: list[Tensor], indices: Tensor, q: Tensor, k: Tensor, v: T
         pl = torch.empty(h, w, dtype=acc_dt, device=q.device)
         fwd_kernel[(triton.cdiv(w, br), h)](
             sr, ss, se, w, indices, q, k, v, b_arg, pacc, pl, pm, sc, w, *qkv,
-            *_strides(pacc), 0, 0, *_strides(bias), **flags, ACCUMULATE=False, PARTIAL=True)
+            *_strides(pacc), 0, 0, *_strides(bias), **flags, ACCUMULATE=False, PARTIAL=True,
+            STAGES=EDGE_STAGES)
         mr = _merge_rows(bd)
         merge_fwd_kernel[(triton.cdiv(n_long, mr), h)](
             long_row, long_ptr, n_long, pm, pl, pacc, w, y, y if res is None else res, lse,
@@ -208,13 +212,13 @@ def _backward_rows_op(sched: list[Tensor], indices: Tensor, q: Tensor, k: Tensor
                  NEED_DQ=need_q, NEED_DB=bool(db.numel()))
     bwd_rows_kernel[(triton.cdiv(nr, br), h)](
         lr, ls, le, nr, indices, *ins, dq_arg, db_arg, sc, nr, *qkv, *_strides(dq_arg), *tail,
-        **flags, PARTIAL=False)
+        **flags, PARTIAL=False, STAGES=EDGE_STAGES)
     w, n_long = sr.numel(), long_row.numel()
     if w:  # long rows: each segment's share of dQ (dBias is per edge: stored directly)
         pdq = torch.empty(w, h, d, dtype=acc_dt, device=q.device) if need_q else q
         bwd_rows_kernel[(triton.cdiv(w, br), h)](
             sr, ss, se, w, indices, *ins, pdq, db_arg, sc, nr, *qkv, *_strides(pdq), *tail,
-            **flags, PARTIAL=True)
+            **flags, PARTIAL=True, STAGES=EDGE_STAGES)
         if need_q:
             mr = _merge_rows(bd)
             merge_sum_kernel[(triton.cdiv(n_long, mr), h)](
@@ -245,7 +249,8 @@ def _backward_cols_op(sched: list[Tensor], tindices: Tensor, tperm: Tensor, q: T
                  NEED_DK=need_k, NEED_DV=need_v)
     bwd_cols_kernel[(triton.cdiv(nc, cr), h)](
         lr, ls, le, nc, tindices, *ins, dk_arg, dv_arg, sc, nr, *qkv, *_strides(dk_arg),
-        *_strides(dv_arg), *_strides(bias), **flags, ACCUMULATE=accumulate, PARTIAL=False)
+        *_strides(dv_arg), *_strides(bias), **flags, ACCUMULATE=accumulate, PARTIAL=False,
+        STAGES=EDGE_STAGES)
     w, n_long = sr.numel(), long_col.numel()
     if w:  # long columns (super nodes, hubs): each segment's share of dK, dV, then summed
         def part(need: bool, x: Tensor) -> Tensor:
@@ -254,7 +259,8 @@ def _backward_cols_op(sched: list[Tensor], tindices: Tensor, tperm: Tensor, q: T
         pdk, pdv = part(need_k, k), part(need_v, v)
         bwd_cols_kernel[(triton.cdiv(w, cr), h)](
             sr, ss, se, w, tindices, *ins, pdk, pdv, sc, nr, *qkv, *_strides(pdk),
-            *_strides(pdv), *_strides(bias), **flags, ACCUMULATE=False, PARTIAL=True)
+            *_strides(pdv), *_strides(bias), **flags, ACCUMULATE=False, PARTIAL=True,
+            STAGES=EDGE_STAGES)
         mr = _merge_rows(bd)
         for need, p, out in ((need_k, pdk, dk), (need_v, pdv, dv)):
             if need:

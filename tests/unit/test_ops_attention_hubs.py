@@ -101,3 +101,18 @@ def test_hub_and_super_columns_float32_within_rounding(monkeypatch):
         assert a.dtype == torch.float32
         err = (a.double() - b).abs().max() / b.abs().max()
         assert err < 1e-5, (what, float(err))
+
+
+def test_pipeline_stages_change_no_bits(monkeypatch):
+    """The edge loops' num_stages reaches every launch (a value the kernel cannot take would
+    fail to compile) and pipelining changes no arithmetic: the same bits at 1 and 4 stages."""
+    monkeypatch.setattr(attention_triton, "SPLIT_STEPS", 2)
+    graph = hub_and_super_graph()
+    args = _inputs(graph, 2, 8, torch.float32, seed=9)
+    runs = []
+    for stages in (1, 4):
+        monkeypatch.setattr(attention_triton, "EDGE_STAGES", stages)
+        y, grads = _run(graph, *args, 0.3, "fused")
+        runs.append((y, *grads))
+    for a, b, what in zip(*runs, NAMES):
+        assert torch.equal(a, b), what

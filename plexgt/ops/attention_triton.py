@@ -31,6 +31,10 @@ softmax statistics and every reduction; only loads and the final stores use the 
 Index arrays are int32 when E fits, on every device (:meth:`CSRGraph.compact_index`); addresses
 are computed in int64 so N·h·d' (and h·E of the bias) beyond 2^31 is safe.
 
+Rows are walked in order of falling degree, and rows (columns, in the column backward) longer
+than :data:`SPLIT_STEPS` edge steps are cut across programs and merged exactly in a fixed
+order (:mod:`plexgt.ops.attention_schedule`; the kernels are :mod:`plexgt.ops.attention_kernels`).
+
 On a machine without a GPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``
 set before this module is imported), which is how the test suite checks them against the
 reference.

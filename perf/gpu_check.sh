@@ -12,9 +12,9 @@
 #
 # Writes into --out (default $OUT where the lent machine sets it, else perf/results) these
 # files and nothing else: gpu_check.json, gpu_check_logs.tar.gz (every step's log, the training
-# metrics, the attention table), bench_attention_cuda.json, bench_dropout_cuda.json,
-# profile_gpu.json. Everything else (data, checkpoints, Triton's cache) lives in a temporary
-# folder, removed at the end. Ends with one RESULT line; exits 1 when a step failed, 3 (one
+# metrics, the attention table), bench_attention_cuda.json, bench_attention_bandwidth_cuda.json,
+# bench_dropout_cuda.json, profile_gpu.json. Everything else (data, checkpoints, Triton's cache)
+# lives in a temporary folder, removed at the end. Ends with one RESULT line; exits 1 when a step failed, 3 (one
 # line, nothing written) when torch sees no CUDA device. --dry-run prints the steps, their
 # limits, their sum and the files, and creates nothing.
 #
@@ -37,6 +37,11 @@
 #   attention   perf/bench_attention.py on the GPU, the 1M-node / 20M-edge graph, float32 and
 #               bfloat16: the fused kernel vs torch's sparse kernels (cuSPARSE) vs gather /
 #               scatter, time and peak memory of each
+#   bandwidth   perf/bench_attention_bandwidth.py on the GPU: the fused kernel's passes (plain,
+#               edge bias, ring blocks; float32, bfloat16; the uniform 1M/20M graph and a
+#               power-law one with hubs): bytes each must move, GB/s and the fraction of the
+#               device-to-device copy bandwidth measured in the same run (written case by
+#               case: a step stopped at its limit returns the cases it finished)
 #   profile     plexgt profile --quick on the GPU (the planner's coefficients)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,8 +59,9 @@ done
 TOTAL_LIMIT_S=300
 GRACE_S=10
 RETURNED=(gpu_check.json gpu_check_logs.tar.gz bench_attention_cuda.json
-          bench_dropout_cuda.json profile_gpu.json)
-BENCH_FILES=(bench_attention_cuda.json bench_dropout_cuda.json profile_gpu.json)
+          bench_attention_bandwidth_cuda.json bench_dropout_cuda.json profile_gpu.json)
+BENCH_FILES=(bench_attention_cuda.json bench_attention_bandwidth_cuda.json
+             bench_dropout_cuda.json profile_gpu.json)
 
 STEPS=()
 declare -A CMD LIMIT
@@ -66,7 +72,7 @@ step() {  # step NAME LIMIT_S COMMAND (run by bash -c with PY, WORK and LOGS exp
 }
 
 step env 20 "(preflight: the interpreter and its CUDA torch)"
-step cuda_tests 55 '$PY -m pytest -q -p no:cacheprovider -rfE -m cuda $(grep -l "mark.cuda" tests/unit/test_*.py | grep -v attention_triton) && $PY -m pytest -q -p no:cacheprovider -rfE tests/unit/test_ops_attention_triton.py'
+step cuda_tests 50 '$PY -m pytest -q -p no:cacheprovider -rfE -m cuda $(grep -l "mark.cuda" tests/unit/test_*.py | grep -v attention_triton) && $PY -m pytest -q -p no:cacheprovider -rfE tests/unit/test_ops_attention_triton.py'
 step prep 10 '$PY -m plexgt prep --format sbm --nodes 10000 --edges 200000 --edge-features 4 --out $WORK/sbm --quiet'
 TRAIN='$PY -m plexgt train --data $WORK/sbm --epochs 3 --backend nccl'
 step train_gcn 25 "$TRAIN --model gcn --checkpoint-dir \$WORK/ck-gcn --metrics \$LOGS/m-gcn.jsonl --stop-after 2 && $TRAIN --model gcn --checkpoint-dir \$WORK/ck-gcn --metrics \$LOGS/m-gcn.jsonl --resume"
@@ -76,8 +82,9 @@ GPS="--model gps --strategy gp_ring --model.super_nodes=4 --checkpoint-dir \$WOR
 step train_gps 30 "$TRAIN $GPS --stop-after 2 && $TRAIN $GPS --resume"
 CPU='$PY -m plexgt train --data $WORK/sbm --epochs 3 --model gcn --checkpoint-dir $WORK/ck-cpu --metrics $LOGS/m-cpu-then-gpu.jsonl'
 step resume_cpu 25 "$CPU --backend gloo --stop-after 1 && $CPU --backend nccl --resume"
-step dropout 20 '$PY -m perf.bench_dropout --device cuda --rows 2000000 --nodes 100000 --edges 2000000 --out bench_dropout_cuda.json'
-step attention 70 '$PY -m perf.bench_attention --devices cuda --graphs large --dtypes float32 bfloat16 --reps 3 --no-pyg --name bench_attention_cuda'
+step dropout 15 '$PY -m perf.bench_dropout --device cuda --rows 2000000 --nodes 100000 --edges 2000000 --out bench_dropout_cuda.json'
+step attention 55 '$PY -m perf.bench_attention --devices cuda --graphs large --dtypes float32 bfloat16 --reps 3 --no-pyg --name bench_attention_cuda'
+step bandwidth 25 '$PY -m perf.bench_attention_bandwidth --device cuda --reps 2 --name bench_attention_bandwidth_cuda.json'
 step profile 15 '$PY -m plexgt profile --quick --backend nccl --out $PLEXGT_RESULTS_DIR/profile_gpu.json'
 
 sum=0

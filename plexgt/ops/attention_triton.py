@@ -31,6 +31,10 @@ softmax statistics and every reduction; only loads and the final stores use the 
 Index arrays are int32 when E fits, on every device (:meth:`CSRGraph.compact_index`); addresses
 are computed in int64 so N·h·d' (and h·E of the bias) beyond 2^31 is safe.
 
+Rows are walked in order of falling degree, and rows (columns, in the column backward) longer
+than :data:`SPLIT_STEPS` edge steps are cut across programs and merged exactly in a fixed
+order (:mod:`plexgt.ops.attention_schedule`; the kernels are :mod:`plexgt.ops.attention_kernels`).
+
 On a machine without a GPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``
 set before this module is imported), which is how the test suite checks them against the
 reference.
@@ -44,14 +48,16 @@ import os
 import torch
 from torch.autograd.function import once_differentiable
 
+from plexgt.ops.attention_kernels import (
+    bwd_cols_kernel,
+    bwd_rows_kernel,
+    fwd_kernel,
+    merge_fwd_kernel,
+    merge_sum_kernel,
+    triton,
+)
+from plexgt.ops.attention_schedule import Schedule, schedule
 from plexgt.ops.csr import CSRGraph
-
-try:  # Triton ships with the CUDA and ROCm wheels of torch; a CPU-only install may lack it
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - exercised on installs without triton
-    triton = None
-    tl = None
 
 Tensor = torch.Tensor
 
@@ -64,6 +70,13 @@ MAX_HEAD_DIM = 256
 TILE_ELEMS = 4096
 """Elements of one gathered [BLOCK_R, BLOCK_E, d'] tile: sized for registers, not tuned on a
 GPU yet (the blocks are chosen by :func:`blocks`)."""
+EDGE_STAGES = 3
+"""Software-pipeline stages of the edge loops (``tl.range(num_stages=...)``): index loads and
+gathers of the next steps in flight while one step computes. Not tuned on a GPU yet."""
+SPLIT_STEPS = 8
+"""A row (or, in the column backward, a column) with more than SPLIT_STEPS·BLOCK_E edges is
+cut into segments of that many, walked by separate programs and merged exactly
+(:mod:`plexgt.ops.attention_schedule`)."""
 
 
 def interpreted() -> bool:
@@ -99,173 +112,6 @@ def blocks(num_rows: int, num_edges: int, head_dim: int) -> tuple[int, int, int]
     return block_r, block_e, block_d
 
 
-if triton is not None:
-
-    @triton.jit
-    def _segments(indptr, n, BLOCK_R: tl.constexpr):
-        """This program's BLOCK_R segments (CSR rows, or CSC columns): ids, mask, edge range."""
-        idx = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        mask = idx < n
-        start = tl.load(indptr + idx, mask=mask, other=0)
-        end = tl.load(indptr + idx + 1, mask=mask, other=0)
-        return idx.to(tl.int64), mask, start, end
-
-    @triton.jit
-    def _edges(indices, start, end, j, BLOCK_E: tl.constexpr):
-        """Step j of every segment: [BLOCK_R, BLOCK_E] edge positions, neighbour ids (int64)
-        and their mask."""
-        eo = start[:, None] + j + tl.arange(0, BLOCK_E)[None, :]
-        emask = eo < end[:, None]
-        return eo, tl.load(indices + eo, mask=emask, other=0).to(tl.int64), emask
-
-    @triton.jit
-    def _rows(x, idx, hd, s0, s1, dd, mask, dtype: tl.constexpr):
-        """[BLOCK_R, BLOCK_D] rows ``idx`` of head ``hd`` of a [N, h, d'] tensor."""
-        return tl.load(x + idx[:, None] * s0 + hd * s1 + dd[None, :], mask=mask,
-                       other=0.0).to(dtype)
-
-    @triton.jit
-    def _gather(x, nbr, hd, s0, s1, dd, mask, dtype: tl.constexpr):
-        """[BLOCK_R, BLOCK_E, BLOCK_D]: the rows ``nbr`` of head ``hd`` (the edges' ends)."""
-        return tl.load(x + nbr[:, :, None] * s0 + hd * s1 + dd[None, None, :], mask=mask,
-                       other=0.0).to(dtype)
-
-    @triton.jit
-    def _bias(bias, hd, sb0, sb1, edge, emask, dtype: tl.constexpr):
-        """[BLOCK_R, BLOCK_E] bias of head ``hd`` at the CSR edge positions ``edge`` of an
-        [h, E] tensor of any strides (the [E, h] output of the edge encoder, transposed)."""
-        return tl.load(bias + hd * sb0 + edge.to(tl.int64) * sb1, mask=emask,
-                       other=0.0).to(dtype)
-
-    @triton.jit
-    def _fwd_kernel(indptr, indices, q, k, v, bias, y, res, lse, scale_ptr, n_rows,
-                    sq0, sq1, sk0, sk1, sv0, sv1, sy0, sy1, sr0, sr1, sb0, sb1,
-                    D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
-                    BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr):
-        # one program: BLOCK_R rows of head `hd`; running max m, sum l, accumulator acc per row
-        hd = tl.program_id(1).to(tl.int64)  # head offsets in int64: h·Nr may pass 2^31
-        rows, rmask, start, end = _segments(indptr, n_rows, BLOCK_R)
-        dd = tl.arange(0, BLOCK_D)
-        dmask = dd < D
-        scale = tl.load(scale_ptr)
-        rdmask = rmask[:, None] & dmask[None, :]
-        qt = _rows(q, rows, hd, sq0, sq1, dd, rdmask, scale.dtype)
-        m = tl.full([BLOCK_R], float("-inf"), scale.dtype)
-        el = tl.zeros([BLOCK_R], scale.dtype)
-        acc = tl.zeros([BLOCK_R, BLOCK_D], scale.dtype)
-        for j in range(0, tl.max(end - start, axis=0), BLOCK_E):
-            eo, col, emask = _edges(indices, start, end, j, BLOCK_E)
-            tmask = emask[:, :, None] & dmask[None, None, :]
-            kt = _gather(k, col, hd, sk0, sk1, dd, tmask, scale.dtype)
-            s = tl.sum(qt[:, None, :] * kt, axis=2) * scale
-            if HAS_BIAS:
-                s += _bias(bias, hd, sb0, sb1, eo, emask, scale.dtype)
-            s = tl.where(emask, s, float("-inf"))
-            m_new = tl.maximum(m, tl.max(s, axis=1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with no edge yet
-            alpha = tl.exp(m - m_safe)
-            p = tl.exp(s - m_safe[:, None])
-            el = el * alpha + tl.sum(p, axis=1)
-            vt = _gather(v, col, hd, sv0, sv1, dd, tmask, scale.dtype)
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * vt, axis=1)
-            m = m_new
-        out = acc / tl.where(el == 0.0, 1.0, el)[:, None]  # rows without edges give zeros
-        tl.store(y + rows[:, None] * sy0 + hd * sy1 + dd[None, :], out.to(y.dtype.element_ty),
-                 mask=rdmask)
-        if ACCUMULATE:  # the residual gains y in place; y itself is kept for the backward
-            rp = res + rows[:, None] * sr0 + hd * sr1 + dd[None, :]
-            out += tl.load(rp, mask=rdmask, other=0.0).to(scale.dtype)
-            tl.store(rp, out.to(res.dtype.element_ty), mask=rdmask)
-        tl.store(lse + hd * n_rows + rows, m + tl.log(tl.where(el == 0.0, 1.0, el)), mask=rmask)
-
-    @triton.jit
-    def _bwd_rows_kernel(indptr, indices, q, k, v, bias, dy, lse, delta, dq, dbias, scale_ptr,
-                         n_rows, sq0, sq1, sk0, sk1, sv0, sv1, sg0, sg1, sdq0, sdq1, sb0, sb1,
-                         sdb0, sdb1,
-                         D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
-                         BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DQ: tl.constexpr,
-                         NEED_DB: tl.constexpr):
-        # one walk over the row's edges: dS = P (dP - delta_r) with delta_r = rowsum(dY∘Y)
-        # given; dBias_e = dS (the logits' gradient), dQ_r = sum_e scale dS K_c
-        hd = tl.program_id(1).to(tl.int64)
-        rows, rmask, start, end = _segments(indptr, n_rows, BLOCK_R)
-        dd = tl.arange(0, BLOCK_D)
-        dmask = dd < D
-        scale = tl.load(scale_ptr)
-        rdmask = rmask[:, None] & dmask[None, :]
-        qt = _rows(q, rows, hd, sq0, sq1, dd, rdmask, scale.dtype)
-        gt = _rows(dy, rows, hd, sg0, sg1, dd, rdmask, scale.dtype)
-        ls = tl.load(lse + hd * n_rows + rows, mask=rmask, other=0.0)
-        dl = tl.load(delta + hd * n_rows + rows, mask=rmask, other=0.0)
-        acc = tl.zeros([BLOCK_R, BLOCK_D], scale.dtype)
-        for j in range(0, tl.max(end - start, axis=0), BLOCK_E):
-            eo, col, emask = _edges(indices, start, end, j, BLOCK_E)
-            tmask = emask[:, :, None] & dmask[None, None, :]
-            kt = _gather(k, col, hd, sk0, sk1, dd, tmask, scale.dtype)
-            vt = _gather(v, col, hd, sv0, sv1, dd, tmask, scale.dtype)
-            s = tl.sum(qt[:, None, :] * kt, axis=2) * scale
-            if HAS_BIAS:
-                s += _bias(bias, hd, sb0, sb1, eo, emask, scale.dtype)
-            p = tl.where(emask, tl.exp(s - ls[:, None]), 0.0)
-            ds = p * (tl.sum(gt[:, None, :] * vt, axis=2) - dl[:, None])
-            if NEED_DB:
-                tl.store(dbias + hd * sdb0 + eo.to(tl.int64) * sdb1,
-                         ds.to(dbias.dtype.element_ty), mask=emask)
-            if NEED_DQ:
-                acc += tl.sum((ds * scale)[:, :, None] * kt, axis=1)
-        if NEED_DQ:
-            tl.store(dq + rows[:, None] * sdq0 + hd * sdq1 + dd[None, :],
-                     acc.to(dq.dtype.element_ty), mask=rdmask)
-
-    @triton.jit
-    def _bwd_cols_kernel(tindptr, tindices, tperm, q, k, v, bias, dy, lse, delta, dk, dv,
-                         scale_ptr, n_rows, n_cols, sq0, sq1, sk0, sk1, sv0, sv1, sg0, sg1,
-                         sdk0, sdk1, sdv0, sdv1, sb0, sb1,
-                         D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
-                         BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, NEED_DK: tl.constexpr,
-                         NEED_DV: tl.constexpr, ACCUMULATE: tl.constexpr):
-        # over the transpose: a program owns BLOCK_R columns c and walks the rows r naming them;
-        # dV_c = sum P dY_r, dK_c = sum scale dS Q_r, with P and dS recomputed from lse_r,
-        # delta_r (and the bias, read at the CSR position tperm gives each transposed edge)
-        hd = tl.program_id(1).to(tl.int64)
-        cols, cmask, start, end = _segments(tindptr, n_cols, BLOCK_R)
-        dd = tl.arange(0, BLOCK_D)
-        dmask = dd < D
-        scale = tl.load(scale_ptr)
-        cdmask = cmask[:, None] & dmask[None, :]
-        kc = _rows(k, cols, hd, sk0, sk1, dd, cdmask, scale.dtype)
-        vc = _rows(v, cols, hd, sv0, sv1, dd, cdmask, scale.dtype)
-        dk_acc = tl.zeros([BLOCK_R, BLOCK_D], scale.dtype)
-        dv_acc = tl.zeros([BLOCK_R, BLOCK_D], scale.dtype)
-        for j in range(0, tl.max(end - start, axis=0), BLOCK_E):
-            eo, row, emask = _edges(tindices, start, end, j, BLOCK_E)
-            tmask = emask[:, :, None] & dmask[None, None, :]
-            qt = _gather(q, row, hd, sq0, sq1, dd, tmask, scale.dtype)
-            gt = _gather(dy, row, hd, sg0, sg1, dd, tmask, scale.dtype)
-            ls = tl.load(lse + hd * n_rows + row, mask=emask, other=0.0)
-            s = tl.sum(kc[:, None, :] * qt, axis=2) * scale
-            if HAS_BIAS:
-                edge = tl.load(tperm + eo, mask=emask, other=0)
-                s += _bias(bias, hd, sb0, sb1, edge, emask, scale.dtype)
-            p = tl.where(emask, tl.exp(s - ls), 0.0)
-            if NEED_DV:
-                dv_acc += tl.sum(p[:, :, None] * gt, axis=1)
-            if NEED_DK:
-                dl = tl.load(delta + hd * n_rows + row, mask=emask, other=0.0)
-                ds = p * (tl.sum(vc[:, None, :] * gt, axis=2) - dl) * scale
-                dk_acc += tl.sum(ds[:, :, None] * qt, axis=1)
-        if NEED_DK:
-            dkp = dk + cols[:, None] * sdk0 + hd * sdk1 + dd[None, :]
-            if ACCUMULATE:
-                dk_acc += tl.load(dkp, mask=cdmask, other=0.0).to(scale.dtype)
-            tl.store(dkp, dk_acc.to(dk.dtype.element_ty), mask=cdmask)
-        if NEED_DV:
-            dvp = dv + cols[:, None] * sdv0 + hd * sdv1 + dd[None, :]
-            if ACCUMULATE:
-                dv_acc += tl.load(dvp, mask=cdmask, other=0.0).to(scale.dtype)
-            tl.store(dvp, dv_acc.to(dv.dtype.element_ty), mask=cdmask)
-
-
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
@@ -289,27 +135,66 @@ def row_delta(y: Tensor, dy: Tensor) -> Tensor:
 # The launches are torch custom operators, so the dispatcher sees one op per kernel call: device
 # checks (and the test suite's device audit) apply to them like to any aten op, and torch.compile
 # could trace around them. Optional outputs come back as empty tensors (an op returns tensors).
+def _split(block_e: int) -> int:
+    """Edges per segment of a long row: :data:`SPLIT_STEPS` edge steps."""
+    return SPLIT_STEPS * block_e
+
+
+def _merge_rows(block_d: int) -> int:
+    return max(1, min(16, TILE_ELEMS // block_d))
+
+
+def _sched(graph: CSRGraph, head_dim: int) -> Schedule:
+    _, be, _ = blocks(graph.num_rows, graph.num_edges, head_dim)
+    return schedule(graph, _split(be))
+
+
+def _arrays(s: Schedule) -> list[Tensor]:
+    return [s.light_row, s.light_start, s.light_end, s.long_row, s.long_ptr, s.seg_row,
+            s.seg_start, s.seg_end]
+
+
+# The launches are torch custom operators, so the dispatcher sees one op per kernel call: device
+# checks (and the test suite's device audit) apply to them like to any aten op, and torch.compile
+# could trace around them. Optional outputs come back as empty tensors (an op returns tensors).
+# ``sched`` is :func:`_arrays` of the pattern's (the transpose's) :class:`Schedule`.
 @torch.library.custom_op("plexgt::fused_attention_forward", mutates_args=("y", "res"))
-def _forward_op(indptr: Tensor, indices: Tensor, q: Tensor, k: Tensor, v: Tensor,
+def _forward_op(sched: list[Tensor], indices: Tensor, q: Tensor, k: Tensor, v: Tensor,
                 bias: Tensor | None, y: Tensor, res: Tensor | None, scale: float) -> Tensor:
     nr, h, d = q.shape
     acc_dt = _acc_dtype(q.dtype)
     lse = torch.empty(h, nr, dtype=acc_dt, device=q.device)
     if nr == 0 or h == 0:
         return lse
+    lr, ls, le, long_row, long_ptr, sr, ss, se = sched
     br, be, bd = blocks(nr, indices.numel(), d)
     sc = torch.full((1,), scale, dtype=acc_dt, device=q.device)
-    _fwd_kernel[(triton.cdiv(nr, br), h)](
-        indptr, indices, q, k, v, q if bias is None else bias, y, y if res is None else res,
-        lse, sc, nr, *_strides(q), *_strides(k), *_strides(v), *_strides(y), *_strides(res),
-        *_strides(bias),
-        D=d, BLOCK_R=br, BLOCK_E=be, BLOCK_D=bd, HAS_BIAS=bias is not None,
-        ACCUMULATE=res is not None)
+    qkv = (*_strides(q), *_strides(k), *_strides(v))
+    flags = dict(D=d, BLOCK_R=br, BLOCK_E=be, BLOCK_D=bd, HAS_BIAS=bias is not None)
+    b_arg = q if bias is None else bias
+    fwd_kernel[(triton.cdiv(nr, br), h)](
+        lr, ls, le, nr, indices, q, k, v, b_arg, y, y if res is None else res, lse, sc, nr,
+        *qkv, *_strides(y), *_strides(res), *_strides(bias), **flags,
+        ACCUMULATE=res is not None, PARTIAL=False, STAGES=EDGE_STAGES)
+    w, n_long = sr.numel(), long_row.numel()
+    if w:  # long rows: segments into (acc, max, sum) partials, folded per row in slot order
+        pacc = torch.empty(w, h, d, dtype=acc_dt, device=q.device)
+        pm = torch.empty(h, w, dtype=acc_dt, device=q.device)
+        pl = torch.empty(h, w, dtype=acc_dt, device=q.device)
+        fwd_kernel[(triton.cdiv(w, br), h)](
+            sr, ss, se, w, indices, q, k, v, b_arg, pacc, pl, pm, sc, w, *qkv,
+            *_strides(pacc), 0, 0, *_strides(bias), **flags, ACCUMULATE=False, PARTIAL=True,
+            STAGES=EDGE_STAGES)
+        mr = _merge_rows(bd)
+        merge_fwd_kernel[(triton.cdiv(n_long, mr), h)](
+            long_row, long_ptr, n_long, pm, pl, pacc, w, y, y if res is None else res, lse,
+            nr, *_strides(pacc), *_strides(y), *_strides(res), D=d, BLOCK_R=mr, BLOCK_D=bd,
+            ACCUMULATE=res is not None)
     return lse
 
 
 @torch.library.custom_op("plexgt::fused_attention_backward_rows", mutates_args=())
-def _backward_rows_op(indptr: Tensor, indices: Tensor, q: Tensor, k: Tensor, v: Tensor,
+def _backward_rows_op(sched: list[Tensor], indices: Tensor, q: Tensor, k: Tensor, v: Tensor,
                       bias: Tensor | None, dy: Tensor, lse: Tensor, delta: Tensor, scale: float,
                       need_q: bool, need_bias: bool) -> tuple[Tensor, Tensor]:
     nr, h, d = q.shape
@@ -318,38 +203,74 @@ def _backward_rows_op(indptr: Tensor, indices: Tensor, q: Tensor, k: Tensor, v: 
     db = torch.empty_like(bias) if need_bias and bias is not None else none.clone()
     if nr == 0 or h == 0 or not (need_q or db.numel()):
         return dq, db
-    sc = torch.full((1,), scale, dtype=_acc_dtype(q.dtype), device=q.device)
+    lr, ls, le, long_row, long_ptr, sr, ss, se = sched
+    acc_dt = _acc_dtype(q.dtype)
+    sc = torch.full((1,), scale, dtype=acc_dt, device=q.device)
     br, be, bd = blocks(nr, indices.numel(), d)
     dq_arg = dq if need_q else q  # never written when NEED_DQ is off
     db_arg = db if db.numel() else q
-    _bwd_rows_kernel[(triton.cdiv(nr, br), h)](
-        indptr, indices, q, k, v, q if bias is None else bias, dy, lse, delta, dq_arg, db_arg,
-        sc, nr, *_strides(q), *_strides(k), *_strides(v), *_strides(dy), *_strides(dq_arg),
-        *_strides(bias), *_strides(db if db.numel() else None),
-        D=d, BLOCK_R=br, BLOCK_E=be, BLOCK_D=bd, HAS_BIAS=bias is not None, NEED_DQ=need_q,
-        NEED_DB=bool(db.numel()))
+    ins = (q, k, v, q if bias is None else bias, dy, lse, delta)
+    qkv = (*_strides(q), *_strides(k), *_strides(v), *_strides(dy))
+    tail = (*_strides(bias), *_strides(db if db.numel() else None))
+    flags = dict(D=d, BLOCK_R=br, BLOCK_E=be, BLOCK_D=bd, HAS_BIAS=bias is not None,
+                 NEED_DQ=need_q, NEED_DB=bool(db.numel()))
+    bwd_rows_kernel[(triton.cdiv(nr, br), h)](
+        lr, ls, le, nr, indices, *ins, dq_arg, db_arg, sc, nr, *qkv, *_strides(dq_arg), *tail,
+        **flags, PARTIAL=False, STAGES=EDGE_STAGES)
+    w, n_long = sr.numel(), long_row.numel()
+    if w:  # long rows: each segment's share of dQ (dBias is per edge: stored directly)
+        pdq = torch.empty(w, h, d, dtype=acc_dt, device=q.device) if need_q else q
+        bwd_rows_kernel[(triton.cdiv(w, br), h)](
+            sr, ss, se, w, indices, *ins, pdq, db_arg, sc, nr, *qkv, *_strides(pdq), *tail,
+            **flags, PARTIAL=True, STAGES=EDGE_STAGES)
+        if need_q:
+            mr = _merge_rows(bd)
+            merge_sum_kernel[(triton.cdiv(n_long, mr), h)](
+                long_row, long_ptr, n_long, pdq, dq, *_strides(pdq), *_strides(dq), D=d,
+                BLOCK_R=mr, BLOCK_D=bd, ACCUMULATE=False)
     return dq, db
 
 
 @torch.library.custom_op("plexgt::fused_attention_backward_cols", mutates_args=("dk", "dv"))
-def _backward_cols_op(tindptr: Tensor, tindices: Tensor, tperm: Tensor, q: Tensor, k: Tensor,
-                      v: Tensor, bias: Tensor | None, dy: Tensor, lse: Tensor, delta: Tensor,
-                      dk: Tensor, dv: Tensor, scale: float, accumulate: bool) -> None:
+def _backward_cols_op(sched: list[Tensor], tindices: Tensor, tperm: Tensor, q: Tensor,
+                      k: Tensor, v: Tensor, bias: Tensor | None, dy: Tensor, lse: Tensor,
+                      delta: Tensor, dk: Tensor, dv: Tensor, scale: float,
+                      accumulate: bool) -> None:
     nr, h, d = q.shape
     nc = k.shape[0]
     need_k, need_v = dk.numel() > 0, dv.numel() > 0
     if nc == 0 or h == 0 or not (need_k or need_v):
         return
-    sc = torch.full((1,), scale, dtype=_acc_dtype(q.dtype), device=q.device)
+    lr, ls, le, long_col, long_ptr, sr, ss, se = sched
+    acc_dt = _acc_dtype(q.dtype)
+    sc = torch.full((1,), scale, dtype=acc_dt, device=q.device)
     cr, ce, bd = blocks(nc, tindices.numel(), d)
     dk_arg = dk if need_k else k  # never written when NEED_DK is off
     dv_arg = dv if need_v else v
-    _bwd_cols_kernel[(triton.cdiv(nc, cr), h)](
-        tindptr, tindices, tperm, q, k, v, q if bias is None else bias, dy, lse, delta,
-        dk_arg, dv_arg, sc, nr, nc, *_strides(q), *_strides(k), *_strides(v), *_strides(dy),
-        *_strides(dk_arg), *_strides(dv_arg), *_strides(bias),
-        D=d, BLOCK_R=cr, BLOCK_E=ce, BLOCK_D=bd, HAS_BIAS=bias is not None, NEED_DK=need_k,
-        NEED_DV=need_v, ACCUMULATE=accumulate)
+    ins = (tperm, q, k, v, q if bias is None else bias, dy, lse, delta)
+    qkv = (*_strides(q), *_strides(k), *_strides(v), *_strides(dy))
+    flags = dict(D=d, BLOCK_R=cr, BLOCK_E=ce, BLOCK_D=bd, HAS_BIAS=bias is not None,
+                 NEED_DK=need_k, NEED_DV=need_v)
+    bwd_cols_kernel[(triton.cdiv(nc, cr), h)](
+        lr, ls, le, nc, tindices, *ins, dk_arg, dv_arg, sc, nr, *qkv, *_strides(dk_arg),
+        *_strides(dv_arg), *_strides(bias), **flags, ACCUMULATE=accumulate, PARTIAL=False,
+        STAGES=EDGE_STAGES)
+    w, n_long = sr.numel(), long_col.numel()
+    if w:  # long columns (super nodes, hubs): each segment's share of dK, dV, then summed
+        def part(need: bool, x: Tensor) -> Tensor:
+            return torch.empty(w, h, d, dtype=acc_dt, device=q.device) if need else x
+
+        pdk, pdv = part(need_k, k), part(need_v, v)
+        bwd_cols_kernel[(triton.cdiv(w, cr), h)](
+            sr, ss, se, w, tindices, *ins, pdk, pdv, sc, nr, *qkv, *_strides(pdk),
+            *_strides(pdv), *_strides(bias), **flags, ACCUMULATE=False, PARTIAL=True,
+            STAGES=EDGE_STAGES)
+        mr = _merge_rows(bd)
+        for need, p, out in ((need_k, pdk, dk), (need_v, pdv, dv)):
+            if need:
+                merge_sum_kernel[(triton.cdiv(n_long, mr), h)](
+                    long_col, long_ptr, n_long, p, out, *_strides(p), *_strides(out), D=d,
+                    BLOCK_R=mr, BLOCK_D=bd, ACCUMULATE=accumulate)
 
 
 def fused_forward(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, scale: float,
@@ -362,8 +283,8 @@ def fused_forward(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, scale: float
     in float32: delta = rowsum(dY ∘ Y) from a bfloat16 y put 3-4 % errors into dq and dk of
     a hub row, against 0.5 % from a float32 one)."""
     y = torch.empty(q.shape, dtype=_acc_dtype(q.dtype), device=q.device)
-    ip, ix = graph.compact_index()
-    return y, _forward_op(ip, ix, q, k, v, bias, y, out, scale)
+    _, ix = graph.compact_index()
+    return y, _forward_op(_arrays(_sched(graph, q.shape[-1])), ix, q, k, v, bias, y, out, scale)
 
 
 def fused_backward(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, lse: Tensor,
@@ -377,11 +298,11 @@ def fused_backward(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, lse: Tensor
     gets its share of the whole row's gradient. dbias is the logits' gradient [h, E] (in
     bias's layout). With ``dkv`` (two [Nc, h, d'] tensors, unit last), dK and dV are added
     into them instead (returned as None)."""
-    ip, ix = graph.compact_index()
+    _, ix = graph.compact_index()
     dq = db = None
     if need[0] or (need_bias and bias is not None):
-        dq, db = _backward_rows_op(ip, ix, q, k, v, bias, dy, lse, delta, scale, need[0],
-                                   need_bias and bias is not None)
+        dq, db = _backward_rows_op(_arrays(_sched(graph, q.shape[-1])), ix, q, k, v, bias, dy,
+                                   lse, delta, scale, need[0], need_bias and bias is not None)
     dk = dv = None
     if need[1] or need[2]:
         none = q.new_empty(0)
@@ -391,9 +312,10 @@ def fused_backward(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, lse: Tensor
             outs = (none if dk is None else dk, none.clone() if dv is None else dv)
         else:
             outs = (dkv[0] if need[1] else none, dkv[1] if need[2] else none.clone())
-        tip, tix = graph.transpose().compact_index()
-        _backward_cols_op(tip, tix, graph.compact_transpose_perm(), q, k, v, bias, dy, lse,
-                          delta, *outs, scale, dkv is not None)
+        gt = graph.transpose()
+        _, tix = gt.compact_index()
+        _backward_cols_op(_arrays(_sched(gt, q.shape[-1])), tix, graph.compact_transpose_perm(),
+                          q, k, v, bias, dy, lse, delta, *outs, scale, dkv is not None)
     return (dq if need[0] else None, dk, dv, db if need_bias and bias is not None else None)
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from plexgt.ops import native
+from plexgt.ops import dropout_triton, native
 
 Tensor = torch.Tensor
 
@@ -97,8 +97,13 @@ class CounterRNG:
                     device: torch.device, use_native: bool = True) -> Tensor:
         """[n, m] of 1/(1-p) where :meth:`keep` keeps, else 0, in ``dtype``. On CPU one pass
         of the compiled kernel (the tensor form makes ~20 int64 passes over [n, m]: it was
-        45% of a GT step on 2 cores); elsewhere, or without the kernels, the tensor form."""
+        45% of a GT step on 2 cores), on a GPU one Triton pass (:mod:`~plexgt.ops.
+        dropout_triton`, the same bits); elsewhere, or without the kernels, the tensor form."""
         scale = 1.0 / (1.0 - p)
+        if use_native and dropout_triton.serves(device, dtype) and p < 1.0:
+            return dropout_triton.multipliers(self._row_keys(site, self.rows.to(device)),
+                                              self._col_keys(site, col0, m, device),
+                                              threshold(p), p, dtype)
         mod = native.load() if use_native and device.type == "cpu" else None
         if mod is not None and dtype in (torch.float32, torch.float64):
             rk = self._row_keys(site, self.rows.to(device)).contiguous()
@@ -137,6 +142,10 @@ class CounterRNG:
             raise ValueError(f"dropout on {x.shape[0]} rows with ids for {self.rows.shape[0]}")
         if p >= 1.0:
             return x * 0
+        if dropout_triton.serves(x.device, x.dtype):  # one pass, multipliers recomputed
+            return dropout_triton.dropout(x, self._row_keys(site, self.rows.to(x.device)),
+                                          self._col_keys(site, col0, x.shape[1], x.device),
+                                          threshold(p), p)
         return x * self.multipliers(site, x.shape[1], col0, p, x.dtype, x.device)
 
     def dropout_values(self, values: Tensor, row_index: Tensor, cols: Tensor, p: float,
@@ -144,5 +153,9 @@ class CounterRNG:
         """Inverted dropout of a sparse matrix's stored ``values`` [E] at (row_index, cols)."""
         if p <= 0.0:
             return values
+        if p < 1.0 and dropout_triton.serves(values.device, values.dtype):
+            return dropout_triton.dropout_pairs(
+                values, self._row_keys(site, self.rows.to(values.device)), row_index, cols,
+                self._key(site, 0xC011), threshold(p), p)
         keep = self.keep_pairs(site, row_index, cols, p)
         return values * keep.to(values.dtype).mul_(1.0 / (1.0 - p)) if p < 1.0 else values * 0

@@ -163,6 +163,8 @@ def test_training_step_stays_on_device(model, prepared, world, monkeypatch, tmp_
                                                                      monkeypatch, tmp_path)
     _stays_on_device(audit, in_step, summary, cfg)
     assert bool(fused_calls) == (model != "gcn")
+    # dropout (0.2 on features and hidden layers) by the one-pass Triton kernel, the GPU's
+    assert audit.ops["plexgt.counter_dropout.default"] > 0, sorted(audit.ops)
     assert all(p.device == DECLARED for p in task.model.parameters())
 
 

@@ -23,7 +23,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "perf" / "gpu_check.sh"
 STEPS = ["env", "cuda_tests", "prep", "train_gcn", "train_gt", "train_gps", "resume_cpu",
-         "dropout", "attention", "profile"]
+         "dropout", "attention", "bandwidth", "profile"]
 MAX_SECONDS, MAX_FILES = 300, 8
 """What the lent machine allows one check: a rerun must fit its 15 minutes, and at most 8
 files come back from $OUT."""
@@ -73,6 +73,7 @@ def test_the_dry_run_keeps_the_coverage(tmp_path):
     assert "--backend gloo --stop-after 1" in cpu_then_gpu[0]
     assert "--backend nccl --resume" in cpu_then_gpu[1]
     assert re.search(r"bench_attention .*--dtypes float32 bfloat16", cmd["attention"])
+    assert "perf.bench_attention_bandwidth --device cuda" in cmd["bandwidth"]
     assert "bench_dropout --device cuda" in cmd["dropout"]
     assert "profile --quick --backend nccl" in cmd["profile"]
 
@@ -168,7 +169,7 @@ def test_a_run_returns_its_summary_logs_and_results_and_fails_with_a_step(tmp_pa
         assert {f"logs/{s}.log" for s in STEPS} <= names
         assert tar.extractfile("logs/train_gps.log").read() == b"gps broke\n"
     assert r.stdout.splitlines()[-1].startswith(
-        'RESULT bench=gpu_check gpu="Stand-in GPU" steps=10 passed=9 failed=train_gps ')
+        'RESULT bench=gpu_check gpu="Stand-in GPU" steps=11 passed=10 failed=train_gps ')
     assert list((tmp_path / "tmp").iterdir()) == []  # the work folder is removed
 
 

@@ -9,6 +9,15 @@ root's file is PyG >= 2.4's ``(data dict, slices, Data class)`` or the older
 ``(Data, slices)``, one graph; an OGB root's ``split/<kind>/{train,valid,test}.csv.gz`` give
 the split where the data holds no masks.
 
+Export (``plexgt export --format pyg``) writes a predictions file of ``plexgt predict``
+(Parquet, HDF5 or ``.npy``) as a Data-compatible dict of tensors saved with ``torch.save``,
+loadable with ``torch.load(weights_only=True)`` and ``Data.from_dict``: row i is the file's
+row i, the raw input's node ``node_id[i]``; keys ``pred`` [N] (or ``prob`` [N, T]
+multi-label), ``logits`` [N, C], ``embedding`` [N, D] when predict wrote one, ``node_id``
+[N], ``train_mask`` / ``val_mask`` / ``test_mask`` [N] and ``num_nodes``; written to a
+temporary name beside the output and renamed, so an interrupted export leaves nothing
+half-written.
+
 Loading is ``torch.load(weights_only=True)`` with only PyG's ``Data`` and storage classes
 allowed (when PyG is importable; without it only tensors and containers load): a file that
 pickles any other class is refused with one line naming it, and nothing in it is executed.
@@ -21,6 +30,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import importlib
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -30,9 +40,10 @@ import numpy as np
 from plexgt.data.formats.npz_edges import SPLIT_INDEX, _mask
 from plexgt.data.formats.spec import FormatSpec, Probe
 from plexgt.data.graph import GraphData, integer_ids, node_labels
+from plexgt.data.predictions import PredictionsFile
 from plexgt.data.source import GraphSource, MemorySource
 from plexgt.distributed.hostcomm import HostComm
-from plexgt.errors import DataError
+from plexgt.errors import DataError, UsageError
 
 SUFFIXES = (".pt", ".pth")
 PROCESSED = ("data.pt", "geometric_data_processed.pt")
@@ -211,8 +222,60 @@ def _open(args: argparse.Namespace, comm: HostComm | None) -> GraphSource:
                         split_origin={"origin": "dataset", "split_index": k})
 
 
+EXPORT_MASKS = (("train_mask", 1), ("val_mask", 2), ("test_mask", 3))
+"""The split masks export writes, by the split code predict stores."""
+
+
+def pyg_dict(pred: PredictionsFile) -> dict[str, Any]:
+    """The predictions' columns as the Data-compatible dict (module docstring)."""
+    import torch  # here, not at the top: prep of every other format runs without torch
+
+    parts = [c for _, c in pred.chunks(pred.columns, rows=max(1, pred.n))]
+    cols = {k: np.concatenate([c[k] for c in parts]) for k in parts[0]} if parts else {}
+    out: dict[str, Any] = {}
+    for name in ("pred", "prob", "logits", "embedding", "node_id"):
+        if name in cols:
+            out[name] = torch.from_numpy(np.ascontiguousarray(cols[name]))
+    codes = np.asarray(cols.get("split", np.zeros(0, np.int8)))
+    for key, code in EXPORT_MASKS:
+        out[key] = torch.from_numpy(codes == code)
+    out["num_nodes"] = int(pred.n)
+    return out
+
+
+def write_atomic(obj: object, out: Path, overwrite: bool) -> None:
+    """torch.save ``obj`` to a temporary name in ``out``'s directory, then rename it to
+    ``out``; an existing ``out`` is refused without ``overwrite``."""
+    import torch
+
+    if out.exists() and not overwrite:
+        raise UsageError(f"{out}: exists; pass --overwrite to replace it")
+    if out.is_dir():
+        raise UsageError(f"{out}: is a directory")
+    if not out.parent.is_dir():
+        raise UsageError(f"{out.parent}: no such directory for the output {out.name}")
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        torch.save(obj, tmp)
+        os.replace(tmp, out)
+    except OSError as e:
+        raise UsageError(f"{out}: cannot be written ({e.strerror or e})") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def export(predictions: Path, out: Path, overwrite: bool) -> str:
+    """``plexgt export --format pyg`` (module docstring): what it wrote, one line."""
+    if out.exists() and not overwrite:  # refused before the input is read
+        raise UsageError(f"{out}: exists; pass --overwrite to replace it")
+    pred = PredictionsFile(predictions)
+    write_atomic(pyg_dict(pred), out, overwrite)
+    return f"{pred.n} nodes of {predictions} -> {out} (PyG Data-compatible dict)"
+
+
 SPEC = FormatSpec(
     "pyg", "PyTorch Geometric: a Data or a dict of tensors saved with torch.save, or a "
     "PyG/OGB dataset root (processed/*.pt); read with weights_only", _open,
     input="a .pt file, or a dataset root with processed/", recognise=_recognise, order=25,
-    looked_for="a .pt file or a directory with processed/data.pt", options=(SPLIT_INDEX,))
+    looked_for="a .pt file or a directory with processed/data.pt", options=(SPLIT_INDEX,),
+    export=export)

@@ -163,6 +163,10 @@ class FormatSpec:
     """The prep options it reads besides :data:`COMMON`."""
     draws_node_data: bool = False
     """``--features``/``--classes`` are its own parameters, not generated over its source."""
+    export: Callable[[Path, Path, bool], str] | None = None
+    """``plexgt export --format NAME``: writes a ``plexgt predict`` file (its path) in this
+    format (the output path; whether an existing one may be replaced) and returns what it
+    wrote, one line; None: prep reads the format, export does not write it."""
 
 
 class FormatRegistry:

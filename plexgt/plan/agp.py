@@ -75,6 +75,7 @@ from plexgt.distributed.grid import Grid3D
 from plexgt.distributed.layout3d import layer_layouts
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionProblem, AttentionStrategy
+from plexgt.plan.balance import Balance
 from plexgt.plan.host import Host, across_group_sizes
 from plexgt.plan.plexus_cost import Coefficients, rank_grids
 from plexgt.plan.profile import (
@@ -163,6 +164,9 @@ class Workload:
     """Pre-norm blocks (and a final norm before the classifier)."""
     jk: str = "none"
     """Jumping knowledge over the blocks' outputs ('cat', 'max', 'sum')."""
+    balance: Balance = field(default_factory=Balance, compare=False)
+    """How unevenly row blocks of the stored pattern hold its nonzeros: the busiest rank's
+    edges are the mean times its imbalance (:mod:`plexgt.plan.balance`)."""
 
     def __post_init__(self) -> None:
         if self.model not in ("gt", "gps"):
@@ -441,7 +445,10 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     # heads, edges, query rows and key columns; the columns that do not shrink with s (GP-AG's
     # gathered ones, a ring's visiting blocks) are overhead (β)
     wk = strategy.work(prob, s)
-    h_r, e_r, rows = wk.heads, wk.edges, wk.rows
+    h_r, rows = wk.heads, wk.rows
+    # the busiest rank's edges: a node-partitioned strategy's share is one of E/edges row
+    # blocks of the stored pattern (all its columns), the fullest of them
+    e_r = wk.edges * w.balance.imbalance("A1", max(1, round(prob.e / max(wk.edges, 1.0))))
 
     def side(coef: str, n: float) -> float:
         """The kernel's per-row or per-column passes over [h_r, n, d'] arrays, per layer."""
@@ -467,10 +474,16 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
 
         lay = layer_layouts(grid, 0, w.n, [d, d])[0]
         ga, gb, gc = lay.g
-        edge += L * 2 * (w.e / (ga * gc)) * (lay.d_in // gb) * k["spmm_s_per_nnz_col"]
+        edge += L * 2 * (lay.d_in // gb) * (
+            w.e / (ga * gc) * w.balance.imbalance("A1", gc, ga) * k["spmm_s_per_nnz_col"]
+            + (lay.rows_pad + lay.cols_pad) / 2 * k.get("spmm_s_per_row_col", 0.0))
+        edge += L * 2 * k.get("spmm_s_per_call", 0.0)
         gemm3 = lay.rows_pad * (lay.d_in // gb) * (lay.d_out // ga) - n_loc * d * d
     elif w.gcn:  # the 1D GCN path: the rank's own rows' edges, both ways
-        edge += L * 2 * (w.e / s) * d * k["spmm_s_per_nnz_col"]
+        # output rows: the forward's own n_loc, the backward's (Âᵀ·dZ) all N columns
+        edge += L * d * (2 * (w.e / s) * w.balance.imbalance("A1", s) * k["spmm_s_per_nnz_col"]
+                         + (n_loc + w.n) * k.get("spmm_s_per_row_col", 0.0))
+        edge += L * 2 * k.get("spmm_s_per_call", 0.0)
     # the input projection X·W and its weight gradient Xᵀ·dY (the input is not trained): a
     # GEMM over F columns, or an SpMM over a sparse input's F·density nonzeros a row
     dense_in = 0 if w.feature_density is not None else w.features

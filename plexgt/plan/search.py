@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from plexgt.distributed.grid import DEFAULT_ORDER, Grid3D, factorizations
 from plexgt.distributed.grid import ORDERS as AXIS_ORDERS
 from plexgt.models.gcn import GCNOp
+from plexgt.plan.balance import Balance
 from plexgt.plan.pareto import chosen_and_frontier, frontier
 from plexgt.plan.plexus_cost import (
     Coefficients,
@@ -105,17 +106,19 @@ def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients
                input_grad: bool = False, input_density: float | None = None,
                grid: Grid3D | None = None, block_rows: int | None = None,
                axis_order: str = "auto", ops: list[GCNOp] | None = None,
-               norm: str = "none") -> GcnSearch:
+               norm: str = "none", balance: Balance | None = None) -> GcnSearch:
     """Search every factorisation of every scale in ``scales`` (default 1..world_size; only
     ``grid`` when given), the layer orders (``order`` 'auto': all of :data:`ORDERS`; else
     that one) and blocked or whole aggregation (``block_rows`` given: those rows only); see
     the module docstring. ``refine=None`` prices every combination. ``axis_order``: 'auto'
     searches the rank order where the coefficients know the machine's placement (else the
     default), or that one; a given ``grid`` keeps its own. ``ops``, ``norm``: the grid3d
-    model's options (:func:`plexgt.models.gcn.gcn_ops`; ``dims`` their widths)."""
+    model's options (:func:`plexgt.models.gcn.gcn_ops`; ``dims`` their widths); ``balance``:
+    the pattern's block counts, the busiest block priced (:mod:`plexgt.plan.balance`)."""
     t0 = time.perf_counter()
     orders = ORDERS if order == "auto" else (order,)
-    kw = dict(input_grad=input_grad, input_density=input_density, ops=ops, norm=norm)
+    kw = dict(input_grad=input_grad, input_density=input_density, ops=ops, norm=norm,
+              balance=balance)
     if grid is not None:
         axis_orders: tuple[str, ...] = (grid.order,)
     elif axis_order != "auto":

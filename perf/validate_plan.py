@@ -1,26 +1,32 @@
 """The planner scored on this machine: predicted against measured step time and memory.
 
     .venv/bin/python -m perf.validate_plan --profile SYSTEM.json   # ~45 min on 2 cores
+    .venv/bin/python -m perf.validate_plan --profile SYSTEM.json --steps 3 \
+        --attention-scales 1,2,4                                    # ~25 min (trimmed)
     .venv/bin/python -m perf.validate_plan --cases physics-gcn --keep   # rerun one case
 
 Coauthor Physics (34,493 nodes, 8,415 features, 0.39% nonzero: CSR input) and Amazon
 Computers (13,752 nodes, 767 features, dense input) from ../shared/datasets/gnn-benchmark,
 prepared by ``plexgt prep`` (auto layout), are trained on p = 1, 2, 3, 4 ranks (3 and 4
 oversubscribe the 2 cores) in every configuration the search can run there: gcn on Physics
-(2 layers, hidden 64) on every grid of p; gt (hidden 64, 4 heads, 2 blocks) on both graphs
-with every strategy and gp_2d head axis; gps (the same) with every strategy, its GCN path as
-the search picks it (grid 'auto') and 3D on the planner's grid. What a configuration leaves
-open (order, block rows, ring pieces, attention row blocks) the plan fills, as train does;
+(2 layers, hidden 64) on every grid of p, each grid with two or three split axes also
+with their rank order flipped (``parallel.axis_order``); gt (hidden 64, 4 heads, 2 blocks)
+on both graphs with every strategy and gp_2d head axis; gps (the same) with every strategy,
+its GCN path as the search picks it (grid 'auto') and 3D on the planner's grid. What a
+configuration leaves open (order, block rows, ring pieces, attention row blocks) the plan
+fills, as train does;
 the configuration with everything 'auto' is the choice. Each is built by the task builder
 ``plexgt train`` uses and stepped by its training step (AdamW), one configuration after the
 other in one mpiexec per (case, p), in two passes (the second in reverse order, so the VM's
 drift weighs on all alike): 2 warm-up steps, ``--steps`` timed per pass (a step = the slowest
-rank), the **median** of both passes' steps kept. Memory, in the first pass: the peak
-resident set of each rank during the third step above its level before the configuration
-was built, glibc made to map every block over 128 KiB on its own and to return freed memory
-(so the resident set counts live memory); then glibc as a training run has it (blocks reused
-from the heap) for 2 more warm-up steps and the timed ones: timed under the memory mode, a
-step paid a page fault per fresh tensor and took up to 1.6x as long as ``plexgt train``'s.
+rank), the **median** of both passes' steps kept. Memory, in a pass of its own before
+them (after an unmeasured warm-up configuration: a process's first steps grow it by ~48 MB
+once): the peak resident set of each rank during the third step above its level before the
+configuration was built, glibc made to map every block over 128 KiB on its own and to
+return freed memory (so the resident set counts live memory); the timed passes run glibc as
+a training run has it (blocks reused from the heap): timed under the memory mode, a step
+paid a page fault per fresh tensor and took up to 1.6x as long as ``plexgt train``'s, and a
+heap left so by a timed configuration inflated the next one's measured memory.
 Ranks run cores/p threads each (p = 1: 2 threads on this VM), as ``plexgt train`` sets them
 and the planner prices them.
 

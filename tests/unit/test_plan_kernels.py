@@ -16,9 +16,9 @@ from plexgt.parallel.attention.registry import default_registry
 from plexgt.plan.agp import SystemModel, Workload, estimate
 from plexgt.plan.balance import DEFAULT_IMBALANCE, Balance
 from plexgt.plan.plexus_cost import Coefficients, rank_cost
-from plexgt.plan.profile import check_profile, fit_kernels, fit_spmm, profile_notes
+from plexgt.plan.profile import check_profile, fit_spmm, profile_notes
 
-OLD_PROFILE = Path(__file__).parents[2] / "perf" / "results" / "validate_plan_system.json"
+PROFILE = Path(__file__).parents[2] / "perf" / "results" / "validate_plan_system.json"
 
 
 def test_spmm_fit_recovers_known_coefficients():
@@ -92,18 +92,21 @@ def test_a_manifest_without_counts_falls_back_to_the_default():
 
 
 def test_a_profile_without_the_new_fits_loads_with_a_note():
-    """A profile written before the SpMM's per-call and per-row terms (its SpMM samples have
-    no rows, its 'plexus' four coefficients): it loads, SpMM is priced per nonzero as it was,
-    and the notes say so; the same profile with rows in its samples fits the new terms."""
-    old = check_profile(json.loads(OLD_PROFILE.read_text()), "old")
-    assert all(len(r) == 3 for r in old["kernels"]["spmm"])
+    """A profile as versions before the SpMM's per-call and per-row terms wrote it (SpMM
+    samples without rows, four 'plexus' coefficients), made from the stored one: it loads,
+    SpMM is priced per nonzero as it was, and the notes say so; the stored one fits them."""
+    new = check_profile(json.loads(PROFILE.read_text()), "new")
+    assert all(len(r) == 4 for r in new["kernels"]["spmm"])
+    assert not any("SpMM" in n for n in profile_notes(new))
+    assert Coefficients.from_profile(new).spmm_s_per_row_col > 0
+    old = copy.deepcopy(new)
+    old["kernels"]["spmm"] = [r[:3] for r in new["kernels"]["spmm"]]
+    for k in ("spmm_s_per_call", "spmm_s_per_row_col"):
+        del old["plexus"][k], old["kernel_fits"][k]
+    old = check_profile(old, "old")
     coef = Coefficients.from_profile(old)
     assert coef.spmm_s_per_call == 0.0 and coef.spmm_s_per_row_col == 0.0
     assert coef.spmm_s_per_nnz_col == old["plexus"]["spmm_s_per_nnz_col"]
-    assert SystemModel.from_profile(old).kernels["spmm_s_per_row_col"] == 0.0
+    sysm = SystemModel.from_profile(old)
+    assert sysm.kernels["spmm_s_per_row_col"] == 0.0 and sysm.kernels["spmm_s_per_nnz_col"] > 0
     assert any("SpMM" in n for n in profile_notes(old))
-    new = copy.deepcopy(old)
-    # rows of the samples' square patterns: E / rows ~ 8, 16, 64, 256, 16 a row
-    new["kernels"]["spmm"] = [[e, d, t, e / 8] for e, d, t in old["kernels"]["spmm"]]
-    assert not any("SpMM" in n for n in profile_notes(new))
-    assert fit_kernels(new["kernels"])["spmm_s_per_nnz_col"] > 0

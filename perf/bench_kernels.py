@@ -29,7 +29,7 @@ import torch
 from perf.harness import ROOT, hardware, passive_omp_wait, result_line, today, write_json
 from plexgt.ops import native
 from plexgt.ops.attention import sparse_attention
-from plexgt.plan.measure import random_graph
+from plexgt.plan.kernel_samples import random_graph
 
 GRAPHS = {"sparse_50k_deg10": (50_000, 10), "dense_4k_deg200": (4_000, 200)}
 HEADS = 4

@@ -96,11 +96,15 @@ def plexus_comm_s(machine: str, x: int, y: int, z: int) -> float:
 
 
 def plexus_memory_gib(x: int, y: int, z: int) -> float:
-    """Their memory count: adjacency blocks and transposes, weights with gradient and Adam,
-    aggregates and activations with gradients, the input with its optimizer-like copies, the
-    first layer's one-time gathers, int64 labels; in 4-byte elements."""
+    """Their memory count (``mem_model.py`` ``compute_config_mem``): adjacency blocks and
+    transposes in CSR (3 elements a nonzero: two index halves and a value; 2 a row pointer),
+    weights with gradient and Adam, aggregates and activations with gradients, the input with
+    its optimizer-like copies, the first layer's one-time gathers, int64 labels; in 4-byte
+    elements. (Before 2026-12-05 this script counted 2 elements a nonzero and no row
+    pointers, a third of their adjacency term.)"""
     g = x * y * z
-    adj = 2 * E / (z * x) + 2 * E / (y * z) + 2 * E / (x * y)
+    adj = sum(2 * (E / (a * b) * 3 + N / a * 2)
+              for a, b in [(z, x), (y, z), (x, y)][:min(3, len(DIMS))])
     weights = sum(4 * DIMS[i] * DIMS[i + 1] / g for i in range(len(DIMS) - 1))
     agg_div, act_div = [z * y, y * x, x * z], [x * y, z * x, y * z]
     agg = sum(2 * N * DIMS[i] / agg_div[i % 3] for i in range(len(DIMS) - 1))
@@ -150,6 +154,8 @@ def main() -> None:
                    "time_s": rp.time_s, "memory_gib": rp.memory_bytes / 2**30,
                    "split": [{"what": w, "seconds": t} for w, t in rp.split],
                    "plexus_model": theirs,
+                   "plexus_memory_on_choice_gib": plexus_memory_gib(
+                       rp.grid.gx, rp.grid.gy, rp.grid.gz),
                    "plexgt_on_plexus_grid": {"time_s": on_theirs.time_s,
                                              "comm_s": on_theirs.comm_s,
                                              "memory_gib": on_theirs.memory_bytes / 2**30,
@@ -165,6 +171,23 @@ def main() -> None:
                          f"({theirs['memory_gib']:.3g} GiB) | {theirs['comm_s']:.4g} | "
                          f"{on_theirs.time_s:.4g} |")
             fields[f"{name}_p{p}"] = str(rp.grid)
+    lines += ["", "Memory per GPU, GiB, the two models side by side on the same grids (model "
+              "projections): plexgt's count (blocks padded to equal shapes, the busiest "
+              "rank's, its process base included) and the Plexus authors' "
+              "(``performance/mem_model.py``, 4-byte elements, no process or library "
+              "memory), on the Plexus model's pick and on plexgt's choice. Where Y is long "
+              "(8x32x4, 4x64x4, 8x64x4) plexgt counts 1.4-2.5x more: it pads every width to a "
+              "multiple of the previous layer's Ga·Gb (hidden 128 -> 256 on 4x64x4) and "
+              "holds the padded blocks, which the Plexus count does not pad.", "",
+              "| machine | P | Plexus pick | plexgt GiB | Plexus model GiB | plexgt / Plexus "
+              "| plexgt choice | plexgt GiB | Plexus model GiB | plexgt / Plexus |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        a, b = r["plexgt_on_plexus_grid"]["memory_gib"], r["plexus_model"]["memory_gib"]
+        c, d = r["memory_gib"], r["plexus_memory_on_choice_gib"]
+        lines.append(f"| {r['machine']} | {r['p']} | {r['plexus_model']['grid']} | {a:.3g} | "
+                     f"{b:.3g} | {a / b:.2f} | {r['grid']} | {c:.3g} | {d:.3g} | "
+                     f"{c / d:.2f} |")
     lines += ["", "Time split of each plexgt choice (seconds of one step):", ""]
     for r in rows:
         lines.append(f"- {r['machine']} P={r['p']} {r['choice']}: " + "; ".join(

@@ -1,26 +1,32 @@
 """The planner scored on this machine: predicted against measured step time and memory.
 
     .venv/bin/python -m perf.validate_plan --profile SYSTEM.json   # ~45 min on 2 cores
+    .venv/bin/python -m perf.validate_plan --profile SYSTEM.json --steps 3 \
+        --attention-scales 1,2,4                                    # ~25 min (trimmed)
     .venv/bin/python -m perf.validate_plan --cases physics-gcn --keep   # rerun one case
 
 Coauthor Physics (34,493 nodes, 8,415 features, 0.39% nonzero: CSR input) and Amazon
 Computers (13,752 nodes, 767 features, dense input) from ../shared/datasets/gnn-benchmark,
 prepared by ``plexgt prep`` (auto layout), are trained on p = 1, 2, 3, 4 ranks (3 and 4
 oversubscribe the 2 cores) in every configuration the search can run there: gcn on Physics
-(2 layers, hidden 64) on every grid of p; gt (hidden 64, 4 heads, 2 blocks) on both graphs
-with every strategy and gp_2d head axis; gps (the same) with every strategy, its GCN path as
-the search picks it (grid 'auto') and 3D on the planner's grid. What a configuration leaves
-open (order, block rows, ring pieces, attention row blocks) the plan fills, as train does;
+(2 layers, hidden 64) on every grid of p, each grid with two or three split axes also
+with their rank order flipped (``parallel.axis_order``); gt (hidden 64, 4 heads, 2 blocks)
+on both graphs with every strategy and gp_2d head axis; gps (the same) with every strategy,
+its GCN path as the search picks it (grid 'auto') and 3D on the planner's grid. What a
+configuration leaves open (order, block rows, ring pieces, attention row blocks) the plan
+fills, as train does;
 the configuration with everything 'auto' is the choice. Each is built by the task builder
 ``plexgt train`` uses and stepped by its training step (AdamW), one configuration after the
 other in one mpiexec per (case, p), in two passes (the second in reverse order, so the VM's
 drift weighs on all alike): 2 warm-up steps, ``--steps`` timed per pass (a step = the slowest
-rank), the **median** of both passes' steps kept. Memory, in the first pass: the peak
-resident set of each rank during the third step above its level before the configuration
-was built, glibc made to map every block over 128 KiB on its own and to return freed memory
-(so the resident set counts live memory); then glibc as a training run has it (blocks reused
-from the heap) for 2 more warm-up steps and the timed ones: timed under the memory mode, a
-step paid a page fault per fresh tensor and took up to 1.6x as long as ``plexgt train``'s.
+rank), the **median** of both passes' steps kept. Memory, in a pass of its own before
+them (after an unmeasured warm-up configuration: a process's first steps grow it by ~48 MB
+once): the peak resident set of each rank during the third step above its level before the
+configuration was built, glibc made to map every block over 128 KiB on its own and to
+return freed memory (so the resident set counts live memory); the timed passes run glibc as
+a training run has it (blocks reused from the heap): timed under the memory mode, a step
+paid a page fault per fresh tensor and took up to 1.6x as long as ``plexgt train``'s, and a
+heap left so by a timed configuration inflated the next one's measured memory.
 Ranks run cores/p threads each (p = 1: 2 threads on this VM), as ``plexgt train`` sets them
 and the planner prices them.
 
@@ -80,7 +86,7 @@ from perf.harness import (
 from plexgt.data.loader import PreparedGraph
 from plexgt.distributed.bootstrap import init_distributed, shutdown
 from plexgt.distributed.collectives import CommLedger
-from plexgt.distributed.grid import factorizations
+from plexgt.distributed.grid import Grid3D, factorizations
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.plan.choose import ModelShape, choose, gps_grid
 from plexgt.plan.knobs import load_config
@@ -123,7 +129,11 @@ def configurations(data: Path, model: str, p: int, profile: Path) -> list[dict]:
     grid3 = gps_grid(graph_sizes(pg), ModelShape.of(cfg), p, plexus_coefficients_for(prof))
     overs: list[dict] = [{}]
     if model == "gcn":
-        overs += [{"parallel.grid": str(g)} for g in factorizations(p)]
+        for g in factorizations(p):
+            overs.append({"parallel.grid": str(g)})
+            alt = flipped_order(g)
+            if alt:  # the same grid with its two split axes' ranks numbered the other way
+                overs.append({"parallel.grid": str(g), "parallel.axis_order": alt})
     else:
         for c in default_registry():
             for a in c.layouts(p) if p > 1 else [1]:
@@ -143,6 +153,16 @@ def configurations(data: Path, model: str, p: int, profile: Path) -> list[dict]:
         row["chosen"] = row["chosen"] or not over
     pg.close()
     return list(out.values())
+
+
+def flipped_order(grid: Grid3D) -> str | None:
+    """The rank order of ``grid`` (default order) with its split axes' nesting reversed, or
+    None when fewer than two axes are split (every order then numbers the ranks alike)."""
+    split = [a for a in grid.order if grid.dim(a) > 1]
+    if len(split) < 2:
+        return None
+    rev = iter(reversed(split))
+    return "".join(next(rev) if a in split else a for a in grid.order)
 
 
 def any_scale_choice(data: Path, model: str, profile: Path) -> str:
@@ -184,62 +204,82 @@ def _trim() -> None:
         pass
 
 
-def _one(data: Path, model: str, over: dict, profile: Path, steps: int, ctx,  # noqa: ANN001
-         memory: bool = True) -> dict:
-    """Build, warm up, time (and, with ``memory``, measure) one configuration on this rank;
-    freed on return."""
+def _build(data: Path, model: str, over: dict, profile: Path, ctx):  # noqa: ANN001, ANN202
     cfg = _cfg(data, model, over, profile)
+    task = build_task(cfg, ctx, CommLedger())
+    return cfg, task, torch.optim.AdamW(task.model.parameters(), lr=1e-3)
+
+
+def _memory(data: Path, model: str, over: dict, profile: Path, ctx) -> list[int]:  # noqa: ANN001
+    """Every rank's peak resident set during the third step of one configuration above the
+    level before it was built, glibc in the memory mode throughout (:func:`_malloc`); freed
+    on return. Measured before any configuration is timed: a heap the time mode left
+    fragmented (blocks up to 32 MiB reused, trimmed at 64 MiB) kept a later configuration's
+    freed blocks resident, which inflated the measurement of every configuration after the
+    first of a run by up to 2.5x (Physics gcn 4x1x1 at p = 4: 62 MB after a clean start,
+    154 MB after three timed configurations)."""
     _malloc(memory=True)
     _trim()
     base = rss()
-    task = build_task(cfg, ctx, CommLedger())
-    opt = torch.optim.AdamW(task.model.parameters(), lr=1e-3)
+    cfg, task, opt = _build(data, model, over, profile, ctx)
     for e in range(2):  # warm-up (the optimizer's state appears in the first)
         loop.step(cfg, task, opt, e)
-    peak = 0
-    if memory:
-        with PeakRSS() as mem:
-            loop.step(cfg, task, opt, 2)
-        peak = mem.peak - base
-    _malloc(memory=False)
-    for e in range(2):  # warm-up of the time mode's heap
-        loop.step(cfg, task, opt, 3 + e)
-    times = []
-    for e in range(steps):
-        times.append(loop.step(cfg, task, opt, 5 + e)[1])
-    t = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)  # a step: the slowest rank's
+    with PeakRSS() as mem:
+        loop.step(cfg, task, opt, 2)
     peaks = [None] * ctx.world_size
-    dist.all_gather_object(peaks, peak)
-    return {"step_s": t.tolist(), "measured_bytes": [int(x) for x in peaks],
-            "label": task.plan.label}
+    dist.all_gather_object(peaks, mem.peak - base)
+    return [int(x) for x in peaks]
+
+
+def _time(data: Path, model: str, over: dict, profile: Path, steps: int, ctx  # noqa: ANN001
+          ) -> dict:
+    """Build, warm up and time one configuration on this rank (a step: the slowest rank's),
+    glibc as a training run has it; freed on return."""
+    _malloc(memory=False)
+    cfg, task, opt = _build(data, model, over, profile, ctx)
+    for e in range(2):
+        loop.step(cfg, task, opt, e)
+    times = [loop.step(cfg, task, opt, 2 + e)[1] for e in range(steps)]
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return {"step_s": t.tolist(), "label": task.plan.label}
 
 
 def worker(args: argparse.Namespace) -> None:
-    """Two passes over the configurations, the second in reverse order, each timing
-    ``steps`` steps of every one: the VM's speed drifts by tens of percent over minutes,
-    and a drift then weighs on every configuration alike instead of on whichever was
-    measured during it. A configuration's median is over both passes' steps."""
+    """A warm-up, a memory pass, then two timed passes over the configurations.
+
+    The warm-up builds and steps the first configuration in the memory mode, unmeasured (a
+    warm-up in the time mode left the heap as fragmented as a timed configuration): a
+    process's first
+    training steps grow its resident set by ~48 MB that stays (library workspaces, allocator
+    arenas; 47-48 MB at p = 1, 2, 4 on Physics' gcn, beyond every live tensor), which would
+    land on whichever configuration came first. The memory pass measures each configuration
+    in the memory mode (:func:`_memory`). The timed passes, the second in reverse order, time
+    ``steps`` steps of each: the VM's speed drifts by tens of percent over minutes, and a
+    drift then weighs on every configuration alike instead of on whichever was measured
+    during it. A configuration's median is over both passes' steps."""
     job = json.loads(Path(args.worker).read_text())
     ctx = init_distributed("gloo", timeout_s=900)
     configs = job["configs"]
-    runs: list[dict] = [{} for _ in configs]
+    data, model, profile = Path(job["data"]), job["model"], Path(job["profile"])
+    _memory(data, model, configs[0]["over"], profile, ctx)  # the warm-up, in memory mode
+    runs: list[dict] = [{"measured_bytes": _memory(data, model, c["over"], profile, ctx)}
+                        for c in configs]
     for rnd in range(2):
         order = range(len(configs)) if rnd == 0 else reversed(range(len(configs)))
         for i in order:
-            r = _one(Path(job["data"]), job["model"], configs[i]["over"],
-                     Path(job["profile"]), job["steps"], ctx, memory=rnd == 0)
-            if rnd == 0:
-                runs[i] = r
-            else:
-                runs[i]["step_s"] += r["step_s"]
+            r = _time(data, model, configs[i]["over"], profile, job["steps"], ctx)
+            runs[i]["label"] = r["label"]
+            runs[i]["step_s"] = runs[i].get("step_s", []) + r["step_s"]
     rows = []
     for c, r in zip(configs, runs):
         r["median_s"] = float(statistics.median(r["step_s"]))
         rows.append({**c, **r})
         if ctx.rank == 0:
             print(f"  p={ctx.world_size} {c['label']:<40} median {r['median_s']:.4f} s "
-                  f"(predicted {c['predicted_s']:.4f})", flush=True)
+                  f"(predicted {c['predicted_s']:.4f}) memory "
+                  f"{max(r['measured_bytes']) / 2**20:.0f} MB "
+                  f"(predicted {_model_bytes({**c, 'model': model}) / 2**20:.0f})", flush=True)
     if ctx.rank == 0:
         Path(job["out"]).write_text(json.dumps(rows, indent=1) + "\n")
     shutdown(ctx)
@@ -409,6 +449,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--scales", default=",".join(map(str, SCALES)),
+                    help="rank counts to run every case on")
+    ap.add_argument("--attention-scales", default=None,
+                    help="rank counts for the gt and gps cases (default: --scales)")
     ap.add_argument("--steps", type=int, default=4,
                     help="timed steps per configuration in each of the two passes")
     ap.add_argument("--profile", type=Path,
@@ -440,7 +484,8 @@ def main() -> None:
         name, model = CASES[case]
         data = prep(name, args.work)
         any_choice[case] = any_scale_choice(data, model, args.profile)
-        for p in SCALES:
+        scales = args.scales if model == "gcn" else args.attention_scales or args.scales
+        for p in map(int, scales.split(",")):
             configs = configurations(data, model, p, args.profile)
             print(f"{case} p={p}: {len(configs)} configurations", flush=True)
             for r in measure(data, model, p, configs, args.profile, args.steps):

@@ -43,7 +43,7 @@ from plexgt.plan.choose import (
 from plexgt.plan.host import Host
 from plexgt.plan.knobs import load_config
 from plexgt.plan.machine import MachineError, load_machine, merge_profile
-from plexgt.plan.profile import read_profile
+from plexgt.plan.profile import profile_notes, read_profile
 from plexgt.plan.search import GcnConfig, GcnSearch
 from plexgt.plan.search_attention import AttentionConfig
 from plexgt.tasks.task import graph_sizes, plexus_coefficients_for, system_model_for
@@ -318,6 +318,9 @@ def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> i
         print(describe_node(node))
     if m.name == "gcn":
         print(f"layer widths {gcn_dims(sizes, shape)}, stored nonzeros {sizes.e}")
+    print(f"load balance: the busiest rank's block priced, from {sizes.balance.source}")
+    for note in profile_notes(prof):
+        print(f"note: {note}")
     out = _search(args, cfg, sizes, shape, prof, limit, reg)
     out.update(model=m.name, config=_model_fields(cfg), inference=args.inference,
                coefficients=src)

@@ -16,6 +16,7 @@ from plexgt.data.graph import node_labels, random_split
 from plexgt.data.h5write import dataset, write_h5_atomic
 from plexgt.data.permute import inverse
 from plexgt.data.prep_run import PrepRun
+from plexgt.data.prep_stages import count_grid
 from plexgt.data.prepared import (
     A1,
     A2,
@@ -169,12 +170,19 @@ def manifest_of(run: PrepRun, nodes_rec: dict[str, Any], split_sizes: dict[str, 
     o = run.opts
     files = {NODES: nodes_rec}
     tile_nnz: dict[str, list[list[int]]] = {k: [] for k in MATRICES}
+    k = count_grid(run.n)
+    cells = {m: np.zeros(k * k, dtype=np.int64) for m in MATRICES}
+    counted = True
     feature_nnz = 0
     for kind, i in run.units:
         rec = read_json(run.done_path(kind, i))
         files[rec["file"]] = {"bytes": rec["bytes"], "sha256": rec["sha256"]}
         if kind != FEATURE_UNIT:
             tile_nnz[kind].append(rec["nnz"])
+            if "block_nnz" in rec:  # (a unit an older version finished has none)
+                cells[kind] += np.asarray(rec["block_nnz"], dtype=np.int64)
+            else:
+                counted = False
         else:
             feature_nnz += int(rec.get("nnz", 0))
     e1 = int(np.sum(tile_nnz[A1]))
@@ -213,6 +221,10 @@ def manifest_of(run: PrepRun, nodes_rec: dict[str, Any], split_sizes: dict[str, 
         "splits": split_sizes, "split": split_origin,
         **({"label_names": names} if names is not None else {}),
         "tile_nnz": tile_nnz, "tile_imbalance": imbalance,
+        # nonzeros per cell of a K x K grid of node blocks, each matrix: how evenly any
+        # partition spreads them (the planner prices the busiest rank by it)
+        **({"block_nnz": {m: c.reshape(k, k).tolist() for m, c in cells.items()}}
+           if counted else {}),
         "source": o.source_desc, "source_files": sources, "files": files,
         "prep_seconds": round(time.monotonic() - t_start, 3), "prep_ranks": run.comm.size,
         "params": run.params,

@@ -396,6 +396,8 @@ def build_tile_row(run: PrepRun, kind: str, ti: int, reader: BucketReader,
     nrows = r1 - r0
     deg = np.zeros(nrows, dtype=np.int64)
     nnz: list[int] = []
+    k = count_grid(n)
+    cells = np.zeros(k * k, dtype=np.int64)
 
     def fill(f: h5py.File) -> None:
         f.attrs.update({"matrix": kind, "ti": ti, "row_lo": r0, "row_hi": r1})
@@ -425,11 +427,29 @@ def build_tile_row(run: PrepRun, kind: str, ti: int, reader: BucketReader,
                     if ef.shape[0] else None)
             deg[:] += counts
             nnz.append(int(key.size))
+            cells[:] += block_counts(key // max(1, c1 - c0) + r0, key % max(1, c1 - c0) + c0,
+                                     n, k)
         dataset(f, TILE_DEG, deg)
 
     rec = write_h5_atomic(run.unit_path(kind, ti), fill)
     rec["nnz"] = nnz
+    rec["block_nnz"] = cells.tolist()
     return rec
+
+
+def count_grid(n: int) -> int:
+    """K of the K x K grid of node blocks the manifest's ``block_nnz`` counts nonzeros on (64,
+    fewer on tiny graphs): the planner's view of how evenly any partition of the stored
+    pattern spreads its nonzeros (:mod:`plexgt.plan.balance`)."""
+    return max(1, min(64, n))
+
+
+def block_counts(rows: np.ndarray, cols: np.ndarray, n: int, k: int) -> np.ndarray:
+    """[k * k] nonzeros of the entries (rows, cols) (node ids < n) per cell (i, j) of rows
+    and columns [ceil(i·n/k), ceil((i+1)·n/k)), row-major."""
+    br = (rows.astype(np.int64) * k) // max(1, n)
+    bc = (cols.astype(np.int64) * k) // max(1, n)
+    return np.bincount(br * k + bc, minlength=k * k)
 
 
 def _gathered_rows(run: PrepRun, b: int, q: np.ndarray) -> dict[str, np.ndarray]:

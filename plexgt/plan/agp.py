@@ -62,7 +62,6 @@ the choice covers the GCN path too.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import Counter
 from collections.abc import Iterable
@@ -75,14 +74,17 @@ from plexgt.distributed.grid import Grid3D
 from plexgt.distributed.layout3d import layer_layouts
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionProblem, AttentionStrategy
+from plexgt.plan.balance import Balance
 from plexgt.plan.host import Host, across_group_sizes
 from plexgt.plan.plexus_cost import Coefficients, rank_grids
 from plexgt.plan.profile import (
     GT_STEP_SHAPE,
     KERNEL_KINDS,
     counted_recompute,
+    curve_time,
     fit_kernels,
     memory_table,
+    monotone_curve,
     per_element_curve,
     table_factor,
 )
@@ -171,6 +173,9 @@ class Workload:
     """Blocks recomputed in backward (``model.checkpoint = 'block'``): their inputs kept
     instead of their activations, their forward (collectives too) run twice a step.
     Ignored under ``inference`` (no backward: nothing is recomputed)."""
+    balance: Balance = field(default_factory=Balance, compare=False)
+    """How unevenly row blocks of the stored pattern hold its nonzeros: the busiest rank's
+    edges are the mean times its imbalance (:mod:`plexgt.plan.balance`)."""
 
     def __post_init__(self) -> None:
         if self.model not in ("gt", "gps"):
@@ -230,32 +235,6 @@ def gcn_grid_for(s: int, n: int, nnz: int, hidden: int, esize: int,
                       order="aggregate_first")[0].grid
 
 
-def monotone_curve(points: list[list[float]] | list[tuple[float, float]]
-                   ) -> tuple[tuple[float, float], ...]:
-    """Measured (bytes, seconds) sorted by size, each time lowered to the fastest time of any
-    size at least as large: sending more never takes less, and on a shared machine noise only
-    adds time, so a small message timed slower than a bigger one was disturbed."""
-    pts = sorted((float(b), float(t)) for b, t in points)
-    out: list[tuple[float, float]] = []
-    low = math.inf
-    for b, t in reversed(pts):
-        low = min(low, t)
-        out.append((b, low))
-    return tuple(reversed(out))
-
-
-def curve_time(curve: tuple[tuple[float, float], ...], x: float) -> float:
-    """Piecewise-linear time at x bytes: the smallest size's time below it, the last
-    segment's slope beyond the largest (its bandwidth)."""
-    if x <= curve[0][0] or len(curve) == 1:
-        return curve[0][1] if x <= curve[0][0] else curve[-1][1]
-    for (b0, t0), (b1, t1) in zip(curve, curve[1:]):
-        if x <= b1:
-            return t0 + (t1 - t0) * (x - b0) / (b1 - b0)
-    (b0, t0), (b1, t1) = curve[-2], curve[-1]
-    return t1 + (t1 - t0) / (b1 - b0) * (x - b1)
-
-
 @dataclass(frozen=True)
 class SystemModel:
     """Coefficients read from a system profile (:mod:`plexgt.plan.profile`), or defaults."""
@@ -266,7 +245,8 @@ class SystemModel:
     collective_curves: dict[str, dict[int, tuple[tuple[float, float], ...]]] = field(
         default_factory=dict)
     """op -> group size -> ((bytes sent, seconds), ...) as profiled, sizes ascending, times
-    made non-decreasing (:func:`monotone_curve`); preferred over the fit where present."""
+    made non-decreasing (:func:`~plexgt.plan.profile.monotone_curve`); preferred over the
+    fit where present."""
     memory_curve: tuple[tuple[float, float], ...] = ()
     """(elements, seconds per element) of a streaming elementwise op over sizes: how much
     slower [rows, d] passes get once they fall out of cache (:func:`plexgt.plan.profile.
@@ -462,7 +442,10 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     # heads, edges, query rows and key columns; the columns that do not shrink with s (GP-AG's
     # gathered ones, a ring's visiting blocks) are overhead (β)
     wk = strategy.work(prob, s)
-    h_r, e_r, rows = wk.heads, wk.edges, wk.rows
+    h_r, rows = wk.heads, wk.rows
+    # the busiest rank's edges: a node-partitioned strategy's share is one of E/edges row
+    # blocks of the stored pattern (all its columns), the fullest of them
+    e_r = wk.edges * w.balance.imbalance("A1", max(1, round(prob.e / max(wk.edges, 1.0))))
 
     def side(coef: str, n: float) -> float:
         """The kernel's per-row or per-column passes over [h_r, n, d'] arrays, per layer."""
@@ -488,10 +471,16 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
 
         lay = layer_layouts(grid, 0, w.n, [d, d])[0]
         ga, gb, gc = lay.g
-        edge += L * 2 * (w.e / (ga * gc)) * (lay.d_in // gb) * k["spmm_s_per_nnz_col"]
+        edge += L * 2 * (lay.d_in // gb) * (
+            w.e / (ga * gc) * w.balance.imbalance("A1", gc, ga) * k["spmm_s_per_nnz_col"]
+            + (lay.rows_pad + lay.cols_pad) / 2 * k.get("spmm_s_per_row_col", 0.0))
+        edge += L * 2 * k.get("spmm_s_per_call", 0.0)
         gemm3 = lay.rows_pad * (lay.d_in // gb) * (lay.d_out // ga) - n_loc * d * d
     elif w.gcn:  # the 1D GCN path: the rank's own rows' edges, both ways
-        edge += L * 2 * (w.e / s) * d * k["spmm_s_per_nnz_col"]
+        # output rows: the forward's own n_loc, the backward's (Âᵀ·dZ) all N columns
+        edge += L * d * (2 * (w.e / s) * w.balance.imbalance("A1", s) * k["spmm_s_per_nnz_col"]
+                         + (n_loc + w.n) * k.get("spmm_s_per_row_col", 0.0))
+        edge += L * 2 * k.get("spmm_s_per_call", 0.0)
     # the input projection X·W and its weight gradient Xᵀ·dY (the input is not trained): a
     # GEMM over F columns, or an SpMM over a sparse input's F·density nonzeros a row
     dense_in = 0 if w.feature_density is not None else w.features

@@ -6,7 +6,7 @@ to 18x too slow and ranked 2 ranks fastest where 1 was), and ``plexgt profile`` 
 step a new user does not know to take. This is the same measurement, a subset sized to take
 seconds:
 
-* kernels (:func:`plexgt.plan.measure.kernel_samples`, quick sizes, two passes) on one
+* kernels (:func:`plexgt.plan.kernel_samples.kernel_samples`, quick sizes, two passes) on one
   thread in this process, and the speedup of 2, 4, ... threads up to the usable cores
   (``os.sched_getaffinity``): the whole-step calibration both planners read included;
 * collectives and contention on two worker processes (gloo over a FileStore in a scratch
@@ -49,9 +49,9 @@ import torch
 import torch.distributed as dist
 
 import plexgt
+from plexgt.plan.kernel_samples import kernel_samples
 from plexgt.plan.measure import (
     cpu_model,
-    kernel_samples,
     profile_collectives,
     profile_kernels,
     profile_loaded,
@@ -68,8 +68,9 @@ from plexgt.plan.profile import (
     fit_plexus_coefficients,
 )
 
-CALIBRATION_VERSION = 1
-"""Bumped when what the calibration measures changes: older cache files are then ignored."""
+CALIBRATION_VERSION = 2
+"""Bumped when what the calibration measures changes: older cache files are then ignored (2:
+the SpMM samples carry their output rows, for the per-call and per-row·column fit)."""
 OFF_ENV = "PLEXGT_NO_CALIBRATE"
 """Set (to anything but '', '0'): no calibration, default coefficients (the test suite sets it:
 its plans must not depend on the machine's load)."""

@@ -16,7 +16,7 @@ what it fixes is kept:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from plexgt.config import TrainConfig
@@ -27,6 +27,7 @@ from plexgt.models.registry import default_registry as model_registry
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionStrategy, StrategyRegistry
 from plexgt.plan.agp import Estimate, SystemModel, Workload, gcn_grid_for
+from plexgt.plan.balance import Balance
 from plexgt.plan.plexus_cost import (
     Coefficients,
     PlexusEstimate,
@@ -55,6 +56,10 @@ class GraphSizes:
     feature_density: float | None = None
     """Share of nonzero input features when they are stored (and trained) sparse; None:
     dense."""
+    balance: Balance = field(default_factory=Balance, compare=False)
+    """How evenly the stored pattern's blocks hold its nonzeros (a prepared manifest's
+    counts, :meth:`~plexgt.plan.balance.Balance.from_manifest`; typed sizes: the stated
+    default): every layout's busiest rank is priced by it."""
 
     @property
     def gcn_path_nnz(self) -> int:
@@ -179,7 +184,7 @@ def workload(sizes: GraphSizes, shape: ModelShape, grid: Grid3D | None = None) -
                     attention_block_rows=shape.attention_block_rows,
                     feature_density=sizes.feature_density, norm=shape.norm_kind,
                     pre_norm=shape.pre_norm, jk=shape.jk, inference=shape.inference,
-                    checkpoint=shape.checkpoint)
+                    checkpoint=shape.checkpoint, balance=sizes.balance)
 
 
 def candidates(strategy: str, registry: StrategyRegistry | None = None
@@ -329,7 +334,8 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
                            input_density=sizes.feature_density, grid=fixed,
                            block_rows=shape.block_rows, axis_order=shape.axis_order,
                            ops=gcn_chain(sizes, shape), norm=shape.norm_kind,
-                           inference=shape.inference, checkpoint=shape.checkpoint)
+                           inference=shape.inference, checkpoint=shape.checkpoint,
+                           balance=sizes.balance)
         c = found.chosen
         if c is None:
             raise _none_fits(memory_per_rank, world_size, any_scale, found.least_memory)

@@ -3,7 +3,8 @@
 The byte formulas (:mod:`plexgt.plan.plexus_bytes`, re-exported here) use the collectives'
 own per-rank formulas, operation by operation, so the ledger of a real run equals
 :func:`plexus_step_bytes` to the byte (tests check it). Time adds
-profiled coefficients: SpMM seconds per nonzero·column, GEMM seconds per multiply-add, and per
+profiled coefficients: SpMM seconds per call, per output row·column and per nonzero·column
+(the busiest block's, :mod:`plexgt.plan.balance`), GEMM seconds per multiply-add, and per
 axis a latency and a seconds-per-byte (see :class:`Coefficients`).
 """
 
@@ -18,6 +19,7 @@ from plexgt.distributed.grid import Grid3D, factorizations
 from plexgt.distributed.layout3d import LayerLayout
 from plexgt.models.gcn import GCNOp, jk_hops, layer_widths
 from plexgt.parallel.attention.strategy import graph_bytes
+from plexgt.plan.balance import Balance
 from plexgt.plan.host import Host, across_group_sizes
 from plexgt.plan.placement import Topology
 from plexgt.plan.plexus_bytes import (  # noqa: F401 - re-exported: the byte formulas' home before
@@ -40,6 +42,12 @@ class Coefficients:
     """SpMM seconds per (nonzero x dense column)."""
     gemm_s_per_fma: float = 1e-10
     """GEMM seconds per multiply-add."""
+    spmm_s_per_call: float = 0.0
+    """SpMM seconds per call (launch, its output's allocation): what a rank pays whatever
+    its share (0 for a profile that did not fit it: then per nonzero only)."""
+    spmm_s_per_row_col: float = 0.0
+    """SpMM seconds per output row x dense column (its output's writes, the row pointers):
+    what does not shrink with the nonzeros of a sparse block."""
     latency_s: float = 2e-5
     """Seconds per collective call (at group sizes the profile did not measure)."""
     s_per_byte: float = 1e-9
@@ -189,18 +197,19 @@ def estimate(grid: Grid3D, n: int, nnz: int, dims: list[int], esize: int,
              coef: Coefficients, block_rows: int | None = None, order: str = "auto",
              input_grad: bool = False, input_density: float | None = None,
              ops: list[GCNOp] | None = None, norm: str = "none", inference: bool = False,
-             checkpoint: bool = False) -> PlexusEstimate:
-    """Predicted step time and memory of ``grid`` (nnz spread evenly: double permutation;
-    ``inference``: one forward pass, :func:`rank_cost`; ``input_grad``: layer 0's input is
-    trained, a node embedding; ``input_density``: the input is CSR-stored with this share of
-    nonzeros, its layer-0 GEMM an SpMM priced by it; ``ops``, ``norm``, ``checkpoint``: the
-    GCN's options, :func:`rank_cost`)."""
+             checkpoint: bool = False, balance: Balance | None = None) -> PlexusEstimate:
+    """Predicted step time and memory of ``grid`` (``inference``: one forward pass,
+    :func:`rank_cost`; ``input_grad``: layer 0's input is trained, a node embedding;
+    ``input_density``: the input is CSR-stored with this share of nonzeros, its layer-0 GEMM
+    an SpMM priced by it; ``ops``, ``norm``, ``checkpoint``: the GCN's options,
+    :func:`rank_cost`; ``balance``: how unevenly the grid's adjacency blocks hold the
+    nonzeros, the busiest block priced)."""
     # every rank prices the same: blocks are padded to equal shapes (ceil(N/G) rows, padded
     # widths), so bytes, calls, FMAs and memory depend on the grid's extents, not on which
     # block a rank holds (the tests check rank_cost over every rank); one rank stands for
     # all, which keeps a search over every factorisation of every scale fast
     rc = rank_cost(grid, 0, n, nnz, dims, esize, coef, block_rows, order, input_grad,
-                   input_density, ops, norm, inference, checkpoint)
+                   input_density, ops, norm, inference, checkpoint, balance)
     return PlexusEstimate(grid, rc.nbytes, rc.comm_s, rc.compute_s, rc.mem, rc.traffic)
 
 
@@ -241,7 +250,7 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
               coef: Coefficients, block_rows: int | None = None, order: str = "auto",
               input_grad: bool = False, input_density: float | None = None,
               ops: list[GCNOp] | None = None, norm: str = "none", inference: bool = False,
-              checkpoint: bool = False) -> RankCost:
+              checkpoint: bool = False, balance: Balance | None = None) -> RankCost:
     """Rank ``r``'s step (:class:`RankCost`), as :func:`estimate` prices it (``ops``,
     ``norm``: a GCN with :class:`~plexgt.models.gcn.GCNArch` options, ``dims`` its
     :func:`~plexgt.models.gcn.op_widths`). ``checkpoint``: every op a checkpointed block,
@@ -252,8 +261,16 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
     of a training step: the forward's collectives and FMAs alone; no transposed Â blocks
     (``drop_backward`` frees them), weights without gradients or AdamW's moments, and only
     the largest layer's live activations (no autograd graph keeps the others) plus the
-    input shard and the logits shard being written. No backward: ``checkpoint`` is moot."""
+    input shard and the logits shard being written. No backward: ``checkpoint`` is moot.
+
+    Compute is the busiest rank's: each conv layer's SpMM on the largest adjacency block of
+    the layer's [Gc x Ga] split of A1 / A2 (``balance``; without it, the stated default of
+    :mod:`plexgt.plan.balance`), per call, per output row·column and per nonzero·column,
+    each layer's collectives waiting for it. Bytes and calls are rank ``r``'s (equal on
+    every rank: blocks are padded to equal shapes); memory too, but with the fullest
+    adjacency block's CSR (the peak that must fit is the busiest rank's)."""
     checkpoint = checkpoint and not inference
+    bal = balance or Balance()
     sparse = input_density is not None
     lays = chain_layouts(grid, r, n, dims, order, sparse, ops)
     host, p = coef.host, grid.size
@@ -282,22 +299,31 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
         rows_pad, cols_pad = lay.rows_pad, lay.cols_pad  # properties: computed once here
         din_b, dout_a, dout_ab = lay.d_in // gb, lay.d_out // ga, lay.d_out // (ga * gb)
         # a node-wise layer's operator is the identity's block: N/(Ga·Gc) entries
-        blk_nnz = (nnz if lay.kind == "conv" else n) / (ga * gc)
+        # the busiest rank's block: the mean times the split's imbalance (conv layers)
+        blk_nnz = (nnz * bal.imbalance(lay.matrix, gc, ga) if lay.kind == "conv" else n
+                   ) / (ga * gc)
         shard = cols_pad * lay.d_in // (gb * gc) * (2 if lay.layer == 0 else 1)
         mem += int(blk_nnz * 12 * adj_copies)  # 8-byte index + 4-byte value
         mem += din_b * dout_a * esize * w_copies
         act = 0  # the layer's activations (what checkpointing drops)
         if lay.order == "gemm_first":
-            # the SpMM runs forward and backward on d_out/Gb columns; GEMM on input rows
+            # the SpMM runs forward and backward on d_out/Gb columns; GEMM on input rows;
+            # per call and per output row·column: the forward's rows_pad, the backward's
+            # (Âᵀ·dY) cols_pad
             spmm = blk_nnz * (lay.d_out // gb) * 2
+            spmm_fixed = (2 * coef.spmm_s_per_call + (rows_pad + cols_pad) * (lay.d_out // gb)
+                          * coef.spmm_s_per_row_col)
             gemm = cols_pad * din_b * lay.d_out * (3 if lay.layer else 2)
             if sparse and lay.layer == 0:
                 # a CSR input's X·W and Xᵀ·dY are SpMMs over its nonzeros, d_out columns
                 spmm += 2 * cols_pad * din_b * input_density * lay.d_out
                 gemm = 0
             # the forward's share: one SpMM of two, one GEMM of three (of two on layer 0)
+            # (and its SpMM's one call, on rows_pad output rows)
             fwd = (spmm / 2 * coef.spmm_s_per_nnz_col
-                   + gemm / (3 if lay.layer else 2) * coef.gemm_s_per_fma)
+                   + gemm / (3 if lay.layer else 2) * coef.gemm_s_per_fma
+                   + coef.spmm_s_per_call
+                   + rows_pad * (lay.d_out // gb) * coef.spmm_s_per_row_col)
             # input shard (+ staging on layer 0), gathered input (staged twice), whole W
             # block, H·W before and after its reduce-scatter, the aggregate; a sparse input
             # is read already gathered over c: its CSR block alone, no staging and no
@@ -312,8 +338,12 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
                              ) * esize
         else:
             spmm = blk_nnz * din_b * (2 if lay.layer > 0 else 1)
+            spmm_fixed = ((2 if lay.layer > 0 else 1) * coef.spmm_s_per_call
+                          + (rows_pad + (cols_pad if lay.layer > 0 else 0)) * din_b
+                          * coef.spmm_s_per_row_col)
             gemm = rows_pad * din_b * dout_a * 3
-            fwd = blk_nnz * din_b * coef.spmm_s_per_nnz_col + gemm / 3 * coef.gemm_s_per_fma
+            fwd = (blk_nnz * din_b * coef.spmm_s_per_nnz_col + gemm / 3 * coef.gemm_s_per_fma
+                   + coef.spmm_s_per_call + rows_pad * din_b * coef.spmm_s_per_row_col)
             # input shard (and its staging copy on layer 0), gathered input (twice: the
             # backend stages the gather), aggregate, partial product
             act += (shard + 2 * cols_pad * din_b + rows_pad * din_b + rows_pad * dout_a
@@ -365,7 +395,7 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
             flops_s += fwd
             largest = max(largest, act)
             continue
-        flops_s += spmm * coef.spmm_s_per_nnz_col + gemm * coef.gemm_s_per_fma
+        flops_s += spmm * coef.spmm_s_per_nnz_col + spmm_fixed + gemm * coef.gemm_s_per_fma
         if not checkpoint:
             # every layer's kept tensors, and one layer's working set at a time
             held = min(held, act)

@@ -4,9 +4,12 @@ A profile (``plexgt profile --out system.json``, measured by :mod:`plexgt.plan.m
 JSON with ``format`` = :data:`FORMAT` and ``version`` = :data:`VERSION`; it names the
 hardware and the libraries, and holds the raw samples (``collectives``, ``kernels``,
 ``loaded``) beside what is fitted from them: ``collective_fits`` (latency and seconds per byte
-per operation and group size), ``kernel_fits`` (per-element costs, :func:`fit_kernels`),
-``contention`` and, under ``plexus``, the four coefficients
+per operation and group size), ``kernel_fits`` (per-call, per-row and per-element costs,
+:func:`fit_kernels`),
+``contention`` and, under ``plexus``, the coefficients
 :class:`plexgt.plan.plexus_cost.Coefficients` takes (:func:`fit_plexus_coefficients`).
+Profiles an older version wrote load as they are: what they lack is priced as that version
+did, and :func:`profile_notes` says what.
 The fits live here rather than with the measurements so that a planner can refit stored raw
 samples without importing the measuring code.
 """
@@ -56,6 +59,32 @@ planners' kernel sums (optional: profiles before the calibration have neither or
 def per_element_curve(samples: list[list[float]]) -> list[tuple[float, float]]:
     """[(elements, seconds per element)] sorted by size, from [elements, seconds] samples."""
     return sorted((float(r[0]), float(r[1]) / float(r[0])) for r in samples if r[0] > 0)
+
+
+def monotone_curve(points: list[list[float]] | list[tuple[float, float]]
+                   ) -> tuple[tuple[float, float], ...]:
+    """Measured (bytes, seconds) sorted by size, each time lowered to the fastest time of any
+    size at least as large: sending more never takes less, and on a shared machine noise only
+    adds time, so a small message timed slower than a bigger one was disturbed."""
+    pts = sorted((float(b), float(t)) for b, t in points)
+    out: list[tuple[float, float]] = []
+    low = math.inf
+    for b, t in reversed(pts):
+        low = min(low, t)
+        out.append((b, low))
+    return tuple(reversed(out))
+
+
+def curve_time(curve: tuple[tuple[float, float], ...], x: float) -> float:
+    """Piecewise-linear time at x bytes: the smallest size's time below it, the last
+    segment's slope beyond the largest (its bandwidth)."""
+    if x <= curve[0][0] or len(curve) == 1:
+        return curve[0][1] if x <= curve[0][0] else curve[-1][1]
+    for (b0, t0), (b1, t1) in zip(curve, curve[1:]):
+        if x <= b1:
+            return t0 + (t1 - t0) * (x - b0) / (b1 - b0)
+    (b0, t0), (b1, t1) = curve[-2], curve[-1]
+    return t1 + (t1 - t0) / (b1 - b0) * (x - b1)
 
 
 def memory_factor(curve: list[tuple[float, float]] | tuple[tuple[float, float], ...],
@@ -117,8 +146,7 @@ def fit_kernels(raw: dict[str, list[list[float]]]) -> dict[str, float]:
         return coef
 
     fits = {
-        "spmm_s_per_nnz_col": through_origin([r[0] * r[1] for r in raw["spmm"]],
-                                             [r[2] for r in raw["spmm"]]),
+        **fit_spmm(raw["spmm"]),
         "sddmm_s_per_nnz_col": through_origin([r[0] * r[1] for r in raw["sddmm"]],
                                               [r[2] for r in raw["sddmm"]]),
         "gemm_s_per_fma": through_origin([r[0] * r[1] * r[2] for r in raw["gemm"]],
@@ -162,6 +190,44 @@ def fit_kernels(raw: dict[str, list[list[float]]]) -> dict[str, float]:
     return fits
 
 
+SPMM_TERMS = ("spmm_s_per_call", "spmm_s_per_row_col")
+"""The SpMM fit's terms beyond the per-nonzero one, which profiles before them lack."""
+
+
+def fit_spmm(rows: list[list[float]]) -> dict[str, float]:
+    """SpMM seconds ``t = per_call + per_row_col · rows·d + per_nnz_col · nnz·d`` from
+    samples [nnz, d, s, rows] (non-negative least squares on relative error): a rank's
+    block of a sparse matrix is not priced per nonzero alone, since a call's launch and its
+    [rows, d] output cost what they cost however few nonzeros the block holds. Samples
+    without rows (a profile before the fit, [nnz, d, s]): per nonzero·column only, through
+    the origin (the two other terms 0; :func:`profile_notes` says so)."""
+    if len(rows) >= 4 and all(len(r) >= 4 for r in rows):
+        a = np.array([[1.0, r[3] * r[1], r[0] * r[1]] for r in rows], dtype=np.float64)
+        t = np.array([r[2] for r in rows], dtype=np.float64)
+        coef, _ = nnls(a / t[:, None], np.ones_like(t))
+        return {"spmm_s_per_call": float(coef[0]), "spmm_s_per_row_col": float(coef[1]),
+                "spmm_s_per_nnz_col": float(coef[2])}
+    return {"spmm_s_per_call": 0.0, "spmm_s_per_row_col": 0.0,
+            "spmm_s_per_nnz_col": float(np.median([r[2] / (r[0] * r[1]) for r in rows]))}
+
+
+def profile_notes(prof: dict[str, Any] | None) -> list[str]:
+    """What a profile lacks that this version fits, and how the planners price it instead
+    (one line each; empty for a current profile or none)."""
+    if not prof:
+        return []
+    out = []
+    spmm = (prof.get("kernels") or {}).get("spmm") or []
+    if spmm and not all(len(r) >= 4 for r in spmm):
+        out.append("profile's SpMM samples have no rows (an older plexgt profile): SpMM priced "
+                   "per nonzero x column only, no per-call or per-row term; rerun plexgt "
+                   "profile to fit them")
+    if (prof.get("kernels") or {}) and not (prof.get("kernels") or {}).get("recompute"):
+        out.append("profile has no recompute samples: a ring's rebuilt scores priced as one "
+                   "more of the fused kernel's six per-edge passes")
+    return out
+
+
 def counted_recompute(fits: dict[str, float]) -> dict[str, float]:
     """Recomputation counted, not measured: one more of the fused kernel's six per-edge·
     head·d' passes (2 forward, 4 backward). How the planner priced it before profiles held
@@ -199,8 +265,11 @@ def fit_recompute(raw: dict[str, list[list[float]]], fits: dict[str, float],
 
 def fit_plexus_coefficients(kfits: dict[str, float], cfits: dict[str, dict[str, dict[str, float]]]
                         ) -> dict[str, float]:
-    """The four numbers of :class:`plexgt.plan.plexus_cost.Coefficients`: kernel rates, and
-    latency / s_per_byte averaged over the operations at the largest profiled group."""
+    """The numbers of :class:`plexgt.plan.plexus_cost.Coefficients` a profile stores under
+    "plexus": kernel rates (SpMM per call, per output row·column and per nonzero·column;
+    GEMM per multiply-add), and latency / s_per_byte averaged over the operations at the
+    largest profiled group. Profiles before the SpMM fit store four (the SpMM's per-call and
+    per-row terms then 0)."""
 
     dflt = Coefficients()
     lat, spb = [], []
@@ -212,6 +281,7 @@ def fit_plexus_coefficients(kfits: dict[str, float], cfits: dict[str, dict[str, 
     return {
         "spmm_s_per_nnz_col": kfits.get("spmm_s_per_nnz_col", dflt.spmm_s_per_nnz_col),
         "gemm_s_per_fma": kfits.get("gemm_s_per_fma", dflt.gemm_s_per_fma),
+        **{k: kfits.get(k, 0.0) for k in SPMM_TERMS},
         "latency_s": float(np.mean(lat)) if lat else dflt.latency_s,
         "s_per_byte": float(np.mean(spb)) if spb else dflt.s_per_byte,
     }

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from plexgt.distributed.grid import DEFAULT_ORDER, Grid3D, factorizations
 from plexgt.distributed.grid import ORDERS as AXIS_ORDERS
 from plexgt.models.gcn import GCNOp
+from plexgt.plan.balance import Balance
 from plexgt.plan.pareto import chosen_and_frontier, frontier
 from plexgt.plan.plexus_cost import (
     Coefficients,
@@ -106,7 +107,8 @@ def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients
                grid: Grid3D | None = None, block_rows: int | None = None,
                axis_order: str = "auto", ops: list[GCNOp] | None = None,
                norm: str = "none", inference: bool = False,
-               checkpoint: bool = False) -> GcnSearch:
+               checkpoint: bool = False, balance: Balance | None = None
+               ) -> GcnSearch:
     """Search every factorisation of every scale in ``scales`` (default 1..world_size; only
     ``grid`` when given), the layer orders (``order`` 'auto': all of :data:`ORDERS`; else
     that one) and blocked or whole aggregation (``block_rows`` given: those rows only); see
@@ -116,11 +118,12 @@ def search_gcn(n: int, nnz: int, dims: list[int], esize: int, coef: Coefficients
     model's options (:func:`plexgt.models.gcn.gcn_ops`; ``dims`` their widths);
     ``inference``: price one forward pass, not a training step
     (:func:`~plexgt.plan.plexus_cost.rank_cost`); ``checkpoint``: its ops recomputed in
-    backward (``model.checkpoint``; a training step's only)."""
+    backward (``model.checkpoint``; a training step's only); ``balance``: the pattern's
+    block counts, the busiest block priced (:mod:`plexgt.plan.balance`)."""
     t0 = time.perf_counter()
     orders = ORDERS if order == "auto" else (order,)
     kw = dict(input_grad=input_grad, input_density=input_density, ops=ops, norm=norm,
-              inference=inference, checkpoint=checkpoint)
+              inference=inference, checkpoint=checkpoint, balance=balance)
     if grid is not None:
         axis_orders: tuple[str, ...] = (grid.order,)
     elif axis_order != "auto":

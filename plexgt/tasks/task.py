@@ -27,6 +27,7 @@ from plexgt.models.spec import ModelSpec
 from plexgt.ops.attention import sampled_addmm_available
 from plexgt.parallel.attention.strategy import StrategyRegistry
 from plexgt.plan.agp import SystemModel
+from plexgt.plan.balance import Balance
 from plexgt.plan.calibrate import applies as calibration_applies
 from plexgt.plan.calibrate import calibration
 from plexgt.plan.choose import GraphSizes, ModelShape, RunPlan, choose
@@ -112,7 +113,8 @@ def graph_sizes(pg: PreparedGraph, embedding: int = 0) -> GraphSizes:
     a node embedding of ``embedding`` columns."""
     density = (int(pg.manifest.get("feature_nnz", 0)) / max(1, pg.N * pg.F)
                if pg.sparse_features else None)
-    return GraphSizes(pg.N, pg.E, pg.F + embedding, max(1, pg.C), pg.self_loops, density)
+    return GraphSizes(pg.N, pg.E, pg.F + embedding, max(1, pg.C), pg.self_loops, density,
+                      Balance.from_manifest(pg.manifest))
 
 
 def node_order(pg: PreparedGraph) -> str:

@@ -485,3 +485,14 @@ def test_sparse_features_are_stored_as_csr_and_read_back_exactly(tmp_path):
                                  for p in rep["problems"])
     with PreparedGraph(tmp_path / "csr") as a, pytest.raises(DataError, match="outside"):
         a.read_features_csr()
+
+
+def test_block_counts_are_the_stored_patterns(prepared):
+    """The manifest's block_nnz (what the planner prices a partition's busiest block by) is
+    each stored matrix's nonzeros per cell: N = 37 < 64, so one node a cell, the pattern
+    itself; the cells summed over T = 4 tile rows whose edges never align with them."""
+    _, _, m, a1, a2 = prepared
+    for name, a in (("A1", a1), ("A2", a2)):
+        want = a.tocsr().copy()
+        want.data[:] = 1
+        np.testing.assert_array_equal(np.array(m["block_nnz"][name]), want.toarray())

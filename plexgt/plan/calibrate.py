@@ -228,7 +228,16 @@ def calibration(env: Mapping[str, str] = os.environ, workers: bool = True,
         return Calibration(prof, path, True, prof.get("calibration_note", ""))
     if announce:
         announce()
+    load = busy(key["cores"])
     prof, note = measure(key, workers)
+    if load is not None:
+        # timings taken while other work held the cores would be reused on every later
+        # plan: a busy host's calibration serves this plan alone (one taken under load 20 on
+        # the 2-core VM measured 2 threads 0.45x as fast as 1, and priced 1 rank 3x slow)
+        return Calibration(prof, None, False, "; ".join(x for x in (
+            note, f"not cached: the host was busy (1-minute load {load:.1f} on "
+            f"{key['cores']} cores); plan again when it is quiet, or run plexgt profile")
+            if x))
     try:
         write_cache(path, prof)
     except (CalibrationError, OSError) as e:
@@ -236,6 +245,16 @@ def calibration(env: Mapping[str, str] = os.environ, workers: bool = True,
         return Calibration(prof, None, False, "; ".join(x for x in (note, f"not cached: {msg}")
                                                         if x))
     return Calibration(prof, path, False, note)
+
+
+def busy(cores: int) -> float | None:
+    """The 1-minute load average where other work held at least this host's usable cores
+    before the calibration started (its timings would measure that work), else None."""
+    try:
+        load = os.getloadavg()[0]
+    except OSError:  # no load average on this platform: nothing to judge by
+        return None
+    return load if load >= cores else None
 
 
 def measure(key: dict[str, Any], workers: bool = True) -> tuple[dict[str, Any], str]:

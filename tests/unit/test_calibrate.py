@@ -18,13 +18,17 @@ from plexgt.plan.agp import SystemModel
 from plexgt.plan.plexus_cost import Coefficients
 from plexgt.plan.profile import KERNEL_KINDS, read_profile
 
+REAL_BUSY = calibrate.busy  # the fixtures below stub it; the busy-host test puts it back
+
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
     """One real quick calibration (kernels in process, collectives on two workers), cached
     in a scratch XDG_CACHE_HOME."""
     env = {"XDG_CACHE_HOME": str(tmp_path_factory.mktemp("xdg"))}
-    return calibrate.calibration(env), env
+    with pytest.MonkeyPatch.context() as mp:  # the suite's own load must not stop the cache
+        mp.setattr(calibrate, "busy", lambda cores: None)
+        return calibrate.calibration(env), env
 
 
 @pytest.fixture
@@ -39,6 +43,7 @@ def fake(measured, monkeypatch):
         return prof, ""
 
     monkeypatch.setattr(calibrate, "measure", measure)
+    monkeypatch.setattr(calibrate, "busy", lambda cores: None)
     return calls
 
 
@@ -90,6 +95,24 @@ def test_cache_is_reused_and_invalidated_on_a_key_change(tmp_path, fake, monkeyp
     other.path.write_text('{"format": "plexgt-sys')
     assert not calibrate.calibration(env).cached and len(fake) == 4
     assert calibrate.calibration(env).cached and len(fake) == 4
+
+
+def test_a_busy_hosts_calibration_serves_one_plan_and_is_not_cached(tmp_path, fake,
+                                                                     monkeypatch):
+    """Timings taken while other work held the cores are not kept for later plans: the
+    calibration is used, its note says why it was not cached, and a quiet host's next plan
+    measures again and caches. Fails without the load check (the busy result was cached)."""
+    env = {"XDG_CACHE_HOME": str(tmp_path)}
+    monkeypatch.setattr(calibrate.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    monkeypatch.setattr(calibrate, "busy", REAL_BUSY)
+    cal = calibrate.calibration(env)
+    assert not cal.cached and cal.path is None and len(fake) == 1
+    assert "not cached: the host was busy (1-minute load 9.0" in cal.note
+    assert not calibrate.cache_path(calibrate.host_key(), env).exists()
+    monkeypatch.setattr(calibrate.os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+    cal = calibrate.calibration(env)
+    assert cal.path is not None and cal.path.is_file() and len(fake) == 2
+    assert calibrate.calibration(env).cached and len(fake) == 2
 
 
 def test_symlinked_cache_is_refused(tmp_path, fake):

@@ -389,16 +389,20 @@ RECIPE_TABLE = "recipe"
 by :func:`read_config`, read by :func:`read_recipe`."""
 
 
-def read_recipe(path: str | Path) -> dict[str, Any]:
-    """The ``[recipe]`` table of the config file ``path`` ({} when it has none)."""
-    p = Path(path)
+def read_toml(p: Path) -> dict[str, Any]:
+    """The config file ``p``'s tree; ConfigError naming it when it is missing or not TOML."""
     try:
-        tree = tomllib.loads(p.read_text())
+        return tomllib.loads(p.read_text())
     except FileNotFoundError:
         raise ConfigError(f"{p}: config file not found") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p}: not valid TOML ({e})") from None
-    recipe = tree.get(RECIPE_TABLE, {})
+
+
+def read_recipe(path: str | Path) -> dict[str, Any]:
+    """The ``[recipe]`` table of the config file ``path`` ({} when it has none)."""
+    p = Path(path)
+    recipe = read_toml(p).get(RECIPE_TABLE, {})
     if not isinstance(recipe, dict):
         raise ConfigError(f"{p}: '{RECIPE_TABLE}' must be a table")
     return recipe
@@ -412,13 +416,7 @@ def read_config(path: str | Path | None = None, flags: dict[str, Any] | None = N
     load_config`, which adds the layout's checks."""
     tree: dict[str, Any] = {}
     if path:
-        p = Path(path)
-        try:
-            tree = tomllib.loads(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"{p}: config file not found") from None
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{p}: not valid TOML ({e})") from None
+        tree = read_toml(Path(path))
         if isinstance(tree.get(RECIPE_TABLE), dict):  # description, not configuration
             tree.pop(RECIPE_TABLE)
     extra: dict[str, Any] = {}

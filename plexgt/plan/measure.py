@@ -54,6 +54,7 @@ import torch.distributed as dist
 
 from plexgt.distributed import collectives as c
 from plexgt.distributed.collectives import Comm, CommLedger
+from plexgt.ops import native
 from plexgt.ops.attention import sampled_addmm_available
 from plexgt.plan.kernel_samples import Sample, kernel_mix, kernel_samples
 from plexgt.plan.profile import (
@@ -351,6 +352,13 @@ def profile_loaded(ctx: Any, iters: int, pairs: int = 9) -> dict[str, dict[str, 
 def run_profile(ctx: Any, quick: bool = False) -> dict[str, Any] | None:
     """Every measurement and fit; returns the profile on rank 0 (None elsewhere)."""
 
+    if ctx.device.type == "cpu":
+        # every rank has the compiled CPU kernels before anything is timed: a build (the first
+        # use after an upgrade) inside the measurements holds a core for a minute, and one
+        # did: 2 threads measured 0.11x as fast as 1 (1.6-1.8x on a quiet VM)
+        native.load()
+        if ctx.world_size > 1:
+            dist.barrier()
     t0 = time.perf_counter()
     prof: dict[str, Any] = {"format": FORMAT, "version": VERSION, **describe_system(ctx)}
     if quick:

@@ -131,3 +131,31 @@ def test_a_profile_without_the_new_fits_loads_with_a_note():
     sysm = SystemModel.from_profile(old)
     assert sysm.kernels["spmm_s_per_row_col"] == 0.0 and sysm.kernels["spmm_s_per_nnz_col"] > 0
     assert any("SpMM" in n for n in profile_notes(old))
+
+
+def test_profile_has_the_compiled_kernels_before_it_times_anything(monkeypatch):
+    """A build of the CPU extension inside the measurements holds a core for a minute (one
+    made a profile measure 2 threads 0.11x as fast as 1): run_profile loads it first. Fails
+    without the load at its start (the samples came first)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from plexgt.plan import measure
+
+    calls: list[str] = []
+
+    class Stop(Exception):
+        pass
+
+    def samples(*args, **kwargs):
+        calls.append("samples")
+        raise Stop
+
+    monkeypatch.setattr(measure.native, "load", lambda *a, **k: calls.append("load"))
+    monkeypatch.setattr(measure, "kernel_samples", samples)
+    ctx = SimpleNamespace(device=torch.device("cpu"), world_size=1, rank=0, local_size=1,
+                          backend="gloo")
+    with pytest.raises(Stop):
+        measure.run_profile(ctx, quick=True)
+    assert calls == ["load", "samples"]

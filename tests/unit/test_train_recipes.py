@@ -34,6 +34,13 @@ def test_a_recipe_runs_and_is_written_beside_the_published_number(tmp_path, monk
     g = GraphData("photo", n, src, dst, x, rng.integers(0, 8, n))
     (tmp_path / "gnn-benchmark").mkdir()
     write_gnn_benchmark(tmp_path / "gnn-benchmark" / "amazon_electronics_photo.npz", g)
+    # a stand-in for the split file (fetched by data_prep/tunedgnn-splits.sh, not tracked):
+    # 60/20/20 of Photo's nodes where the recipe names it, under a stand-in checkout root
+    perm = rng.permutation(n)
+    (tmp_path / "configs" / "splits").mkdir(parents=True)
+    np.savez(tmp_path / "configs" / "splits" / "amazon-photo_split.npz",
+             train=perm[:4590], valid=perm[4590:6120], test=perm[6120:])
+    monkeypatch.setattr(train_recipes, "SPLITS_ROOT", tmp_path)
     monkeypatch.setattr(harness, "RESULTS_DIR", tmp_path / "results")
     assert train_recipes.main(["photo"], [3], 2, "ref", datasets=tmp_path) == 0
     out = json.loads((tmp_path / "results" / "ref.json").read_text())

@@ -213,6 +213,53 @@ class ParallelConfig:
     calibrate: bool = True
     """Without a profile on a CPU host, plan with a quick calibration of it (measured once,
     cached in ~/.cache/plexgt); false = default coefficients (as ``PLEXGT_NO_CALIBRATE=1``)."""
+    dp: str = "auto"
+    """hgt: data-parallel replicas P_dp of the (pp x cp) mesh, each on its own batches, the
+    gradients all-reduced; 'auto' = the plan's, else an integer."""
+    pp: str = "auto"
+    """hgt: pipeline stages P_pp (consecutive layers per stage, GPipe micro-batches); 'auto'
+    = the plan's, else an integer."""
+    cp: str = "auto"
+    """hgt: context-parallel ranks P_cp splitting each batch's sequence (ring-rotated K/V
+    blocks, the attention bias's columns sliced to the block that arrived); 'auto' = the
+    plan's, else an integer dividing ``batch.size``."""
+    stages: str = "auto"
+    """hgt: layers per pipeline stage, comma-separated ('3,7,7,7': the first stage, which
+    holds the embedding table and the batch's construction, takes fewer); they sum to
+    ``model.layers`` and each is >= 1. 'auto' = the plan's partition."""
+    micro_batches: int = 0
+    """hgt: GPipe micro-batches K per step: a replica's share of ``batch.sequences`` split K
+    ways (the gradient is the whole step's whatever K); 0 = the plan's."""
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """Node batches of the hierarchical graph transformer (hgt), which attends densely over
+    a sequence of target nodes, their sampled context and learned global nodes instead of
+    over the whole graph's edges (the other models train full-graph and ignore this table).
+
+    A step is ``sequences`` sequences, the same whatever the layout: data-parallel replicas
+    take disjoint shares of them, pipeline micro-batches split a replica's share, context
+    parallelism splits each sequence, so every layout computes the single process's step."""
+
+    targets: int = 256
+    """Training nodes per sequence (an epoch's last sequences take what is left)."""
+    size: int = 1024
+    """Sequence length N': the targets followed by context nodes sampled from their
+    neighbourhoods (``context``); context parallelism splits it over ``parallel.cp`` ranks,
+    so it must be a multiple of cp."""
+    sequences: int = 1
+    """Sequences per optimizer step, over all replicas: ``parallel.dp`` divides it, and
+    ``parallel.micro_batches`` divides its share per replica. The loss is the mean over every
+    target of the step."""
+    context: str = "hop2"
+    """Where context nodes come from: 'hop1' (in-neighbours of the targets) or 'hop2'
+    (in-neighbours and theirs), drawn uniformly by a counter-based RNG of (seed, epoch,
+    sequence), so every layout draws the same sequences; a sequence whose neighbourhoods hold
+    fewer than ``size`` nodes fills up with uniformly drawn nodes."""
+    global_nodes: int = 1
+    """Learned global nodes N_s joined to every sequence (replicated on the context-parallel
+    ranks); 0: none."""
 
 
 @dataclass(frozen=True)
@@ -265,6 +312,8 @@ class TrainConfig:
     """The optimiser."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     """The distribution."""
+    batch: BatchConfig = field(default_factory=BatchConfig)
+    """Node batches (hgt)."""
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -290,6 +339,8 @@ class TrainConfig:
                   "patience"):
             d.pop(k)
         d["model"].pop("checkpoint")  # recomputation computes the same model
+        if d["batch"] == dataclasses.asdict(BatchConfig()):
+            d.pop("batch")  # added later: the full-graph models' hashes stay what they were
         return d
 
     def hash(self) -> str:
@@ -319,6 +370,7 @@ CHOICES = {
     "optim.decay": ("all", "weights"),
     "parallel.gcn_order": ("auto", "aggregate_first", "gemm_first"),
     "parallel.backend": ("auto", "nccl", "gloo"),
+    "batch.context": ("hop1", "hop2"),
     "dtype": tuple(ELEMENT_BYTES),
 }
 """The keys whose values the schema lists (``model.name``'s are the model registry's and

@@ -84,6 +84,16 @@ class Task:
     """How a message names the data: the prepared directory and the dataset's name."""
     plan: RunPlan | None = None
     """The layout :func:`run_plan` chose, with its predicted step time and memory."""
+    steps: Callable[[int], int] | None = None
+    """Batch-trained models (hgt): the optimizer steps of an epoch (epoch -> count); None for
+    the full-graph models, whose epoch is one step of ``model(inputs)``."""
+    train_step: Callable[[int, int], Tensor] | None = None
+    """Batch-trained models: (epoch, step) -> the step's loss (replicated), its forward and
+    backward run and every gradient summed over the ranks that hold a copy, the optimizer
+    step left to the loop (which clips and steps as for every model)."""
+    evaluate: Callable[[], dict[str, tuple[int, int]]] | None = None
+    """Batch-trained models: {split: (correct, total)} over every labelled node, summed over
+    all ranks (what ``correct(model(inputs))`` is for the full-graph models)."""
 
 
 def task_metric(cfg: TrainConfig, pg: PreparedGraph) -> str:

@@ -236,19 +236,22 @@ def step(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int,
     reset_peak_memory(device)
     synchronize(device)
     t0 = time.perf_counter()
-    opt.zero_grad(set_to_none=True)
-    try:
-        with autocast(task, device):
-            out = task.model(task.inputs)
-        # the loss in float32 outside autocast (its softmax statistics and the mean over
-        # nodes)
-        loss = task.loss(out if task.amp is None else out.float())
-        loss.backward()
-    except RuntimeError as e:
-        raise nondeterministic_error(e, device) from None
-    if cfg.optim.clip_norm > 0:
-        clip_gradients(task.model, cfg.optim.clip_norm, device)
-    opt.step()
+    if task.train_step is not None and task.steps is not None:
+        loss = _batch_steps(cfg, task, opt, epoch, device)
+    else:
+        opt.zero_grad(set_to_none=True)
+        try:
+            with autocast(task, device):
+                out = task.model(task.inputs)
+            # the loss in float32 outside autocast (its softmax statistics and the mean
+            # over nodes)
+            loss = task.loss(out if task.amp is None else out.float())
+            loss.backward()
+        except RuntimeError as e:
+            raise nondeterministic_error(e, device) from None
+        if cfg.optim.clip_norm > 0:
+            clip_gradients(task.model, cfg.optim.clip_norm, device)
+        opt.step()
     synchronize(device)
     t1 = time.perf_counter()
     dist.barrier()
@@ -256,6 +259,28 @@ def step(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int,
     t2 = time.perf_counter()
     task.ledger.settle()
     return loss, t1 - t0, t2 - t1
+
+
+def _batch_steps(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int,
+                 device: torch.device) -> torch.Tensor:
+    """A batch-trained model's epoch: ``task.steps(epoch)`` optimizer steps, each the task's
+    forward and backward (its pipeline schedule and gradient sums) then the loop's clipping
+    and optimizer step; returns the mean of the steps' losses (replicated)."""
+    assert task.train_step is not None and task.steps is not None
+    total = torch.zeros((), dtype=torch.float64)
+    n = task.steps(epoch)
+    for i in range(n):
+        opt.zero_grad(set_to_none=True)
+        try:
+            with autocast(task, device):
+                loss = task.train_step(epoch, i)
+        except RuntimeError as e:
+            raise nondeterministic_error(e, device) from None
+        if cfg.optim.clip_norm > 0:
+            clip_gradients(task.model, cfg.optim.clip_norm, device)
+        opt.step()
+        total += loss.detach().double().cpu()
+    return total / max(1, n)
 
 
 NONDETERMINISTIC = re.compile(r"(\S+) does not have a deterministic implementation")
@@ -288,9 +313,12 @@ def epoch_row(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.O
     if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
         task.model.eval()
         with torch.no_grad(), autocast(task, ctx.device):
-            out = task.model(task.inputs)
-            acc = task.correct(out)
-            scores = task.scores(out) if task.scores is not None else None
+            if task.evaluate is not None:  # a batch-trained model evaluates in batches
+                acc, scores = task.evaluate(), None
+            else:
+                out = task.model(task.inputs)
+                acc = task.correct(out)
+                scores = task.scores(out) if task.scores is not None else None
         for split, (c, n) in acc.items():
             row[f"{split}_acc"] = c / max(1, n)
         for split, (s, y) in (scores or {}).items():  # the same on every rank (gathered)

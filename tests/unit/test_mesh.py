@@ -1,4 +1,5 @@
-"""Rank arithmetic of the dp x pp x cp mesh and the layer partition, without MPI."""
+"""Rank arithmetic of the dp x pp x cp mesh, the layer partition, and the byte formulas,
+without MPI."""
 
 import itertools
 
@@ -14,7 +15,9 @@ from plexgt.distributed.mesh import (
     parse_mesh,
     partition,
 )
+from plexgt.distributed.p2p import pipeline_p2p_bytes
 from plexgt.errors import ConfigError, GridError
+from plexgt.parallel.pipeline import bucket_sizes, gradient_bytes
 
 SHAPES = [(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 2), (3, 1, 1), (2, 3, 1),
           (1, 3, 2), (2, 3, 4), (4, 1, 3)]
@@ -104,3 +107,16 @@ def test_partition_parses_and_checks():
     with pytest.raises(ConfigError, match="a stage would hold no layer"):
         partition("auto", 2, 3)
 
+
+def test_p2p_and_gradient_formulas():
+    # first, middle, last stage of 3; two micro-batches of 80 and 40 bytes
+    assert pipeline_p2p_bytes(0, 3, [80, 40]) == {"activation": (120, 0), "gradient": (0, 120)}
+    assert pipeline_p2p_bytes(1, 3, [80, 40]) == {"activation": (120, 120),
+                                                   "gradient": (120, 120)}
+    assert pipeline_p2p_bytes(2, 3, [80, 40]) == {"activation": (0, 120), "gradient": (120, 0)}
+    assert pipeline_p2p_bytes(0, 1, [80]) == {"activation": (0, 0), "gradient": (0, 0)}
+    assert bucket_sizes([10, 10, 10], 25) == [20, 10]
+    assert bucket_sizes([30, 10, 10], 25) == [30, 20]
+    assert bucket_sizes([], 25) == []
+    assert gradient_bytes([30, 10, 10], 4, 25) == 2 * (3 * 30 // 4) + 2 * (3 * 20 // 4)
+    assert gradient_bytes([30, 10, 10], 1, 25) == 0

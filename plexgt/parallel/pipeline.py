@@ -60,7 +60,7 @@ def gpipe_step(stage_fn: StageFn, pipe: Pipe, micro_batches: int,
     if not first and in_shape is None:
         raise ValueError("a stage after the first needs in_shape of the activation it receives")
     outs: list[torch.Tensor] = []
-    loss = torch.zeros((), dtype=torch.float64)
+    loss = torch.zeros((), dtype=torch.float64, device=device)  # summed where computed: no sync
     for k in range(micro_batches):
         if first:
             x = inputs(k)  # type: ignore[misc]
@@ -72,7 +72,7 @@ def gpipe_step(stage_fn: StageFn, pipe: Pipe, micro_batches: int,
             if y.dim() != 0:
                 raise ValueError(f"the last stage returned a loss of shape {tuple(y.shape)}, "
                                  "expected a 0-d tensor")
-            loss += y.detach().to(torch.float64).cpu()
+            loss += y.detach().to(device=loss.device, dtype=torch.float64)
             outs.append(y)
         else:
             outs.append(send_forward(y, pipe))
@@ -87,7 +87,6 @@ def gpipe_step(stage_fn: StageFn, pipe: Pipe, micro_batches: int,
             pipe.send_gradient(torch.zeros(tuple(shape), dtype=dtype, device=device))
     pipe.flush()
     if loss_comm is not None and loss_comm.size > 1:
-        loss = loss.to(device)
         all_reduce_(loss, loss_comm)
     return loss.cpu()
 

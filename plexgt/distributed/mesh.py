@@ -216,6 +216,35 @@ def partition(stages: str | Sequence[int], layers: int, pp: int) -> tuple[range,
     return ranges(counts)
 
 
+# -- a step's sequences over replicas and micro-batches ---------------------------------------
+
+
+def check_batch(sequences: int, size: int, mesh: Mesh, micro_batches: int) -> None:
+    """One-line errors when the step's ``sequences`` (``batch.sequences``) do not split evenly
+    over the replicas and then the ``micro_batches``, or the sequence length ``size``
+    (``batch.size``) over the cp ranks: every layout computes the same step only then."""
+    if sequences % mesh.dp:
+        raise ConfigError(f"batch.sequences={sequences} is not a multiple of "
+                          f"parallel.dp={mesh.dp}")
+    share = sequences // mesh.dp
+    if micro_batches < 1 or share % micro_batches:
+        raise ConfigError(f"parallel.micro_batches={micro_batches} does not divide a "
+                          f"replica's {share} sequences (batch.sequences={sequences} / "
+                          f"parallel.dp={mesh.dp})")
+    if size % mesh.cp:
+        raise ConfigError(f"batch.size={size} is not a multiple of parallel.cp={mesh.cp}")
+
+
+def micro_batch(sequences: int, dp: int, micro_batches: int, d: int, k: int) -> range:
+    """The step's sequence indices in micro-batch ``k`` of replica ``d``: replica d holds
+    [d G/dp, (d+1) G/dp), its micro-batch k the k-th equal contiguous share of those
+    (:func:`check_batch` first)."""
+    share = sequences // dp
+    m = share // micro_batches
+    lo = d * share + k * m
+    return range(lo, lo + m)
+
+
 # -- torch.distributed groups ---------------------------------------------------------------
 
 

@@ -17,7 +17,14 @@ import torch.distributed as dist
 from torch import nn
 
 from plexgt.distributed.collectives import Comm, CommLedger
-from plexgt.distributed.mesh import Mesh, build_mesh_groups, factorizations, partition
+from plexgt.distributed.mesh import (
+    Mesh,
+    build_mesh_groups,
+    check_batch,
+    factorizations,
+    micro_batch,
+    partition,
+)
 from plexgt.distributed.p2p import Pipe, message_bytes, pipeline_p2p_bytes
 from plexgt.ops.rng import CounterRNG
 from plexgt.parallel.pipeline import gpipe_step, gradient_bytes, loss_bytes, reduce_gradients
@@ -118,11 +125,12 @@ class Run:
         self.pipe = Pipe(mg.prev, mg.next, mg.pipe, self.ledger)
         self.stage = Comm.from_group(mg.stage, "stage", self.ledger)
         self.world = Comm.from_group(mg.world, "world", self.ledger)
+        check_batch(G, G, mesh, k)
         self.m = G // (mesh.dp * k)  # a micro-batch's samples
         self.rows_per = self.m // mesh.cp  # of which this cp rank holds
 
     def rows(self, k: int) -> torch.Tensor:
-        lo = self.d * (G // self.mg.mesh.dp) + k * self.m + self.c * self.rows_per
+        lo = micro_batch(G, self.mg.mesh.dp, self.k, self.d, k).start + self.c * self.rows_per
         return torch.arange(lo, lo + self.rows_per)
 
     def step(self, step: int) -> torch.Tensor:

@@ -7,10 +7,12 @@ import pytest
 
 from plexgt.distributed.mesh import (
     Mesh,
+    check_batch,
     check_world_size,
     even_partition,
     factorizations,
     meshes_for,
+    micro_batch,
     parse_extent,
     parse_mesh,
     partition,
@@ -120,3 +122,16 @@ def test_p2p_and_gradient_formulas():
     assert bucket_sizes([], 25) == []
     assert gradient_bytes([30, 10, 10], 4, 25) == 2 * (3 * 30 // 4) + 2 * (3 * 20 // 4)
     assert gradient_bytes([30, 10, 10], 1, 25) == 0
+
+
+def test_step_split_over_replicas_and_micro_batches():
+    mesh = Mesh(2, 3, 2)
+    check_batch(8, 1024, mesh, 4)
+    got = [micro_batch(8, 2, 2, d, k) for d in range(2) for k in range(2)]
+    assert got == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
+    for args, msg in (((7, 1024, mesh, 1), "batch.sequences=7 is not a multiple of parallel.dp=2"),
+                      ((8, 1024, mesh, 3), "micro_batches=3 does not divide a replica's 4"),
+                      ((8, 1024, mesh, 0), "parallel.micro_batches=0"),
+                      ((8, 1001, mesh, 1), "batch.size=1001 is not a multiple of parallel.cp=2")):
+        with pytest.raises(ConfigError, match=msg):
+            check_batch(*args)

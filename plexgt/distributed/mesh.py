@@ -1,0 +1,320 @@
+"""The dp x pp x cp process mesh of node-batch models (hgt): rank arithmetic, its groups, and
+the partition of layers over pipeline stages.
+
+Ranks are laid out with the context-parallel coordinate innermost::
+
+    rank = (d * pp + p) * cp + c
+
+so a context-parallel group (one stage of one replica, whose ring exchanges K/V blocks every
+layer: the heaviest traffic) is consecutive ranks, which job launchers place on one node. The
+pipeline's neighbours (same d, c; stage p and p +- 1) are cp ranks apart, and data-parallel
+replicas (same p, c) are pp * cp apart: their gradient all-reduce happens once per step.
+
+Everything here except :func:`build_mesh_groups` is a pure function of integers, tested without
+MPI. The groups are created on every rank in the same order, as torch.distributed requires.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from plexgt.errors import ConfigError, GridError
+
+AXES: tuple[str, str, str] = ("dp", "pp", "cp")
+"""The mesh's axes, outermost first."""
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """A ``dp * pp * cp`` process mesh: ``dp`` replicas of a ``pp``-stage pipeline whose every
+    stage splits each sequence over ``cp`` ranks."""
+
+    dp: int
+    """Data-parallel replicas, each on its own share of the step's sequences."""
+    pp: int
+    """Pipeline stages, each holding consecutive layers."""
+    cp: int
+    """Context-parallel ranks splitting a sequence's rows (innermost: one node's GPUs)."""
+
+    def __post_init__(self) -> None:
+        for name in AXES:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise GridError(f"mesh factor {name}={v!r} must be a positive integer")
+
+    @property
+    def size(self) -> int:
+        """Number of ranks in the mesh."""
+        return self.dp * self.pp * self.cp
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return (self.dp, self.pp, self.cp)
+
+    def __str__(self) -> str:
+        return f"dp{self.dp}xpp{self.pp}xcp{self.cp}"
+
+    # -- rank <-> coordinates -------------------------------------------------------------
+    def coords(self, rank: int) -> tuple[int, int, int]:
+        """(d, p, c) of ``rank``."""
+        if not 0 <= rank < self.size:
+            raise GridError(f"rank {rank} is outside mesh {self} of {self.size} ranks")
+        c = rank % self.cp
+        p = (rank // self.cp) % self.pp
+        return (rank // (self.cp * self.pp), p, c)
+
+    def rank(self, d: int, p: int, c: int) -> int:
+        """Rank at mesh coordinates (d, p, c)."""
+        if not (0 <= d < self.dp and 0 <= p < self.pp and 0 <= c < self.cp):
+            raise GridError(f"coordinates ({d}, {p}, {c}) are outside mesh {self}")
+        return (d * self.pp + p) * self.cp + c
+
+    # -- group membership (ascending global rank = torch's group-rank order) --------------
+    def cp_members(self, rank: int) -> list[int]:
+        """Ranks of ``rank``'s stage of its replica (same d, p), by c: its sequence's rows."""
+        d, p, _ = self.coords(rank)
+        return [self.rank(d, p, c) for c in range(self.cp)]
+
+    def stage_members(self, rank: int) -> list[int]:
+        """Every rank holding ``rank``'s stage (same p: all d and c): the copies of the stage's
+        parameters, whose gradients are summed over them."""
+        _, p, _ = self.coords(rank)
+        return [self.rank(d, p, c) for d in range(self.dp) for c in range(self.cp)]
+
+    def dp_members(self, rank: int) -> list[int]:
+        """The replicas' ranks at ``rank``'s place (same p, c), by d."""
+        _, p, c = self.coords(rank)
+        return [self.rank(d, p, c) for d in range(self.dp)]
+
+    def pipe_members(self, rank: int) -> list[int]:
+        """``rank``'s pipeline (same d, c), by stage: the chain activations travel along."""
+        d, _, c = self.coords(rank)
+        return [self.rank(d, p, c) for p in range(self.pp)]
+
+    def prev_rank(self, rank: int) -> int | None:
+        """The rank of the previous stage in ``rank``'s pipeline (None on the first stage)."""
+        d, p, c = self.coords(rank)
+        return self.rank(d, p - 1, c) if p > 0 else None
+
+    def next_rank(self, rank: int) -> int | None:
+        """The rank of the next stage in ``rank``'s pipeline (None on the last stage)."""
+        d, p, c = self.coords(rank)
+        return self.rank(d, p + 1, c) if p < self.pp - 1 else None
+
+
+def check_world_size(mesh: Mesh, world_size: int) -> None:
+    """Raise naming every factor when ``mesh`` does not cover exactly ``world_size`` ranks."""
+    if mesh.size != world_size:
+        raise GridError(f"mesh dp={mesh.dp} * pp={mesh.pp} * cp={mesh.cp} = {mesh.size} ranks, "
+                        f"but the world size is {world_size}")
+
+
+def parse_mesh(text: str) -> Mesh:
+    """``'DPxPPxCP'`` (e.g. ``'2x3x1'``), the order of the rank layout (dp outermost)."""
+    parts = text.lower().split("x")
+    if len(parts) != 3 or not all(p.isdigit() for p in parts):
+        raise GridError(f"mesh {text!r} is not of the form DPxPPxCP, e.g. 2x3x1")
+    return Mesh(*(int(p) for p in parts))
+
+
+def parse_extent(text: str | int, key: str) -> int | None:
+    """A mesh extent from the config (``parallel.dp``, ``.pp``, ``.cp``): None for 'auto'."""
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    elif isinstance(text, str) and text.strip().lower() == "auto":
+        return None
+    elif isinstance(text, str) and text.strip().isdigit():
+        value = int(text.strip())
+    else:
+        raise ConfigError(f"{key}={text!r} must be 'auto' or a positive integer")
+    if value < 1:
+        raise ConfigError(f"{key}={text!r} must be 'auto' or a positive integer")
+    return value
+
+
+def factorizations(world_size: int) -> list[Mesh]:
+    """Every ordered (dp, pp, cp) with product ``world_size``."""
+    out = []
+    for dp in range(1, world_size + 1):
+        if world_size % dp:
+            continue
+        rest = world_size // dp
+        out.extend(Mesh(dp, pp, rest // pp) for pp in range(1, rest + 1) if rest % pp == 0)
+    return out
+
+
+def meshes_for(world_size: int, dp: str | int = "auto", pp: str | int = "auto",
+               cp: str | int = "auto") -> list[Mesh]:
+    """The meshes of ``world_size`` ranks that agree with the config's fixed extents ('auto'
+    leaves one free): what a planner searches; one-line error when none exists."""
+    fixed = {"dp": parse_extent(dp, "parallel.dp"), "pp": parse_extent(pp, "parallel.pp"),
+             "cp": parse_extent(cp, "parallel.cp")}
+    out = [m for m in factorizations(world_size)
+           if all(v is None or getattr(m, k) == v for k, v in fixed.items())]
+    if not out:
+        given = " * ".join(f"{k}={v}" for k, v in fixed.items() if v is not None)
+        raise GridError(f"no mesh with parallel.{given} fits the world size {world_size}")
+    return out
+
+
+# -- layers over pipeline stages ------------------------------------------------------------
+
+
+def even_partition(layers: int, pp: int) -> tuple[range, ...]:
+    """``layers`` over ``pp`` stages as evenly as possible, the extra layers on the LAST stages
+    (the first holds the embedding table and the batch's construction)."""
+    if pp < 1:
+        raise ConfigError(f"parallel.pp={pp} must be at least 1")
+    if layers < pp:
+        raise ConfigError(f"parallel.pp={pp} stages need at least {pp} layers, "
+                          f"model.layers={layers}: a stage would hold no layer")
+    base, extra = divmod(layers, pp)
+    return ranges([base + (1 if s >= pp - extra else 0) for s in range(pp)])
+
+
+def ranges(counts: Sequence[int]) -> tuple[range, ...]:
+    """Layer counts per stage -> the global layer indices of each stage."""
+    out, lo = [], 0
+    for n in counts:
+        out.append(range(lo, lo + n))
+        lo += n
+    return tuple(out)
+
+
+def partition(stages: str | Sequence[int], layers: int, pp: int) -> tuple[range, ...]:
+    """``parallel.stages`` -> the global layer indices of each of the ``pp`` stages.
+
+    ``stages`` is 'auto' (the even split: a planner resolves 'auto' to its own partition before
+    calling this), comma-separated counts ('3,7,7,7') or a sequence of counts. One-line
+    errors name ``parallel.stages`` and what is wrong."""
+    if isinstance(stages, str):
+        text = stages.strip()
+        if text.lower() == "auto":
+            return even_partition(layers, pp)
+        parts = [s.strip() for s in text.split(",")]
+        if not all(s.isdigit() for s in parts):
+            raise ConfigError(f"parallel.stages={stages!r} must be 'auto' or comma-separated "
+                              "layer counts, e.g. 3,7,7,7")
+        counts = [int(s) for s in parts]
+    else:
+        counts = [int(s) for s in stages]
+        text = ",".join(map(str, counts))
+    if len(counts) != pp:
+        raise ConfigError(f"parallel.stages={text!r} names {len(counts)} stages, "
+                          f"parallel.pp is {pp}")
+    if any(n < 1 for n in counts):
+        raise ConfigError(f"parallel.stages={text!r}: stage {counts.index(min(counts))} "
+                          "holds no layer (each stage needs at least 1)")
+    if sum(counts) != layers:
+        raise ConfigError(f"parallel.stages={text!r} sums to {sum(counts)} layers, "
+                          f"model.layers is {layers}")
+    return ranges(counts)
+
+
+# -- a step's sequences over replicas and micro-batches ---------------------------------------
+
+
+def check_batch(sequences: int, size: int, mesh: Mesh, micro_batches: int) -> None:
+    """One-line errors when the step's ``sequences`` (``batch.sequences``) do not split evenly
+    over the replicas and then the ``micro_batches``, or the sequence length ``size``
+    (``batch.size``) over the cp ranks: every layout computes the same step only then."""
+    if sequences % mesh.dp:
+        raise ConfigError(f"batch.sequences={sequences} is not a multiple of "
+                          f"parallel.dp={mesh.dp}")
+    share = sequences // mesh.dp
+    if micro_batches < 1 or share % micro_batches:
+        raise ConfigError(f"parallel.micro_batches={micro_batches} does not divide a "
+                          f"replica's {share} sequences (batch.sequences={sequences} / "
+                          f"parallel.dp={mesh.dp})")
+    if size % mesh.cp:
+        raise ConfigError(f"batch.size={size} is not a multiple of parallel.cp={mesh.cp}")
+
+
+def micro_batch(sequences: int, dp: int, micro_batches: int, d: int, k: int) -> range:
+    """The step's sequence indices in micro-batch ``k`` of replica ``d``: replica d holds
+    [d G/dp, (d+1) G/dp), its micro-batch k the k-th equal contiguous share of those
+    (:func:`check_batch` first)."""
+    share = sequences // dp
+    m = share // micro_batches
+    lo = d * share + k * m
+    return range(lo, lo + m)
+
+
+# -- torch.distributed groups ---------------------------------------------------------------
+
+
+@dataclass
+class MeshGroups:
+    """This rank's torch.distributed groups of a :class:`Mesh` (from :func:`build_mesh_groups`),
+    passed explicitly to whatever communicates."""
+
+    mesh: Mesh
+    rank: int
+    cp: Any
+    """Same (d, p): the ranks splitting this stage's sequences (GA-CP's ring)."""
+    stage: Any
+    """Same p: every copy of this stage's parameters (gradient all-reduce)."""
+    dp: Any
+    """Same (p, c): this rank's counterparts in the other replicas."""
+    pipe: Any
+    """Same (d, c): this rank's pipeline, stage by stage (activations' send/recv)."""
+    world: Any = None
+    """The whole world (the step's loss is summed over it)."""
+
+    @property
+    def coords(self) -> tuple[int, int, int]:
+        """(d, p, c) of this rank."""
+        return self.mesh.coords(self.rank)
+
+    @property
+    def stage_index(self) -> int:
+        return self.coords[1]
+
+    @property
+    def first(self) -> bool:
+        """This rank runs the first stage (reads the inputs)."""
+        return self.coords[1] == 0
+
+    @property
+    def last(self) -> bool:
+        """This rank runs the last stage (computes the loss)."""
+        return self.coords[1] == self.mesh.pp - 1
+
+    @property
+    def prev(self) -> int | None:
+        """Global rank of the previous stage's peer (None on the first stage)."""
+        return self.mesh.prev_rank(self.rank)
+
+    @property
+    def next(self) -> int | None:
+        """Global rank of the next stage's peer (None on the last stage)."""
+        return self.mesh.next_rank(self.rank)
+
+
+def build_mesh_groups(mesh: Mesh, rank: int, world_size: int,
+                      timeout: datetime.timedelta | None = None) -> MeshGroups:
+    """Create this rank's cp, stage, dp and pipe groups (every rank calls it, in step).
+
+    As :func:`plexgt.distributed.grid.build_groups`: each rank creates only the four groups it
+    belongs to, with ``use_local_synchronization`` (the creation's barrier among the members,
+    not the world), every rank in the same order (cp, stage, dp, pipe), so the local barriers
+    cannot deadlock and every rank has made the same number of groups (torch names such groups
+    by their ranks and that count). ``timeout`` bounds the new groups' collectives (a stopped
+    peer would otherwise hang the job for torch's 30-minute sub-group default)."""
+    check_world_size(mesh, world_size)
+    kw: dict[str, Any] = {"use_local_synchronization": True}
+    if timeout is not None:
+        kw["timeout"] = timeout
+    return MeshGroups(
+        mesh=mesh, rank=rank,
+        cp=dist.new_group(mesh.cp_members(rank), **kw),
+        stage=dist.new_group(mesh.stage_members(rank), **kw),
+        dp=dist.new_group(mesh.dp_members(rank), **kw),
+        pipe=dist.new_group(mesh.pipe_members(rank), **kw),
+        world=dist.group.WORLD,
+    )

@@ -7,7 +7,7 @@ may extend (``reg.register(...)``), so there is no module-level mutable state.
 
 from __future__ import annotations
 
-from plexgt.models import gcn, gps, gt, mlp, sage
+from plexgt.models import gcn, gps, gt, hgt, mlp, sage
 from plexgt.models.spec import ModelRegistry
 
 MODELS = (
@@ -16,6 +16,7 @@ MODELS = (
     gps.SPEC,
     mlp.SPEC,
     sage.SPEC,
+    hgt.SPEC,
 )
 """Every built-in model, in the order ``--help`` lists them."""
 

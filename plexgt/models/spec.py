@@ -13,6 +13,9 @@ Two layouts carry every model:
   prepared pattern and degrees at load, so a new model of this form is its reference module
   and its operator list.
 * ``attention``: node rows with an attention strategy (:mod:`plexgt.parallel.attention`).
+* ``batch``: sampled node sequences (:mod:`plexgt.data.node_batches`) with dense attention
+  over each, on a dp x pp x cp mesh (data, pipeline and context parallelism); the
+  ``parallel.dp/pp/cp/stages/micro_batches`` keys and the ``[batch]`` table are its.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-LAYOUTS = ("grid3d", "attention")
+LAYOUTS = ("grid3d", "attention", "batch")
 
 OPERATORS = {
     "gcn": "Â = D^-1/2 A D^-1/2, symmetric normalisation (Kipf & Welling)",

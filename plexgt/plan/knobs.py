@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from plexgt.config import TrainConfig, read_config
+from plexgt.config import ParallelConfig, TrainConfig, read_config
+from plexgt.data.node_batches import check_batch
 from plexgt.distributed.grid import parse_grid
 from plexgt.errors import ConfigError, GridError
 from plexgt.models.registry import default_registry as model_registry
@@ -33,7 +34,8 @@ def check_config(cfg: TrainConfig, registry: StrategyRegistry | None = None,
     """ConfigError naming the key when the config names what does not exist or does not
     apply: a model the model registry lacks, attention keys on a model without attention, a
     strategy the registry lacks, a head axis the strategy has not, a grid that does not
-    parse, a profile that does not read."""
+    parse, a profile that does not read; the node-sequence layout's keys on a full-graph
+    model, and on a node-sequence model what :func:`check_batch_layout` checks."""
     reg = registry or default_registry()
     models = models or model_registry()
     par, m = cfg.parallel, cfg.model
@@ -41,7 +43,17 @@ def check_config(cfg: TrainConfig, registry: StrategyRegistry | None = None,
     if m.name not in names:
         raise ConfigError(f"config key 'model.name': {m.name!r} is not one of "
                           f"{', '.join(names)}")
-    attention = models.get(m.name).attention
+    spec = models.get(m.name)
+    batch_layout = [s.name for s in models if s.layout == "batch"]
+    if spec.layout == "batch":
+        check_batch_layout(cfg)
+    else:
+        for k in MESH_KEYS:
+            if getattr(par, k) != getattr(DEFAULT_PARALLEL, k):
+                raise ConfigError(f"config key 'parallel.{k}': {getattr(par, k)!r} applies to "
+                                  f"node-sequence models ({', '.join(batch_layout)}); {m.name} "
+                                  "trains full-graph (leave it at its default)")
+    attention = spec.attention
     if attention and m.hidden % m.heads:
         raise ConfigError(f"config key 'model.hidden': {m.hidden} is not divisible by "
                           f"model.heads={m.heads}")
@@ -82,6 +94,97 @@ def check_config(cfg: TrainConfig, registry: StrategyRegistry | None = None,
             read_profile(par.profile)
         except ValueError as e:
             raise ConfigError(f"config key 'parallel.profile': {e}") from None
+
+
+MESH_KEYS = ("dp", "pp", "cp", "stages", "micro_batches")
+"""The parallel keys of the node-sequence layout's dp x pp x cp mesh."""
+DEFAULT_PARALLEL = ParallelConfig()
+
+
+def parse_count(key: str, text: str) -> int | None:
+    """parallel.dp / pp / cp: None for 'auto', else the integer >= 1 (ConfigError naming
+    ``key`` otherwise)."""
+    if text.strip() == "auto":
+        return None
+    try:
+        v = int(text)
+    except ValueError:
+        v = 0
+    if v < 1:
+        raise ConfigError(f"config key '{key}': {text!r} is not 'auto' or an integer >= 1")
+    return v
+
+
+def parse_stages(text: str, layers: int) -> tuple[int, ...] | None:
+    """parallel.stages: None for 'auto', else the layers of each stage ('3,7,7,7'), each
+    >= 1 and summing to ``layers`` (ConfigError naming the key otherwise)."""
+    if text.strip() == "auto":
+        return None
+    try:
+        parts = tuple(int(p) for p in text.split(","))
+    except ValueError:
+        raise ConfigError(f"config key 'parallel.stages': {text!r} is not 'auto' or layers "
+                          "per stage, comma-separated (3,7,7,7)") from None
+    if min(parts) < 1:
+        raise ConfigError(f"config key 'parallel.stages': {text!r} has a stage with no "
+                          "layer (each must be >= 1)")
+    if sum(parts) != layers:
+        raise ConfigError(f"config key 'parallel.stages': {text!r} sums to {sum(parts)} "
+                          f"layers, not model.layers={layers}")
+    return parts
+
+
+def check_batch_layout(cfg: TrainConfig) -> None:
+    """The checks of a node-sequence model (layout 'batch') that the config alone decides:
+    the [batch] table, the mesh keys (parse, stages summing to the layers and matching
+    parallel.pp, cp dividing batch.size, dp dividing batch.sequences, micro-batches dividing
+    a replica's share), and the keys of the full-graph layouts it would ignore."""
+    m, par, b = cfg.model, cfg.parallel, cfg.batch
+    check_batch(b)
+    if m.hidden % m.heads:
+        raise ConfigError(f"config key 'model.hidden': {m.hidden} is not divisible by "
+                          f"model.heads={m.heads}")
+    for k, bad, why in (
+            ("super_nodes", m.super_nodes != 0, "its global nodes are batch.global_nodes"),
+            ("residual", m.residual != "none", "its blocks always add their input"),
+            ("input_proj", m.input_proj, "it always projects its input"),
+            ("head", m.head, "it always ends in a classifier"),
+            ("init", m.init != "torch", "it initialises every parameter from its name"),
+            ("jk", m.jk != "none", "its head reads the last block"),
+            ("norm", m.norm not in ("auto", "layer"), "its blocks are pre-LayerNorm"),
+            ("checkpoint", m.checkpoint != "none", "it does not recompute blocks yet")):
+        if bad:
+            raise ConfigError(f"config key 'model.{k}': {getattr(m, k)!r} does not apply to "
+                              f"{m.name}: {why}")
+    for k, bad in (("strategy", par.strategy != "auto"), ("grid", par.grid != "auto"),
+                   ("head_parallel", par.head_parallel > 0)):
+        if bad:
+            raise ConfigError(f"config key 'parallel.{k}': {getattr(par, k)!r} applies to the "
+                              f"full-graph layouts; {m.name} is laid out by parallel.dp, pp, "
+                              "cp and stages")
+    dp, pp, cp = (parse_count(f"parallel.{k}", getattr(par, k)) for k in ("dp", "pp", "cp"))
+    stages = parse_stages(par.stages, m.layers)
+    if pp is not None and pp > m.layers:
+        raise ConfigError(f"config key 'parallel.pp': {pp} stages for model.layers="
+                          f"{m.layers} (each stage needs a layer)")
+    if pp is not None and stages is not None and len(stages) != pp:
+        raise ConfigError(f"config key 'parallel.stages': {par.stages!r} is {len(stages)} "
+                          f"stages, parallel.pp={pp}")
+    if cp is not None and b.size % cp:
+        raise ConfigError(f"config key 'parallel.cp': {cp} does not divide batch.size="
+                          f"{b.size} (each context-parallel rank holds N'/cp rows)")
+    if dp is not None and b.sequences % dp:
+        raise ConfigError(f"config key 'parallel.dp': {dp} does not divide batch.sequences="
+                          f"{b.sequences} (each replica takes an equal share of a step)")
+    k = par.micro_batches
+    if k < 0:
+        raise ConfigError(f"config key 'parallel.micro_batches': {k} must be >= 0 (0: the "
+                          "plan's)")
+    n, whose = (b.sequences // dp, "a replica's") if dp is not None else (b.sequences,
+                                                                        "the step's")
+    if k and n % k:
+        raise ConfigError(f"config key 'parallel.micro_batches': {k} does not divide "
+                          f"{whose} {n} sequences (batch.sequences={b.sequences})")
 
 
 def load_config(path: str | Path | None = None, flags: dict[str, Any] | None = None,

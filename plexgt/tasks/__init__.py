@@ -3,8 +3,8 @@
 One typed builder per model layout (the model's registry entry, :mod:`plexgt.models.spec`):
 grid3d models (gcn, and the others of graph operators) on the 3D grid (:mod:`plexgt.tasks.gcn`),
 attention models (gt, gps) over node rows with a registered attention strategy
-(:mod:`plexgt.tasks.attention`). Every layout choice is :mod:`plexgt.plan.choose`'s, the same
-call ``plexgt plan`` makes.
+(:mod:`plexgt.tasks.attention`), node-sequence models (:mod:`plexgt.tasks.batch`). Every
+layout choice is :mod:`plexgt.plan.choose`'s, the same call ``plexgt plan`` makes.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from plexgt.distributed.bootstrap import DistContext
 from plexgt.distributed.collectives import CommLedger
 from plexgt.parallel.attention.strategy import StrategyRegistry
 from plexgt.tasks.attention import build_attention_task
+from plexgt.tasks.batch import build_batch_task
 from plexgt.tasks.gcn import build_gcn_task
 from plexgt.tasks.task import Task, model_spec
 
@@ -28,6 +29,7 @@ ones, inference: the layout planned for one forward pass) -> the rank's Task."""
 BUILDERS: dict[str, Builder] = {
     "grid3d": build_gcn_task,
     "attention": build_attention_task,
+    "batch": build_batch_task,
 }
 """The task builder of each model layout (:data:`plexgt.models.spec.LAYOUTS`)."""
 

@@ -138,7 +138,7 @@ def test_the_registry_names_every_model_and_config_reads_it():
     """A model is its module's SPEC plus its registry line: the config's choices, --model's,
     and the references by name all come from the registry."""
     reg = default_registry()
-    assert reg.names() == ["gcn", "gt", "gps", "mlp", "sage"]
+    assert reg.names() == ["gcn", "gt", "gps", "mlp", "sage", "hgt"]
     assert MODELS["sage"] is SAGE and MODELS["mlp"] is MLP
     assert reg.get("sage").operators == ("mean", "self") and reg.get("sage").planned_as == "gcn"
     assert parameter_lists(("mean", "self")) == ["layers", "self_layers"]
@@ -147,7 +147,7 @@ def test_the_registry_names_every_model_and_config_reads_it():
         "self_layers.0.weight", "self_layers.1.weight"]
     assert load_config(None, {"model.name": "sage"}).model.name == "sage"
     with pytest.raises(ConfigError, match="'model.name': 'foo' is not one of gcn, gt, gps, "
-                                          "mlp, sage"):
+                                          "mlp, sage, hgt"):
         load_config(None, {}, ["--model.name=foo"])
     with pytest.raises(ConfigError, match=r"and 0 for sage \(super nodes join attention: gt, "
                                           r"gps\)"):

@@ -228,6 +228,10 @@ class HgtProfile:
     """Piecewise-linear depth term: (blocks on a stage, multiplier) breaks, ascending: the
     i-th block of a stage (0-based) costs the block time times the multiplier of the last
     break <= i (MegaGraph fits a break near 8 layers); () = linear."""
+    score_copies: float = ATTENTION_WORKSPACE
+    """float32 [B, h, R, Rk + N_s] score blocks a block's backward holds at once: 3 for a
+    kernel that materialises them (scores, probabilities, their gradient), ~0 for a tiled
+    (FlashAttention-style) one; the measured peak decides."""
     memory_scale: float = 1.0
     """Measured over counted bytes (allocator rounding, what the counts miss)."""
     memory_base_bytes: int = 0
@@ -269,7 +273,8 @@ class HgtProfile:
                 "p2p": dict(vars(self.p2p)), "ring": dict(vars(self.ring)),
                 "allreduce": {str(k): dict(vars(v)) for k, v in self.allreduce.items()},
                 "optimizer_s_per_param": self.optimizer_s_per_param,
-                "depth": [list(x) for x in self.depth], "memory_scale": self.memory_scale,
+                "depth": [list(x) for x in self.depth], "score_copies": self.score_copies,
+                "memory_scale": self.memory_scale,
                 "memory_base_bytes": self.memory_base_bytes, "source": self.source}
 
     @classmethod
@@ -280,6 +285,7 @@ class HgtProfile:
                    {int(k): Fit(**v) for k, v in raw["allreduce"].items()},
                    float(raw.get("optimizer_s_per_param", 0.0)),
                    tuple((int(a), float(m)) for a, m in raw.get("depth", ())),
+                   float(raw.get("score_copies", ATTENTION_WORKSPACE)),
                    float(raw.get("memory_scale", 1.0)), int(raw.get("memory_base_bytes", 0)),
                    host or Host(), str(raw.get("source", "file")))
 
@@ -422,7 +428,7 @@ def stage_costs(shape: HgtShape, prof: HgtProfile, mesh: Mesh) -> StageCosts:
     if pp > 1:
         act = b * r * d * e
         p2p_s = prof.p2p.time(act + b * rk * shape.size * CODE_BYTES) + prof.p2p.time(act)
-    mp = memory_parts(shape, mesh)
+    mp = memory_parts(shape, mesh, prof.score_copies)
     fixed = [float(sum(mp.stage(0, pos).values())) for pos in range(4)]
     return StageCosts(
         block_s, (embed_s + p2p_s, p2p_s, head_s + p2p_s, embed_s + head_s),
@@ -471,15 +477,17 @@ class MemoryParts:
                 "p2p": self.p2p}
 
 
-def memory_parts(shape: HgtShape, mesh: Mesh) -> MemoryParts:
-    """The counted parts of :func:`stage_memory` at ``mesh`` (see the module doc)."""
+def memory_parts(shape: HgtShape, mesh: Mesh, score_copies: float = ATTENTION_WORKSPACE
+                 ) -> MemoryParts:
+    """The counted parts of :func:`stage_memory` at ``mesh`` (see the module doc), with
+    ``score_copies`` score blocks in a block's backward (:attr:`HgtProfile.score_copies`)."""
     live = shape.sequences // mesh.dp  # GPipe: every micro-batch alive at the peak
     b = live // mesh.micro_batches
     d, m, h, e = shape.hidden, shape.ffn_mult, shape.heads, shape.esize
     r, rk, _ = micro_rows(shape, mesh.cp)
     saved = r * d * e * (SAVED_ROWS + SAVED_FFN * m) + 4 * r * (h + LN_STATS) \
         + DROPOUT_SITES * r * d * shape.mask_bytes
-    transient = (ATTENTION_WORKSPACE * b * h * r * (rk + shape.global_nodes) * 4
+    transient = (int(score_copies * b * h * r * (rk + shape.global_nodes) * 4)
                  + b * r * d * e * (BACKWARD_ROWS + BACKWARD_FFN * m)
                  + (RING_BUFFERS * b * rk * d * e if mesh.cp > 1 else 0))
     fin = shape.features + shape.embed_dim
@@ -554,5 +562,5 @@ def stage_memory(shape: HgtShape, prof: HgtProfile, mesh: Mesh, layers: int, pos
                  ) -> int:
     """Peak bytes per rank of a stage of ``layers`` blocks at position ``pos``: the
     profile's scale times :class:`MemoryParts`' sum, plus its base."""
-    parts = memory_parts(shape, mesh).stage(layers, pos)
+    parts = memory_parts(shape, mesh, prof.score_copies).stage(layers, pos)
     return int(prof.memory_scale * sum(parts.values()) + prof.memory_base_bytes)

@@ -144,7 +144,7 @@ class Tables:
     def of(cls, costs: StageCosts, layers: int) -> Tables:
         n = np.arange(layers + 1)
         return cls(np.stack([costs.time(n, q) for q in range(4)]),
-                   np.stack([costs.memory(n, q) for q in range(4)]),
+                   np.floor(np.stack([costs.memory(n, q) for q in range(4)])),  # whole bytes
                    np.stack([costs.params(n, q) for q in range(4)]).astype(np.float64))
 
 

@@ -1,0 +1,400 @@
+"""hgt's Search: the fastest (P_dp, P_pp, P_cp, K, partition) that fits, and the frontier.
+
+Over every mesh with P_dp·P_pp·P_cp = W (P_dp | G, P_cp | N', P_pp <= L), every K dividing a
+replica's G/P_dp sequences, and every contiguous partition of the L blocks into P_pp stages
+of at least one block — C(L-1, P_pp-1) of them, 1,771 at L = 24, P_pp = 4, and ~10^8 at
+L = 32, P_pp = 8 — so partitions are never enumerated. For one mesh the step is
+(:func:`~plexgt.plan.hgt_cost.step_seconds`)
+
+    (K + P_pp - 1) · max_s t_s  +  tail(max_s params_s)
+
+with t_s, params_s and the stage's memory m_s functions of its blocks [a, b) and its position.
+Two maxima: a dynamic programme over (blocks consumed, stages used) that keeps, per state,
+the least possible max_s t_s over the stages so far, with every segment whose memory exceeds
+the limit pruned, finds the first term's minimum; the tail is handled by a cap c on the
+parameters any stage may hold (segments above it pruned too): the optimum's own max_s params_s
+is one of the finitely many segment parameter counts, and at that cap the programme finds a
+partition at least as fast, so min over caps of (K + P_pp - 1)·T(c) + tail(c) is the exact
+optimum. Caps are tried from the largest down and the loop stops once (K + P_pp - 1)·T(c) +
+tail(smallest cap) cannot beat the best so far (T only grows as the cap falls), so in
+practice one or two programmes run per mesh. Among partitions of equal step time the one of
+least peak memory is returned (a second programme: min max m_s subject to t_s <= T*).
+
+Each programme is P_pp vectorised (L+1) x (L+1) min-max steps (numpy), so the whole search
+is O(meshes · K choices · P_pp · L²): W = 64, L = 32 in well under a second
+(perf/bench_hgt_search.py).
+
+The frontier (time against peak memory per rank) is over every mesh's fastest partition and
+its leanest one (least peak memory, fastest among those): the configurations no other beats
+on both.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from plexgt.errors import ConfigError
+from plexgt.plan.hgt_cost import (
+    HgtProfile,
+    HgtShape,
+    Mesh,
+    StageCosts,
+    check_mesh,
+    check_stages,
+    position,
+    stage_costs,
+    tail_seconds,
+)
+from plexgt.plan.pareto import frontier as pareto_frontier
+
+INF = float("inf")
+FIXED_KEYS = ("dp", "pp", "cp", "stages", "micro_batches")
+"""What a config may fix (``parallel.*`` keys that are not 'auto' / 0)."""
+
+
+class NoHgtPlan(ConfigError):
+    """No hgt configuration fits the memory per rank (the line says the limit and the least
+    any configuration needs)."""
+
+    least_memory: int | None = None
+
+
+@dataclass(frozen=True)
+class HgtCandidate:
+    """One priced configuration."""
+
+    dp: int
+    pp: int
+    cp: int
+    micro_batches: int
+    stages: tuple[int, ...]
+    step_s: float
+    stage_bytes: tuple[int, ...]
+    """Predicted peak bytes per rank of each stage."""
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.stage_bytes)
+
+    @property
+    def mesh(self) -> Mesh:
+        return Mesh(self.dp, self.pp, self.cp, self.micro_batches)
+
+    @property
+    def label(self) -> str:
+        return (f"dp{self.dp} pp{self.pp} cp{self.cp} K{self.micro_batches} "
+                f"[{','.join(map(str, self.stages))}]")
+
+
+@dataclass(frozen=True)
+class HgtPlan:
+    """:func:`choose_hgt`'s answer: the fastest fitting configuration and the frontier."""
+
+    dp: int
+    pp: int
+    cp: int
+    micro_batches: int
+    stages: tuple[int, ...]
+    step_s: float
+    """Predicted seconds of one step."""
+    stage_bytes: tuple[int, ...]
+    """Predicted peak bytes per rank of each stage."""
+    frontier: tuple[HgtCandidate, ...]
+    """Time against peak memory per rank, fastest first."""
+
+    @property
+    def peak_bytes(self) -> int:
+        return max(self.stage_bytes)
+
+
+@dataclass
+class HgtSearch:
+    """Everything :func:`search_hgt` priced."""
+
+    best: HgtCandidate | None
+    candidates: list[HgtCandidate] = field(default_factory=list)
+    """Every mesh's fastest and leanest fitting partitions."""
+    frontier: list[HgtCandidate] = field(default_factory=list)
+    meshes: int = 0
+    """(dp, pp, cp, K) priced."""
+    programmes: int = 0
+    """Partition programmes run."""
+    least_memory: int | None = None
+    """Least peak bytes per rank of any partition of any mesh (fitting or not)."""
+    seconds: float = 0.0
+
+
+# -- the partition programme -------------------------------------------------------------
+@dataclass(frozen=True)
+class Tables:
+    """A mesh's stage terms by position (0 first, 1 middle, 2 last, 3 only) and block count
+    n = 0..L: seconds t[pos, n], peak bytes m[pos, n], parameters p[pos, n]."""
+
+    t: np.ndarray
+    m: np.ndarray
+    p: np.ndarray
+
+    @classmethod
+    def of(cls, costs: StageCosts, layers: int) -> Tables:
+        n = np.arange(layers + 1)
+        return cls(np.stack([costs.time(n, q) for q in range(4)]),
+                   np.floor(np.stack([costs.memory(n, q) for q in range(4)])),  # whole bytes
+                   np.stack([costs.params(n, q) for q in range(4)]).astype(np.float64))
+
+
+def _segments(row: np.ndarray, layers: int) -> np.ndarray:
+    """[a, b] -> row[b - a] for b > a, inf elsewhere (a middle stage holding blocks a..b-1)."""
+    idx = np.arange(layers + 1)
+    span = idx[None, :] - idx[:, None]
+    out = np.full((layers + 1, layers + 1), INF)
+    ok = span >= 1
+    out[ok] = row[span[ok]]
+    return out
+
+
+def minmax_partition(cost: np.ndarray, pp: int, layers: int
+                     ) -> tuple[float, tuple[int, ...] | None]:
+    """The least max over stages of ``cost[pos, n]`` (inf = segment not allowed) over every
+    partition of ``layers`` blocks into ``pp`` stages of >= 1 block, and one partition
+    reaching it (None when none is allowed). Dynamic programme over (blocks consumed, stages
+    used): best[s][j] = min over a < j of max(best[s-1][a], cost of blocks a..j-1 at stage
+    s's position)."""
+    if pp == 1:
+        v = float(cost[3, layers])
+        return (v, (layers,)) if v < INF else (INF, None)
+    best = np.full(layers + 1, INF)
+    best[1:] = cost[0, 1:]
+    args: list[np.ndarray] = []
+    if pp > 2:
+        mid = _segments(cost[1], layers)
+        for _ in range(pp - 2):
+            cand = np.maximum(best[:, None], mid)
+            arg = np.argmin(cand, axis=0)
+            best = cand[arg, np.arange(layers + 1)]
+            args.append(arg)
+    tail = cost[2, layers - np.arange(layers + 1)]
+    tail[layers] = INF  # the last stage needs a block
+    final = np.maximum(best, tail)
+    a = int(np.argmin(final))
+    v = float(final[a])
+    if v == INF:
+        return INF, None
+    cuts = [layers, a]
+    for arg in reversed(args):
+        a = int(arg[a])
+        cuts.append(a)
+    cuts.append(0)
+    cuts.reverse()
+    return v, tuple(b - a for a, b in zip(cuts, cuts[1:]))
+
+
+def _stage_terms(tab: Tables, stages: Sequence[int]) -> tuple[float, float, tuple[int, ...]]:
+    pp = len(stages)
+    pos = [position(i, pp) for i in range(pp)]
+    return (max(float(tab.t[q, n]) for q, n in zip(pos, stages)),
+            max(float(tab.p[q, n]) for q, n in zip(pos, stages)),
+            tuple(int(tab.m[q, n]) for q, n in zip(pos, stages)))
+
+
+def best_partition(shape: HgtShape, prof: HgtProfile, mesh: Mesh, limit: float,
+                   tab: Tables | None = None) -> tuple[HgtCandidate | None, int]:
+    """The fastest partition of ``mesh`` with every stage's memory <= ``limit`` (ties: least
+    peak memory), exact (see the module doc); and the programmes it ran."""
+    layers, pp = shape.layers, mesh.pp
+    tab = tab or Tables.of(stage_costs(shape, prof, mesh), layers)
+    slots = mesh.micro_batches + pp - 1
+    fits = tab.m <= limit
+    caps = np.unique(tab.p[fits])
+    if not len(caps):
+        return None, 0
+    low_tail = tail_seconds(prof, shape, mesh, float(caps[0]))
+    best: tuple[float, float, tuple[int, ...]] | None = None  # (step, cap, stages)
+    runs = 0
+    i = len(caps) - 1
+    while i >= 0:
+        allowed = fits & (tab.p <= caps[i])
+        v, stages = minmax_partition(np.where(allowed, tab.t, INF), pp, layers)
+        runs += 1
+        if stages is None or (best is not None and slots * v + low_tail >= best[0]):
+            break
+        _, pmax, _ = _stage_terms(tab, stages)
+        step = slots * v + tail_seconds(prof, shape, mesh, pmax)
+        if best is None or step < best[0]:
+            best = (step, pmax, stages)
+        i = int(np.searchsorted(caps, pmax)) - 1  # caps between pmax and caps[i]: the same
+    if best is None:
+        return None, runs
+    step, pmax, stages = best
+    # least peak memory among the partitions as fast: segments as fast as the slowest stage
+    tmax = max(float(tab.t[position(j, pp), n]) for j, n in enumerate(stages))
+    ok = fits & (tab.p <= pmax) & (tab.t <= tmax * (1 + 1e-12))
+    _, lean = minmax_partition(np.where(ok, tab.m, INF), pp, layers)
+    runs += 1
+    stages = lean or stages
+    _, _, mem = _stage_terms(tab, stages)
+    return HgtCandidate(mesh.dp, pp, mesh.cp, mesh.micro_batches, stages, step, mem), runs
+
+
+def leanest_partition(shape: HgtShape, prof: HgtProfile, mesh: Mesh, limit: float,
+                      tab: Tables | None = None) -> tuple[HgtCandidate | None, int]:
+    """The partition of least peak memory (the fastest of those) that fits ``limit``."""
+    tab = tab or Tables.of(stage_costs(shape, prof, mesh), shape.layers)
+    mem, stages = minmax_partition(np.where(tab.m <= limit, tab.m, INF), mesh.pp,
+                                   shape.layers)
+    if stages is None:
+        return None, 1
+    cand, runs = best_partition(shape, prof, mesh, min(limit, mem), tab)
+    return cand, runs + 1
+
+
+def price(shape: HgtShape, prof: HgtProfile, mesh: Mesh, stages: Sequence[int],
+          tab: Tables | None = None) -> HgtCandidate:
+    """One fixed configuration's step seconds and stage bytes."""
+    check_mesh(shape, mesh)
+    check_stages(shape, stages)
+    tab = tab or Tables.of(stage_costs(shape, prof, mesh), shape.layers)
+    tmax, pmax, mem = _stage_terms(tab, stages)
+    step = (mesh.micro_batches + mesh.pp - 1) * tmax + tail_seconds(prof, shape, mesh, pmax)
+    return HgtCandidate(mesh.dp, mesh.pp, mesh.cp, mesh.micro_batches, tuple(stages), step,
+                        mem)
+
+
+def partitions(layers: int, pp: int) -> Iterator[tuple[int, ...]]:
+    """Every contiguous partition of ``layers`` blocks into ``pp`` stages (>= 1 each)."""
+    for cuts in itertools.combinations(range(1, layers), pp - 1):
+        yield tuple(b - a for a, b in zip((0, *cuts), (*cuts, layers)))
+
+
+def enumerate_partitions(shape: HgtShape, prof: HgtProfile, mesh: Mesh, limit: float
+                         ) -> HgtCandidate | None:
+    """Brute force over :func:`partitions` (the programme's check; small L only): the
+    fastest fitting one, ties to the least peak memory."""
+    tab = Tables.of(stage_costs(shape, prof, mesh), shape.layers)
+    best: HgtCandidate | None = None
+    for st in partitions(shape.layers, mesh.pp):
+        c = price(shape, prof, mesh, st, tab)
+        if c.peak_bytes > limit:
+            continue
+        if best is None or c.step_s < best.step_s * (1 - 1e-12) or (
+                c.step_s <= best.step_s * (1 + 1e-12) and c.peak_bytes < best.peak_bytes):
+            best = c
+    return best
+
+
+# -- meshes ------------------------------------------------------------------------------
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def meshes(shape: HgtShape, world: int, fixed: dict[str, Any] | None = None
+           ) -> Iterator[Mesh]:
+    """Every (dp, pp, cp, K) of ``world`` ranks the step divides, the ``fixed`` ones only."""
+    fixed = fixed or {}
+    stages = fixed.get("stages")
+    for dp in divisors(world):
+        if shape.sequences % dp or fixed.get("dp", dp) != dp:
+            continue
+        for pp in divisors(world // dp):
+            cp = world // (dp * pp)
+            if pp > shape.layers or shape.size % cp or fixed.get("pp", pp) != pp \
+                    or fixed.get("cp", cp) != cp or (stages and len(stages) != pp):
+                continue
+            for k in divisors(shape.sequences // dp):
+                if fixed.get("micro_batches", k) == k:
+                    yield Mesh(dp, pp, cp, k)
+
+
+def check_fixed(shape: HgtShape, world: int, fixed: dict[str, Any]) -> dict[str, Any]:
+    """``fixed`` with stages as a tuple; ConfigError (one line) for keys or values the
+    step cannot take."""
+    bad = set(fixed) - set(FIXED_KEYS)
+    if bad:
+        raise ConfigError(f"hgt plan: unknown fixed choice(s) {', '.join(sorted(bad))} "
+                          f"(known: {', '.join(FIXED_KEYS)})")
+    out = dict(fixed)
+    if "stages" in out:
+        st = out["stages"]
+        st = tuple(int(x) for x in (st.split(",") if isinstance(st, str) else st))
+        try:
+            check_stages(shape, st)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if out.get("pp", len(st)) != len(st):
+            raise ConfigError(f"parallel.stages has {len(st)} stages but parallel.pp = "
+                              f"{out['pp']}")
+        out["stages"] = st
+    for k in ("dp", "pp", "cp"):
+        if k in out and (out[k] < 1 or world % out[k]):
+            raise ConfigError(f"parallel.{k} = {out[k]} does not divide the {world} ranks")
+    if "cp" in out and shape.size % out["cp"]:
+        raise ConfigError(f"parallel.cp = {out['cp']} does not divide batch.size = "
+                          f"{shape.size}")
+    if "dp" in out and shape.sequences % out["dp"]:
+        raise ConfigError(f"parallel.dp = {out['dp']} does not divide batch.sequences = "
+                          f"{shape.sequences}")
+    return out
+
+
+def search_hgt(shape: HgtShape, world: int, prof: HgtProfile, limit: float = INF,
+               fixed: dict[str, Any] | None = None) -> HgtSearch:
+    """Every mesh of ``world`` ranks (:func:`meshes`), each's fastest and leanest partition
+    under ``limit`` bytes per rank (or the fixed one), the fastest of all and the frontier."""
+    t0 = time.perf_counter()
+    fixed = check_fixed(shape, world, fixed or {})
+    out = HgtSearch(None)
+    least = INF
+    for mesh in meshes(shape, world, fixed):
+        out.meshes += 1
+        tab = Tables.of(stage_costs(shape, prof, mesh), shape.layers)
+        if "stages" in fixed:
+            c = price(shape, prof, mesh, fixed["stages"], tab)
+            least = min(least, c.peak_bytes)
+            found = [c] if c.peak_bytes <= limit else []
+        else:
+            lean, runs = leanest_partition(shape, prof, mesh, INF, tab)
+            out.programmes += runs
+            if lean is not None:
+                least = min(least, lean.peak_bytes)
+            found = []
+            if lean is not None and lean.peak_bytes <= limit:
+                fast, runs = best_partition(shape, prof, mesh, limit, tab)
+                out.programmes += runs
+                found = [fast] if fast == lean else [fast, lean]
+        out.candidates.extend(c for c in found if c is not None)
+    cands = out.candidates
+    out.best = min(cands, key=lambda c: (c.step_s, c.peak_bytes, c.pp, c.cp, c.micro_batches),
+                   default=None)
+    idx = pareto_frontier(cands, lambda c: c.step_s, lambda c: c.peak_bytes)
+    out.frontier = [cands[i] for i in idx]
+    out.least_memory = None if least == INF else int(least)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def choose_hgt(shape: HgtShape, world: int, prof: HgtProfile, limit: float = INF,
+               fixed: dict[str, Any] | None = None) -> HgtPlan:
+    """The plan for ``world`` ranks: the config's non-auto choices ``fixed`` (keys
+    :data:`FIXED_KEYS`: ints, and stages as a tuple or '3,7,7,7'), the rest the search's
+    fastest under ``limit`` bytes per rank. :class:`NoHgtPlan` when nothing fits;
+    ConfigError for fixed choices the step cannot take."""
+    found = search_hgt(shape, world, prof, limit, fixed)
+    b = found.best
+    if b is None:
+        if not found.meshes:
+            raise NoHgtPlan(f"hgt plan: no (dp, pp, cp, micro_batches) of {world} ranks "
+                            f"divides batch.sequences = {shape.sequences}, batch.size = "
+                            f"{shape.size} and {shape.layers} layers with the fixed "
+                            f"choices {fixed or {}}")
+        err = NoHgtPlan(f"hgt plan: nothing fits {limit / 2**30:.2f} GiB per rank on "
+                        f"{world} ranks; the least any configuration needs is "
+                        f"{(found.least_memory or 0) / 2**30:.2f} GiB")
+        err.least_memory = found.least_memory
+        raise err
+    return HgtPlan(b.dp, b.pp, b.cp, b.micro_batches, b.stages, b.step_s, b.stage_bytes,
+                   tuple(found.frontier))

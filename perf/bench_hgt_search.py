@@ -2,11 +2,11 @@
 
     .venv/bin/python -m perf.bench_hgt_search            # ~20 s on 2 cores
 
-:func:`plexgt.plan.hgt_search.search_hgt` over every (dp, pp, cp, K) of W ranks and every
+:func:`plexgt.plan.batch_search.search_batch` over every (dp, pp, cp, K) of W ranks and every
 contiguous partition of L blocks, at W in {8, 64, 512} and L in {16, 24, 32}, for a
 MegaGraph-sized hgt (hidden 128, 32 heads, sequences of N' = 4096 nodes + 1 global, 64
 sequences a step, Amazon Computers' 767 features / 10 classes and a 13,752 x 128 node table),
-priced by :func:`~plexgt.plan.hgt_cost.default_profile` on the Perlmutter description (a
+priced by :func:`~plexgt.plan.batch_cost.default_profile` on the Perlmutter description (a
 model projection, not a measurement), the memory limit what a plan may fill of its GPU and,
 in a second run, a third of the way from the least any partition of any mesh needs to
 the unconstrained choice's peak (the pruning binds). The seconds
@@ -24,8 +24,8 @@ import time
 
 from perf.harness import hardware, result_line, today, write_json, write_text
 from plexgt.plan.agp import SystemModel
-from plexgt.plan.hgt_cost import HgtShape, default_profile
-from plexgt.plan.hgt_search import enumerate_partitions, meshes, search_hgt
+from plexgt.plan.batch_cost import BatchShape, default_profile
+from plexgt.plan.batch_search import enumerate_partitions, meshes, search_batch
 from plexgt.plan.machine import load_machine
 
 WORLDS = (8, 64, 512)
@@ -33,12 +33,12 @@ LAYERS = (16, 24, 32)
 REPEATS = 3
 
 
-def shape_for(layers: int) -> HgtShape:
-    return HgtShape(layers, 128, 32, 4096, 64, 767, 10, targets=1024, nodes=13_752,
+def shape_for(layers: int) -> BatchShape:
+    return BatchShape(layers, 128, 32, 4096, 64, 767, 10, targets=1024, nodes=13_752,
                     embed_dim=128, esize=2)
 
 
-def partitions_total(layers: int, world: int, shape: HgtShape) -> int:
+def partitions_total(layers: int, world: int, shape: BatchShape) -> int:
     """Contiguous partitions the search covers: the sum over meshes of C(L-1, P_pp-1)."""
     return sum(math.comb(layers - 1, m.pp - 1) for m in meshes(shape, world))
 
@@ -61,7 +61,7 @@ def main() -> None:
                     lim = (low + (row["gpu"]["chosen_peak_gib"] - low) / 3) * 2**30
                 secs, found = [], None
                 for _ in range(REPEATS):
-                    found = search_hgt(shape, world, prof, lim)
+                    found = search_batch(shape, world, prof, lim)
                     secs.append(found.seconds)
                 b = found.best
                 row[tag] = {"limit_gib": lim / 2**30, "seconds": min(secs),
@@ -78,12 +78,12 @@ def main() -> None:
     # exactness: the programme's partition against every partition of every mesh
     shape = shape_for(16)
     prof = default_profile(shape, sysm)
-    found = search_hgt(shape, 8, prof, limit)
+    found = search_batch(shape, 8, prof, limit)
     tight = (found.least_memory + found.best.peak_bytes) / 2
     checks = same = 0
     t0 = time.perf_counter()
     for lim in (limit, tight):
-        cands = search_hgt(shape, 8, prof, lim).candidates
+        cands = search_batch(shape, 8, prof, lim).candidates
         for mesh in meshes(shape, 8):
             want = enumerate_partitions(shape, prof, mesh, lim)
             got = min((c for c in cands if c.mesh == mesh),
@@ -109,7 +109,7 @@ def main() -> None:
         "rows": rows, "exact_vs_enumeration": {"world": 8, "layers": 16, "checked": checks,
                                                "same": same, "seconds": enum_s}})
     lines = [f"# hgt search time ({today()})", "",
-             "`perf/bench_hgt_search.py`: wall time of `search_hgt` (best of 3) over every "
+             "`perf/bench_hgt_search.py`: wall time of `search_batch` (best of 3) over every "
              "(dp, pp, cp, K) and every contiguous partition; GPU limit / a third of the "
              "way from the least any configuration needs to the unconstrained peak.", "",
              "| W | L | meshes | partitions covered | s (GPU limit) | chosen | s (tight) | "

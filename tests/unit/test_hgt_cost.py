@@ -6,11 +6,11 @@ import pytest
 from torch import nn
 
 from plexgt.plan.agp import SystemModel
-from plexgt.plan.hgt_cost import (
+from plexgt.plan.batch_cost import (
+    BatchProfile,
+    BatchShape,
     BlockFit,
     Fit,
-    HgtProfile,
-    HgtShape,
     Mesh,
     check_mesh,
     default_profile,
@@ -22,7 +22,7 @@ from plexgt.plan.hgt_cost import (
 )
 
 # d = 8, h = 2, m = 2, N' = 8, N_s = 1, G = 4, F = 5, C = 3, T = 4, |V| = 10, D = 4, float32
-SMALL = HgtShape(layers=4, hidden=8, heads=2, size=8, sequences=4, features=5, classes=3,
+SMALL = BatchShape(layers=4, hidden=8, heads=2, size=8, sequences=4, features=5, classes=3,
                  ffn_mult=2, global_nodes=1, targets=4, nodes=10, embed_dim=4, esize=4)
 
 
@@ -62,7 +62,7 @@ def test_memory_parts_by_hand():
     assert mid["states"] == 3 * mp.block_states and mid["activations"] == 3 * mp.block_saved
     only = mp.stage(4, 3)
     assert only["states"] == 4 * mp.block_states + mp.first_states + mp.last_states
-    prof = HgtProfile({0: BlockFit()}, BlockFit(), BlockFit(), Fit(0, 0), Fit(0, 0), {},
+    prof = BatchProfile({0: BlockFit()}, BlockFit(), BlockFit(), Fit(0, 0), Fit(0, 0), {},
                       memory_scale=1.5, memory_base_bytes=100)
     mesh = Mesh(2, 2, 2, 2)
     assert stage_memory(SMALL, prof, mesh, 3, 1) == int(1.5 * sum(mid.values()) + 100)
@@ -83,8 +83,8 @@ def test_ring_exchanges_leave_global_nodes_home():
     assert n == 3 * 3 and each == 2 * 3 * (8 // 4) * 8 * 4
 
 
-def _unit_profile(**kw) -> HgtProfile:
-    return HgtProfile({0: BlockFit(per_call_s=1.0), 2: BlockFit(per_call_s=0.5)},
+def _unit_profile(**kw) -> BatchProfile:
+    return BatchProfile({0: BlockFit(per_call_s=1.0), 2: BlockFit(per_call_s=0.5)},
                       BlockFit(per_call_s=0.3), BlockFit(per_call_s=0.2), Fit(0.01, 0.0),
                       Fit(0.02, 0.0), {2: Fit(0.1, 0.0), 4: Fit(0.2, 0.0)},
                       optimizer_s_per_param=0.0, **kw)
@@ -119,7 +119,7 @@ def test_default_profile_prices_with_the_system_model():
     assert 0 < quick.block[0].per_row_s < prof.block[0].per_row_s
     assert prof.allreduce_time(8, 1e6) > prof.allreduce_time(2, 1) > 0
     assert prof.allreduce_time(1, 1e6) == 0
-    back = HgtProfile.from_dict(prof.to_dict())
+    back = BatchProfile.from_dict(prof.to_dict())
     assert back.block == prof.block and back.allreduce == prof.allreduce
     mesh = Mesh(1, 2, 2, 2)
     assert step_seconds(SMALL, back, mesh, (2, 2)).step_s == pytest.approx(

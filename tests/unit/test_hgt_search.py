@@ -10,25 +10,25 @@ import numpy as np
 import pytest
 
 from plexgt.errors import ConfigError
-from plexgt.plan.hgt_cost import (
+from plexgt.plan.batch_cost import (
+    BatchProfile,
+    BatchShape,
     BlockFit,
     Fit,
-    HgtProfile,
-    HgtShape,
     Mesh,
     default_profile,
     position,
 )
-from plexgt.plan.hgt_search import (
-    NoHgtPlan,
+from plexgt.plan.batch_search import (
+    NoBatchPlan,
     best_partition,
-    choose_hgt,
+    choose_batch,
     enumerate_partitions,
     meshes,
     minmax_partition,
     partitions,
     price,
-    search_hgt,
+    search_batch,
 )
 
 MIB = 2**20
@@ -56,14 +56,14 @@ def test_partitions_are_every_composition():
     assert sorted(partitions(4, 2)) == [(1, 3), (2, 2), (3, 1)]
 
 
-def _random_case(r: random.Random) -> tuple[HgtShape, HgtProfile]:
-    shape = HgtShape(layers=r.randint(2, 8), hidden=8 * r.randint(1, 4), heads=2,
+def _random_case(r: random.Random) -> tuple[BatchShape, BatchProfile]:
+    shape = BatchShape(layers=r.randint(2, 8), hidden=8 * r.randint(1, 4), heads=2,
                      size=8 * r.randint(1, 4), sequences=r.choice([1, 2, 4]),
                      features=r.randint(1, 40), classes=r.randint(2, 9),
                      global_nodes=r.randint(0, 2), nodes=r.choice([0, 200, 5000]),
                      embed_dim=r.choice([0, 16]), targets=r.randint(1, 8))
     u = r.uniform
-    prof = HgtProfile(
+    prof = BatchProfile(
         {0: BlockFit(u(0, 1e-3), u(0, 1e-5), u(0, 1e-7), u(0, 1e-6)),
          2: BlockFit(u(0, 1e-3), u(0, 1e-5), u(0, 1e-7), u(0, 1e-6))},
         BlockFit(u(0, 1e-2), u(0, 1e-4), u(0, 1e-7)), BlockFit(u(0, 1e-2), u(0, 1e-4)),
@@ -102,11 +102,11 @@ def test_programme_equals_brute_force_on_random_profiles():
 
 
 def test_search_prices_every_mesh_and_never_exceeds_the_limit():
-    shape = HgtShape(12, 64, 8, 512, 8, 100, 7, nodes=20000, embed_dim=64)
+    shape = BatchShape(12, 64, 8, 512, 8, 100, 7, nodes=20000, embed_dim=64)
     prof = default_profile(shape)
-    free = search_hgt(shape, 8, prof)
+    free = search_batch(shape, 8, prof)
     limit = sorted(c.peak_bytes for c in free.candidates)[len(free.candidates) // 3]
-    found = search_hgt(shape, 8, prof, limit)
+    found = search_batch(shape, 8, prof, limit)
     assert found.meshes == free.meshes == len(list(meshes(shape, 8)))
     assert found.candidates and all(max(c.stage_bytes) <= limit for c in found.candidates)
     assert found.best.step_s >= free.best.step_s
@@ -120,14 +120,14 @@ def test_search_prices_every_mesh_and_never_exceeds_the_limit():
                        for f in found.candidates if f.step_s <= c.step_s
                        and f.peak_bytes <= c.peak_bytes)
     assert found.best == found.frontier[0]
-    with pytest.raises(NoHgtPlan, match="the least any configuration needs is"):
-        choose_hgt(shape, 8, prof, found.least_memory - 1)
-    assert choose_hgt(shape, 8, prof, found.least_memory).peak_bytes <= found.least_memory
+    with pytest.raises(NoBatchPlan, match="the least any configuration needs is"):
+        choose_batch(shape, 8, prof, found.least_memory - 1)
+    assert choose_batch(shape, 8, prof, found.least_memory).peak_bytes <= found.least_memory
 
 
 # MegaGraph: a 24-layer GT on 4 GPUs; the node table (|V| = 116,331 x 128, AdamW states)
 # sized so that an even split puts ~65% more memory on stage 0 than on stage 1
-TABLE = HgtShape(24, 128, 8, 1024, 8, 767, 10, nodes=116_331, embed_dim=128)
+TABLE = BatchShape(24, 128, 8, 1024, 8, 767, 10, nodes=116_331, embed_dim=128)
 
 
 def test_a_big_table_moves_layers_off_stage_zero():
@@ -142,7 +142,7 @@ def test_a_big_table_moves_layers_off_stage_zero():
     # a GPU that holds 7 blocks of a middle stage but not the even split's stage 0
     limit = 520 * MIB
     assert even.peak_bytes > limit
-    plan = choose_hgt(TABLE, 4, prof, limit, {"pp": 4, "cp": 1, "dp": 1})
+    plan = choose_batch(TABLE, 4, prof, limit, {"pp": 4, "cp": 1, "dp": 1})
     assert plan.stages == (3, 7, 7, 7)
     assert max(plan.stage_bytes) <= limit < even.stage_bytes[0]
     # and stage 0's excess is gone: within 20% of the others (65% in the even split)
@@ -152,12 +152,12 @@ def test_a_big_table_moves_layers_off_stage_zero():
 # MegaGraph's ablation: Amazon Computers (13,752 nodes, 767 features, 10 classes), 32
 # layers, hidden 128, 32 heads, sequences of 256 nodes, 2 GPUs; 2 sequences a step so that
 # DP has a share to split
-ABLATION = HgtShape(32, 128, 32, 256, 2, 767, 10, targets=64)
+ABLATION = BatchShape(32, 128, 32, 256, 2, 767, 10, targets=64)
 
 
 def test_ablation_what_the_default_model_implies():
     prof = default_profile(ABLATION)
-    found = search_hgt(ABLATION, 2, prof)
+    found = search_batch(ABLATION, 2, prof)
     by = {(c.dp, c.pp, c.cp, c.micro_batches, c.stages): c for c in found.candidates}
     cp = {k: by[1, 1, 2, k, (32,)] for k in (1, 2)}
     even = {k: by[1, 2, 1, k, (16, 16)] for k in (1, 2)}
@@ -175,18 +175,18 @@ def test_ablation_what_the_default_model_implies():
 
 
 def test_fixed_choices_are_honoured_and_checked():
-    shape = HgtShape(8, 32, 4, 64, 4, 10, 3)
+    shape = BatchShape(8, 32, 4, 64, 4, 10, 3)
     prof = default_profile(shape)
-    plan = choose_hgt(shape, 6, prof, fixed={"stages": "1,3,4", "micro_batches": 2})
+    plan = choose_batch(shape, 6, prof, fixed={"stages": "1,3,4", "micro_batches": 2})
     assert (plan.stages, plan.pp, plan.micro_batches) == ((1, 3, 4), 3, 2)
     assert plan.dp * plan.cp == 2
-    for got in itertools.islice(search_hgt(shape, 8, prof, fixed={"cp": 2}).candidates, 20):
+    for got in itertools.islice(search_batch(shape, 8, prof, fixed={"cp": 2}).candidates, 20):
         assert got.cp == 2
     with pytest.raises(ConfigError, match="sums to 9, not model.layers = 8"):
-        choose_hgt(shape, 4, prof, fixed={"stages": (2, 3, 4)})
+        choose_batch(shape, 4, prof, fixed={"stages": (2, 3, 4)})
     with pytest.raises(ConfigError, match="parallel.cp = 3 does not divide the 4 ranks"):
-        choose_hgt(shape, 4, prof, fixed={"cp": 3})
+        choose_batch(shape, 4, prof, fixed={"cp": 3})
     with pytest.raises(ConfigError, match="has 2 stages but parallel.pp = 4"):
-        choose_hgt(shape, 4, prof, fixed={"stages": "4,4", "pp": 4})
+        choose_batch(shape, 4, prof, fixed={"stages": "4,4", "pp": 4})
     with pytest.raises(ConfigError, match="unknown fixed choice"):
-        choose_hgt(shape, 4, prof, fixed={"tp": 2})
+        choose_batch(shape, 4, prof, fixed={"tp": 2})

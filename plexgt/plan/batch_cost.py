@@ -1,5 +1,5 @@
-"""hgt's cost model: bytes per rank of each pipeline stage and the step's seconds on a
-dp x pp x cp mesh (issue 38's Profile -> Model; :mod:`plexgt.plan.hgt_search` is the Search).
+"""The node-sequence (batch layout) models' cost model: bytes per rank of each pipeline stage and the step's seconds on a
+dp x pp x cp mesh (issue 38's Profile -> Model; :mod:`plexgt.plan.batch_search` is the Search).
 
 A step on the mesh (HGT_DESIGN): replica r of P_dp takes G/P_dp of the step's G sequences and
 splits them into K GPipe micro-batches of B = G/(P_dp·K); each of the P_pp stages holds a
@@ -25,10 +25,10 @@ peak all K micro-batches are alive), the hop codes of those sequences, stage 0's
 rows and the last stage's head inputs, and the transient of one micro-batch: the attention's
 score workspace, the backward's gradients, the ring's in-flight blocks, the p2p buffers.
 
-Every count is written next to its constant; :class:`HgtProfile` holds what is measured.
+Every count is written next to its constant; :class:`BatchProfile` holds what is measured.
 :func:`default_profile` derives one from FLOP and pass counts priced by a
 :class:`~plexgt.plan.agp.SystemModel` (a machine description's or a measured system profile's
-coefficients) until a profile of the hgt model itself exists. How to measure one
+coefficients) until a profile of the model itself exists. How to measure one
 (``measure_profile``, once the model and GA-CP exist): for each P_cp in {1, 2, 4, ...} up to
 the node's GPUs, time one block's forward + backward on a cp group at 3+ (B, N') pairs and fit
 :class:`BlockFit` (non-negative least squares on relative error; rows and rows x columns),
@@ -95,8 +95,8 @@ CODE_BYTES = 1
 
 
 @dataclass(frozen=True)
-class HgtShape:
-    """One hgt training step's sizes (model, batch and graph)."""
+class BatchShape:
+    """One node-sequence training step's sizes (model, batch and graph)."""
 
     layers: int
     """Blocks L."""
@@ -137,13 +137,13 @@ class HgtShape:
         for k in ("layers", "hidden", "heads", "size", "sequences", "features", "classes",
                   "ffn_mult", "esize", "state_bytes"):
             if getattr(self, k) < 1:
-                raise ValueError(f"hgt shape: {k} = {getattr(self, k)} must be >= 1")
+                raise ValueError(f"node-sequence shape: {k} = {getattr(self, k)} must be >= 1")
         if self.hidden % self.heads:
-            raise ValueError(f"hgt shape: hidden {self.hidden} is not divisible by "
+            raise ValueError(f"node-sequence shape: hidden {self.hidden} is not divisible by "
                              f"{self.heads} heads")
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig, nodes: int, features: int, classes: int) -> HgtShape:
+    def from_config(cls, cfg: TrainConfig, nodes: int, features: int, classes: int) -> BatchShape:
         """The shape a config trains on a graph of ``nodes`` nodes, ``features`` input
         columns and ``classes`` classes (float32 state; masks saved on a CPU's torch path
         are the caller's to set)."""
@@ -205,7 +205,7 @@ class BlockFit:
 
 
 @dataclass(frozen=True)
-class HgtProfile:
+class BatchProfile:
     """What the model prices a step with (measured, or :func:`default_profile`'s counts)."""
 
     block: dict[int, BlockFit]
@@ -265,7 +265,7 @@ class HgtProfile:
         return out if out.ndim else float(out)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON form (for a profile file's ``hgt`` table)."""
+        """JSON form (for a profile file's ``batch`` table)."""
         def bf(f: BlockFit) -> dict[str, float]:
             return dict(vars(f))
         return {"block": {str(k): bf(v) for k, v in self.block.items()},
@@ -278,7 +278,7 @@ class HgtProfile:
                 "memory_base_bytes": self.memory_base_bytes, "source": self.source}
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any], host: Host | None = None) -> HgtProfile:
+    def from_dict(cls, raw: dict[str, Any], host: Host | None = None) -> BatchProfile:
         return cls({int(k): BlockFit(**v) for k, v in raw["block"].items()},
                    BlockFit(**raw["embed"]), BlockFit(**raw["head"]), Fit(**raw["p2p"]),
                    Fit(**raw["ring"]),
@@ -295,8 +295,8 @@ def _linear(t: Callable[[float], float], x: float = float(2**24)) -> Fit:
     return Fit(lat, max(0.0, (t(x) - lat) / x))
 
 
-def default_profile(shape: HgtShape, sysm: SystemModel | None = None,
-                    max_group: int = 4096) -> HgtProfile:
+def default_profile(shape: BatchShape, sysm: SystemModel | None = None,
+                    max_group: int = 4096) -> BatchProfile:
     """A profile counted from ``shape``'s FLOPs and passes, priced by ``sysm``'s kernel
     rates (GEMM per FMA, elementwise per element, copy per element, its whole-step
     calibration) and collectives (send_recv for p2p and the ring, all_reduce per group size
@@ -321,7 +321,7 @@ def default_profile(shape: HgtShape, sysm: SystemModel | None = None,
     ar = {g: _linear(lambda b, g=g: sysm.collective_time("all_reduce", g,
                                                           all_reduce_bytes(int(b), g)))
           for g in sizes}
-    return HgtProfile({0: block}, embed, head, send, send, ar,
+    return BatchProfile({0: block}, embed, head, send, send, ar,
                       OPTIMIZER_PASSES * elem * sc, host=sysm.host,
                       source=f"counted ({sysm.name})")
 
@@ -341,11 +341,11 @@ class Mesh:
         return self.dp * self.pp * self.cp
 
 
-def check_mesh(shape: HgtShape, mesh: Mesh) -> None:
+def check_mesh(shape: BatchShape, mesh: Mesh) -> None:
     """ValueError (one line) unless the mesh divides the step as the design requires."""
     g, k = shape.sequences, mesh.micro_batches
     if min(mesh.dp, mesh.pp, mesh.cp, k) < 1:
-        raise ValueError(f"hgt mesh {mesh}: every factor must be >= 1")
+        raise ValueError(f"node-sequence mesh {mesh}: every factor must be >= 1")
     if g % mesh.dp:
         raise ValueError(f"parallel.dp = {mesh.dp} does not divide batch.sequences = {g}")
     if (g // mesh.dp) % k:
@@ -376,7 +376,7 @@ class StageCosts:
     extra_params: tuple[int, int, int, int]
     memory_scale: float
     memory_base: int
-    profile: HgtProfile
+    profile: BatchProfile
 
     def time(self, n: Any, pos: int) -> Any:
         return self.profile.depth_blocks(n) * self.block_s + self.extra_s[pos]
@@ -394,7 +394,7 @@ def position(i: int, pp: int) -> int:
     return 3 if pp == 1 else 0 if i == 0 else 2 if i == pp - 1 else 1
 
 
-def ring_exchanges(shape: HgtShape, cp: int, b: int) -> tuple[int, int]:
+def ring_exchanges(shape: BatchShape, cp: int, b: int) -> tuple[int, int]:
     """(exchanges, bytes each) one block's ring makes for a micro-batch of b sequences:
     RING_MESSAGES·(P_cp - 1) of K and V of the rank's N'/P_cp rows, 2·b·(N'/P_cp)·d elements
     (the global nodes' K/V are replicated, never sent; the issue's S = N'/P_cp + N_s counts
@@ -404,14 +404,14 @@ def ring_exchanges(shape: HgtShape, cp: int, b: int) -> tuple[int, int]:
     return RING_MESSAGES * (cp - 1), 2 * b * (shape.size // cp) * shape.hidden * shape.esize
 
 
-def micro_rows(shape: HgtShape, cp: int) -> tuple[int, int, int]:
+def micro_rows(shape: BatchShape, cp: int) -> tuple[int, int, int]:
     """(R, Rk, S): query rows a rank holds per sequence (its N'/P_cp and the N_s global
     rows), its own key rows (N'/P_cp, what travels), and the key columns (N' + N_s)."""
     rk = shape.size // cp
     return rk + shape.global_nodes, rk, shape.size + shape.global_nodes
 
 
-def stage_costs(shape: HgtShape, prof: HgtProfile, mesh: Mesh) -> StageCosts:
+def stage_costs(shape: BatchShape, prof: BatchProfile, mesh: Mesh) -> StageCosts:
     """The per-stage terms of :func:`stage_seconds` and :func:`stage_memory` at ``mesh``."""
     pp, cp = mesh.pp, mesh.cp
     b = shape.sequences // (mesh.dp * mesh.micro_batches)  # sequences of a micro-batch
@@ -477,10 +477,10 @@ class MemoryParts:
                 "p2p": self.p2p}
 
 
-def memory_parts(shape: HgtShape, mesh: Mesh, score_copies: float = ATTENTION_WORKSPACE
+def memory_parts(shape: BatchShape, mesh: Mesh, score_copies: float = ATTENTION_WORKSPACE
                  ) -> MemoryParts:
     """The counted parts of :func:`stage_memory` at ``mesh`` (see the module doc), with
-    ``score_copies`` score blocks in a block's backward (:attr:`HgtProfile.score_copies`)."""
+    ``score_copies`` score blocks in a block's backward (:attr:`BatchProfile.score_copies`)."""
     live = shape.sequences // mesh.dp  # GPipe: every micro-batch alive at the peak
     b = live // mesh.micro_batches
     d, m, h, e = shape.hidden, shape.ffn_mult, shape.heads, shape.esize
@@ -503,7 +503,7 @@ def memory_parts(shape: HgtShape, mesh: Mesh, score_copies: float = ATTENTION_WO
         last_saved=live * tgt * (2 * d * e + 4 * shape.classes))
 
 
-def tail_seconds(prof: HgtProfile, shape: HgtShape, mesh: Mesh, params: float) -> float:
+def tail_seconds(prof: BatchProfile, shape: BatchShape, mesh: Mesh, params: float) -> float:
     """After the pipeline: a stage group's (P_dp·P_cp ranks) gradient all-reduce and AdamW
     over ``params`` parameters (the step waits for the stage holding the most)."""
     return prof.allreduce_time(mesh.dp * mesh.cp, params * shape.grad_bytes) \
@@ -527,7 +527,7 @@ class StepCost:
         return self.pipeline_s + self.tail_s
 
 
-def check_stages(shape: HgtShape, stages: Sequence[int]) -> None:
+def check_stages(shape: BatchShape, stages: Sequence[int]) -> None:
     if any(n < 1 for n in stages):
         raise ValueError(f"parallel.stages = {','.join(map(str, stages))}: every stage needs "
                          f"at least one layer")
@@ -536,7 +536,7 @@ def check_stages(shape: HgtShape, stages: Sequence[int]) -> None:
                          f"{sum(stages)}, not model.layers = {shape.layers}")
 
 
-def step_seconds(shape: HgtShape, prof: HgtProfile, mesh: Mesh, stages: Sequence[int]
+def step_seconds(shape: BatchShape, prof: BatchProfile, mesh: Mesh, stages: Sequence[int]
                  ) -> StepCost:
     """A step's seconds at ``mesh`` with ``stages`` blocks per stage (len = P_pp)."""
     check_mesh(shape, mesh)
@@ -551,14 +551,14 @@ def step_seconds(shape: HgtShape, prof: HgtProfile, mesh: Mesh, stages: Sequence
     return StepCost(slot, pipe, tail_seconds(prof, shape, mesh, params), per)
 
 
-def stage_seconds(shape: HgtShape, prof: HgtProfile, mesh: Mesh, layers: int, pos: int
+def stage_seconds(shape: BatchShape, prof: BatchProfile, mesh: Mesh, layers: int, pos: int
                   ) -> float:
     """A stage of ``layers`` blocks at position ``pos`` (:func:`position`): its forward +
     backward of one micro-batch."""
     return float(stage_costs(shape, prof, mesh).time(layers, pos))
 
 
-def stage_memory(shape: HgtShape, prof: HgtProfile, mesh: Mesh, layers: int, pos: int
+def stage_memory(shape: BatchShape, prof: BatchProfile, mesh: Mesh, layers: int, pos: int
                  ) -> int:
     """Peak bytes per rank of a stage of ``layers`` blocks at position ``pos``: the
     profile's scale times :class:`MemoryParts`' sum, plus its base."""

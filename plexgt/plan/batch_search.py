@@ -1,10 +1,10 @@
-"""hgt's Search: the fastest (P_dp, P_pp, P_cp, K, partition) that fits, and the frontier.
+"""The node-sequence (batch layout) models' Search: the fastest (P_dp, P_pp, P_cp, K, partition) that fits, and the frontier.
 
 Over every mesh with P_dp·P_pp·P_cp = W (P_dp | G, P_cp | N', P_pp <= L), every K dividing a
 replica's G/P_dp sequences, and every contiguous partition of the L blocks into P_pp stages
 of at least one block — C(L-1, P_pp-1) of them, 1,771 at L = 24, P_pp = 4, and ~10^8 at
 L = 32, P_pp = 8 — so partitions are never enumerated. For one mesh the step is
-(:func:`~plexgt.plan.hgt_cost.step_seconds`)
+(:func:`~plexgt.plan.batch_cost.step_seconds`)
 
     (K + P_pp - 1) · max_s t_s  +  tail(max_s params_s)
 
@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 
 from plexgt.errors import ConfigError
-from plexgt.plan.hgt_cost import (
-    HgtProfile,
-    HgtShape,
+from plexgt.plan.batch_cost import (
+    BatchProfile,
+    BatchShape,
     Mesh,
     StageCosts,
     check_mesh,
@@ -58,15 +58,15 @@ FIXED_KEYS = ("dp", "pp", "cp", "stages", "micro_batches")
 """What a config may fix (``parallel.*`` keys that are not 'auto' / 0)."""
 
 
-class NoHgtPlan(ConfigError):
-    """No hgt configuration fits the memory per rank (the line says the limit and the least
+class NoBatchPlan(ConfigError):
+    """No node-sequence configuration fits the memory per rank (the line says the limit and the least
     any configuration needs)."""
 
     least_memory: int | None = None
 
 
 @dataclass(frozen=True)
-class HgtCandidate:
+class BatchCandidate:
     """One priced configuration."""
 
     dp: int
@@ -93,8 +93,8 @@ class HgtCandidate:
 
 
 @dataclass(frozen=True)
-class HgtPlan:
-    """:func:`choose_hgt`'s answer: the fastest fitting configuration and the frontier."""
+class BatchPlan:
+    """:func:`choose_batch`'s answer: the fastest fitting configuration and the frontier."""
 
     dp: int
     pp: int
@@ -105,7 +105,7 @@ class HgtPlan:
     """Predicted seconds of one step."""
     stage_bytes: tuple[int, ...]
     """Predicted peak bytes per rank of each stage."""
-    frontier: tuple[HgtCandidate, ...]
+    frontier: tuple[BatchCandidate, ...]
     """Time against peak memory per rank, fastest first."""
 
     @property
@@ -114,13 +114,13 @@ class HgtPlan:
 
 
 @dataclass
-class HgtSearch:
-    """Everything :func:`search_hgt` priced."""
+class BatchSearch:
+    """Everything :func:`search_batch` priced."""
 
-    best: HgtCandidate | None
-    candidates: list[HgtCandidate] = field(default_factory=list)
+    best: BatchCandidate | None
+    candidates: list[BatchCandidate] = field(default_factory=list)
     """Every mesh's fastest and leanest fitting partitions."""
-    frontier: list[HgtCandidate] = field(default_factory=list)
+    frontier: list[BatchCandidate] = field(default_factory=list)
     meshes: int = 0
     """(dp, pp, cp, K) priced."""
     programmes: int = 0
@@ -202,8 +202,8 @@ def _stage_terms(tab: Tables, stages: Sequence[int]) -> tuple[float, float, tupl
             tuple(int(tab.m[q, n]) for q, n in zip(pos, stages)))
 
 
-def best_partition(shape: HgtShape, prof: HgtProfile, mesh: Mesh, limit: float,
-                   tab: Tables | None = None) -> tuple[HgtCandidate | None, int]:
+def best_partition(shape: BatchShape, prof: BatchProfile, mesh: Mesh, limit: float,
+                   tab: Tables | None = None) -> tuple[BatchCandidate | None, int]:
     """The fastest partition of ``mesh`` with every stage's memory <= ``limit`` (ties: least
     peak memory), exact (see the module doc); and the programmes it ran."""
     layers, pp = shape.layers, mesh.pp
@@ -238,11 +238,11 @@ def best_partition(shape: HgtShape, prof: HgtProfile, mesh: Mesh, limit: float,
     runs += 1
     stages = lean or stages
     _, _, mem = _stage_terms(tab, stages)
-    return HgtCandidate(mesh.dp, pp, mesh.cp, mesh.micro_batches, stages, step, mem), runs
+    return BatchCandidate(mesh.dp, pp, mesh.cp, mesh.micro_batches, stages, step, mem), runs
 
 
-def leanest_partition(shape: HgtShape, prof: HgtProfile, mesh: Mesh, limit: float,
-                      tab: Tables | None = None) -> tuple[HgtCandidate | None, int]:
+def leanest_partition(shape: BatchShape, prof: BatchProfile, mesh: Mesh, limit: float,
+                      tab: Tables | None = None) -> tuple[BatchCandidate | None, int]:
     """The partition of least peak memory (the fastest of those) that fits ``limit``."""
     tab = tab or Tables.of(stage_costs(shape, prof, mesh), shape.layers)
     mem, stages = minmax_partition(np.where(tab.m <= limit, tab.m, INF), mesh.pp,
@@ -253,15 +253,15 @@ def leanest_partition(shape: HgtShape, prof: HgtProfile, mesh: Mesh, limit: floa
     return cand, runs + 1
 
 
-def price(shape: HgtShape, prof: HgtProfile, mesh: Mesh, stages: Sequence[int],
-          tab: Tables | None = None) -> HgtCandidate:
+def price(shape: BatchShape, prof: BatchProfile, mesh: Mesh, stages: Sequence[int],
+          tab: Tables | None = None) -> BatchCandidate:
     """One fixed configuration's step seconds and stage bytes."""
     check_mesh(shape, mesh)
     check_stages(shape, stages)
     tab = tab or Tables.of(stage_costs(shape, prof, mesh), shape.layers)
     tmax, pmax, mem = _stage_terms(tab, stages)
     step = (mesh.micro_batches + mesh.pp - 1) * tmax + tail_seconds(prof, shape, mesh, pmax)
-    return HgtCandidate(mesh.dp, mesh.pp, mesh.cp, mesh.micro_batches, tuple(stages), step,
+    return BatchCandidate(mesh.dp, mesh.pp, mesh.cp, mesh.micro_batches, tuple(stages), step,
                         mem)
 
 
@@ -271,12 +271,12 @@ def partitions(layers: int, pp: int) -> Iterator[tuple[int, ...]]:
         yield tuple(b - a for a, b in zip((0, *cuts), (*cuts, layers)))
 
 
-def enumerate_partitions(shape: HgtShape, prof: HgtProfile, mesh: Mesh, limit: float
-                         ) -> HgtCandidate | None:
+def enumerate_partitions(shape: BatchShape, prof: BatchProfile, mesh: Mesh, limit: float
+                         ) -> BatchCandidate | None:
     """Brute force over :func:`partitions` (the programme's check; small L only): the
     fastest fitting one, ties to the least peak memory."""
     tab = Tables.of(stage_costs(shape, prof, mesh), shape.layers)
-    best: HgtCandidate | None = None
+    best: BatchCandidate | None = None
     for st in partitions(shape.layers, mesh.pp):
         c = price(shape, prof, mesh, st, tab)
         if c.peak_bytes > limit:
@@ -292,7 +292,7 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def meshes(shape: HgtShape, world: int, fixed: dict[str, Any] | None = None
+def meshes(shape: BatchShape, world: int, fixed: dict[str, Any] | None = None
            ) -> Iterator[Mesh]:
     """Every (dp, pp, cp, K) of ``world`` ranks the step divides, the ``fixed`` ones only."""
     fixed = fixed or {}
@@ -310,12 +310,12 @@ def meshes(shape: HgtShape, world: int, fixed: dict[str, Any] | None = None
                     yield Mesh(dp, pp, cp, k)
 
 
-def check_fixed(shape: HgtShape, world: int, fixed: dict[str, Any]) -> dict[str, Any]:
+def check_fixed(shape: BatchShape, world: int, fixed: dict[str, Any]) -> dict[str, Any]:
     """``fixed`` with stages as a tuple; ConfigError (one line) for keys or values the
     step cannot take."""
     bad = set(fixed) - set(FIXED_KEYS)
     if bad:
-        raise ConfigError(f"hgt plan: unknown fixed choice(s) {', '.join(sorted(bad))} "
+        raise ConfigError(f"plan: unknown fixed choice(s) {', '.join(sorted(bad))} "
                           f"(known: {', '.join(FIXED_KEYS)})")
     out = dict(fixed)
     if "stages" in out:
@@ -341,13 +341,13 @@ def check_fixed(shape: HgtShape, world: int, fixed: dict[str, Any]) -> dict[str,
     return out
 
 
-def search_hgt(shape: HgtShape, world: int, prof: HgtProfile, limit: float = INF,
-               fixed: dict[str, Any] | None = None) -> HgtSearch:
+def search_batch(shape: BatchShape, world: int, prof: BatchProfile, limit: float = INF,
+               fixed: dict[str, Any] | None = None) -> BatchSearch:
     """Every mesh of ``world`` ranks (:func:`meshes`), each's fastest and leanest partition
     under ``limit`` bytes per rank (or the fixed one), the fastest of all and the frontier."""
     t0 = time.perf_counter()
     fixed = check_fixed(shape, world, fixed or {})
-    out = HgtSearch(None)
+    out = BatchSearch(None)
     least = INF
     for mesh in meshes(shape, world, fixed):
         out.meshes += 1
@@ -377,24 +377,24 @@ def search_hgt(shape: HgtShape, world: int, prof: HgtProfile, limit: float = INF
     return out
 
 
-def choose_hgt(shape: HgtShape, world: int, prof: HgtProfile, limit: float = INF,
-               fixed: dict[str, Any] | None = None) -> HgtPlan:
+def choose_batch(shape: BatchShape, world: int, prof: BatchProfile, limit: float = INF,
+               fixed: dict[str, Any] | None = None) -> BatchPlan:
     """The plan for ``world`` ranks: the config's non-auto choices ``fixed`` (keys
     :data:`FIXED_KEYS`: ints, and stages as a tuple or '3,7,7,7'), the rest the search's
-    fastest under ``limit`` bytes per rank. :class:`NoHgtPlan` when nothing fits;
+    fastest under ``limit`` bytes per rank. :class:`NoBatchPlan` when nothing fits;
     ConfigError for fixed choices the step cannot take."""
-    found = search_hgt(shape, world, prof, limit, fixed)
+    found = search_batch(shape, world, prof, limit, fixed)
     b = found.best
     if b is None:
         if not found.meshes:
-            raise NoHgtPlan(f"hgt plan: no (dp, pp, cp, micro_batches) of {world} ranks "
+            raise NoBatchPlan(f"plan: no (dp, pp, cp, micro_batches) of {world} ranks "
                             f"divides batch.sequences = {shape.sequences}, batch.size = "
                             f"{shape.size} and {shape.layers} layers with the fixed "
                             f"choices {fixed or {}}")
-        err = NoHgtPlan(f"hgt plan: nothing fits {limit / 2**30:.2f} GiB per rank on "
+        err = NoBatchPlan(f"plan: nothing fits {limit / 2**30:.2f} GiB per rank on "
                         f"{world} ranks; the least any configuration needs is "
                         f"{(found.least_memory or 0) / 2**30:.2f} GiB")
         err.least_memory = found.least_memory
         raise err
-    return HgtPlan(b.dp, b.pp, b.cp, b.micro_batches, b.stages, b.step_s, b.stage_bytes,
+    return BatchPlan(b.dp, b.pp, b.cp, b.micro_batches, b.stages, b.step_s, b.stage_bytes,
                    tuple(found.frontier))

@@ -1,5 +1,5 @@
-"""The node-sequence (batch layout) models' cost model: bytes per rank of each pipeline stage and the step's seconds on a
-dp x pp x cp mesh (issue 38's Profile -> Model; :mod:`plexgt.plan.batch_search` is the Search).
+"""The node-sequence (batch layout) models' cost model: bytes per rank of each pipeline
+stage and the step's seconds on a dp x pp x cp mesh (issue 38's Profile -> Model; :mod:`plexgt.plan.batch_search` is the Search).
 
 A step on the mesh (HGT_DESIGN): replica r of P_dp takes G/P_dp of the step's G sequences and
 splits them into K GPipe micro-batches of B = G/(P_dp·K); each of the P_pp stages holds a

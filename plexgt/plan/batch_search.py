@@ -1,4 +1,5 @@
-"""The node-sequence (batch layout) models' Search: the fastest (P_dp, P_pp, P_cp, K, partition) that fits, and the frontier.
+"""The node-sequence (batch layout) models' Search: the fastest (P_dp, P_pp, P_cp, K,
+partition) that fits, and the frontier.
 
 Over every mesh with P_dp·P_pp·P_cp = W (P_dp | G, P_cp | N', P_pp <= L), every K dividing a
 replica's G/P_dp sequences, and every contiguous partition of the L blocks into P_pp stages
@@ -59,8 +60,8 @@ FIXED_KEYS = ("dp", "pp", "cp", "stages", "micro_batches")
 
 
 class NoBatchPlan(ConfigError):
-    """No node-sequence configuration fits the memory per rank (the line says the limit and the least
-    any configuration needs)."""
+    """No node-sequence configuration fits the memory per rank (the line says the limit
+    and the least any configuration needs)."""
 
     least_memory: int | None = None
 

@@ -1,7 +1,8 @@
 """The node-sequence (batch layout) models' cost model: bytes per rank of each pipeline
-stage and the step's seconds on a dp x pp x cp mesh (issue 38's Profile -> Model; :mod:`plexgt.plan.batch_search` is the Search).
+stage and the step's seconds on a dp x pp x cp mesh (issue 38's Profile -> Model;
+:mod:`plexgt.plan.batch_search` is the Search).
 
-A step on the mesh (HGT_DESIGN): replica r of P_dp takes G/P_dp of the step's G sequences and
+A step on the mesh: replica r of P_dp takes G/P_dp of the step's G sequences and
 splits them into K GPipe micro-batches of B = G/(P_dp·K); each of the P_pp stages holds a
 contiguous run of blocks; each sequence's N' rows are split over the P_cp ranks of a stage,
 every cp rank also holding the N_s global rows (replicated, their K/V never sent). So on one

@@ -46,6 +46,7 @@ GLOBAL_CODE = 4
 """The code of every pair that involves a global node (rows or columns past the codes)."""
 DEFAULT_BLOCK = 256
 """K/V columns per step of the online softmax."""
+_CODE_RANGE = torch.arange(NUM_CODES)
 
 
 def compute_dtype(x: Tensor) -> torch.dtype:
@@ -75,18 +76,18 @@ def _add_bias_(s: Tensor, codes: Codes, w: Tensor, c0: int) -> None:
     g = w[GLOBAL_CODE].view(1, h, 1, 1)
     r = codes.shape[1]
     if tile is not None:
-        s[:, :, :r, :c].add_(F.embedding(tile.long(), w).permute(0, 3, 1, 2))
+        s[:, :, :r, :c].add_(F.embedding(tile.int(), w).permute(0, 3, 1, 2))
     s[:, :, :r, c:].add_(g)
     s[:, :, r:].add_(g)
 
 
-def _add_bias_grad_(db: Tensor, ds: Tensor, codes: Codes, c0: int,
-                    index_add: bool | None = None) -> None:
+def _add_bias_grad_(db: Tensor, ds: Tensor, codes: Codes, c0: int) -> None:
     """db [5, h] += ds [B, h, Sq, c] summed over the pairs of each code (columns from c0).
 
-    On the CPU (``index_add`` None) one index_add_ pass; elsewhere a masked sum per code (no
-    atomics into 5·h addresses, the same bits on every run)."""
-    h = ds.shape[1]
+    One GEMM per sequence against the pairs' one-hot codes [Rc·c, 5]: as fast as one
+    index_add_ pass on the CPU (which is 3.5x slower with int32 indices and needs an int64
+    index tile), and on a GPU no atomics into 5·h addresses, so the same bits every run."""
+    B, h = ds.shape[:2]
     if isinstance(codes, int):
         db[codes] += ds.sum((0, 2, 3))
         return
@@ -95,12 +96,9 @@ def _add_bias_grad_(db: Tensor, ds: Tensor, codes: Codes, c0: int,
     db[GLOBAL_CODE] += ds[:, :, :r, c:].sum((0, 2, 3)) + ds[:, :, r:].sum((0, 2, 3))
     if tile is None:
         return
-    part = ds[:, :, :r, :c]
-    if ds.device.type == "cpu" if index_add is None else index_add:
-        db.index_add_(0, tile.reshape(-1).long(), part.permute(0, 2, 3, 1).reshape(-1, h))
-        return
-    for code in range(NUM_CODES):
-        db[code] += torch.where((tile == code).unsqueeze(1), part, 0).sum((0, 2, 3))
+    part = ds[:, :, :r, :c].reshape(B, h, r * c)
+    onehot = (tile.unsqueeze(-1) == _CODE_RANGE.to(tile.device, tile.dtype)).to(ds.dtype)
+    db += torch.bmm(part, onehot.reshape(B, r * c, NUM_CODES)).sum(0).t()
 
 
 # --------------------------------------------------------------------------- block pieces

@@ -168,3 +168,26 @@ def test_two_layers_with_replicated_global_rows_equal_single_process(rings, p, n
     per_layer = sum(ga_cp_bytes(B, seq, H, d // H, p, 8))
     assert comm.ledger.total(kind="sent") == 2 * per_layer
     assert math.isfinite(float(yl.detach().sum()))
+
+
+@pytest.mark.parametrize("p", [s for s in SIZES if s > 1] or [1])
+def test_bfloat16_travels_in_its_dtype(rings, p):
+    """bf16 K/V travel as bf16, the dK/dV accumulators as float32: the ledger equals
+    ga_cp_bytes(esize=2); the output stays near the float64 single process's."""
+    B, H, D, n, n_global = 1, 2, 8, 4, 1
+    seq = p * n
+    g = torch.Generator().manual_seed(30 + p)
+    q, k, v = (torch.randn(B, H, seq + n_global, D, generator=g, dtype=torch.float64)
+               for _ in range(3))
+    codes = torch.randint(0, 4, (B, seq, seq), generator=g).to(torch.int8)
+    w = torch.randn(5, H, generator=g, dtype=torch.float64)
+    y = attend_reference(q, k, v, codes, w)
+    comm = _comm(rings, p)
+    c = comm.rank
+    rows = _rows(n, c, seq, n_global)
+    ql, kl, vl = (t[:, :, rows].bfloat16().requires_grad_() for t in (q, k, v))
+    yl = ga_cp_attend(ql, kl, vl, codes[:, c * n:(c + 1) * n], w.float(), comm, block=3)
+    yl.float().sum().backward()
+    assert yl.dtype == kl.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(yl.double(), y[:, :, rows], rtol=0.05, atol=0.05)
+    assert comm.ledger.total(kind="sent") == sum(ga_cp_bytes(B, seq, H, D, p, 2))

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from plexgt.commands.plan_batch import search_view
 from plexgt.config import ELEMENT_BYTES, TrainConfig
 from plexgt.data.loader import PreparedGraph
 from plexgt.errors import ConfigError, DataError, UsageError
@@ -369,6 +370,8 @@ def _search(args: argparse.Namespace, cfg: TrainConfig, sizes: GraphSizes, shape
     exactly P ranks (what ``plexgt train`` on P ranks runs), printed as views, and returned
     for the JSON."""
     sysm, coef = system_model_for(prof), plexus_coefficients_for(prof)
+    if shape.batch is not None:
+        return search_view(args, cfg, sizes, shape, sysm, limit)
     par = cfg.parallel
     kw = dict(memory_per_rank=limit, strategy=par.strategy, grid=par.grid,
               head_parallel=par.head_parallel, registry=reg)

@@ -12,14 +12,18 @@ what it fixes is kept:
 * gt / gps: strategy, gp_2d's head axis, ring pieces, attention row blocks and, for gps, the
   GCN path 1D or 3D on the 3D planner's grid of each scale, priced on the nonzeros of A + I
   (the path adds self loops) (:func:`plexgt.plan.search_attention.search_attention`).
+* node-sequence models (layout 'batch'): data-parallel replicas, pipeline stages and their
+  layer partition, context-parallel ranks and micro-batches
+  (:func:`plexgt.plan.batch_search.search_batch`), priced on the batch's sizes, not the graph's
+  edges.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from plexgt.config import TrainConfig
+from plexgt.config import BatchConfig, TrainConfig
 from plexgt.distributed.grid import Grid3D, check_world_size, parse_grid
 from plexgt.errors import ConfigError
 from plexgt.models.gcn import GCNArch, GCNOp, gcn_ops, op_widths
@@ -28,6 +32,8 @@ from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionStrategy, StrategyRegistry
 from plexgt.plan.agp import Estimate, SystemModel, Workload, gcn_grid_for
 from plexgt.plan.balance import Balance
+from plexgt.plan.batch_cost import BatchProfile, BatchShape, default_profile, step_seconds
+from plexgt.plan.batch_search import BatchSearch, search_batch
 from plexgt.plan.plexus_cost import (
     Coefficients,
     PlexusEstimate,
@@ -119,6 +125,14 @@ class ModelShape:
     checkpoint: bool = False
     """Activation checkpointing per block (``model.checkpoint = 'block'``; a training
     step's: ``inference`` has no backward to recompute for, and ignores it)."""
+    batch: BatchConfig | None = None
+    """Node-sequence models: the step's sequences (their sizes, not the graph's edges, set
+    the cost); None for the full-graph models."""
+    embedding: int = 0
+    """Columns D of a node-embedding table (``model.node_embedding``)."""
+    mesh_fixed: tuple[tuple[str, Any], ...] = ()
+    """Node-sequence models: the layout keys the config fixes (dp, pp, cp, stages,
+    micro_batches; the others are searched)."""
 
     @classmethod
     def of(cls, cfg: TrainConfig, inference: bool = False) -> ModelShape:
@@ -128,11 +142,13 @@ class ModelShape:
         m, par = cfg.model, cfg.parallel
         spec = model_registry().get(m.name)
         name = spec.planned_as  # gcn prices every 3D-grid model
+        batch = cfg.batch if spec.layout == "batch" else None
         return cls(name, m.hidden, m.layers, m.heads, m.ffn_mult, cfg.esize,
                    par.gcn_order, par.block_rows or None, par.ring_chunks, m.super_nodes,
                    m.node_embedding > 0, par.attention_block_rows, par.axis_order,
                    m.norm_kind(spec.attention), m.pre_norm, m.jk, m.residual, m.input_proj,
-                   m.head, m.init, inference, m.checkpoint == "block")
+                   m.head, m.init, inference, m.checkpoint == "block", batch,
+                   m.node_embedding, mesh_fixed(cfg) if batch is not None else ())
 
     @property
     def norm_kind(self) -> str:
@@ -146,6 +162,32 @@ class ModelShape:
         """The grid3d models' options, as the reference takes them."""
         return GCNArch(self.input_proj, self.head, self.residual, self.norm_kind,
                        self.pre_norm, self.jk, self.init)
+
+
+def mesh_fixed(cfg: TrainConfig) -> tuple[tuple[str, Any], ...]:
+    """The node-sequence layout keys a config fixes: ``parallel.dp/pp/cp`` and ``stages``
+    other than 'auto', ``micro_batches`` other than 0 (parsed: the config check has
+    refused what does not parse)."""
+    par = cfg.parallel
+    out: list[tuple[str, Any]] = [(k, int(getattr(par, k))) for k in ("dp", "pp", "cp")
+                                  if getattr(par, k) != "auto"]
+    if par.stages != "auto":
+        out.append(("stages", tuple(int(x) for x in par.stages.split(","))))
+    if par.micro_batches:
+        out.append(("micro_batches", par.micro_batches))
+    return tuple(out)
+
+
+def batch_shape(sizes: GraphSizes, shape: ModelShape) -> BatchShape:
+    """A node-sequence model's sizes for :mod:`plexgt.plan.batch_cost` (the input width
+    without the embedding's columns, which it counts apart)."""
+    b = shape.batch
+    assert b is not None
+    return BatchShape(shape.layers, shape.hidden, shape.heads, b.size, b.sequences,
+                      sizes.features - shape.embedding, sizes.classes, shape.ffn_mult,
+                      b.global_nodes,
+                      b.targets, sizes.n if shape.embedding else 0, shape.embedding,
+                      shape.esize)
 
 
 def gcn_chain(sizes: GraphSizes, shape: ModelShape) -> list[GCNOp]:
@@ -248,6 +290,13 @@ class RunPlan:
     """gcn: the layer order."""
     block_rows: int | None = None
     """gcn: aggregation rows per block (None: whole)."""
+    mesh: tuple[int, int, int] | None = None
+    """Node-sequence models: (dp, pp, cp), data-parallel replicas of pipeline stages of
+    context-parallel ranks."""
+    micro_batches: int = 0
+    """Node-sequence models: GPipe micro-batches per step."""
+    stages: tuple[int, ...] = ()
+    """Node-sequence models: layers per pipeline stage."""
     time_s: float = 0.0
     """Predicted seconds per training step."""
     memory_bytes: int = 0
@@ -277,7 +326,7 @@ class Choice(NamedTuple):
     time-memory frontier, what was priced and pruned)."""
 
     plan: RunPlan
-    search: GcnSearch | AttentionSearch
+    search: GcnSearch | AttentionSearch | BatchSearch
 
 
 def gcn_split(est: PlexusEstimate, coef: Coefficients) -> tuple[tuple[str, float], ...]:
@@ -324,6 +373,8 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
     predict``'s, so it may choose fewer ranks a layer than training did).
 
     Raises :class:`NothingFits` (a ConfigError) when nothing fits."""
+    if shape.batch is not None:
+        return choose_batch_layout(sizes, shape, world_size, sysm, memory_per_rank, any_scale)
     fixed = resolve_grid(grid, world_size, shape.axis_order)
     scales = None if any_scale and fixed is None else [world_size]
     if shape.name == "gcn":
@@ -364,6 +415,62 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
                           c.ring_chunks, c.block_rows, time_s=c.est.time_s,
                           memory_bytes=c.memory_bytes, label=c.label,
                           split=attention_split(c.est), shape=shape), found)
+
+
+def choose_batch_layout(sizes: GraphSizes, shape: ModelShape, world_size: int,
+                        sysm: SystemModel, memory_per_rank: int | None = None,
+                        any_scale: bool = False, profile: BatchProfile | None = None
+                        ) -> Choice:
+    """A node-sequence model's layout on ``world_size`` ranks (``any_scale``: on any power of
+    two up to it, or it): the fastest fitting (dp, pp, cp, K, partition) of
+    :func:`~plexgt.plan.batch_search.search_batch`, priced with ``profile`` (default: counted
+    from ``sysm``'s rates)."""
+    bs = batch_shape(sizes, shape)
+    prof = profile or default_profile(bs, sysm)
+    limit = float("inf") if memory_per_rank is None else memory_per_rank
+    scales = [world_size]
+    if any_scale:
+        scales = sorted({2**i for i in range(world_size.bit_length()) if 2**i <= world_size}
+                        | {world_size})
+    best: tuple[int, BatchSearch] | None = None
+    least: tuple[int, int] | None = None
+    for p in scales:
+        found = search_batch(bs, p, prof, limit, dict(shape.mesh_fixed) if p == world_size
+                             or not shape.mesh_fixed else _fixed_at(shape, p))
+        if found.least_memory is not None and (least is None or found.least_memory < least[0]):
+            least = (found.least_memory, p)
+        if found.best is not None and (best is None or found.best.step_s
+                                       < best[1].best.step_s):  # type: ignore[union-attr]
+            best = (p, found)
+    if best is None:
+        raise _none_fits(memory_per_rank, world_size, any_scale, least)
+    p, found = best
+    c = found.best
+    assert c is not None
+    cost = step_cost_parts(bs, prof, c)
+    return Choice(RunPlan(shape.name, p, mesh=(c.dp, c.pp, c.cp), micro_batches=c.micro_batches,
+                          stages=c.stages, time_s=c.step_s, memory_bytes=c.peak_bytes,
+                          label=c.label, split=cost, shape=shape, coefficients=prof.source),
+                  found)
+
+
+def _fixed_at(shape: ModelShape, p: int) -> dict[str, Any]:
+    """The fixed layout keys that a smaller scale p can still take (a fixed extent that does
+    not divide p is left to the search there)."""
+    return {k: v for k, v in shape.mesh_fixed if k in ("stages", "micro_batches")
+            or p % int(v) == 0}
+
+
+def step_cost_parts(bs: BatchShape, prof: BatchProfile, c: Any) -> tuple[tuple[str, float],
+                                                                          ...]:
+    """Where a node-sequence step's predicted seconds go: the pipeline's slots (bubbles
+    included) and the tail (gradient all-reduce and optimizer)."""
+    sc = step_seconds(bs, prof, c.mesh, c.stages)
+    k, pp = c.micro_batches, c.pp
+    return ((f"pipeline: ({k} micro-batches + {pp} - 1 stages) x the slowest stage's "
+             f"micro-batch {sc.slot_s:.4g} s (its ring exchanges and p2p included)",
+             sc.pipeline_s),
+            ("gradient all-reduce over the stage group and the optimizer", sc.tail_s))
 
 
 def _none_fits(limit: int | None, world_size: int, any_scale: bool,

@@ -341,22 +341,26 @@ class HGTPipeline(nn.Module):
 
 
 def step_bytes(layout: Layout, stage: int, batch: BatchConfig, hidden: int,
-               param_bytes: Sequence[int], esize: int) -> dict[tuple[str, str], int]:
-    """Bytes one rank of ``stage`` sends in one training step, per ledger (group, op):
-    the pipeline's activations and gradients ('pp'), :func:`cp_attend`'s collectives ('cp')
-    over the stage's layers and micro-batches, the gradient all-reduce over the stage group
-    ('stage', ``param_bytes``: the stage's parameters' bytes in order) and the loss's
-    ('world')."""
+               param_bytes: Sequence[int], esize: int
+               ) -> dict[tuple[str, str], tuple[int, int]]:
+    """(sent, received) bytes of one rank of ``stage`` in one training step, per ledger
+    (group, op): the pipeline's activations and gradients ('pp'), :func:`cp_attend`'s
+    collectives ('cp') over the stage's layers and micro-batches, the gradient all-reduce
+    over the stage group ('stage', ``param_bytes``: the stage's parameters' bytes in order)
+    and the loss's ('world'); entries of no bytes left out."""
     mesh, k = layout.mesh, layout.micro_batches
     b = batch.sequences // (mesh.dp * k)
     n = batch.size // mesh.cp
     msg = b * (n + batch.global_nodes) * hidden * esize
-    out: dict[tuple[str, str], int] = {}
-    for op, (sent, _) in pipeline_p2p_bytes(stage, mesh.pp, [msg] * k).items():
-        out[("pp", op)] = sent
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for op, sr in pipeline_p2p_bytes(stage, mesh.pp, [msg] * k).items():
+        out[("pp", op)] = sr
     if mesh.cp > 1:
         for op, v in cp_attend_bytes(b, n, hidden, mesh.cp, esize).items():
-            out[("cp", op)] = v * k * len(layout.stages[stage])
-    out[("stage", "all_reduce")] = gradient_bytes(param_bytes, mesh.dp * mesh.cp)
-    out[("world", "all_reduce")] = loss_bytes(mesh.size) if mesh.size > 1 else 0
-    return {key: v for key, v in out.items() if v}
+            total = v * k * len(layout.stages[stage])
+            out[("cp", op)] = (total, total)
+    grads = gradient_bytes(param_bytes, mesh.dp * mesh.cp)
+    out[("stage", "all_reduce")] = (grads, grads)
+    loss = loss_bytes(mesh.size) if mesh.size > 1 else 0
+    out[("world", "all_reduce")] = (loss, loss)
+    return {key: v for key, v in out.items() if any(v)}

@@ -172,7 +172,8 @@ def test_a_step_equals_the_single_process(graph, batches, mesh_groups, want_step
     torch.testing.assert_close(loss, want_loss, rtol=1e-12, atol=1e-13)
     # the ledger holds exactly the formulas' bytes (before to_canonical's broadcasts,
     # which are not recorded)
-    got_bytes = {key: v for key, v in dm.ledger.sent.items() if v}
+    got_bytes = {key: (dm.ledger.sent[key], dm.ledger.recv[key]) for key in dm.ledger.calls
+                 if dm.ledger.sent[key] or dm.ledger.recv[key]}
     want_bytes = step_bytes(dm.layout, dm.p, nb.batch, D,
                             [p.numel() * 8 for p in dm.parameters()], 8)
     assert got_bytes == want_bytes

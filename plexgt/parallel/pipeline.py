@@ -91,6 +91,42 @@ def gpipe_step(stage_fn: StageFn, pipe: Pipe, micro_batches: int,
     return loss.cpu()
 
 
+@torch.no_grad()
+def gpipe_forward(stage_fn: Callable[[int, Any], Any], pipe: Pipe, micro_batches: int,
+                  inputs: Callable[[int], Any] | None = None,
+                  in_shape: Sequence[int] | Callable[[int], Sequence[int]] | None = None,
+                  dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu"
+                  ) -> list[Any]:
+    """The forward half of :func:`gpipe_step` without autograd (evaluation): micro-batch k
+    through this rank's stage, its output sent on; returns what ``stage_fn`` gave on the
+    last stage for each micro-batch (anything: logits, counts), [] elsewhere.
+
+    Why its own schedule: evaluation keeps no activations for a backward and sends no
+    gradients back, so each micro-batch's memory is freed as soon as it has been sent."""
+    if micro_batches < 1:
+        raise ValueError(f"micro_batches={micro_batches} must be at least 1")
+    first, last = pipe.prev is None, pipe.next is None
+    if first and inputs is None:
+        raise ValueError("the first stage needs inputs(k) for its micro-batches")
+    if not first and in_shape is None:
+        raise ValueError("a stage after the first needs in_shape of the activation it receives")
+    outs: list[Any] = []
+    for k in range(micro_batches):
+        if first:
+            x = inputs(k)  # type: ignore[misc]
+        else:
+            shape = in_shape(k) if callable(in_shape) else in_shape
+            x = recv_forward(shape, dtype, device, pipe)  # type: ignore[arg-type]
+        y = stage_fn(k, x)
+        if last:
+            outs.append(y)
+        else:
+            send_forward(y, pipe)
+        del x, y
+    pipe.flush()
+    return outs
+
+
 def loss_bytes(world: int) -> int:
     """Bytes one rank sends (and receives) summing the step's loss (one float64) over
     ``world`` ranks: :func:`gpipe_step`'s ``loss_comm`` all-reduce."""

@@ -1,36 +1,128 @@
-"""Node-sequence models (layout 'batch') for ``plexgt train``: not wired into the loop yet.
+"""Node-sequence models (layout 'batch', hgt) for ``plexgt train``: the dp x pp x cp mesh.
 
-The pieces exist single-process: the reference model (the registry's ``reference`` of the
-model) and its sampler (:class:`plexgt.data.node_batches.NodeBatches`); the dp x pp x cp
-layouts and the step loop over sequences (an epoch is many optimizer steps here, one in the
-full-graph loop) are issue 38's next parts. Until then the builder checks what it can and
-refuses with one line rather than training something else.
+* Layout (:func:`choose_layout`): parallel.dp / pp / cp / stages / micro_batches as
+  configured; what is left 'auto' (0 for micro_batches) is, for now, the simplest layout
+  that fits: pp = 1 and cp = 1 where free, dp the rest of the world, the even partition,
+  K = 1. The planner's choice replaces that one function.
+* Every rank opens its own sampler (:class:`~plexgt.data.node_batches.NodeBatches`) and
+  builds the rows of the sequences it holds; the model of the rank is its stage's piece
+  (:class:`~plexgt.parallel.hgt_dist.HGTPipeline`), whose step runs GPipe and sums its
+  gradients over the stage's copies. The loop clips and steps the optimizer.
+* The Task's grid names the mesh ('dp2xpp2xcp1'), its strategy the schedule ('gpipe').
 """
 
 from __future__ import annotations
+
+import torch
 
 from plexgt.config import TrainConfig
 from plexgt.data.loader import PreparedGraph
 from plexgt.data.node_batches import NodeBatches
 from plexgt.distributed.bootstrap import DistContext
 from plexgt.distributed.collectives import CommLedger
-from plexgt.errors import ConfigError
+from plexgt.distributed.mesh import (
+    Mesh,
+    build_mesh_groups,
+    check_batch,
+    meshes_for,
+    partition,
+)
+from plexgt.errors import ConfigError, GridError
 from plexgt.parallel.attention.strategy import StrategyRegistry
-from plexgt.tasks.task import Task, check_inputs
+from plexgt.parallel.hgt_dist import HGTPipeline, Layout
+from plexgt.tasks.task import (
+    AMP,
+    DTYPES,
+    Task,
+    check_inputs,
+    dataset_identity,
+    dataset_name,
+    model_spec,
+    node_order,
+    task_metric,
+)
+
+SCHEDULE = "gpipe"
+"""The pipeline schedule (the metrics' strategy)."""
+
+
+def _fits(cfg: TrainConfig, mesh: Mesh) -> bool:
+    """Whether ``mesh`` can run the configured batches and layers at all."""
+    if mesh.pp > cfg.model.layers:
+        return False
+    try:
+        check_batch(cfg.batch.sequences, cfg.batch.size, mesh, cfg.parallel.micro_batches or 1)
+    except ConfigError:
+        return False
+    return True
+
+
+def choose_layout(cfg: TrainConfig, pg: PreparedGraph, world: int) -> Layout:
+    """The run's :class:`~plexgt.parallel.hgt_dist.Layout` on ``world`` ranks: the config's
+    fixed values; for 'auto' ones, among the meshes that agree with the fixed ones and fit
+    the batches, the fewest pipeline stages, then the fewest cp ranks (dp takes the rest),
+    the even partition and K = 1. One-line errors when nothing fits. (The planner's search
+    replaces this function; ``pg`` is for it.)"""
+    del pg
+    par = cfg.parallel
+    try:
+        meshes = meshes_for(world, par.dp, par.pp, par.cp)
+    except GridError as e:
+        raise ConfigError(f"config keys 'parallel.dp/pp/cp': {e}") from None
+    fitting = [m for m in meshes if _fits(cfg, m)]
+    mesh = min(fitting or meshes, key=lambda m: (m.pp, m.cp))
+    k = par.micro_batches or 1
+    check_batch(cfg.batch.sequences, cfg.batch.size, mesh, k)  # the one-line error, if any
+    return Layout(mesh, partition(par.stages, cfg.model.layers, mesh.pp), k)
 
 
 def build_batch_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
                      ledger: CommLedger, registry: StrategyRegistry | None = None,
                      inference: bool = False) -> Task:
-    """ConfigError for now (module docstring), after the checks a run would make: labels,
-    inputs, and a sampler that opens on the data (:class:`NodeBatches`)."""
-    del ledger, registry, inference
+    """This rank's Task of a node-sequence model: its stage of the mesh, its sampler, and
+    the batch hooks the loop runs (``steps``, ``train_step``, ``evaluate``)."""
+    del registry
+    if inference:
+        raise ConfigError(f"config key 'model.name': {cfg.model.name} has no inference path "
+                          "yet (plexgt predict runs the full-graph models)")
     if pg.C < 1:
         raise ConfigError(f"{pg.path}: the prepared graph has no labels to train on")
     check_inputs(cfg, pg)
-    NodeBatches(pg, cfg.batch, cfg.seed)
-    if ctx.world_size > 1:
-        raise ConfigError(f"config key 'model.name': {cfg.model.name} is not yet distributed "
-                          f"(run on 1 rank, not {ctx.world_size})")
-    raise ConfigError(f"config key 'model.name': {cfg.model.name} trains on node sequences, "
-                      "which plexgt train's loop does not run yet (issue 38)")
+    if pg.sparse_features:
+        raise ConfigError(f"{pg.path}: features stored sparse; {cfg.model.name} reads "
+                          "dense feature rows (prep with --sparse-features no)")
+    metric = task_metric(cfg, pg)
+    if metric != "acc":
+        raise ConfigError(f"config key 'metric': {cfg.model.name} reports accuracy; "
+                          f"{pg.path} has binary labels (run with --metric accuracy)")
+    nb = NodeBatches(pg, cfg.batch, cfg.seed)
+    layout = choose_layout(cfg, pg, ctx.world_size)
+    groups = build_mesh_groups(layout.mesh, ctx.rank, ctx.world_size, ctx.timeout)
+    m = cfg.model
+    kwargs = dict(in_dim=pg.F, hidden=m.hidden, out_dim=pg.C, num_layers=m.layers,
+                  heads=m.heads, dropout=m.dropout, input_dropout=m.input_dropout,
+                  ffn_mult=m.ffn_mult, seed=cfg.seed, global_nodes=cfg.batch.global_nodes,
+                  num_nodes=pg.N, node_embedding=m.node_embedding)
+    model = HGTPipeline(model_spec(cfg).reference, kwargs, layout, groups, nb, ledger,
+                        ctx.device, DTYPES[cfg.dtype])
+
+    def unused(_: torch.Tensor) -> torch.Tensor:
+        raise TypeError("a node-sequence task runs train_step and evaluate")
+
+    return Task(
+        model=model,
+        inputs=torch.zeros(0),
+        loss=unused,
+        correct=unused,  # type: ignore[arg-type]
+        ledger=ledger,
+        grid=str(layout.mesh),
+        strategy=SCHEDULE,
+        amp=AMP.get(cfg.dtype),
+        metric=metric,
+        node_order=node_order(pg) if m.node_embedding else "",
+        dataset=dataset_identity(pg),
+        dataset_name=dataset_name(pg),
+        steps=lambda epoch: nb.steps("train"),
+        train_step=model.train_step,
+        evaluate=model.evaluate,
+    )

@@ -6,7 +6,7 @@
   K = 1. The planner's choice replaces that one function.
 * Every rank opens its own sampler (:class:`~plexgt.data.node_batches.NodeBatches`) and
   builds the rows of the sequences it holds; the model of the rank is its stage's piece
-  (:class:`~plexgt.parallel.hgt_dist.HGTPipeline`), whose step runs GPipe and sums its
+  (:class:`~plexgt.parallel.batch_dist.HGTPipeline`), whose step runs GPipe and sums its
   gradients over the stage's copies. The loop clips and steps the optimizer.
 * The Task's grid names the mesh ('dp2xpp2xcp1'), its strategy the schedule ('gpipe').
 """
@@ -29,7 +29,7 @@ from plexgt.distributed.mesh import (
 )
 from plexgt.errors import ConfigError, GridError
 from plexgt.parallel.attention.strategy import StrategyRegistry
-from plexgt.parallel.hgt_dist import HGTPipeline, Layout
+from plexgt.parallel.batch_dist import HGTPipeline, Layout
 from plexgt.tasks.task import (
     AMP,
     DTYPES,
@@ -58,7 +58,7 @@ def _fits(cfg: TrainConfig, mesh: Mesh) -> bool:
 
 
 def choose_layout(cfg: TrainConfig, pg: PreparedGraph, world: int) -> Layout:
-    """The run's :class:`~plexgt.parallel.hgt_dist.Layout` on ``world`` ranks: the config's
+    """The run's :class:`~plexgt.parallel.batch_dist.Layout` on ``world`` ranks: the config's
     fixed values; for 'auto' ones, among the meshes that agree with the fixed ones and fit
     the batches, the fewest pipeline stages, then the fewest cp ranks (dp takes the rest),
     the even partition and K = 1. One-line errors when nothing fits. (The planner's search

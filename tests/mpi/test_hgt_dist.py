@@ -20,7 +20,7 @@ from plexgt.data.synthetic import sbm
 from plexgt.distributed.collectives import CommLedger
 from plexgt.distributed.mesh import Mesh, build_mesh_groups, factorizations, partition
 from plexgt.models.hgt import HierarchicalGT, sequence_loss
-from plexgt.parallel.hgt_dist import HGTPipeline, Layout, step_bytes
+from plexgt.parallel.batch_dist import HGTPipeline, Layout, step_bytes
 from plexgt.training.optim import clip_gradients
 
 from .conftest import WORLD, prepare_on_rank0

@@ -26,9 +26,9 @@ send their gradients home through the collective's adjoint. Each term is thus
 backpropagated once, by one rank, and summing the parameters' gradients over the ranks adds
 every term's contribution exactly once: no extra all-reduce of the global rows.
 
-Context parallelism's attention is one function, :func:`cp_attend`: an exact stand-in
-(all-gather the sequence rows' K/V over the cp group, global K/V local) until GA-CP's ring
-replaces it; :func:`cp_attend_bytes` is its ledger formula.
+Context parallelism's attention is one function, :func:`cp_attend`: GA-CP's ring
+(:mod:`plexgt.parallel.ga_cp`; global K/V local on every rank); :func:`cp_attend_bytes` is
+its ledger formula.
 
 Checkpoints are canonical (the single process's names and shapes on every rank):
 :meth:`HGTPipeline.to_canonical` broadcasts each stage's tensors from its (d = 0, c = 0) rank.
@@ -51,14 +51,12 @@ from plexgt.data.node_batches import Sequence as NodeSequence
 from plexgt.distributed.collectives import (
     Comm,
     CommLedger,
-    all_gather,
-    all_gather_bytes,
     all_reduce_,
-    reduce_scatter_bytes,
 )
 from plexgt.distributed.mesh import Mesh, MeshGroups, micro_batch
 from plexgt.distributed.p2p import Pipe, pipeline_p2p_bytes
-from plexgt.models.hgt import Attend, Rows, dense_attend, sequence_loss
+from plexgt.models.hgt import Attend, Rows, sequence_loss
+from plexgt.parallel.ga_cp import GACPAttention, ga_cp_bytes
 from plexgt.parallel.pipeline import (
     gpipe_forward,
     gpipe_step,
@@ -79,33 +77,22 @@ def cp_attend(comm: Comm) -> Attend:
     """The :data:`~plexgt.models.hgt.Attend` of cp rank ``comm.rank``: q, k, v [B, h, n + N_s,
     d'] (its n sequence rows, then the global rows), codes [B, n, N'].
 
-    Stand-in for GA-CP (exact, not memory-lean): the sequence rows' K/V all-gathered over
-    the cp group (an autograd all-gather: backward reduce-scatters their gradients home),
-    the global rows' K/V local (every rank holds them). Swap in the ring here, with its
-    bytes in :func:`cp_attend_bytes`."""
-    if comm.size == 1:
-        return dense_attend
-
-    def attend(q: Tensor, k: Tensor, v: Tensor, codes: Tensor, bias_weight: Tensor
-               ) -> Tensor:
-        n = codes.shape[1]
-        ks = all_gather(k[:, :, :n].contiguous(), comm, dim=2)
-        vs = all_gather(v[:, :, :n].contiguous(), comm, dim=2)
-        return dense_attend(q, torch.cat([ks, k[:, :, n:]], dim=2),
-                            torch.cat([vs, v[:, :, n:]], dim=2), codes, bias_weight)
-
-    return attend
+    GA-CP (:mod:`plexgt.parallel.ga_cp`): the sequence rows' K/V blocks rotate around the cp
+    ring with an online softmax, the bias's columns sliced to the block that arrived, the
+    global rows' K/V local on every rank; one member is the single process's blocked exact
+    attention (its [h, S, S] probabilities never held whole). Bytes:
+    :func:`cp_attend_bytes`."""
+    return GACPAttention(comm)
 
 
 def cp_attend_bytes(batch: int, rows: int, hidden: int, cp: int, esize: int
                     ) -> dict[str, int]:
-    """Bytes one cp rank sends (and receives) in one layer of :func:`cp_attend` on a
-    micro-batch of ``batch`` sequences, ``rows`` = n sequence rows per rank, per ledger op:
-    forward all-gathers K and V ([B, n, d] each), backward reduce-scatters their gradients
-    ([B, N', d] each)."""
-    local = batch * rows * hidden * esize
-    return {"all_gather": 2 * all_gather_bytes(local, cp),
-            "reduce_scatter": 2 * reduce_scatter_bytes(cp * local, cp)}
+    """Bytes one cp rank sends (and receives) in one layer's forward and backward of
+    :func:`cp_attend` on a micro-batch of ``batch`` sequences, ``rows`` = n sequence rows per
+    rank: :func:`~plexgt.parallel.ga_cp.ga_cp_bytes` (P_cp - 1 K/V blocks forward, again
+    with their gradient accumulators backward), under the ledger's 'send_recv'."""
+    fwd, bwd = ga_cp_bytes(batch, rows * cp, 1, hidden, cp, esize)
+    return {"send_recv": fwd + bwd}
 
 
 # -- the layout and this rank's data -----------------------------------------------------------

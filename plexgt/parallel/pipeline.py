@@ -50,8 +50,8 @@ def gpipe_step(stage_fn: StageFn, pipe: Pipe, micro_batches: int,
     step's loss is summed; None: the loss is this rank's own sum.
 
     Leaves each parameter's gradient of this micro-batch set accumulated in ``.grad`` (call
-    :func:`reduce_gradients` next); returns the step's loss, 0-d float64, the same on every
-    rank of ``loss_comm`` (detached)."""
+    :func:`reduce_gradients` next); returns the step's loss, 0-d float64 on ``device``, the
+    same on every rank of ``loss_comm`` (detached)."""
     if micro_batches < 1:
         raise ValueError(f"micro_batches={micro_batches} must be at least 1")
     first, last = pipe.prev is None, pipe.next is None
@@ -88,7 +88,7 @@ def gpipe_step(stage_fn: StageFn, pipe: Pipe, micro_batches: int,
     pipe.flush()
     if loss_comm is not None and loss_comm.size > 1:
         all_reduce_(loss, loss_comm)
-    return loss.cpu()
+    return loss  # on the device: the loop sums a step's losses there (no sync a step)
 
 
 @torch.no_grad()

@@ -111,7 +111,7 @@ def build_batch_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
 
     return Task(
         model=model,
-        inputs=torch.zeros(0),
+        inputs=torch.zeros(0, device=ctx.device),
         loss=unused,
         correct=unused,  # type: ignore[arg-type]
         ledger=ledger,

@@ -267,7 +267,7 @@ def _batch_steps(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch
     forward and backward (its pipeline schedule and gradient sums) then the loop's clipping
     and optimizer step; returns the mean of the steps' losses (replicated)."""
     assert task.train_step is not None and task.steps is not None
-    total = torch.zeros((), dtype=torch.float64)
+    total = torch.zeros((), dtype=torch.float64, device=device)  # no host sync a step
     n = task.steps(epoch)
     for i in range(n):
         opt.zero_grad(set_to_none=True)
@@ -279,7 +279,7 @@ def _batch_steps(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch
         if cfg.optim.clip_norm > 0:
             clip_gradients(task.model, cfg.optim.clip_norm, device)
         opt.step()
-        total += loss.detach().double().cpu()
+        total += loss.detach().to(device=device, dtype=torch.float64)
     return total / max(1, n)
 
 

@@ -279,3 +279,19 @@ def test_deterministic_runs_do_not_time_their_gemm_forms(prepared, world):
     for det in (False, True):
         task = build_task(load_config(None, {**base, "deterministic": det}), ctx, CommLedger())
         assert task.model.mm.enabled is not det
+
+
+def test_node_sequence_training_stays_on_device(prepared, world, monkeypatch, tmp_path):
+    """hgt's two epochs (the sampler, the stage's GPipe step, GA-CP's attention on one
+    member, the loss and the batched evaluation) with the device declared: no op mixes host
+    and device tensors and no step syncs with the host or copies device memory back; the
+    only copies inside a step are the sampled sequences going to the device (features, node
+    ids, hop codes, labels: host-side sampling is the design)."""
+    audit, in_step, task, summary, _, cfg = _audited_train(
+        "hgt", prepared, monkeypatch, tmp_path,
+        {"batch.targets": 8, "batch.size": 24, "batch.sequences": 2, "model.layers": 2,
+         "model.node_embedding": 4})
+    assert summary["last_epoch"] == 2
+    assert in_step["syncs"] == [], in_step["syncs"]
+    assert not [t for t in in_step["transfers"] if "device->host" in t[0]], in_step["transfers"]
+    assert all(p.device == DECLARED for p in task.model.parameters())

@@ -27,102 +27,33 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from plexgt.models.sequence import (
+    NUM_CODES,
+    Attend,
+    Rows,
+    dense_attend,
+    target_mask,
+)
 from plexgt.models.spec import ModelSpec
 from plexgt.ops.rng import CounterRNG
 
 Tensor = torch.Tensor
 
-NUM_CODES = 5
-"""Hop codes 0..3 and the global-node code 4: rows of each block's bias table."""
-GLOBAL_CODE = 4
-"""The code of every (row, column) pair where either is a global node."""
 BLOCK_SITES = 8
 """Dropout sites per block: block i draws at 8(i + 1) + k (k: 0 attention residual, 1 inside
 the FFN, 2 FFN residual); site 0 is the input dropout."""
 TABLE_SITE = 1 << 20
 """Counter site of the node-embedding table's initial values."""
 
-Attend = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
-"""attend(q, k, v, codes, bias_weight) -> out [B, h, Rq, d'].
-
-q [B, h, Rq, d'], k and v [B, h, Rk, d']; codes [B, r, c] int8: the hop codes of the first
-r rows of q against the first c rows of k (sequence nodes); the remaining Rq - r rows of q
-and Rk - c rows of k are global nodes, every pair with one of them coded :data:`GLOBAL_CODE`.
-bias_weight [5, h]. The single process passes the whole sequence (r = c = N'); a
-context-parallel rank passes its rows' q and codes and brings the other ranks' K/V."""
-
-
 def site(layer: int, k: int) -> int:
     """Dropout site of sublayer k of block ``layer`` (global index)."""
     return BLOCK_SITES * (layer + 1) + k
-
-
-def pad_codes(codes: Tensor, rows: int, cols: int) -> Tensor:
-    """codes [B, r, c] -> [B, rows, cols]: the global nodes' rows / columns (past r, c) coded
-    :data:`GLOBAL_CODE`."""
-    r, c = codes.shape[1], codes.shape[2]
-    return F.pad(codes, (0, cols - c, 0, rows - r), value=GLOBAL_CODE)
-
-
-def dense_attend(q: Tensor, k: Tensor, v: Tensor, codes: Tensor, bias_weight: Tensor
-                 ) -> Tensor:
-    """Exact :data:`Attend`: softmax(q kᵀ / sqrt(d') + bias) v, the [Rq, Rk] scores whole."""
-    full = pad_codes(codes, q.shape[2], k.shape[2]).long()
-    bias = bias_weight.to(q.dtype)[full].permute(0, 3, 1, 2)  # [B, h, Rq, Rk]
-    s = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(q.shape[-1])) + bias
-    return torch.matmul(torch.softmax(s, dim=-1), v)
-
-
-@dataclass(frozen=True)
-class Rows:
-    """Which rows a tensor h [B, R, d] holds, the same in each of its B sequences.
-
-    ``seq`` [B] int64: each sequence's index (unique within the step: the dropout key; the
-    sampler's ``Sequence.index``). ``pos`` [R] int64: each row's position in its sequence,
-    sequence rows (pos < n_seq) first, then global-node rows (n_seq <= pos < length).
-    """
-
-    seq: Tensor
-    pos: Tensor
-    n_seq: int
-    """N': the sequence's node rows."""
-    length: int
-    """S = N' + N_s."""
-
-    @classmethod
-    def full(cls, seq: Tensor, n_seq: int, n_global: int) -> Rows:
-        """Every row of the sequences ``seq``: positions 0..S-1."""
-        s = n_seq + n_global
-        return cls(seq.to(torch.int64), torch.arange(s, device=seq.device), n_seq, s)
-
-    def part(self, lo: int, hi: int, global_nodes: bool = True) -> Rows:
-        """Sequence rows [lo, hi), then (``global_nodes``) every global row: a context-parallel
-        rank's share."""
-        pos = torch.arange(lo, hi, device=self.pos.device)
-        if global_nodes:
-            pos = torch.cat([pos, torch.arange(self.n_seq, self.length, device=pos.device)])
-        return Rows(self.seq, pos, self.n_seq, self.length)
-
-    def select(self, seqs: slice) -> Rows:
-        """The same rows of a sub-batch of the sequences (a micro-batch)."""
-        return Rows(self.seq[seqs], self.pos, self.n_seq, self.length)
-
-    @property
-    def seq_rows(self) -> int:
-        """r: how many rows are sequence nodes (they come first)."""
-        return int((self.pos < self.n_seq).sum())
-
-    def keys(self, device: torch.device) -> Tensor:
-        """[B·R] int64 dropout row keys, seq · S + pos."""
-        return (self.seq.to(device)[:, None] * self.length + self.pos.to(device)[None, :]
-                ).reshape(-1)
 
 
 @dataclass(frozen=True)
@@ -231,11 +162,6 @@ class HGTHead(nn.Module):
         return self.out(self.norm(h[target_mask(rows, targets)]))
 
 
-def target_mask(rows: Rows, targets: Tensor) -> Tensor:
-    """[B, R] bool: the rows of ``rows`` that are targets (position < the sequence's count)."""
-    return rows.pos.to(targets.device)[None, :] < targets.to(torch.int64)[:, None]
-
-
 def init_seed(seed: int, name: str) -> int:
     """The generator seed of parameter ``name``: a function of (seed, name) alone."""
     return int.from_bytes(hashlib.sha256(f"{seed}/{name}".encode()).digest()[:8], "little") \
@@ -341,12 +267,6 @@ class HierarchicalGT(nn.Module):
         rows = self.rows(seq, x.shape[1])
         h = self.run_blocks(self.embed_rows(x, ids, rows, step), codes, rows, step, attend)
         return self.head_logits(h, rows, targets)
-
-
-def sequence_loss(logits: Tensor, labels: Tensor, total_targets: int) -> Tensor:
-    """Sum of the targets' cross-entropy / the *step's* target count: summing this over
-    micro-batches and replicas gives the step's mean whatever the split."""
-    return F.cross_entropy(logits, labels, reduction="sum") / max(1, total_targets)
 
 
 SPEC = ModelSpec("hgt", "hierarchical graph transformer: dense attention over sampled node "

@@ -55,7 +55,7 @@ from plexgt.distributed.collectives import (
 )
 from plexgt.distributed.mesh import Mesh, MeshGroups, micro_batch
 from plexgt.distributed.p2p import Pipe, pipeline_p2p_bytes
-from plexgt.models.hgt import Attend, Rows, sequence_loss
+from plexgt.models.sequence import Attend, Rows, sequence_loss
 from plexgt.parallel.ga_cp import GACPAttention, ga_cp_bytes
 from plexgt.parallel.pipeline import (
     gpipe_forward,
@@ -74,7 +74,7 @@ PREFIX = "model."
 
 
 def cp_attend(comm: Comm) -> Attend:
-    """The :data:`~plexgt.models.hgt.Attend` of cp rank ``comm.rank``: q, k, v [B, h, n + N_s,
+    """The :data:`~plexgt.models.sequence.Attend` of cp rank ``comm.rank``: q, k, v [B, h, n + N_s,
     d'] (its n sequence rows, then the global rows), codes [B, n, N'].
 
     GA-CP (:mod:`plexgt.parallel.ga_cp`): the sequence rows' K/V blocks rotate around the cp

@@ -19,7 +19,8 @@ from plexgt.data.node_batches import EVAL_EPOCH, SPLITS, NodeBatches, collate
 from plexgt.data.synthetic import sbm
 from plexgt.distributed.collectives import CommLedger
 from plexgt.distributed.mesh import Mesh, build_mesh_groups, factorizations, partition
-from plexgt.models.hgt import HierarchicalGT, sequence_loss
+from plexgt.models.hgt import HierarchicalGT
+from plexgt.models.sequence import sequence_loss
 from plexgt.parallel.batch_dist import HGTPipeline, Layout, step_bytes
 from plexgt.training.optim import clip_gradients
 

@@ -8,14 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from plexgt.models.hgt import (
-    GLOBAL_CODE,
-    HierarchicalGT,
-    Rows,
-    StepDrop,
-    dense_attend,
-    sequence_loss,
-)
+from plexgt.models.hgt import HierarchicalGT, StepDrop
+from plexgt.models.sequence import GLOBAL_CODE, Rows, dense_attend, sequence_loss
 
 L, F_IN, D, C, HEADS, NS, NODES, EMB = 6, 5, 8, 3, 2, 2, 40, 3
 

@@ -20,7 +20,8 @@ from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
 from plexgt.data.synthetic import sbm
 from plexgt.errors import ConfigError
-from plexgt.models.hgt import HierarchicalGT, sequence_loss
+from plexgt.models.hgt import HierarchicalGT
+from plexgt.models.sequence import sequence_loss
 from plexgt.plan.knobs import load_config
 
 N, F = 150, 6

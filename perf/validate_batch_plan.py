@@ -50,6 +50,7 @@ import torch.distributed as dist
 
 from perf import plan_score
 from perf.harness import (
+    RESULTS_DIR,
     gnn_benchmark,
     hardware,
     launch,
@@ -68,6 +69,7 @@ from plexgt.plan.agp import SystemModel
 from plexgt.plan.batch_cost import BatchProfile, BatchShape, Mesh, stage_memory, step_seconds
 from plexgt.plan.batch_cost import position as stage_position
 from plexgt.plan.batch_profile import (
+    fit_batch_profile,
     measure_batch_profile,
     measure_collectives,
     memory_mode,
@@ -287,7 +289,11 @@ def score(rows: list[dict[str, Any]]) -> dict[str, Any]:
             opts = [r for r in rows if r["model"] == model and r["w"] == w]
             if len(opts) < 2:
                 continue
-            pick = next(i for i, r in enumerate(opts) if r["chosen"])
+            pick = next((i for i, r in enumerate(opts) if r["chosen"]), None)
+            if pick is None:  # repriced: a choice nobody measured
+                decisions.append({"model": model, "w": w, "pick": "(not measured)",
+                                  "slower": None, "within": None, "options": len(opts)})
+                continue
             d = plan_score.decision(pick, {i: r["median_s"] for i, r in enumerate(opts)})
             decisions.append({"model": model, "w": w, "pick": opts[pick]["label"],
                               "best": opts[d["fastest"]]["label"], "slower": d["slower"],
@@ -301,7 +307,57 @@ def score(rows: list[dict[str, Any]]) -> dict[str, Any]:
                                                          if r["w"] == w) for w in scales},
             "decisions": decisions,
             "choice_within_10pct": sum(bool(d["within"]) for d in decisions),
-            "decisions_scored": len(decisions)}
+            "decisions_scored": sum(d["within"] is not None for d in decisions)}
+
+
+def profiles_for(measured: dict[str, Any], model: str, data: Path, sysm: SystemModel
+                 ) -> tuple[Any, BatchShape, BatchProfile, Any]:
+    """(config, shape, profile, graph sizes) of ``model`` from a run's measured profiles."""
+    pg = PreparedGraph(data)
+    sizes = graph_sizes(pg)
+    pg.close()
+    cfg = load_config(None, {"data": str(data), **COMMON, **MODELS[model]})
+    shape = batch_shape(sizes, ModelShape.of(cfg))
+    got = measured["models"][model]
+    prof = fit_batch_profile(BatchProfile.from_dict(got["profile"], sysm.host), got["raw"],
+                             shape)  # refitted: this checkout's fits of the stored samples
+    if measured.get("collectives"):
+        prof = with_collectives(prof, measured["collectives"])
+    return cfg, shape, prof, sizes
+
+
+def repredict() -> None:
+    """The stored rows priced again (each row's prediction and which row is the choice)."""
+    path = RESULTS_DIR / "validate_batch_plan.json"
+    stored = json.loads(path.read_text())
+    data, sysm = data_dir(), host_model()
+    for model in {r["model"] for r in stored["rows"]}:
+        cfg, shape, prof, sizes = profiles_for(stored["profiles"], model, data, sysm)
+        for w in {r["w"] for r in stored["rows"] if r["model"] == model}:
+            mine = [r for r in stored["rows"] if r["model"] == model and r["w"] == w]
+            rp = choose_batch_layout(sizes, ModelShape.of(cfg), w, sysm, profile=prof).plan
+            dp, pp, cp = rp.mesh or (1, 1, 1)
+            pick = label({"dp": dp, "pp": pp, "cp": cp, "micro_batches": rp.micro_batches,
+                          "stages": rp.stages})
+            for r in mine:
+                r["predicted_s"], r["predicted_bytes"] = predict(shape, prof, r)
+                r["chosen"] = r["label"] == pick
+            if not any(r["chosen"] for r in mine):
+                print(f"{model} W={w}: the choice {pick} was not measured")
+    s = score(stored["rows"])
+    stored.update(summary=s, repredicted=today())
+    write_json("validate_batch_plan.json", stored)
+    for r in stored["rows"]:
+        print(f"{r['model']:<14} W={r['w']} {r['label']:<28} {r['median_s']:.4f} "
+              f"(pred {r['predicted_s']:.4f})  {max(r['measured_bytes']) / 2**20:.1f} MiB "
+              f"(pred {r['predicted_bytes'] / 2**20:.1f}){'  <- choice' * r['chosen']}")
+    _result(s, len(stored["rows"]))
+
+
+def _result(s: dict[str, Any], n: int) -> None:
+    result_line(memory_mape=s["memory_mape"], time_mape=s["time_mape"],
+                choice_within_10pct=s["choice_within_10pct"],
+                decisions=s["decisions_scored"], configurations=n)
 
 
 def main() -> None:
@@ -313,7 +369,13 @@ def main() -> None:
     ap.add_argument("--scales", default="1,2,4")
     ap.add_argument("--profile", type=Path, default=None,
                     help="reuse a stored run's profiles (its JSON) instead of measuring")
+    ap.add_argument("--repredict", action="store_true",
+                    help="measure nothing: price the stored run's rows again from its stored "
+                         "profiles with this checkout's model, and score them")
     args = ap.parse_args()
+    if args.repredict:
+        repredict()
+        return
     if args.worker:
         run_worker(json.loads(Path(args.worker).read_text()))
         return
@@ -334,11 +396,7 @@ def main() -> None:
     sizes = graph_sizes(pg)
     rows: list[dict[str, Any]] = []
     for model in models:
-        cfg = load_config(None, {"data": str(data), **COMMON, **MODELS[model]})
-        shape = batch_shape(sizes, ModelShape.of(cfg))
-        prof = BatchProfile.from_dict(measured["models"][model]["profile"], sysm.host)
-        if measured.get("collectives"):
-            prof = with_collectives(prof, measured["collectives"])
+        cfg, shape, prof, _ = profiles_for(measured, model, data, sysm)
         for w in map(int, args.scales.split(",")):
             configs = configurations(model, w, shape, prof, sysm, sizes, cfg)
             print(f"{model} W={w}: {len(configs)} configurations", flush=True)
@@ -364,9 +422,7 @@ def main() -> None:
         "steps": args.steps, "seconds": time.perf_counter() - t0, "loadavg": loads,
         "models": {m: MODELS[m] for m in models}, "profiles": measured, "summary": s,
         "rows": rows})
-    result_line(memory_mape=s["memory_mape"], time_mape=s["time_mape"],
-                choice_within_10pct=s["choice_within_10pct"],
-                decisions=s["decisions_scored"], configurations=len(rows))
+    _result(s, len(rows))
 
 
 if __name__ == "__main__":

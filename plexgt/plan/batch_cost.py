@@ -15,9 +15,11 @@ P_dp·P_cp ranks) all-reduces its gradients and steps AdamW; the step ends with 
 most parameters. A stage's micro-batch time is its blocks' (each its computation at this
 P_cp from the profile's fit, plus 3·(P_cp - 1) ring exchanges of 2·B·Rk·d elements: K/V
 forward; K/V again and dK/dV backward), times the profile's piecewise-linear depth term,
-plus stage 0's construction and embedding, the last stage's head, and one activation send
-each way when P_pp > 1 (forward h [B, R, d] and the hop codes [B, Rk, N'] int8, which every
-stage's bias reads; backward dh).
+plus stage 0's embedding, the last stage's head, and one activation send each way when
+P_pp > 1 (forward h [B, R, d], backward dh; every rank builds its own hop codes). On shared
+CPU cores a stage's compute is slowed by the ranks computing at once during GPipe
+(:func:`pipeline_ranks`), not by the whole world. Before the pipeline every rank builds its
+replica's sequences (:attr:`BatchProfile.sample`).
 
 Memory (:func:`stage_memory`): a stage's parameters with their gradients and AdamW moments
 (``state_bytes`` a parameter), everything its blocks save for backward for ALL G/P_dp
@@ -29,17 +31,11 @@ score workspace, the backward's gradients, the ring's in-flight blocks, the p2p 
 Every count is written next to its constant; :class:`BatchProfile` holds what is measured.
 :func:`default_profile` derives one from FLOP and pass counts priced by a
 :class:`~plexgt.plan.agp.SystemModel` (a machine description's or a measured system profile's
-coefficients) until a profile of the model itself exists. How to measure one
-(``measure_profile``, once the model and GA-CP exist): for each P_cp in {1, 2, 4, ...} up to
-the node's GPUs, time one block's forward + backward on a cp group at 3+ (B, N') pairs and fit
-:class:`BlockFit` (non-negative least squares on relative error; rows and rows x columns),
-with the exchanges taken out (the ring's measured alone at the same bytes, or run with the
-ring's sends skipped); embed and head likewise on stage 0 / the last stage; send_recv between
-two stages' ranks at a size sweep -> ``p2p``; the ring's neighbour exchange -> ``ring``;
-all_reduce over stage groups of each size -> ``allreduce``; AdamW over a parameter buffer ->
-``optimizer_s_per_param``; a stage of 1..L blocks timed to fit ``depth``; and peak memory of
-a few (n, B) stages against :func:`stage_memory` to fit ``memory_scale`` and
-``memory_base_bytes``.
+coefficients) until a profile of the model itself exists:
+:func:`plexgt.plan.batch_profile.measure_batch_profile` measures one (``plexgt profile``
+stores it as the profile file's ``batch`` table, :func:`profile_table`; plan and train read
+it back with :func:`from_table`); perf/validate_batch_plan.py scores it against measured
+steps.
 """
 
 from __future__ import annotations
@@ -397,6 +393,14 @@ class StageCosts:
         return np.asarray(n) * self.block_params + self.extra_params[pos]
 
 
+def pipeline_ranks(mesh: Mesh) -> int:
+    """Ranks computing at once while GPipe runs: every replica's and cp rank's, of at most
+    min(K, P_pp) stages (a stage waiting in a bubble sleeps in its receive). On shared CPU
+    cores this, not the world, sets the slowdown of a stage's compute: measured here, a
+    4-stage K = 1 pipeline on 2 cores ran 0.26 s a step where κ(4) priced 0.72 s."""
+    return mesh.dp * mesh.cp * min(mesh.pp, mesh.micro_batches)
+
+
 def position(i: int, pp: int) -> int:
     """Stage i's position code: 3 the only stage, 0 first, 2 last, 1 middle."""
     return 3 if pp == 1 else 0 if i == 0 else 2 if i == pp - 1 else 1
@@ -425,7 +429,7 @@ def stage_costs(shape: BatchShape, prof: BatchProfile, mesh: Mesh) -> StageCosts
     b = shape.sequences // (mesh.dp * mesh.micro_batches)  # sequences of a micro-batch
     d, e = shape.hidden, shape.esize
     r, rk, s = micro_rows(shape, cp)
-    cf = prof.host.compute_factor(mesh.world)
+    cf = prof.host.compute_factor(pipeline_ranks(mesh))
     n_ex, ex_bytes = ring_exchanges(shape, cp, b)
     block_s = prof.block_fit(cp).time(b, r, s, cp) * cf + n_ex * (
         prof.ring.time(ex_bytes) if n_ex else 0.0)
@@ -433,9 +437,8 @@ def stage_costs(shape: BatchShape, prof: BatchProfile, mesh: Mesh) -> StageCosts
     embed_s = prof.embed.time(b, rk, shape.size) * cf
     head_s = prof.head.time(b, tgt) * cf
     p2p_s = 0.0
-    if pp > 1:
-        act = b * r * d * e
-        p2p_s = prof.p2p.time(act + b * rk * shape.size * CODE_BYTES) + prof.p2p.time(act)
+    if pp > 1:  # h forward, dh backward (every rank builds its own hop codes: none sent)
+        p2p_s = 2 * prof.p2p.time(b * r * d * e)
     mp = memory_parts(shape, mesh, prof.score_copies)
     fixed = [float(sum(mp.stage(0, pos).values())) for pos in range(4)]
     return StageCosts(
@@ -503,7 +506,7 @@ def memory_parts(shape: BatchShape, mesh: Mesh, score_copies: float = ATTENTION_
     return MemoryParts(
         block_states=shape.block_params * shape.state_bytes, block_saved=live * saved,
         codes=live * rk * shape.size * CODE_BYTES, transient=transient,
-        p2p=(2 * b * r * d * e + b * rk * shape.size * CODE_BYTES) if mesh.pp > 1 else 0,
+        p2p=2 * b * r * d * e if mesh.pp > 1 else 0,
         first_states=shape.embed_params * shape.state_bytes,
         first_saved=live * rk * (fin * (e + shape.mask_bytes) + 8),
         build=b * rk * shape.size * CODE_SCRATCH,

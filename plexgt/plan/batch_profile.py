@@ -386,21 +386,20 @@ def memory_samples(shape: BatchShape, dropout: float = 0.1,
     return out
 
 
-def fit_memory(samples: list[list[float]], shape: BatchShape, base_floor: int = 0
-               ) -> tuple[float, float, int]:
-    """(memory_scale, score_copies, memory_base_bytes): measured = scale·(counted without
-    the score workspace) + scale·copies·(one score block) + base, least squares on relative
-    error, every term >= 0; the base at least ``base_floor`` (the sampler's cache)."""
+def fit_memory(samples: list[list[float]], shape: BatchShape) -> tuple[float, float, int]:
+    """(memory_scale, score_copies, base bytes): measured = scale·(counted without the score
+    workspace) + scale·copies·(one score block) + base, least squares on relative error,
+    every term >= 0 (the sampler's cache is not in these stages: the caller adds it)."""
     a, t = [], []
     for k, dp, cp, n, pos, peak in samples:
         mesh = Mesh(int(dp), 1 if pos == 3 else 2, int(cp), int(k))
         c0 = sum(memory_parts(shape, mesh, 0.0).stage(int(n), int(pos)).values())
         c1 = sum(memory_parts(shape, mesh, 1.0).stage(int(n), int(pos)).values())
         a.append([c0, c1 - c0, 1.0])
-        t.append(max(1.0, peak - base_floor))
+        t.append(max(1.0, peak))
     c = rel_nnls(np.array(a, dtype=np.float64), np.array(t, dtype=np.float64))
     scale = float(c[0]) if c[0] > 0 else 1.0
-    return scale, float(c[1]) / scale, int(c[2]) + base_floor
+    return scale, float(c[1]) / scale, int(c[2])
 
 
 def sampler_bytes(sampler: Any, steps: int = 3) -> int:
@@ -442,20 +441,29 @@ def measure_batch_profile(shape: BatchShape, cps: Sequence[int] = (1, 2, 4),
             raw["sample"] = sample_samples(sampler)
         if memory:
             raw["memory"] = memory_samples(shape, dropout)
+    if collectives is not None:
+        raw["collectives"] = collectives
+    return fit_batch_profile(base, raw, shape), raw
+
+
+def fit_batch_profile(base: BatchProfile, raw: dict[str, Any], shape: BatchShape
+                      ) -> BatchProfile:
+    """``base`` (counted, or an earlier fit) with every term ``raw`` (the samples of
+    :func:`measure_batch_profile`) measures fitted in: what a stored run refits from."""
     prof = replace(base, block=fit_blocks(raw["block"], shape), embed=fit_rows(raw["embed"]),
                    head=fit_rows(raw["head"]),
                    optimizer_s_per_param=float(raw["optimizer_s_per_param"]),
                    source="measured on this host")
-    if sampler is not None:
+    if raw.get("sample"):
         (_, n, t), = raw["sample"]
         prof = replace(prof, sample=BlockFit(per_row_s=t / n))
-    if memory and raw["memory"]:
-        scale, copies, mbase = fit_memory(raw["memory"], shape, raw["sampler_bytes"])
-        prof = replace(prof, memory_scale=scale, score_copies=copies, memory_base_bytes=mbase)
-    if collectives is not None:
-        raw["collectives"] = collectives
-        prof = with_collectives(prof, collectives)
-    return prof, raw
+    if raw.get("memory"):
+        scale, copies, mbase = fit_memory(raw["memory"], shape)
+        prof = replace(prof, memory_scale=scale, score_copies=copies,
+                       memory_base_bytes=mbase + int(raw.get("sampler_bytes", 0)))
+    if raw.get("collectives"):
+        prof = with_collectives(prof, raw["collectives"])
+    return prof
 
 
 def with_collectives(prof: BatchProfile, coll: dict[str, Any]) -> BatchProfile:

@@ -371,7 +371,7 @@ def _search(args: argparse.Namespace, cfg: TrainConfig, sizes: GraphSizes, shape
     for the JSON."""
     sysm, coef = system_model_for(prof), plexus_coefficients_for(prof)
     if shape.batch is not None:
-        return search_view(args, cfg, sizes, shape, sysm, limit)
+        return search_view(args, cfg, sizes, shape, sysm, limit, (prof or {}).get("batch"))
     par = cfg.parallel
     kw = dict(memory_per_rank=limit, strategy=par.strategy, grid=par.grid,
               head_parallel=par.head_parallel, registry=reg)

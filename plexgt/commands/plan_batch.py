@@ -43,7 +43,8 @@ def train_flags(rp: RunPlan) -> list[str]:
 
 
 def search_view(args: argparse.Namespace, cfg: TrainConfig, sizes: GraphSizes,
-                shape: ModelShape, sysm: SystemModel, limit: int | None) -> dict[str, Any]:
+                shape: ModelShape, sysm: SystemModel, limit: int | None,
+                batch_table: dict[str, Any] | None = None) -> dict[str, Any]:
     """The search on exactly ``--world-size`` ranks (what ``plexgt train`` on that many
     runs), printed: its frontier, the choice and where its step's time goes; returned for
     the JSON."""
@@ -53,7 +54,8 @@ def search_view(args: argparse.Namespace, cfg: TrainConfig, sizes: GraphSizes,
     print(f"node sequences: {b.sequences} a step of {b.size} nodes ({b.targets} targets, "
           f"{b.global_nodes} global nodes), {b.context} context")
     try:
-        ch: Choice = choose(sizes, shape, P, sysm, None, limit)  # type: ignore[arg-type]
+        ch: Choice = choose(sizes, shape, P, sysm, None, limit,  # type: ignore[arg-type]
+                            batch_table=batch_table)
     except NothingFits as e:
         out["search"]["at_world_size"] = None
         out["search"]["least_memory_bytes"] = (None if e.least_memory is None

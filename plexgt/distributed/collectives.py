@@ -183,6 +183,14 @@ class Comm:
     def single(name: str, ledger: CommLedger) -> Comm:
         return Comm(None, 1, 0, name, ledger)
 
+    @staticmethod
+    def loopback(size: int, name: str, ledger: CommLedger) -> Comm:
+        """A group of ``size`` members on one process, for timing and measuring one member's
+        computation (:mod:`plexgt.plan.batch_profile`): a ring step (:func:`shift_async`)
+        hands a member its own block back, as if every member held the same data; no other
+        collective takes it."""
+        return Comm(None, size, 0, name, ledger)
+
 
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
@@ -458,8 +466,9 @@ def shift_async(x: torch.Tensor, out: torch.Tensor, comm: Comm, offset: int = 1)
     :func:`wait` (None when the group has one rank: ``out`` is then ``x``'s copy).
 
     For pipelines (ring attention) that move the next block while computing on this one;
-    recorded as 'send_recv', the bytes of ``x`` each way."""
-    if comm.size == 1 or offset % comm.size == 0:
+    recorded as 'send_recv', the bytes of ``x`` each way. A :meth:`Comm.loopback` group
+    copies ``x`` into ``out`` and records nothing."""
+    if comm.size == 1 or comm.group is None or offset % comm.size == 0:
         out.copy_(x)
         return None
     to = dist.get_global_rank(comm.group, (comm.rank + offset) % comm.size)

@@ -15,9 +15,11 @@ P_dp·P_cp ranks) all-reduces its gradients and steps AdamW; the step ends with 
 most parameters. A stage's micro-batch time is its blocks' (each its computation at this
 P_cp from the profile's fit, plus 3·(P_cp - 1) ring exchanges of 2·B·Rk·d elements: K/V
 forward; K/V again and dK/dV backward), times the profile's piecewise-linear depth term,
-plus stage 0's construction and embedding, the last stage's head, and one activation send
-each way when P_pp > 1 (forward h [B, R, d] and the hop codes [B, Rk, N'] int8, which every
-stage's bias reads; backward dh).
+plus stage 0's embedding, the last stage's head, and one activation send each way when
+P_pp > 1 (forward h [B, R, d], backward dh; every rank builds its own hop codes). On shared
+CPU cores a stage's compute is slowed by the ranks computing at once during GPipe
+(:func:`pipeline_ranks`), not by the whole world. Before the pipeline every rank builds its
+replica's sequences (:attr:`BatchProfile.sample`).
 
 Memory (:func:`stage_memory`): a stage's parameters with their gradients and AdamW moments
 (``state_bytes`` a parameter), everything its blocks save for backward for ALL G/P_dp
@@ -29,23 +31,17 @@ score workspace, the backward's gradients, the ring's in-flight blocks, the p2p 
 Every count is written next to its constant; :class:`BatchProfile` holds what is measured.
 :func:`default_profile` derives one from FLOP and pass counts priced by a
 :class:`~plexgt.plan.agp.SystemModel` (a machine description's or a measured system profile's
-coefficients) until a profile of the model itself exists. How to measure one
-(``measure_profile``, once the model and GA-CP exist): for each P_cp in {1, 2, 4, ...} up to
-the node's GPUs, time one block's forward + backward on a cp group at 3+ (B, N') pairs and fit
-:class:`BlockFit` (non-negative least squares on relative error; rows and rows x columns),
-with the exchanges taken out (the ring's measured alone at the same bytes, or run with the
-ring's sends skipped); embed and head likewise on stage 0 / the last stage; send_recv between
-two stages' ranks at a size sweep -> ``p2p``; the ring's neighbour exchange -> ``ring``;
-all_reduce over stage groups of each size -> ``allreduce``; AdamW over a parameter buffer ->
-``optimizer_s_per_param``; a stage of 1..L blocks timed to fit ``depth``; and peak memory of
-a few (n, B) stages against :func:`stage_memory` to fit ``memory_scale`` and
-``memory_base_bytes``.
+coefficients) until a profile of the model itself exists:
+:func:`plexgt.plan.batch_profile.measure_batch_profile` measures one (``plexgt profile``
+stores it as the profile file's ``batch`` table, :func:`profile_table`; plan and train read
+it back with :func:`from_table`); perf/validate_batch_plan.py scores it against measured
+steps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -213,8 +209,8 @@ class BatchProfile:
     """P_cp -> one block's forward + backward computation (ring exchanges not included);
     key 0 serves every P_cp not measured."""
     embed: BlockFit
-    """Stage 0 per micro-batch: rows = the rank's N'/P_cp sequence rows (feature and table
-    gather, input projection), cols = N' (hop codes built per row)."""
+    """Stage 0 per micro-batch: rows = the rank's N'/P_cp sequence rows (table gather, input
+    projection, forward and backward); the sequences' construction is :attr:`sample`."""
     head: BlockFit
     """Last stage per micro-batch: rows = the targets on the busiest cp rank."""
     p2p: Fit
@@ -240,6 +236,11 @@ class BatchProfile:
     host: Host = field(default_factory=Host)
     """CPU ranks' sharing of a node (κ, threads); nothing shared on GPUs."""
     source: str = "counted"
+    sample: BlockFit = BlockFit()
+    """Building one sequence (b = 1, rows = cols = N': its draws, feature rows and hop codes
+    [N', N']), which every rank does for each of its replica's G/P_dp sequences before the
+    pipeline starts: every stage and every cp rank samples the whole sequences it holds rows
+    of (measured on Computers: 18 ms a 256-node sequence, a quarter of a 4-sequence step)."""
 
     def block_fit(self, cp: int) -> BlockFit:
         fit = self.block.get(cp) or self.block.get(0)
@@ -276,7 +277,8 @@ class BatchProfile:
                 "optimizer_s_per_param": self.optimizer_s_per_param,
                 "depth": [list(x) for x in self.depth], "score_copies": self.score_copies,
                 "memory_scale": self.memory_scale,
-                "memory_base_bytes": self.memory_base_bytes, "source": self.source}
+                "memory_base_bytes": self.memory_base_bytes, "source": self.source,
+                "sample": bf(self.sample)}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], host: Host | None = None) -> BatchProfile:
@@ -288,7 +290,8 @@ class BatchProfile:
                    tuple((int(a), float(m)) for a, m in raw.get("depth", ())),
                    float(raw.get("score_copies", ATTENTION_WORKSPACE)),
                    float(raw.get("memory_scale", 1.0)), int(raw.get("memory_base_bytes", 0)),
-                   host or Host(), str(raw.get("source", "file")))
+                   host or Host(), str(raw.get("source", "file")),
+                   BlockFit(**raw["sample"]) if "sample" in raw else BlockFit())
 
 
 def _linear(t: Callable[[float], float], x: float = float(2**24)) -> Fit:
@@ -314,17 +317,17 @@ def default_profile(shape: BatchShape, sysm: SystemModel | None = None,
         per_score_s=sc * (ATTENTION_FMAS * d * gemm + SCORE_PASSES * h * elem),
         per_merge_s=sc * RING_MERGE_PASSES * d * elem)
     fin = shape.features + shape.embed_dim
-    embed = BlockFit(per_row_s=sc * (fin * copy + GEMM_FMAS * fin * d * gemm + 4 * fin * elem),
-                     per_score_s=sc * CODE_PASSES * elem)
+    embed = BlockFit(per_row_s=sc * (fin * copy + GEMM_FMAS * fin * d * gemm + 4 * fin * elem))
     head = BlockFit(per_row_s=sc * (GEMM_FMAS * d * shape.classes * gemm + 20 * d * elem))
     send = _linear(lambda b: sysm.collective_time("send_recv", 2, int(b)))
     sizes = [2 ** i for i in range(1, max(2, max_group).bit_length())]
     ar = {g: _linear(lambda b, g=g: sysm.collective_time("all_reduce", g,
                                                           all_reduce_bytes(int(b), g)))
           for g in sizes}
+    sample = BlockFit(per_row_s=sc * fin * copy, per_score_s=sc * CODE_PASSES * elem)
     return BatchProfile({0: block}, embed, head, send, send, ar,
-                      OPTIMIZER_PASSES * elem * sc, host=sysm.host,
-                      source=f"counted ({sysm.name})")
+                        OPTIMIZER_PASSES * elem * sc, host=sysm.host,
+                        source=f"counted ({sysm.name})", sample=sample)
 
 
 # -- one configuration's stage costs ----------------------------------------------------
@@ -390,6 +393,14 @@ class StageCosts:
         return np.asarray(n) * self.block_params + self.extra_params[pos]
 
 
+def pipeline_ranks(mesh: Mesh) -> int:
+    """Ranks computing at once while GPipe runs: every replica's and cp rank's, of at most
+    min(K, P_pp) stages (a stage waiting in a bubble sleeps in its receive). On shared CPU
+    cores this, not the world, sets the slowdown of a stage's compute: measured here, a
+    4-stage K = 1 pipeline on 2 cores ran 0.26 s a step where κ(4) priced 0.72 s."""
+    return mesh.dp * mesh.cp * min(mesh.pp, mesh.micro_batches)
+
+
 def position(i: int, pp: int) -> int:
     """Stage i's position code: 3 the only stage, 0 first, 2 last, 1 middle."""
     return 3 if pp == 1 else 0 if i == 0 else 2 if i == pp - 1 else 1
@@ -418,7 +429,7 @@ def stage_costs(shape: BatchShape, prof: BatchProfile, mesh: Mesh) -> StageCosts
     b = shape.sequences // (mesh.dp * mesh.micro_batches)  # sequences of a micro-batch
     d, e = shape.hidden, shape.esize
     r, rk, s = micro_rows(shape, cp)
-    cf = prof.host.compute_factor(mesh.world)
+    cf = prof.host.compute_factor(pipeline_ranks(mesh))
     n_ex, ex_bytes = ring_exchanges(shape, cp, b)
     block_s = prof.block_fit(cp).time(b, r, s, cp) * cf + n_ex * (
         prof.ring.time(ex_bytes) if n_ex else 0.0)
@@ -426,9 +437,8 @@ def stage_costs(shape: BatchShape, prof: BatchProfile, mesh: Mesh) -> StageCosts
     embed_s = prof.embed.time(b, rk, shape.size) * cf
     head_s = prof.head.time(b, tgt) * cf
     p2p_s = 0.0
-    if pp > 1:
-        act = b * r * d * e
-        p2p_s = prof.p2p.time(act + b * rk * shape.size * CODE_BYTES) + prof.p2p.time(act)
+    if pp > 1:  # h forward, dh backward (every rank builds its own hop codes: none sent)
+        p2p_s = 2 * prof.p2p.time(b * r * d * e)
     mp = memory_parts(shape, mesh, prof.score_copies)
     fixed = [float(sum(mp.stage(0, pos).values())) for pos in range(4)]
     return StageCosts(
@@ -496,7 +506,7 @@ def memory_parts(shape: BatchShape, mesh: Mesh, score_copies: float = ATTENTION_
     return MemoryParts(
         block_states=shape.block_params * shape.state_bytes, block_saved=live * saved,
         codes=live * rk * shape.size * CODE_BYTES, transient=transient,
-        p2p=(2 * b * r * d * e + b * rk * shape.size * CODE_BYTES) if mesh.pp > 1 else 0,
+        p2p=2 * b * r * d * e if mesh.pp > 1 else 0,
         first_states=shape.embed_params * shape.state_bytes,
         first_saved=live * rk * (fin * (e + shape.mask_bytes) + 8),
         build=b * rk * shape.size * CODE_SCRATCH,
@@ -504,10 +514,18 @@ def memory_parts(shape: BatchShape, mesh: Mesh, score_copies: float = ATTENTION_
         last_saved=live * tgt * (2 * d * e + 4 * shape.classes))
 
 
+def sample_seconds(prof: BatchProfile, shape: BatchShape, mesh: Mesh) -> float:
+    """Before the pipeline: every rank builds its replica's G/P_dp sequences whole."""
+    return (shape.sequences // mesh.dp) * prof.sample.time(1, shape.size, shape.size) \
+        * prof.host.compute_factor(mesh.world)
+
+
 def tail_seconds(prof: BatchProfile, shape: BatchShape, mesh: Mesh, params: float) -> float:
-    """After the pipeline: a stage group's (P_dp·P_cp ranks) gradient all-reduce and AdamW
-    over ``params`` parameters (the step waits for the stage holding the most)."""
-    return prof.allreduce_time(mesh.dp * mesh.cp, params * shape.grad_bytes) \
+    """Outside the pipeline: the sequences built before it (:func:`sample_seconds`), then a
+    stage group's (P_dp·P_cp ranks) gradient all-reduce and AdamW over ``params`` parameters
+    (the step waits for the stage holding the most)."""
+    return sample_seconds(prof, shape, mesh) \
+        + prof.allreduce_time(mesh.dp * mesh.cp, params * shape.grad_bytes) \
         + prof.optimizer_s_per_param * params * prof.host.compute_factor(mesh.world)
 
 
@@ -565,3 +583,43 @@ def stage_memory(shape: BatchShape, prof: BatchProfile, mesh: Mesh, layers: int,
     profile's scale times :class:`MemoryParts`' sum, plus its base."""
     parts = memory_parts(shape, mesh, prof.score_copies).stage(layers, pos)
     return int(prof.memory_scale * sum(parts.values()) + prof.memory_base_bytes)
+
+
+# -- a profile file's 'batch' table ------------------------------------------------------
+SHAPE_KEYS = ("hidden", "heads", "ffn_mult", "features", "classes", "embed_dim")
+"""What a measured table's per-row terms depend on (stored beside it as ``shape``)."""
+
+
+def profile_table(prof: BatchProfile, shape: BatchShape) -> dict[str, Any]:
+    """A profile file's ``batch`` table: ``prof`` (:meth:`BatchProfile.to_dict`) and the
+    shape it was measured at."""
+    return {**prof.to_dict(), "shape": {k: getattr(shape, k) for k in SHAPE_KEYS}}
+
+
+def from_table(table: dict[str, Any], shape: BatchShape, host: Host | None = None
+               ) -> BatchProfile:
+    """The profile a ``batch`` table gives ``shape``: as stored where it was measured at
+    this width, heads, FFN and input; otherwise each per-row and per-score term scaled by
+    what :func:`default_profile` counts at ``shape`` over what it counts at the measured
+    shape (a measured rate carried to another width; per-call terms, the sampler, the
+    collectives and the memory fit kept)."""
+    prof = BatchProfile.from_dict(table, host)
+    at = table.get("shape")
+    if not at or all(at.get(k) == getattr(shape, k) for k in SHAPE_KEYS):
+        return prof
+    old = default_profile(replace(shape, **{k: int(at[k]) for k in SHAPE_KEYS if k in at}))
+    new = default_profile(shape)
+
+    def ratio(a: float, b: float) -> float:
+        return b / a if a > 0 else 1.0
+
+    def scale(f: BlockFit, a: BlockFit, b: BlockFit) -> BlockFit:
+        return BlockFit(f.per_call_s, f.per_row_s * ratio(a.per_row_s, b.per_row_s),
+                        f.per_score_s * ratio(a.per_score_s, b.per_score_s),
+                        f.per_merge_s * ratio(a.per_merge_s, b.per_merge_s))
+
+    ob, nb = old.block_fit(1), new.block_fit(1)
+    return replace(prof, block={k: scale(v, ob, nb) for k, v in prof.block.items()},
+                   embed=scale(prof.embed, old.embed, new.embed),
+                   head=scale(prof.head, old.head, new.head),
+                   source=f"{prof.source}, carried from hidden {at.get('hidden')} by counts")

@@ -32,7 +32,13 @@ from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionStrategy, StrategyRegistry
 from plexgt.plan.agp import Estimate, SystemModel, Workload, gcn_grid_for
 from plexgt.plan.balance import Balance
-from plexgt.plan.batch_cost import BatchProfile, BatchShape, default_profile, step_seconds
+from plexgt.plan.batch_cost import (
+    BatchProfile,
+    BatchShape,
+    default_profile,
+    from_table,
+    step_seconds,
+)
 from plexgt.plan.batch_search import BatchSearch, search_batch
 from plexgt.plan.plexus_cost import (
     Coefficients,
@@ -361,7 +367,8 @@ class NothingFits(ConfigError):
 def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemModel,
            coef: Coefficients, memory_per_rank: int | None = None, strategy: str = "auto",
            grid: str = "auto", head_parallel: int = 0, any_scale: bool = False,
-           registry: StrategyRegistry | None = None) -> Choice:
+           registry: StrategyRegistry | None = None,
+           batch_table: dict[str, Any] | None = None) -> Choice:
     """The fastest predicted configuration that fits ``memory_per_rank``, searched over what
     the configuration leaves open ('auto' grid and strategy, head_parallel 0, gcn_order
     'auto', block rows / ring chunks / attention block rows 0): on exactly ``world_size``
@@ -372,9 +379,15 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
     ``shape.inference`` prices one forward pass instead of a training step (``plexgt
     predict``'s, so it may choose fewer ranks a layer than training did).
 
+    Node-sequence models are priced from ``batch_table`` (a system profile's measured
+    ``batch`` table, :func:`~plexgt.plan.batch_cost.from_table`) when there is one.
+
     Raises :class:`NothingFits` (a ConfigError) when nothing fits."""
     if shape.batch is not None:
-        return choose_batch_layout(sizes, shape, world_size, sysm, memory_per_rank, any_scale)
+        prof = None if not batch_table else from_table(batch_table, batch_shape(sizes, shape),
+                                                       sysm.host)
+        return choose_batch_layout(sizes, shape, world_size, sysm, memory_per_rank, any_scale,
+                                   prof)
     fixed = resolve_grid(grid, world_size, shape.axis_order)
     scales = None if any_scale and fixed is None else [world_size]
     if shape.name == "gcn":
@@ -464,13 +477,15 @@ def _fixed_at(shape: ModelShape, p: int) -> dict[str, Any]:
 def step_cost_parts(bs: BatchShape, prof: BatchProfile, c: Any) -> tuple[tuple[str, float],
                                                                           ...]:
     """Where a node-sequence step's predicted seconds go: the pipeline's slots (bubbles
-    included) and the tail (gradient all-reduce and optimizer)."""
+    included) and the rest (the sequences built before it, the gradient all-reduce and the
+    optimizer after it)."""
     sc = step_seconds(bs, prof, c.mesh, c.stages)
     k, pp = c.micro_batches, c.pp
     return ((f"pipeline: ({k} micro-batches + {pp} - 1 stages) x the slowest stage's "
              f"micro-batch {sc.slot_s:.4g} s (its ring exchanges and p2p included)",
              sc.pipeline_s),
-            ("gradient all-reduce over the stage group and the optimizer", sc.tail_s))
+            ("building the replica's sequences, the gradient all-reduce over the stage group "
+             "and the optimizer", sc.tail_s))
 
 
 def _none_fits(limit: int | None, world_size: int, any_scale: bool,

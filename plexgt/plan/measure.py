@@ -56,6 +56,8 @@ from plexgt.distributed import collectives as c
 from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.ops import native
 from plexgt.ops.attention import sampled_addmm_available
+from plexgt.plan.batch_cost import BatchShape, profile_table
+from plexgt.plan.batch_profile import measure_batch_profile, measure_collectives
 from plexgt.plan.kernel_samples import Sample, kernel_mix, kernel_samples
 from plexgt.plan.profile import (
     FORMAT,
@@ -349,6 +351,13 @@ def profile_loaded(ctx: Any, iters: int, pairs: int = 9) -> dict[str, dict[str, 
 
 
 # -- the whole profile ------------------------------------------------------------------------
+BATCH_SHAPE = BatchShape(layers=4, hidden=64, heads=8, size=256, sequences=4, features=128,
+                         classes=8, targets=64)
+"""The node-sequence model the profile's ``batch`` table is measured at (no sampler: its
+cache and sequence building stay counted); a plan of another width carries its rates over
+by the counted ratios (:func:`~plexgt.plan.batch_cost.from_table`)."""
+
+
 def run_profile(ctx: Any, quick: bool = False) -> dict[str, Any] | None:
     """Every measurement and fit; returns the profile on rank 0 (None elsewhere)."""
 
@@ -383,12 +392,16 @@ def run_profile(ctx: Any, quick: bool = False) -> dict[str, Any] | None:
         loaded = profile_loaded(ctx, 4 if quick else 10, 3 if quick else 9)
     # contention: the sustained kernel-mix slowdown the loaded run measured
     cont = {"1": 1.0, **{s: v["contention"] for s, v in loaded.items()}}
+    batch_coll = measure_collectives(3 if quick else 5) if ctx.world_size > 1 else None
     if ctx.rank != 0:
         return None
+    bprof, _ = measure_batch_profile(BATCH_SHAPE, (1, 2) if quick else (1, 2, 4),
+                                     repeats=3 if quick else 5, collectives=batch_coll)
     kfits = fit_kernels(raw)
     cfits = {op: {s: fit_linear(rows) for s, rows in by.items()} for op, by in coll.items()}
     prof.update(collectives=coll, collective_fits=cfits, kernels=raw, kernel_fits=kfits,
                 contention=cont, loaded=loaded, thread_speedup=speed)
     prof["plexus"] = fit_plexus_coefficients(kfits, cfits)
+    prof["batch"] = profile_table(bprof, BATCH_SHAPE)
     prof["seconds"] = round(time.perf_counter() - t0, 2)
     return prof

@@ -1,9 +1,8 @@
 """Node-sequence models (layout 'batch', hgt) for ``plexgt train``: the dp x pp x cp mesh.
 
 * Layout (:func:`choose_layout`): parallel.dp / pp / cp / stages / micro_batches as
-  configured; what is left 'auto' (0 for micro_batches) is, for now, the simplest layout
-  that fits: pp = 1 and cp = 1 where free, dp the rest of the world, the even partition,
-  K = 1. The planner's choice replaces that one function.
+  configured; what is left 'auto' (0 for micro_batches) is the planner's choice, the one
+  ``plexgt plan`` prints.
 * Every rank opens its own sampler (:class:`~plexgt.data.node_batches.NodeBatches`) and
   builds the rows of the sequences it holds; the model of the rank is its stage's piece
   (:class:`~plexgt.parallel.batch_dist.HGTPipeline`), whose step runs GPipe and sums its
@@ -39,6 +38,7 @@ from plexgt.tasks.task import (
     dataset_name,
     model_spec,
     node_order,
+    run_plan,
     task_metric,
 )
 
@@ -57,13 +57,15 @@ def _fits(cfg: TrainConfig, mesh: Mesh) -> bool:
     return True
 
 
-def choose_layout(cfg: TrainConfig, pg: PreparedGraph, world: int) -> Layout:
+def choose_layout(cfg: TrainConfig, pg: PreparedGraph, world: int,
+                  device: torch.device | None = None) -> Layout:
     """The run's :class:`~plexgt.parallel.batch_dist.Layout` on ``world`` ranks: the config's
-    fixed values; for 'auto' ones, among the meshes that agree with the fixed ones and fit
-    the batches, the fewest pipeline stages, then the fewest cp ranks (dp takes the rest),
-    the even partition and K = 1. One-line errors when nothing fits. (The planner's search
-    replaces this function; ``pg`` is for it.)"""
-    del pg
+    fixed values, and for what it leaves 'auto' (0 for micro_batches) the planner's choice
+    (:func:`~plexgt.tasks.task.run_plan`: the node-sequence search priced from
+    ``parallel.profile``'s measured ``batch`` table when it has one, the quick calibration's
+    or the default coefficients otherwise; the fixed keys are kept), which is what ``plexgt
+    plan`` prints for the same config and ranks. One-line errors when the fixed keys cannot
+    run (checked before any planning) or nothing fits the memory per rank."""
     par = cfg.parallel
     try:
         meshes = meshes_for(world, par.dp, par.pp, par.cp)
@@ -72,8 +74,25 @@ def choose_layout(cfg: TrainConfig, pg: PreparedGraph, world: int) -> Layout:
     fitting = [m for m in meshes if _fits(cfg, m)]
     mesh = min(fitting or meshes, key=lambda m: (m.pp, m.cp))
     k = par.micro_batches or 1
-    check_batch(cfg.batch.sequences, cfg.batch.size, mesh, k)  # the one-line error, if any
-    return Layout(mesh, partition(par.stages, cfg.model.layers, mesh.pp), k)
+    if not fitting or not open_keys(cfg):
+        check_batch(cfg.batch.sequences, cfg.batch.size, mesh, k)  # the one-line error
+        return Layout(mesh, partition(par.stages, cfg.model.layers, mesh.pp), k)
+    if par.stages != "auto":
+        partition(par.stages, cfg.model.layers, int(par.pp) if par.pp != "auto"
+                  else len(par.stages.split(",")))  # a bad partition's one-line error first
+    rp = run_plan(cfg, pg, world, device)
+    dp, pp, cp = rp.mesh or (1, 1, 1)
+    mesh = Mesh(dp, pp, cp)
+    check_batch(cfg.batch.sequences, cfg.batch.size, mesh, rp.micro_batches)
+    return Layout(mesh, partition(",".join(map(str, rp.stages)), cfg.model.layers, pp),
+                  rp.micro_batches)
+
+
+def open_keys(cfg: TrainConfig) -> list[str]:
+    """The layout keys the config leaves to the planner."""
+    par = cfg.parallel
+    out = [k for k in ("dp", "pp", "cp", "stages") if getattr(par, k) == "auto"]
+    return out + ([] if par.micro_batches else ["micro_batches"])
 
 
 def build_batch_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
@@ -96,7 +115,7 @@ def build_batch_task(cfg: TrainConfig, ctx: DistContext, pg: PreparedGraph,
         raise ConfigError(f"config key 'metric': {cfg.model.name} reports accuracy; "
                           f"{pg.path} has binary labels (run with --metric accuracy)")
     nb = NodeBatches(pg, cfg.batch, cfg.seed)
-    layout = choose_layout(cfg, pg, ctx.world_size)
+    layout = choose_layout(cfg, pg, ctx.world_size, ctx.device)
     groups = build_mesh_groups(layout.mesh, ctx.rank, ctx.world_size, ctx.timeout)
     m = cfg.model
     kwargs = dict(in_dim=pg.F, hidden=m.hidden, out_dim=pg.C, num_layers=m.layers,

@@ -182,7 +182,8 @@ def run_plan(cfg: TrainConfig, pg: PreparedGraph, world_size: int,
     rp = choose(graph_sizes(pg, cfg.model.node_embedding), ModelShape.of(cfg, inference),
                 world_size, system_model_for(prof, device), plexus_coefficients_for(prof),
                 memory_limit(cfg, device), cfg.parallel.strategy, cfg.parallel.grid,
-                cfg.parallel.head_parallel, registry=registry).plan
+                cfg.parallel.head_parallel, registry=registry,
+                batch_table=(prof or {}).get("batch")).plan
     return replace(rp, coefficients=source)
 
 

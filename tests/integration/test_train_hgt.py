@@ -102,3 +102,30 @@ def test_a_bad_layout_is_a_one_line_error(data, tmp_path, extra, message):
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("plexgt train: error: ") and message in last, r.stderr
     assert not m.exists() or not m.read_text()
+
+
+def _plan(data: Path, tmp_path: Path, name: str, *extra: str) -> dict:
+    out = tmp_path / name
+    r = run_job([sys.executable, "-m", "plexgt", "plan", "--data", str(data), "--world-size",
+                 "2", *[a for a in COMMON if a not in ("--epochs", "6")], *extra,
+                 "--json", str(out)], 120)
+    assert r.returncode == 0, r.stderr
+    return json.loads(out.read_text())
+
+
+def test_train_with_every_layout_key_auto_runs_the_plans_choice(data, tmp_path):
+    """``plexgt train`` with dp/pp/cp/stages/micro_batches all 'auto' runs the layout ``plexgt
+    plan`` prints for the same config. Under a memory limit between the frontier's two
+    fastest meshes the plan is not the fewest-stages-then-fewest-cp rule's dp2 (what
+    choose_layout took before the planner: this test fails with it)."""
+    rows = _plan(data, tmp_path, "free.json")["rows"]
+    dp2 = min(r["memory_bytes"] for r in rows if (r["dp"], r["pp"], r["cp"]) == (2, 1, 1))
+    assert any(r["memory_bytes"] < dp2 for r in rows)  # a leaner mesh than dp2's leanest
+    gb = (dp2 - 64) / 2**30
+    limit = f"--parallel.memory_per_rank_gb={gb!r}"
+    c = _plan(data, tmp_path, "limited.json", f"--memory-per-rank={gb!r}")["choice"]
+    assert (c["dp"], c["pp"], c["cp"]) != (2, 1, 1)
+    m = tmp_path / "m.jsonl"
+    r = _train(data, 2, limit, "--epochs", "1", "--metrics", str(m))
+    assert r.returncode == 0, r.stderr
+    assert _rows(m)[-1]["grid"] == f"dp{c['dp']}xpp{c['pp']}xcp{c['cp']}"

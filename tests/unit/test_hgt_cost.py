@@ -53,7 +53,7 @@ def test_memory_parts_by_hand():
     grads = 1 * 5 * 8 * 4 * (6 + 2)  # [b, R, d] x 6 and [b, R, md] x 1
     ring = 8 * 1 * 4 * 8 * 4  # K, V, dK, dV, current and next
     assert mp.transient == scores + grads + ring
-    assert mp.p2p == 2 * 1 * 5 * 8 * 4 + 1 * 4 * 8
+    assert mp.p2p == 2 * 1 * 5 * 8 * 4  # h and dh only: every rank builds its own hop codes
     assert mp.first_states == SMALL.embed_params * 16
     assert mp.first_saved == 2 * 4 * ((5 + 4) * 4 + 8)
     assert mp.last_saved == 2 * 4 * (2 * 8 * 4 + 4 * 3)

@@ -1,0 +1,474 @@
+"""The node-sequence (batch layout) cost model's Profile step: what
+:class:`~plexgt.plan.batch_cost.BatchProfile` needs, measured on this machine.
+
+What is timed, each forward + backward on one process with the model registry's batch-layout
+model (its real block, GA-CP's real attention) at the shape being planned:
+
+* one block at several (B, N') points per P_cp: a cp member's rows (N'/P_cp + N_s queries)
+  against all N' + N_s columns, the ring run on a :meth:`~plexgt.distributed.collectives.
+  Comm.loopback` group, so its P_cp blocks and online-softmax merges are computed and its
+  exchanges are local copies (the exchanges are priced apart, by the ``ring`` curve);
+* the embedding (rows of one micro-batch) and the head (targets), the optimizer (AdamW with
+  the loop's clipping, per parameter), and with a sampler the building of one sequence;
+* collectives: under a world of >= 2 ranks, neighbour exchanges (p2p and the ring) and
+  all-reduces over groups of 2, 4, ... (:func:`measure_collectives`); otherwise the system
+  profile's curves (:func:`~plexgt.plan.batch_cost.default_profile` of it).
+
+Each time is the fastest of ``repeats`` after a warm-up, fitted by non-negative least
+squares on relative error (the :class:`~plexgt.plan.batch_cost.BlockFit` terms).
+
+Memory: the peak resident bytes of a few single-process stages (blocks, embed / head, P_cp
+on the loopback, K micro-batches all alive as GPipe holds them, AdamW state), glibc made to
+map every block over 128 KiB on its own and return freed memory (so the resident set counts
+live memory, as ``perf/validate_plan.py`` measures), the high-water mark reset before the
+measured step (``/proc/self/clear_refs``); fitted as measured = scale · (counted without the
+score workspace) + scale · copies · (one score block's bytes) + base, giving
+``memory_scale``, ``score_copies`` and ``memory_base_bytes`` (with a sampler, its cache's
+footprint measured apart is the base's floor).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from scipy.optimize import nnls
+
+from plexgt.distributed.collectives import Comm, CommLedger
+from plexgt.models.hgt import Rows
+from plexgt.models.registry import default_registry
+from plexgt.parallel.ga_cp import GACPAttention
+from plexgt.plan.agp import SystemModel
+from plexgt.plan.batch_cost import (
+    BatchProfile,
+    BatchShape,
+    BlockFit,
+    Fit,
+    Mesh,
+    default_profile,
+    memory_parts,
+)
+from plexgt.plan.profile import fit_linear
+
+Tensor = torch.Tensor
+SIZES = (128, 256, 512)
+"""Sequence lengths N' a block is timed at (those P_cp divides)."""
+BATCHES = (1, 2, 4)
+"""Sequences B per micro-batch a block is timed at."""
+CLIP_NORM = 1.0
+"""The loop's gradient clipping, timed with the optimizer."""
+
+
+def batch_model() -> type:
+    """The model registry's batch-layout model class (the one node-sequence model)."""
+    return next(s.reference for s in default_registry() if s.layout == "batch")
+
+
+def _fastest_time(fn: Callable[[], Any], repeats: int) -> float:
+    """The fastest of ``repeats`` calls after a warm-up: on shared cores other work only adds
+    time (this VM's load swung between 5 and 48 while the first profiles were taken, and
+    their medians priced a block 2.5x its time in a quiet step)."""
+    fn()  # warm-up: workspaces, the allocator's first touch
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(min(times))
+
+
+def _stage(shape: BatchShape, blocks: int, first: bool, last: bool, dropout: float
+           ) -> torch.nn.Module:
+    ref = batch_model()
+    return ref(in_dim=shape.features, hidden=shape.hidden, out_dim=shape.classes,
+               num_layers=max(1, blocks), heads=shape.heads, dropout=dropout,
+               ffn_mult=shape.ffn_mult, global_nodes=shape.global_nodes,
+               num_nodes=max(1, shape.nodes), node_embedding=shape.embed_dim,
+               blocks=range(blocks), embed=first, head=last)
+
+
+class _Inputs:
+    """Synthetic micro-batch of b sequences as cp member 0 of P_cp holds it."""
+
+    def __init__(self, shape: BatchShape, b: int, size: int, cp: int, seed: int = 0) -> None:
+        g = torch.Generator().manual_seed(seed)
+        n = size // cp
+        self.n, self.b = n, b
+        self.rows = Rows.full(torch.arange(b), size, shape.global_nodes).part(0, n)
+        self.codes = torch.randint(0, 4, (b, n, size), generator=g).to(torch.int8)
+        self.x = torch.randn(b, n, shape.features, generator=g)
+        self.ids = torch.randint(0, max(1, shape.nodes), (b, n), generator=g)
+        self.h = torch.randn(b, n + shape.global_nodes, shape.hidden, generator=g)
+        t = min(shape.targets, n)
+        self.targets = torch.full((b,), t, dtype=torch.int64)
+        self.labels = torch.randint(0, shape.classes, (b * t,), generator=g)
+        self.attend = GACPAttention(Comm.loopback(cp, "cp", CommLedger()))
+
+
+def _run(model: Any, inp: _Inputs, step: int, backward: bool = True) -> Any:
+    """One micro-batch through a stage: embed (first), blocks, head + loss (last); backward
+    from the loss, or from a unit gradient of the stage's output (a middle stage's)."""
+    h = model.embed_rows(inp.x, inp.ids if model.embed.table is not None else None,
+                         inp.rows, step) if model.embed is not None \
+        else inp.h.clone().requires_grad_(True)
+    h = model.run_blocks(h, inp.codes, inp.rows, step, inp.attend)
+    if model.head is not None:
+        out = F.cross_entropy(model.head_logits(h, inp.rows, inp.targets), inp.labels,
+                              reduction="sum")
+        if backward:
+            out.backward()
+        return out
+    if backward:
+        h.backward(torch.ones_like(h))
+    return h
+
+
+# -- time -------------------------------------------------------------------------------
+def block_samples(shape: BatchShape, cps: Sequence[int], dropout: float = 0.1,
+                  repeats: int = 3, sizes: Sequence[int] = SIZES,
+                  batches: Sequence[int] = BATCHES) -> list[list[float]]:
+    """[P_cp, B, N', seconds] of one block's forward + backward on cp member 0."""
+    model = _stage(shape, 1, False, False, dropout).train()
+    out = []
+    for cp in cps:
+        for size in sizes:
+            if size % cp:
+                continue
+            for b in batches:
+                inp = _Inputs(shape, b, size, cp)
+                t = _fastest_time(lambda inp=inp: _run(model, inp, 1), repeats)
+                out.append([cp, b, size, t])
+    return out
+
+
+def rel_nnls(a: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Non-negative least squares on relative error: min |a·c / t - 1|."""
+    coef, _ = nnls(a / t[:, None], np.ones_like(t))
+    return coef
+
+
+def fit_blocks(samples: list[list[float]], shape: BatchShape) -> dict[int, BlockFit]:
+    """P_cp -> :class:`BlockFit` (per call, per row, per row x column; the merges folded
+    into the per-row term at each P_cp), from :func:`block_samples`."""
+    out = {}
+    for cp in sorted({int(r[0]) for r in samples}):
+        rows = [r for r in samples if int(r[0]) == cp]
+        a = np.array([[1.0, r[1] * (r[2] // cp + shape.global_nodes),
+                       r[1] * (r[2] // cp + shape.global_nodes) * (r[2] + shape.global_nodes)]
+                      for r in rows])
+        c = rel_nnls(a, np.array([r[3] for r in rows]))
+        out[cp] = BlockFit(float(c[0]), float(c[1]), float(c[2]))
+    return out
+
+
+def edge_samples(shape: BatchShape, dropout: float = 0.1, repeats: int = 3,
+                 sizes: Sequence[int] = SIZES, batches: Sequence[int] = BATCHES
+                 ) -> dict[str, list[list[float]]]:
+    """{'embed': [B, rows, s], 'head': [B, targets, s]}: the first stage's embedding and the
+    last stage's head and loss alone, forward + backward."""
+    emb = _stage(shape, 0, True, False, dropout).train()
+    head = _stage(shape, 0, False, True, dropout).train()
+    out: dict[str, list[list[float]]] = {"embed": [], "head": []}
+    for size in sizes:
+        for b in batches:
+            inp = _Inputs(shape, b, size, 1)
+            out["embed"].append([b, size, _fastest_time(lambda i=inp: _run(emb, i, 1), repeats)])
+            t = min(shape.targets, size)
+            out["head"].append([b, t, _fastest_time(lambda i=inp: _run(head, i, 1), repeats)])
+    return out
+
+
+def fit_rows(rows: list[list[float]]) -> BlockFit:
+    """per call + b·rows·per row from [b, rows, seconds]."""
+    a = np.array([[1.0, r[0] * r[1]] for r in rows])
+    c = rel_nnls(a, np.array([r[2] for r in rows]))
+    return BlockFit(float(c[0]), float(c[1]))
+
+
+def optimizer_seconds_per_param(shape: BatchShape, repeats: int = 3, blocks: int = 4) -> float:
+    """AdamW's step with the loop's clipping over ``blocks`` blocks' parameters, per
+    parameter."""
+    model = _stage(shape, blocks, False, False, 0.0)
+    params = [p for p in model.parameters()]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    opt = torch.optim.AdamW(params, lr=1e-3)
+
+    def step() -> None:
+        torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
+        opt.step()
+
+    return _fastest_time(step, repeats) / max(1, sum(p.numel() for p in params))
+
+
+def sample_samples(sampler: Any, repeats: int = 6) -> list[list[float]]:
+    """[1, N', seconds per sequence] of ``sampler.sequence('train', 0, i)`` (a
+    :class:`~plexgt.data.node_batches.NodeBatches`), its cache warmed first."""
+    n = sampler.batch.size
+    count = max(1, sampler.sequences("train"))
+    for i in range(min(count, 4)):
+        sampler.sequence("train", 0, i)
+    times = []
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        sampler.sequence("train", 1, i % count)
+        times.append(time.perf_counter() - t0)
+    return [[1, n, float(min(times))]]
+
+
+# -- collectives -------------------------------------------------------------------------
+COMM_BYTES = (1 << 12, 1 << 16, 1 << 20, 1 << 22)
+
+
+def measure_collectives(repeats: int = 5, sizes: Sequence[int] = COMM_BYTES
+                        ) -> dict[str, Any] | None:
+    """Under an initialised world of >= 2 ranks (every rank calls it): neighbour exchanges
+    around the world's ring ([bytes, s], what a pipeline's p2p and GA-CP's ring do) and
+    all-reduces over groups of 2, 4, ... ranks ({group: [bytes, s]}), the slowest rank's
+    median; None without such a world."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return None
+    w, r = dist.get_world_size(), dist.get_rank()
+
+    def timed(fn: Callable[[], None]) -> float:
+        fn()
+        ts = []
+        for _ in range(repeats):
+            dist.barrier()
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+        t = torch.tensor([statistics.median(ts)], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    p2p = []
+    for nb in sizes:
+        x = torch.zeros(nb // 4)
+        y = torch.empty_like(x)
+
+        def exchange(x: Tensor = x, y: Tensor = y) -> None:
+            ops = [dist.P2POp(dist.isend, x, (r + 1) % w), dist.P2POp(dist.irecv, y, (r - 1) % w)]
+            for q in dist.batch_isend_irecv(ops):
+                q.wait()
+
+        p2p.append([float(nb), timed(exchange)])
+    ar: dict[str, list[list[float]]] = {}
+    g = 2
+    while g <= w:
+        groups = [dist.new_group(list(range(s, s + g))) for s in range(0, w - w % g, g)]
+        mine = groups[r // g] if r < len(groups) * g else None
+        rows = []
+        for nb in sizes:
+            x = torch.zeros(nb // 4)
+
+            def reduce(x: Tensor = x, grp: Any = mine) -> None:
+                if grp is not None:
+                    dist.all_reduce(x, group=grp)
+
+            rows.append([float(nb), timed(reduce)])
+        ar[str(g)] = rows
+        g *= 2
+    return {"p2p": p2p, "allreduce": ar}
+
+
+# -- memory ------------------------------------------------------------------------------
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+
+
+@contextlib.contextmanager
+def memory_mode() -> Iterator[None]:
+    """glibc maps every block over 128 KiB on its own and returns freed memory (the resident
+    set then counts live memory); afterwards blocks up to 32 MiB come from the heap again, as
+    a training run settles (perf/validate_plan.py's two modes)."""
+    try:
+        libc: Any = ctypes.CDLL("libc.so.6")
+    except OSError:
+        libc = None
+    if libc is not None:
+        libc.mallopt(M_MMAP_THRESHOLD, 128 << 10)
+        libc.mallopt(M_TRIM_THRESHOLD, 0)
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.mallopt(M_MMAP_THRESHOLD, 32 << 20)
+            libc.mallopt(M_TRIM_THRESHOLD, 64 << 20)
+
+
+def trim() -> None:
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def reset_peak() -> bool:
+    """Reset the resident high-water mark (False where the kernel does not let us)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak_rss() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return rss()
+
+
+def stage_peak(shape: BatchShape, mesh: Mesh, blocks: int, pos: int, dropout: float = 0.1
+               ) -> int:
+    """Peak resident bytes of one rank of a stage of ``blocks`` blocks at position ``pos``
+    (0 first, 1 middle, 2 last, 3 the only stage) in its third GPipe step (all K
+    micro-batches forward, then backward, then AdamW), above the level before it was built."""
+    b = shape.sequences // (mesh.dp * mesh.micro_batches)
+    with memory_mode():
+        trim()
+        base = rss()
+        model = _stage(shape, blocks, pos in (0, 3), pos in (2, 3), dropout).train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        inputs = [_Inputs(shape, b, shape.size, mesh.cp, seed=k)
+                  for k in range(mesh.micro_batches)]
+        peak = 0
+        for step in range(3):
+            if step == 2:
+                trim()
+                reset_peak()
+            outs = [_run(model, inp, step, backward=False) for inp in inputs]
+            for o in reversed(outs):
+                o.backward(None if o.dim() == 0 else torch.ones_like(o))
+            del outs
+            torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_NORM)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if step == 2:
+                peak = peak_rss() - base
+        del model, opt, inputs
+        trim()
+    return max(0, peak)
+
+
+MEMORY_POINTS = ((1, 1, 1, 4, 3), (1, 1, 2, 4, 3), (1, 2, 1, 4, 0), (2, 1, 1, 2, 1),
+                 (1, 1, 4, 2, 2), (1, 2, 2, 4, 3))
+"""(K, dp, cp, blocks, pos) stages whose peak fits the memory terms."""
+
+
+def memory_samples(shape: BatchShape, dropout: float = 0.1,
+                   points: Sequence[tuple[int, int, int, int, int]] = MEMORY_POINTS
+                   ) -> list[list[float]]:
+    """[K, dp, cp, blocks, pos, peak bytes] of :func:`stage_peak` at ``points`` (those the
+    shape's sequences and size allow)."""
+    out = []
+    for k, dp, cp, n, pos in points:
+        if shape.sequences % (dp * k) or shape.size % cp:
+            continue
+        mesh = Mesh(dp, 1 if pos == 3 else 2, cp, k)
+        out.append([k, dp, cp, n, pos, stage_peak(shape, mesh, n, pos, dropout)])
+    return out
+
+
+def fit_memory(samples: list[list[float]], shape: BatchShape) -> tuple[float, float, int]:
+    """(memory_scale, score_copies, base bytes): measured = scale·(counted without the score
+    workspace) + scale·copies·(one score block) + base, least squares on relative error,
+    every term >= 0 (the sampler's cache is not in these stages: the caller adds it)."""
+    a, t = [], []
+    for k, dp, cp, n, pos, peak in samples:
+        mesh = Mesh(int(dp), 1 if pos == 3 else 2, int(cp), int(k))
+        c0 = sum(memory_parts(shape, mesh, 0.0).stage(int(n), int(pos)).values())
+        c1 = sum(memory_parts(shape, mesh, 1.0).stage(int(n), int(pos)).values())
+        a.append([c0, c1 - c0, 1.0])
+        t.append(max(1.0, peak))
+    c = rel_nnls(np.array(a, dtype=np.float64), np.array(t, dtype=np.float64))
+    scale = float(c[0]) if c[0] > 0 else 1.0
+    return scale, float(c[1]) / scale, int(c[2])
+
+
+def sampler_bytes(sampler: Any, steps: int = 3) -> int:
+    """Resident bytes a fresh sampler's caches hold once warm: ``steps`` steps of sequences
+    built, above the level before (its block cache of feature and adjacency rows: ~50 MB on
+    Computers, where every block is touched within a few steps)."""
+    with memory_mode():
+        trim()
+        base = rss()
+        for i in range(steps * sampler.batch.sequences):
+            sampler.sequence("train", 0, i % max(1, sampler.sequences("train")))
+        trim()
+        return max(0, rss() - base)
+
+
+# -- the whole measurement ---------------------------------------------------------------
+def measure_batch_profile(shape: BatchShape, cps: Sequence[int] = (1, 2, 4),
+                          sysm: SystemModel | None = None, sampler: Any = None,
+                          dropout: float = 0.1, repeats: int = 5, memory: bool = True,
+                          collectives: dict[str, Any] | None = None) -> tuple[BatchProfile,
+                                                                              dict[str, Any]]:
+    """(the profile, its raw samples) of ``shape`` on this machine (module doc).
+
+    ``sysm``: the system profile's model, whose collective curves and node sharing (κ) are
+    used where nothing here measures them; ``sampler``: a fresh
+    :class:`~plexgt.data.node_batches.NodeBatches` of the run (sequence building timed and
+    its cache counted in the base; without one, the counted default); ``collectives``:
+    :func:`measure_collectives`' result, when the caller ran it under a world."""
+    base = default_profile(shape, sysm)
+    threads = torch.get_num_threads()
+    raw: dict[str, Any] = {"threads": threads}
+    with torch.random.fork_rng():
+        if memory:  # first: its caches fill as sequences are built
+            raw["sampler_bytes"] = sampler_bytes(sampler) if sampler is not None else 0
+        raw["block"] = block_samples(shape, cps, dropout, repeats)
+        raw.update(edge_samples(shape, dropout, repeats))
+        raw["optimizer_s_per_param"] = optimizer_seconds_per_param(shape, repeats)
+        if sampler is not None:
+            raw["sample"] = sample_samples(sampler)
+        if memory:
+            raw["memory"] = memory_samples(shape, dropout)
+    if collectives is not None:
+        raw["collectives"] = collectives
+    return fit_batch_profile(base, raw, shape), raw
+
+
+def fit_batch_profile(base: BatchProfile, raw: dict[str, Any], shape: BatchShape
+                      ) -> BatchProfile:
+    """``base`` (counted, or an earlier fit) with every term ``raw`` (the samples of
+    :func:`measure_batch_profile`) measures fitted in: what a stored run refits from."""
+    prof = replace(base, block=fit_blocks(raw["block"], shape), embed=fit_rows(raw["embed"]),
+                   head=fit_rows(raw["head"]),
+                   optimizer_s_per_param=float(raw["optimizer_s_per_param"]),
+                   source="measured on this host")
+    if raw.get("sample"):
+        (_, n, t), = raw["sample"]
+        prof = replace(prof, sample=BlockFit(per_row_s=t / n))
+    if raw.get("memory"):
+        scale, copies, mbase = fit_memory(raw["memory"], shape)
+        prof = replace(prof, memory_scale=scale, score_copies=copies,
+                       memory_base_bytes=mbase + int(raw.get("sampler_bytes", 0)))
+    if raw.get("collectives"):
+        prof = with_collectives(prof, raw["collectives"])
+    return prof
+
+
+def with_collectives(prof: BatchProfile, coll: dict[str, Any]) -> BatchProfile:
+    """``prof`` with :func:`measure_collectives`' curves fitted (latency + seconds per byte;
+    an exchange is both the pipeline's p2p and the ring's step)."""
+    ex = Fit(**fit_linear(coll["p2p"]))
+    ar = {int(g): Fit(**fit_linear(rows)) for g, rows in coll["allreduce"].items()}
+    return replace(prof, p2p=ex, ring=ex, allreduce=ar or prof.allreduce)

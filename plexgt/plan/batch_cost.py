@@ -33,15 +33,14 @@ Every count is written next to its constant; :class:`BatchProfile` holds what is
 :class:`~plexgt.plan.agp.SystemModel` (a machine description's or a measured system profile's
 coefficients) until a profile of the model itself exists:
 :func:`plexgt.plan.batch_profile.measure_batch_profile` measures one (``plexgt profile``
-stores it as the profile file's ``batch`` table, :func:`profile_table`; plan and train read
-it back with :func:`from_table`); perf/validate_batch_plan.py scores it against measured
-steps.
+stores it as the profile file's ``batch`` table, :mod:`plexgt.plan.batch_table`, which plan
+and train read back); perf/validate_batch_plan.py scores it against measured steps.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -583,43 +582,3 @@ def stage_memory(shape: BatchShape, prof: BatchProfile, mesh: Mesh, layers: int,
     profile's scale times :class:`MemoryParts`' sum, plus its base."""
     parts = memory_parts(shape, mesh, prof.score_copies).stage(layers, pos)
     return int(prof.memory_scale * sum(parts.values()) + prof.memory_base_bytes)
-
-
-# -- a profile file's 'batch' table ------------------------------------------------------
-SHAPE_KEYS = ("hidden", "heads", "ffn_mult", "features", "classes", "embed_dim")
-"""What a measured table's per-row terms depend on (stored beside it as ``shape``)."""
-
-
-def profile_table(prof: BatchProfile, shape: BatchShape) -> dict[str, Any]:
-    """A profile file's ``batch`` table: ``prof`` (:meth:`BatchProfile.to_dict`) and the
-    shape it was measured at."""
-    return {**prof.to_dict(), "shape": {k: getattr(shape, k) for k in SHAPE_KEYS}}
-
-
-def from_table(table: dict[str, Any], shape: BatchShape, host: Host | None = None
-               ) -> BatchProfile:
-    """The profile a ``batch`` table gives ``shape``: as stored where it was measured at
-    this width, heads, FFN and input; otherwise each per-row and per-score term scaled by
-    what :func:`default_profile` counts at ``shape`` over what it counts at the measured
-    shape (a measured rate carried to another width; per-call terms, the sampler, the
-    collectives and the memory fit kept)."""
-    prof = BatchProfile.from_dict(table, host)
-    at = table.get("shape")
-    if not at or all(at.get(k) == getattr(shape, k) for k in SHAPE_KEYS):
-        return prof
-    old = default_profile(replace(shape, **{k: int(at[k]) for k in SHAPE_KEYS if k in at}))
-    new = default_profile(shape)
-
-    def ratio(a: float, b: float) -> float:
-        return b / a if a > 0 else 1.0
-
-    def scale(f: BlockFit, a: BlockFit, b: BlockFit) -> BlockFit:
-        return BlockFit(f.per_call_s, f.per_row_s * ratio(a.per_row_s, b.per_row_s),
-                        f.per_score_s * ratio(a.per_score_s, b.per_score_s),
-                        f.per_merge_s * ratio(a.per_merge_s, b.per_merge_s))
-
-    ob, nb = old.block_fit(1), new.block_fit(1)
-    return replace(prof, block={k: scale(v, ob, nb) for k, v in prof.block.items()},
-                   embed=scale(prof.embed, old.embed, new.embed),
-                   head=scale(prof.head, old.head, new.head),
-                   source=f"{prof.source}, carried from hidden {at.get('hidden')} by counts")

@@ -47,8 +47,8 @@ import torch.nn.functional as F
 from scipy.optimize import nnls
 
 from plexgt.distributed.collectives import Comm, CommLedger
-from plexgt.models.hgt import Rows
 from plexgt.models.registry import default_registry
+from plexgt.models.sequence import Rows
 from plexgt.parallel.ga_cp import GACPAttention
 from plexgt.plan.agp import SystemModel
 from plexgt.plan.batch_cost import (

@@ -32,14 +32,9 @@ from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionStrategy, StrategyRegistry
 from plexgt.plan.agp import Estimate, SystemModel, Workload, gcn_grid_for
 from plexgt.plan.balance import Balance
-from plexgt.plan.batch_cost import (
-    BatchProfile,
-    BatchShape,
-    default_profile,
-    from_table,
-    step_seconds,
-)
+from plexgt.plan.batch_cost import BatchProfile, BatchShape, default_profile, step_seconds
 from plexgt.plan.batch_search import BatchSearch, search_batch
+from plexgt.plan.batch_table import from_table
 from plexgt.plan.plexus_cost import (
     Coefficients,
     PlexusEstimate,
@@ -380,7 +375,7 @@ def choose(sizes: GraphSizes, shape: ModelShape, world_size: int, sysm: SystemMo
     predict``'s, so it may choose fewer ranks a layer than training did).
 
     Node-sequence models are priced from ``batch_table`` (a system profile's measured
-    ``batch`` table, :func:`~plexgt.plan.batch_cost.from_table`) when there is one.
+    ``batch`` table, :func:`~plexgt.plan.batch_table.from_table`) when there is one.
 
     Raises :class:`NothingFits` (a ConfigError) when nothing fits."""
     if shape.batch is not None:

@@ -56,8 +56,9 @@ from plexgt.distributed import collectives as c
 from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.ops import native
 from plexgt.ops.attention import sampled_addmm_available
-from plexgt.plan.batch_cost import BatchShape, profile_table
+from plexgt.plan.batch_cost import BatchShape
 from plexgt.plan.batch_profile import measure_batch_profile, measure_collectives
+from plexgt.plan.batch_table import profile_table
 from plexgt.plan.kernel_samples import Sample, kernel_mix, kernel_samples
 from plexgt.plan.profile import (
     FORMAT,
@@ -355,7 +356,7 @@ BATCH_SHAPE = BatchShape(layers=4, hidden=64, heads=8, size=256, sequences=4, fe
                          classes=8, targets=64)
 """The node-sequence model the profile's ``batch`` table is measured at (no sampler: its
 cache and sequence building stay counted); a plan of another width carries its rates over
-by the counted ratios (:func:`~plexgt.plan.batch_cost.from_table`)."""
+by the counted ratios (:func:`~plexgt.plan.batch_table.from_table`)."""
 
 
 def run_profile(ctx: Any, quick: bool = False) -> dict[str, Any] | None:

@@ -54,6 +54,7 @@ story, written by hand).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -68,6 +69,7 @@ from torch._C._profiler import _EventType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from perf.harness import (
+    DATASETS_DIR,
     RESULTS_DIR,
     ROOT,
     PeakRSS,
@@ -215,6 +217,7 @@ def _memory(job: dict, over: dict, ctx) -> list[list[int]]:  # noqa: ANN001
     cfg, task, opt = _build(Path(job["data"]), job["model"], Path(job["profile"]), over, ctx)
     for i in range(WARMUP):
         _step(cfg, task, opt, i)
+    gc.collect()  # see _tensors
     with PeakRSS() as mem:
         _step(cfg, task, opt, WARMUP)
     m = task.model
@@ -257,6 +260,10 @@ def _tensors(job: dict, over: dict, ctx) -> list[list[int]]:  # noqa: ANN001
                                 ctx)
         for i in range(WARMUP):
             _step(cfg, task, opt, i)
+        # a float32 copy of the parameters from the steps before (4 B a parameter, 5.9 MB
+        # for the whole model) sometimes outlived them until Python's cycle collector ran,
+        # on a random rank: collected here so that every layout starts the step alike
+        gc.collect()
         with record_function(MEASURED):
             _step(cfg, task, opt, WARMUP)
         m = task.model
@@ -341,6 +348,9 @@ def summarize(rows: dict[str, dict]) -> dict[str, Any]:
     first stage's excess and MegaGraph's four claims, for one W."""
     for r in rows.values():
         r["median_s"] = float(statistics.median(r["step_s"]))
+        half = len(r["step_s"]) // 2  # the two passes' medians: the VM's drift between them
+        r["pass_medians_s"] = [float(statistics.median(r["step_s"][:half])),
+                               float(statistics.median(r["step_s"][half:]))]
         r["stage_bytes"] = stage_peaks(r["ranks"], r["pp"])
         r["peak_bytes"] = max(x[0] for x in r["ranks"])
         r["rss_stage_bytes"] = stage_peaks(r["rss"], r["pp"])
@@ -387,10 +397,10 @@ def summarize(rows: dict[str, dict]) -> dict[str, Any]:
             "dp_off_frontier": "dp" not in front}}
 
 
-def prep(work: Path, split: Path) -> tuple[Path, str]:
+def prep(work: Path, split: Path, datasets: Path) -> tuple[Path, str]:
     """Amazon Computers as the recipes prepare it (symmetrized, row-normalised features,
     tunedGNN's split where its file is fetched, else prep's own split)."""
-    args = ["--input", str(gnn_benchmark("computers")), "--symmetrize",
+    args = ["--input", str(gnn_benchmark("computers", datasets)), "--symmetrize",
             "--normalize-features", "row"]
     note = f"split file {split.name}"
     if split.exists():
@@ -398,6 +408,12 @@ def prep(work: Path, split: Path) -> tuple[Path, str]:
     else:
         note = f"prep's default split ({split} not fetched: data_prep/tunedgnn-splits.sh)"
     return prepared(work / "computers", args), note
+
+
+def prepared_from(data: Path) -> Any:
+    """The prepared graph's source (input, split file) as its manifest records it."""
+    with PreparedGraph(data) as pg:
+        return pg.manifest.get("source")
 
 
 def table(rows: dict[str, dict]) -> list[str]:
@@ -421,7 +437,11 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/plexgt-bench-hgt-ablation"))
     ap.add_argument("--profile", type=Path, default=PROFILE,
                     help="the system profile the planner prices with")
-    ap.add_argument("--steps", type=int, default=4, help="timed steps per pass (2 passes)")
+    ap.add_argument("--datasets", type=Path, default=DATASETS_DIR,
+                    help="where gnn-benchmark/ is (from a worktree under /work/wt: "
+                    "/work/shared/datasets)")
+    ap.add_argument("--split-file", type=Path, default=SPLIT)
+    ap.add_argument("--steps", type=int, default=6, help="timed steps per pass (2 passes)")
     ap.add_argument("--worlds", type=int, nargs="+", default=list(WORLDS))
     ap.add_argument("--quick", action="store_true", help="a smoke run: 4 layers, hidden 32, "
                     "sequences of 64, W = 2, 1 step a pass; writes hgt_ablation_quick.json")
@@ -435,10 +455,11 @@ def main() -> None:
     if args.prepared:
         data, split = args.prepared, "as prepared (--prepared)"
     else:
-        data, split = prep(args.work, SPLIT)
+        data, split = prep(args.work, args.split_file, args.datasets)
     out: dict[str, Any] = {"benchmark": "hgt_ablation", "date": today(),
                            "hardware": hardware(), "omp_threads_per_rank": 1,
                            "model": model, "data": str(data), "split": split,
+                           "prepared_from": prepared_from(data),
                            "profile": str(args.profile), "steps_per_pass": steps,
                            "worlds": {}}
     for w in worlds:

@@ -217,7 +217,7 @@ def _memory(job: dict, over: dict, ctx) -> list[list[int]]:  # noqa: ANN001
     cfg, task, opt = _build(Path(job["data"]), job["model"], Path(job["profile"]), over, ctx)
     for i in range(WARMUP):
         _step(cfg, task, opt, i)
-    gc.collect()  # see _tensors
+    gc.collect()
     with PeakRSS() as mem:
         _step(cfg, task, opt, WARMUP)
     m = task.model
@@ -228,53 +228,77 @@ def _memory(job: dict, over: dict, ctx) -> list[list[int]]:  # noqa: ANN001
 
 
 def _allocations(prof: profile) -> tuple[list[tuple[int, int]], int, tuple[int, int]]:
-    """(time ns, live bytes after it) of every CPU allocation and free the profiler saw, in
-    time order; the live bytes before the first; the (start, end) ns of the ``MEASURED``
-    region. The live bytes are c10's CPU allocator's running total of the allocations made
-    while memory profiling was on (``ProfiledCPUMemoryReporter``): every tensor storage
-    torch allocates, nothing that numpy or HDF5 holds."""
+    """The live tensor bytes after every CPU allocation and free the profiler saw, as
+    (time ns, bytes) in time order; the bytes of allocations it never saw freed; the (start,
+    end) ns of the ``MEASURED`` region.
+
+    The profiler reports each c10 CPU allocation and each free made on a thread where it
+    is on (pointer and size); the bytes are counted here from 0 at the profile's start,
+    frees matched to allocations by pointer (frees of older blocks are left out). A block
+    freed on another thread is never reported freed: gloo's worker thread sometimes drops
+    the last reference to the gradient all-reduce's flat bucket (4 B a parameter, 5.9 MB for
+    the whole model), and c10's own running total then kept it for the rest of the run (cp
+    at W = 2 measured 96.8 then 91.2 MiB). So a block still unfreed when the profile ends,
+    after the layout was deleted and collected inside it, is counted as never alive (the
+    buckets live after the backward's peak), and its bytes are returned to report."""
     raw, window = [], (0, 0)
     stack = list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         e = stack.pop()
         stack.extend(e.children)
         if e.typed[0] == _EventType.Allocation and e.typed[1].device.type == "cpu":
-            raw.append((e.start_time_ns, int(e.typed[1].total_allocated),
-                        int(e.typed[1].alloc_size)))
+            raw.append((e.start_time_ns, int(e.typed[1].ptr), int(e.typed[1].alloc_size)))
         elif e.name == MEASURED:
             window = (e.start_time_ns, e.end_time_ns)
     raw.sort()
-    base = raw[0][1] - raw[0][2] if raw else 0
-    return [(t, total) for t, total, _ in raw], base, window
+    live: dict[int, int] = {}  # ptr -> index in raw of its allocation
+    freed: set[int] = set()
+    for i, (_, ptr, size) in enumerate(raw):
+        if size > 0:
+            live[ptr] = i  # an unseen free of the block before at this address
+        elif ptr in live:
+            freed.add(live.pop(ptr))
+    lost = sum(raw[i][2] for i in live.values())
+    out, total, alive = [], 0, set()
+    for i, (t, ptr, size) in enumerate(raw):
+        if size > 0 and i in freed:
+            total += size
+            alive.add(ptr)
+        elif size < 0 and ptr in alive:
+            total += size
+            alive.discard(ptr)
+        else:
+            continue
+        out.append((t, total))
+    return out, lost, window
 
 
 def _tensors(job: dict, over: dict, ctx) -> list[list[int]]:  # noqa: ANN001
-    """[peak tensor bytes, bytes live at the step's start, stage, dp, cp] of every rank in
-    the third step of one layout: torch's profiler tracks every CPU allocation from before
-    the build (parameters, optimizer state, activations, the sampler's stacked rows), so the
-    peak is what a GPU's ``max_memory_allocated`` counts, without the sampler's numpy caches
-    and the process's libraries, which the resident set holds."""
+    """[peak tensor bytes, bytes live at the step's start, bytes never seen freed, stage, dp,
+    cp] of every rank in the third step of one layout: torch's profiler tracks every CPU
+    allocation from before the build (parameters, optimizer state, activations, the
+    sampler's stacked rows; :func:`_allocations`), so the peak is what a GPU's
+    ``max_memory_allocated`` counts, without the sampler's numpy caches and the process's
+    libraries, which the resident set holds."""
     _trim()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         cfg, task, opt = _build(Path(job["data"]), job["model"], Path(job["profile"]), over,
                                 ctx)
         for i in range(WARMUP):
             _step(cfg, task, opt, i)
-        # a float32 copy of the parameters from the steps before (4 B a parameter, 5.9 MB
-        # for the whole model) sometimes outlived them until Python's cycle collector ran,
-        # on a random rank: collected here so that every layout starts the step alike
         gc.collect()
         with record_function(MEASURED):
             _step(cfg, task, opt, WARMUP)
         m = task.model
         coords = [m.p, m.d, m.c]
-        del task, opt
-    events, base, (lo, hi) = _allocations(prof)
+        del task, opt, m
+        gc.collect()
+    events, lost, (lo, hi) = _allocations(prof)
     before = [total for t, total in events if t < lo]
-    start = (before[-1] if before else base) - base
-    peak = max([start, *(total - base for t, total in events if lo <= t <= hi)])
+    start = before[-1] if before else 0
+    peak = max([start, *(total for t, total in events if lo <= t <= hi)])
     got: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(got, [int(peak), int(start), *coords])
+    dist.all_gather_object(got, [int(peak), int(start), int(lost), *coords])
     return got
 
 
@@ -353,6 +377,7 @@ def summarize(rows: dict[str, dict]) -> dict[str, Any]:
                                float(statistics.median(r["step_s"][half:]))]
         r["stage_bytes"] = stage_peaks(r["ranks"], r["pp"])
         r["peak_bytes"] = max(x[0] for x in r["ranks"])
+        r["unseen_free_bytes"] = max(x[2] for x in r["ranks"])
         r["rss_stage_bytes"] = stage_peaks(r["rss"], r["pp"])
         r["rss_peak_bytes"] = max(x[0] for x in r["rss"])
         r["predicted_peak_bytes"] = max(r["predicted_stage_bytes"])

@@ -10,8 +10,9 @@ several layouts per W (LAYOUTS: dp, pp with even and uneven partitions, cp, K = 
 in the search's choice. One thread per rank (OMP_NUM_THREADS=1).
 
 Profile first, in the same run: one mpiexec of 4 ranks times neighbour exchanges and
-all-reduces (:func:`plexgt.plan.batch_profile.measure_collectives`), then its rank 0 measures
-each model's :class:`~plexgt.plan.batch_cost.BatchProfile`
+all-reduces (:func:`plexgt.plan.batch_profile.measure_collectives`), per model GA-CP's ring
+exchanges on a real group of 2 (:func:`~plexgt.plan.batch_profile.ring_samples`), then its
+rank 0 measures each model's :class:`~plexgt.plan.batch_cost.BatchProfile`
 (:func:`~plexgt.plan.batch_profile.measure_batch_profile`: the real block and GA-CP at
 several (B, N', P_cp), embed, head, AdamW, the sampler on Computers, the peak memory of a
 few single-process stages) while the others wait; node sharing (κ of 2 ranks) from the
@@ -75,6 +76,7 @@ from plexgt.plan.batch_profile import (
     memory_mode,
     peak_rss,
     reset_peak,
+    ring_samples,
     rss,
     trim,
     with_collectives,
@@ -192,21 +194,29 @@ def run_worker(job: dict[str, Any]) -> None:
 
 
 def profile_worker(job: dict[str, Any]) -> None:
-    """Collectives on every rank, then rank 0 measures each model's profile."""
+    """Collectives on every rank; per model, GA-CP's exchanges on a real ring of ranks 0 and
+    1 (every rank calls :func:`ring_samples`), then rank 0 measures the model's profile."""
     ctx = init_distributed("gloo", timeout_s=1800)
     coll = measure_collectives()
-    if ctx.rank == 0:
-        out = {"collectives": coll, "models": {}}
-        pg = PreparedGraph(Path(job["data"]))
-        for name in job["models"]:
-            cfg = load_config(None, {"data": job["data"], **COMMON, **MODELS[name]})
-            shape = batch_shape(graph_sizes(pg), ModelShape.of(cfg))
+    out: dict[str, Any] = {"collectives": coll, "models": {}}
+    pg = PreparedGraph(Path(job["data"]))
+    for name in job["models"]:
+        cfg = load_config(None, {"data": job["data"], **COMMON, **MODELS[name]})
+        shape = batch_shape(graph_sizes(pg), ModelShape.of(cfg))
+        ring = ring_samples(shape, cfg.model.dropout)
+        if ctx.rank == 0:
             sampler = NodeBatches(pg, cfg.batch, cfg.seed)
+            warm = NodeBatches(pg, cfg.batch, cfg.seed)
             t0 = time.perf_counter()
-            prof, raw = measure_batch_profile(shape, sampler=sampler, dropout=cfg.model.dropout)
-            out["models"][name] = {"profile": prof.to_dict(), "raw": raw,
+            prof, raw = measure_batch_profile(shape, sampler=sampler, warm_sampler=warm,
+                                              dropout=cfg.model.dropout)
+            del warm
+            out["models"][name] = {"profile": prof.to_dict(), "raw": raw, "ring": ring,
                                    "seconds": time.perf_counter() - t0}
-            print(f"profile {name}: {time.perf_counter() - t0:.1f} s", flush=True)
+            print(f"profile {name}: {time.perf_counter() - t0:.1f} s; ring exchange "
+                  f"{[round(t * 1e3, 2) for _, t in ring]} ms", flush=True)
+        dist.barrier()
+    if ctx.rank == 0:
         Path(job["out"]).write_text(json.dumps(out) + "\n")
     dist.barrier()
     shutdown(ctx)
@@ -321,8 +331,8 @@ def profiles_for(measured: dict[str, Any], model: str, data: Path, sysm: SystemM
     got = measured["models"][model]
     prof = fit_batch_profile(BatchProfile.from_dict(got["profile"], sysm.host), got["raw"],
                              shape)  # refitted: this checkout's fits of the stored samples
-    if measured.get("collectives"):
-        prof = with_collectives(prof, measured["collectives"])
+    if measured.get("collectives"):  # the ring: GA-CP's exchanges on a real group if measured
+        prof = with_collectives(prof, {**measured["collectives"], "ring": got.get("ring")})
     return cfg, shape, prof, sizes
 
 

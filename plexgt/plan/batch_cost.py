@@ -9,10 +9,13 @@ every cp rank also holding the N_s global rows (replicated, their K/V never sent
 rank of a stage, per sequence: R = N'/P_cp + N_s query rows, S = N' + N_s key columns, and
 its own key block Rk = N'/P_cp rows travels around the cp ring.
 
-Time (:func:`step_seconds`): GPipe runs K + P_pp - 1 slots, each as long as the slowest
-stage's forward + backward of one micro-batch (the bubble), then every stage group (its
-P_dp·P_cp ranks) all-reduces its gradients and steps AdamW; the step ends with the stage of
-most parameters. A stage's micro-batch time is its blocks' (each its computation at this
+Time (:func:`step_seconds`): GPipe's critical path, Σ_s t_s + (K - 1)·max_s t_s (t_s a
+stage's forward + backward of one micro-batch: the first micro-batch walks every stage, the
+other K - 1 queue behind the slowest; the bubble is the sum's excess over max_s t_s), then
+every stage group (its P_dp·P_cp ranks) all-reduces its gradients and steps AdamW; the step
+ends with the stage of most parameters. (K + P_pp - 1)·max_s t_s, the even pipeline's form,
+counts a full slot for every light stage: an uneven pp2 K2 [1,3] measured 0.45 s here and
+that form priced it 0.86 s. A stage's micro-batch time is its blocks' (each its computation at this
 P_cp from the profile's fit, plus 3·(P_cp - 1) ring exchanges of 2·B·Rk·d elements: K/V
 forward; K/V again and dK/dV backward), times the profile's piecewise-linear depth term,
 plus stage 0's embedding, the last stage's head, and one activation send each way when
@@ -535,7 +538,7 @@ class StepCost:
     slot_s: float
     """The slowest stage's micro-batch (forward + backward, p2p included)."""
     pipeline_s: float
-    """(K + P_pp - 1) slots."""
+    """GPipe's critical path: Σ_s t_s + (K - 1)·slot_s (:func:`pipeline_seconds`)."""
     tail_s: float
     """Gradient all-reduce and optimizer of the stage with most parameters."""
     stage_s: tuple[float, ...]
@@ -564,9 +567,17 @@ def step_seconds(shape: BatchShape, prof: BatchProfile, mesh: Mesh, stages: Sequ
     c = stage_costs(shape, prof, mesh)
     per = tuple(float(c.time(n, position(i, mesh.pp))) for i, n in enumerate(stages))
     params = max(int(c.params(n, position(i, mesh.pp))) for i, n in enumerate(stages))
-    slot = max(per)
-    pipe = (mesh.micro_batches + mesh.pp - 1) * slot
-    return StepCost(slot, pipe, tail_seconds(prof, shape, mesh, params), per)
+    pipe = pipeline_seconds(per, mesh.micro_batches)
+    return StepCost(max(per), pipe, tail_seconds(prof, shape, mesh, params), per)
+
+
+def pipeline_seconds(stage_s: Sequence[float], micro_batches: int) -> float:
+    """GPipe's critical path over stages of ``stage_s`` seconds a micro-batch (forward +
+    backward): Σ_s t_s + (K - 1)·max_s t_s. Per phase the first micro-batch passes every
+    stage once and each of the other K - 1 leaves the slowest one t_max after the previous;
+    summing the two phases into t_s keeps that exact where every stage's forward/backward
+    ratio is the same (blocks dominate; the edges' embed and head shift it a little)."""
+    return float(sum(stage_s)) + (micro_batches - 1) * float(max(stage_s))
 
 
 def stage_seconds(shape: BatchShape, prof: BatchProfile, mesh: Mesh, layers: int, pos: int

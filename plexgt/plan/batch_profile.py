@@ -52,6 +52,7 @@ from plexgt.models.sequence import Rows
 from plexgt.parallel.ga_cp import GACPAttention
 from plexgt.plan.agp import SystemModel
 from plexgt.plan.batch_cost import (
+    RING_MESSAGES,
     BatchProfile,
     BatchShape,
     BlockFit,
@@ -100,13 +101,16 @@ def _stage(shape: BatchShape, blocks: int, first: bool, last: bool, dropout: flo
 
 
 class _Inputs:
-    """Synthetic micro-batch of b sequences as cp member 0 of P_cp holds it."""
+    """Synthetic micro-batch of b sequences as cp member ``member`` of P_cp holds it; its
+    attention on ``comm`` (a real cp group), else on a loopback ring of P_cp."""
 
-    def __init__(self, shape: BatchShape, b: int, size: int, cp: int, seed: int = 0) -> None:
+    def __init__(self, shape: BatchShape, b: int, size: int, cp: int, seed: int = 0,
+                 comm: Comm | None = None) -> None:
         g = torch.Generator().manual_seed(seed)
         n = size // cp
         self.n, self.b = n, b
-        self.rows = Rows.full(torch.arange(b), size, shape.global_nodes).part(0, n)
+        lo = n * (comm.rank if comm is not None else 0)
+        self.rows = Rows.full(torch.arange(b), size, shape.global_nodes).part(lo, lo + n)
         self.codes = torch.randint(0, 4, (b, n, size), generator=g).to(torch.int8)
         self.x = torch.randn(b, n, shape.features, generator=g)
         self.ids = torch.randint(0, max(1, shape.nodes), (b, n), generator=g)
@@ -114,7 +118,7 @@ class _Inputs:
         t = min(shape.targets, n)
         self.targets = torch.full((b,), t, dtype=torch.int64)
         self.labels = torch.randint(0, shape.classes, (b * t,), generator=g)
-        self.attend = GACPAttention(Comm.loopback(cp, "cp", CommLedger()))
+        self.attend = GACPAttention(comm or Comm.loopback(cp, "cp", CommLedger()))
 
 
 def _run(model: Any, inp: _Inputs, step: int, backward: bool = True) -> Any:
@@ -284,6 +288,56 @@ def measure_collectives(repeats: int = 5, sizes: Sequence[int] = COMM_BYTES
     return {"p2p": p2p, "allreduce": ar}
 
 
+RING_FLOOR_S = 1e-6
+"""Least seconds an exchange is recorded at (the difference of two noisy times can go
+negative)."""
+RING_POINTS = ((1, 256), (4, 256), (4, 512))
+"""(B, N') a real cp ring of 2 is timed at (:func:`ring_samples`)."""
+
+
+def ring_samples(shape: BatchShape, dropout: float = 0.1, repeats: int = 5,
+                 points: Sequence[tuple[int, int]] = RING_POINTS) -> list[list[float]]:
+    """Under an initialised world of >= 2 ranks (every rank calls it): GA-CP's exchanges
+    on a real ring, [bytes of one exchange, seconds each]. Ranks 0 and 1 form a cp group
+    and time one block's forward + backward at each (B, N') of ``points``, once on the group
+    and once each on a loopback ring of 2 (the same computation, exchanges local copies),
+    both members at once so the cores are shared alike; the slowest member's fastest of
+    ``repeats``. An exchange costs (group - loopback) / its RING_MESSAGES exchanges: its
+    transfer and the wait for the partner's compute to reach it, which on shared cores is
+    most of it (~1-2 ms here against 0.3 ms for an idle neighbour exchange, and cp was
+    priced 10-25 % fast without it). The other ranks wait; [] outside such a world."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return []
+    grp = dist.new_group([0, 1])
+    out: list[list[float]] = []
+    if dist.get_rank() < 2:
+        comm = Comm.from_group(grp, "cp", CommLedger())
+        model = _stage(shape, 1, False, False, dropout).train()
+
+        def timed(inp: _Inputs) -> float:
+            _run(model, inp, 1)
+            ts = []
+            for _ in range(repeats):
+                dist.barrier(group=grp)
+                t0 = time.perf_counter()
+                _run(model, inp, 1)
+                ts.append(time.perf_counter() - t0)
+            t = torch.tensor([min(ts)], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX, group=grp)
+            return float(t.item())
+
+        for b, size in points:
+            if size % 2:
+                continue
+            real = timed(_Inputs(shape, b, size, 2, comm=comm))
+            loop = timed(_Inputs(shape, b, size, 2))
+            nbytes = 2 * b * (size // 2) * shape.hidden * shape.esize  # K and V, 1 block
+            out.append([float(nbytes), max(RING_FLOOR_S, (real - loop) / RING_MESSAGES)])
+    got: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(got, out)
+    return got[0]
+
+
 # -- memory ------------------------------------------------------------------------------
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 
@@ -367,22 +421,29 @@ def stage_peak(shape: BatchShape, mesh: Mesh, blocks: int, pos: int, dropout: fl
     return max(0, peak)
 
 
-MEMORY_POINTS = ((1, 1, 1, 4, 3), (1, 1, 2, 4, 3), (1, 2, 1, 4, 0), (2, 1, 1, 2, 1),
-                 (1, 1, 4, 2, 2), (1, 2, 2, 4, 3))
-"""(K, dp, cp, blocks, pos) stages whose peak fits the memory terms."""
+MEMORY_POINTS = ((1, 1, 1, 4, 3), (4, 1, 1, 4, 3), (1, 1, 2, 4, 3), (1, 2, 1, 4, 0),
+                 (2, 1, 1, 2, 1), (1, 1, 4, 2, 2), (1, 2, 2, 4, 3))
+"""(K, dp, cp, blocks, pos) stages whose peak fits the memory terms; the first two differ
+only in K, which separates the per-micro-batch workspace from what every sequence saves."""
 
 
 def memory_samples(shape: BatchShape, dropout: float = 0.1,
-                   points: Sequence[tuple[int, int, int, int, int]] = MEMORY_POINTS
-                   ) -> list[list[float]]:
-    """[K, dp, cp, blocks, pos, peak bytes] of :func:`stage_peak` at ``points`` (those the
-    shape's sequences and size allow)."""
+                   points: Sequence[tuple[int, int, int, int, int]] = MEMORY_POINTS,
+                   peak: Callable[..., int] | None = None) -> list[list[float]]:
+    """[K, dp, cp, blocks, pos, peak bytes] of :func:`stage_peak` (or ``peak``) at
+    ``points`` (those the shape's sequences and size allow), after one discarded warm-up
+    measurement: a process's first training step grows it once (autograd's and the
+    allocator's first-use state: 130 MiB for a 4-block stage measured first here, 38 MiB
+    measured again), which the run being predicted pays in its own warm-up steps, not in
+    its measured peak."""
+    peak = peak or stage_peak
+    ok = [p for p in points if not (shape.sequences % (p[1] * p[0]) or shape.size % p[2])]
     out = []
-    for k, dp, cp, n, pos in points:
-        if shape.sequences % (dp * k) or shape.size % cp:
-            continue
+    for i, (k, dp, cp, n, pos) in enumerate(ok):
         mesh = Mesh(dp, 1 if pos == 3 else 2, cp, k)
-        out.append([k, dp, cp, n, pos, stage_peak(shape, mesh, n, pos, dropout)])
+        if i == 0:
+            peak(shape, mesh, n, pos, dropout)  # warm-up, discarded
+        out.append([k, dp, cp, n, pos, peak(shape, mesh, n, pos, dropout)])
     return out
 
 
@@ -402,15 +463,24 @@ def fit_memory(samples: list[list[float]], shape: BatchShape) -> tuple[float, fl
     return scale, float(c[1]) / scale, int(c[2])
 
 
-def sampler_bytes(sampler: Any, steps: int = 3) -> int:
+def sampler_bytes(sampler: Any, steps: int = 3, warm: Any = None) -> int:
     """Resident bytes a fresh sampler's caches hold once warm: ``steps`` steps of sequences
-    built, above the level before (its block cache of feature and adjacency rows: ~50 MB on
-    Computers, where every block is touched within a few steps)."""
+    built, above the level before (its block cache of feature and adjacency rows: ~44 MiB on
+    Computers, where every block is touched within a few steps). ``warm``, a second fresh
+    sampler of the same graph, builds the same sequences first and is dropped: the process's
+    first sequences cost it once what no sampler holds (the graph's files mapped, scipy's and
+    numpy's first-use state: the first model profiled in a process measured 52 MiB, the
+    others 44, and its runs held 44)."""
+    def build(s: Any) -> None:
+        for i in range(steps * s.batch.sequences):
+            s.sequence("train", 0, i % max(1, s.sequences("train")))
+
     with memory_mode():
+        if warm is not None:
+            build(warm)
         trim()
         base = rss()
-        for i in range(steps * sampler.batch.sequences):
-            sampler.sequence("train", 0, i % max(1, sampler.sequences("train")))
+        build(sampler)
         trim()
         return max(0, rss() - base)
 
@@ -419,21 +489,24 @@ def sampler_bytes(sampler: Any, steps: int = 3) -> int:
 def measure_batch_profile(shape: BatchShape, cps: Sequence[int] = (1, 2, 4),
                           sysm: SystemModel | None = None, sampler: Any = None,
                           dropout: float = 0.1, repeats: int = 5, memory: bool = True,
-                          collectives: dict[str, Any] | None = None) -> tuple[BatchProfile,
-                                                                              dict[str, Any]]:
+                          collectives: dict[str, Any] | None = None, warm_sampler: Any = None
+                          ) -> tuple[BatchProfile, dict[str, Any]]:
     """(the profile, its raw samples) of ``shape`` on this machine (module doc).
 
     ``sysm``: the system profile's model, whose collective curves and node sharing (κ) are
     used where nothing here measures them; ``sampler``: a fresh
     :class:`~plexgt.data.node_batches.NodeBatches` of the run (sequence building timed and
-    its cache counted in the base; without one, the counted default); ``collectives``:
+    its cache counted in the base; without one, the counted default), ``warm_sampler`` a
+    second one of the same graph that warms the process first (:func:`sampler_bytes`);
+    ``collectives``:
     :func:`measure_collectives`' result, when the caller ran it under a world."""
     base = default_profile(shape, sysm)
     threads = torch.get_num_threads()
     raw: dict[str, Any] = {"threads": threads}
     with torch.random.fork_rng():
         if memory:  # first: its caches fill as sequences are built
-            raw["sampler_bytes"] = sampler_bytes(sampler) if sampler is not None else 0
+            raw["sampler_bytes"] = sampler_bytes(sampler, warm=warm_sampler) \
+                if sampler is not None else 0
         raw["block"] = block_samples(shape, cps, dropout, repeats)
         raw.update(edge_samples(shape, dropout, repeats))
         raw["optimizer_s_per_param"] = optimizer_seconds_per_param(shape, repeats)
@@ -467,8 +540,10 @@ def fit_batch_profile(base: BatchProfile, raw: dict[str, Any], shape: BatchShape
 
 
 def with_collectives(prof: BatchProfile, coll: dict[str, Any]) -> BatchProfile:
-    """``prof`` with :func:`measure_collectives`' curves fitted (latency + seconds per byte;
-    an exchange is both the pipeline's p2p and the ring's step)."""
+    """``prof`` with :func:`measure_collectives`' curves fitted (latency + seconds per byte):
+    a neighbour exchange is the pipeline's p2p, and the cp ring's step too unless ``coll``
+    has ``ring``, :func:`ring_samples`' exchanges measured inside GA-CP on a real group."""
     ex = Fit(**fit_linear(coll["p2p"]))
+    ring = Fit(**fit_linear(coll["ring"])) if coll.get("ring") else ex
     ar = {int(g): Fit(**fit_linear(rows)) for g, rows in coll["allreduce"].items()}
-    return replace(prof, p2p=ex, ring=ex, allreduce=ar or prof.allreduce)
+    return replace(prof, p2p=ex, ring=ring, allreduce=ar or prof.allreduce)

@@ -5,25 +5,32 @@ Over every mesh with P_dp·P_pp·P_cp = W (P_dp | G, P_cp | N', P_pp <= L), ever
 replica's G/P_dp sequences, and every contiguous partition of the L blocks into P_pp stages
 of at least one block — C(L-1, P_pp-1) of them, 1,771 at L = 24, P_pp = 4, and ~10^8 at
 L = 32, P_pp = 8 — so partitions are never enumerated. For one mesh the step is
-(:func:`~plexgt.plan.batch_cost.step_seconds`)
+(:func:`~plexgt.plan.batch_cost.step_seconds`, GPipe's critical path)
 
-    (K + P_pp - 1) · max_s t_s  +  tail(max_s params_s)
+    Σ_s t_s  +  (K - 1) · max_s t_s  +  tail(max_s params_s)
 
 with t_s, params_s and the stage's memory m_s functions of its blocks [a, b) and its position.
-Two maxima: a dynamic programme over (blocks consumed, stages used) that keeps, per state,
-the least possible max_s t_s over the stages so far, with every segment whose memory exceeds
-the limit pruned, finds the first term's minimum; the tail is handled by a cap c on the
-parameters any stage may hold (segments above it pruned too): the optimum's own max_s params_s
-is one of the finitely many segment parameter counts, and at that cap the programme finds a
-partition at least as fast, so min over caps of (K + P_pp - 1)·T(c) + tail(c) is the exact
-optimum. Caps are tried from the largest down and the loop stops once (K + P_pp - 1)·T(c) +
-tail(smallest cap) cannot beat the best so far (T only grows as the cap falls), so in
-practice one or two programmes run per mesh. Among partitions of equal step time the one of
-least peak memory is returned (a second programme: min max m_s subject to t_s <= T*).
+Two maxima, each handled by a cap over the finitely many values it can take, so the search
+is exact:
 
-Each programme is P_pp vectorised (L+1) x (L+1) min-max steps (numpy), so the whole search
-is O(meshes · K choices · P_pp · L²): W = 64, L = 32 in well under a second
-(perf/bench_hgt_search.py).
+* the pipeline term: for a cap T on every stage's time, a dynamic programme over (blocks
+  consumed, stages used) finds the least Σ_s t_s over the partitions whose stages all take
+  <= T (and fit the memory limit); the optimum's own max_s t_s is one of the segment times,
+  and at that cap the programme finds a partition at least as fast, so
+  min over T of (K - 1)·T + minsum(T) is the pipeline's exact minimum. Every cap is one
+  slice of a single vectorised programme (caps x L x L numpy arrays); K = 1 needs only
+  T = inf;
+* the tail: a cap c on the parameters any stage may hold (segments above it pruned), caps
+  tried from the largest down; the pipeline's minimum only grows as the cap falls, so the
+  loop stops once it plus tail(smallest cap) cannot beat the best so far — in practice one
+  or two programmes per mesh.
+
+Among partitions of equal step time the one of least peak memory is returned: the least
+memory cap (a binary search over the segments' memory values) at which the same step time is
+still reached. A mesh's leanest partition (least max_s m_s) is a min-max programme.
+
+The programmes are O(caps · P_pp · L²) numpy work a mesh: W = 64, L = 32 in well under a
+second (perf/bench_hgt_search.py).
 
 The frontier (time against peak memory per rank) is over every mesh's fastest partition and
 its leanest one (least peak memory, fastest among those): the configurations no other beats
@@ -48,6 +55,7 @@ from plexgt.plan.batch_cost import (
     StageCosts,
     check_mesh,
     check_stages,
+    pipeline_seconds,
     position,
     stage_costs,
     tail_seconds,
@@ -195,51 +203,141 @@ def minmax_partition(cost: np.ndarray, pp: int, layers: int
     return v, tuple(b - a for a, b in zip(cuts, cuts[1:]))
 
 
-def _stage_terms(tab: Tables, stages: Sequence[int]) -> tuple[float, float, tuple[int, ...]]:
+def minsum_partition(cost: np.ndarray, pp: int, layers: int, caps: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """For every cap T in ``caps`` [nT]: the least sum over stages of ``cost[pos, n]`` (inf =
+    segment not allowed) over the partitions of ``layers`` blocks into ``pp`` stages of >= 1
+    block whose every stage costs <= T. Returns (sums [nT], the last stage's start [nT], the
+    middle stages' back-pointers [pp - 2 arrays of nT x (L+1)]) for :func:`_cuts`.
+    best[s][j] = min over a < j of best[s-1][a] + cost of blocks a..j-1 at stage s's
+    position, every cap one slice of the same arrays."""
+    n_t, n = len(caps), layers + 1
+    c = np.where(cost[None] <= caps[:, None, None], cost[None], INF)  # [nT, 4, L+1]
+    if pp == 1:
+        return c[:, 3, layers], np.zeros(n_t, dtype=np.int64), []
+    best = c[:, 0, :].copy()
+    best[:, 0] = INF  # the first stage needs a block
+    args: list[np.ndarray] = []
+    if pp > 2:
+        idx = np.arange(n)
+        span = idx[None, :] - idx[:, None]
+        ok = span >= 1
+        mid = np.full((n_t, n, n), INF)
+        mid[:, ok] = c[:, 1, span[ok]]
+        for _ in range(pp - 2):
+            cand = best[:, :, None] + mid
+            arg = np.argmin(cand, axis=1)  # [nT, L+1]
+            best = np.take_along_axis(cand, arg[:, None, :], axis=1)[:, 0, :]
+            args.append(arg)
+    tail = c[:, 2, layers - np.arange(n)]
+    tail[:, layers] = INF  # the last stage needs a block
+    final = best + tail
+    last = np.argmin(final, axis=1)
+    return final[np.arange(n_t), last], last, args
+
+
+def _cuts(layers: int, last: int, args: Sequence[np.ndarray], i: int) -> tuple[int, ...]:
+    """The partition (blocks per stage) of cap ``i`` from :func:`minsum_partition`'s
+    back-pointers."""
+    if not args and last == 0:
+        return (layers,)
+    cuts = [layers, last]
+    a = last
+    for arg in reversed(args):
+        a = int(arg[i, a])
+        cuts.append(a)
+    cuts.append(0)
+    cuts.reverse()
+    return tuple(b - a for a, b in zip(cuts, cuts[1:]))
+
+
+def pipeline_partition(cost: np.ndarray, pp: int, micro_batches: int, layers: int
+                       ) -> tuple[float, tuple[int, ...] | None]:
+    """The least Σ_s t_s + (K - 1)·max_s t_s over the partitions (``cost[pos, n]`` = t, inf
+    = not allowed) and one reaching it (None when none is allowed): min over the caps T
+    (every finite segment time, or inf alone at K = 1) of (K - 1)·T + minsum(T)."""
+    rows = [3] if pp == 1 else [0, 2] if pp == 2 else [0, 1, 2]
+    if micro_batches == 1:
+        caps = np.array([INF])
+    else:
+        vals = cost[rows].ravel()
+        caps = np.unique(vals[np.isfinite(vals)])
+        if not len(caps):
+            return INF, None
+    sums, last, args = minsum_partition(cost, pp, layers, caps)
+    obj = sums if micro_batches == 1 else sums + (micro_batches - 1) * caps
+    i = int(np.argmin(obj))
+    if not np.isfinite(obj[i]):
+        return INF, None
+    stages = _cuts(layers, int(last[i]), args, i)
+    per = [float(cost[position(j, pp), m]) for j, m in enumerate(stages)]
+    return pipeline_seconds(per, micro_batches), stages
+
+
+def _stage_terms(tab: Tables, stages: Sequence[int], micro_batches: int
+                 ) -> tuple[float, float, tuple[int, ...]]:
+    """(pipeline seconds, the most parameters a stage holds, every stage's bytes)."""
     pp = len(stages)
     pos = [position(i, pp) for i in range(pp)]
-    return (max(float(tab.t[q, n]) for q, n in zip(pos, stages)),
+    return (pipeline_seconds([float(tab.t[q, n]) for q, n in zip(pos, stages)],
+                             micro_batches),
             max(float(tab.p[q, n]) for q, n in zip(pos, stages)),
             tuple(int(tab.m[q, n]) for q, n in zip(pos, stages)))
+
+
+def _fastest(shape: BatchShape, prof: BatchProfile, mesh: Mesh, tab: Tables,
+             fits: np.ndarray) -> tuple[tuple[float, tuple[int, ...]] | None, int]:
+    """((step seconds, partition) of the fastest partition using only the ``fits``
+    segments, or None; programmes run): the parameter-cap loop of the module doc."""
+    layers, pp, k = shape.layers, mesh.pp, mesh.micro_batches
+    caps = np.unique(tab.p[fits])
+    if not len(caps):
+        return None, 0
+    low_tail = tail_seconds(prof, shape, mesh, float(caps[0]))
+    best: tuple[float, tuple[int, ...]] | None = None
+    runs = 0
+    i = len(caps) - 1
+    while i >= 0:
+        allowed = fits & (tab.p <= caps[i])
+        pipe, stages = pipeline_partition(np.where(allowed, tab.t, INF), pp, k, layers)
+        runs += 1
+        if stages is None or (best is not None and pipe + low_tail >= best[0]):
+            break
+        pipe, pmax, _ = _stage_terms(tab, stages, k)
+        step = pipe + tail_seconds(prof, shape, mesh, pmax)
+        if best is None or step < best[0]:
+            best = (step, stages)
+        i = int(np.searchsorted(caps, pmax)) - 1  # caps between pmax and caps[i]: the same
+    return best, runs
+
+
+TIE = 1e-12
+"""Relative step-time difference below which two partitions tie (least memory wins)."""
 
 
 def best_partition(shape: BatchShape, prof: BatchProfile, mesh: Mesh, limit: float,
                    tab: Tables | None = None) -> tuple[BatchCandidate | None, int]:
     """The fastest partition of ``mesh`` with every stage's memory <= ``limit`` (ties: least
     peak memory), exact (see the module doc); and the programmes it ran."""
-    layers, pp = shape.layers, mesh.pp
-    tab = tab or Tables.of(stage_costs(shape, prof, mesh), layers)
-    slots = mesh.micro_batches + pp - 1
+    tab = tab or Tables.of(stage_costs(shape, prof, mesh), shape.layers)
     fits = tab.m <= limit
-    caps = np.unique(tab.p[fits])
-    if not len(caps):
-        return None, 0
-    low_tail = tail_seconds(prof, shape, mesh, float(caps[0]))
-    best: tuple[float, float, tuple[int, ...]] | None = None  # (step, cap, stages)
-    runs = 0
-    i = len(caps) - 1
-    while i >= 0:
-        allowed = fits & (tab.p <= caps[i])
-        v, stages = minmax_partition(np.where(allowed, tab.t, INF), pp, layers)
-        runs += 1
-        if stages is None or (best is not None and slots * v + low_tail >= best[0]):
-            break
-        _, pmax, _ = _stage_terms(tab, stages)
-        step = slots * v + tail_seconds(prof, shape, mesh, pmax)
-        if best is None or step < best[0]:
-            best = (step, pmax, stages)
-        i = int(np.searchsorted(caps, pmax)) - 1  # caps between pmax and caps[i]: the same
-    if best is None:
+    found, runs = _fastest(shape, prof, mesh, tab, fits)
+    if found is None:
         return None, runs
-    step, pmax, stages = best
-    # least peak memory among the partitions as fast: segments as fast as the slowest stage
-    tmax = max(float(tab.t[position(j, pp), n]) for j, n in enumerate(stages))
-    ok = fits & (tab.p <= pmax) & (tab.t <= tmax * (1 + 1e-12))
-    _, lean = minmax_partition(np.where(ok, tab.m, INF), pp, layers)
-    runs += 1
-    stages = lean or stages
-    _, _, mem = _stage_terms(tab, stages)
-    return BatchCandidate(mesh.dp, pp, mesh.cp, mesh.micro_batches, stages, step, mem), runs
+    step, stages = found
+    # least peak memory among the partitions as fast: the least memory cap still reaching it
+    peak = max(_stage_terms(tab, stages, mesh.micro_batches)[2])
+    mcaps = np.unique(tab.m[fits & (tab.m < peak)])
+    lo, hi = 0, len(mcaps)  # mcaps[hi:] (and the peak itself) reach the step
+    while lo < hi:
+        mid = (lo + hi) // 2
+        got, r = _fastest(shape, prof, mesh, tab, fits & (tab.m <= mcaps[mid]))
+        runs += r
+        if got is not None and got[0] <= step * (1 + TIE):
+            hi, stages = mid, got[1]
+        else:
+            lo = mid + 1
+    return price(shape, prof, mesh, stages, tab), runs
 
 
 def leanest_partition(shape: BatchShape, prof: BatchProfile, mesh: Mesh, limit: float,
@@ -260,8 +358,8 @@ def price(shape: BatchShape, prof: BatchProfile, mesh: Mesh, stages: Sequence[in
     check_mesh(shape, mesh)
     check_stages(shape, stages)
     tab = tab or Tables.of(stage_costs(shape, prof, mesh), shape.layers)
-    tmax, pmax, mem = _stage_terms(tab, stages)
-    step = (mesh.micro_batches + mesh.pp - 1) * tmax + tail_seconds(prof, shape, mesh, pmax)
+    pipe, pmax, mem = _stage_terms(tab, stages, mesh.micro_batches)
+    step = pipe + tail_seconds(prof, shape, mesh, pmax)
     return BatchCandidate(mesh.dp, mesh.pp, mesh.cp, mesh.micro_batches, tuple(stages), step,
                         mem)
 
@@ -282,8 +380,8 @@ def enumerate_partitions(shape: BatchShape, prof: BatchProfile, mesh: Mesh, limi
         c = price(shape, prof, mesh, st, tab)
         if c.peak_bytes > limit:
             continue
-        if best is None or c.step_s < best.step_s * (1 - 1e-12) or (
-                c.step_s <= best.step_s * (1 + 1e-12) and c.peak_bytes < best.peak_bytes):
+        if best is None or c.step_s < best.step_s * (1 - TIE) or (
+                c.step_s <= best.step_s * (1 + TIE) and c.peak_bytes < best.peak_bytes):
             best = c
     return best
 

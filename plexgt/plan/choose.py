@@ -476,8 +476,8 @@ def step_cost_parts(bs: BatchShape, prof: BatchProfile, c: Any) -> tuple[tuple[s
     optimizer after it)."""
     sc = step_seconds(bs, prof, c.mesh, c.stages)
     k, pp = c.micro_batches, c.pp
-    return ((f"pipeline: ({k} micro-batches + {pp} - 1 stages) x the slowest stage's "
-             f"micro-batch {sc.slot_s:.4g} s (its ring exchanges and p2p included)",
+    return ((f"pipeline: the {pp} stages' micro-batch times summed + ({k} - 1 micro-batches) "
+             f"x the slowest stage's {sc.slot_s:.4g} s (ring exchanges and p2p included)",
              sc.pipeline_s),
             ("building the replica's sequences, the gradient all-reduce over the stage group "
              "and the optimizer", sc.tail_s))

@@ -11,7 +11,14 @@ import numpy as np
 import pytest
 
 from plexgt.plan.batch_cost import BatchShape, BlockFit, default_profile
-from plexgt.plan.batch_profile import fit_blocks, fit_rows, measure_batch_profile
+from plexgt.plan.batch_profile import (
+    fit_blocks,
+    fit_rows,
+    measure_batch_profile,
+    memory_samples,
+    sampler_bytes,
+    with_collectives,
+)
 from plexgt.plan.batch_table import from_table, profile_table
 
 SHAPE = BatchShape(layers=2, hidden=16, heads=2, size=16, sequences=2, features=8,
@@ -58,3 +65,68 @@ def test_a_measured_profile_prices_every_cp_and_reads_back_from_its_table():
     assert got.block_fit(1).per_row_s == pytest.approx(m.per_row_s * b.per_row_s / a.per_row_s)
     assert "carried from hidden 16" in got.source
     assert np.isfinite(got.block_fit(2).per_row_s)
+
+
+def test_memory_samples_discard_the_processs_first_measurement():
+    """A process's first training step grows it once (measured here: 130 MiB for a stage
+    measured first, 38 MiB measured again); the predicted runs pay that in their warm-up,
+    so the first measurement is thrown away (without it, the fit took the inflated one)."""
+    calls = []
+
+    def peak(shape, mesh, n, pos, dropout):
+        calls.append((mesh, n, pos))
+        return 100 if len(calls) == 1 else 10
+
+    got = memory_samples(SHAPE, peak=peak, points=((1, 1, 1, 2, 3), (2, 1, 1, 2, 3)))
+    assert [r[-1] for r in got] == [10, 10]
+    assert len(calls) == 3 and calls[0] == calls[1]
+
+
+class _Sampler:
+    """Builds a sequence by touching its own 4 MiB cache; the first sequence any instance
+    builds in the process also fills 24 MiB of process-wide state, as the real sampler's
+    first use maps the graph's files and numpy's/scipy's first-use state."""
+
+    shared: list = []
+
+    def __init__(self) -> None:
+        self.batch = SHAPE_BATCH
+        self.cache: list = []
+
+    def sequences(self, split: str) -> int:
+        return 8
+
+    def sequence(self, split: str, epoch: int, index: int) -> None:
+        if not _Sampler.shared:
+            _Sampler.shared.append(np.ones(24 << 18, dtype=np.float32))
+        if not self.cache:
+            self.cache.append(np.ones(4 << 18, dtype=np.float32))
+
+
+class _Batch:
+    sequences = 2
+
+
+SHAPE_BATCH = _Batch()
+
+
+def test_sampler_bytes_count_the_cache_not_the_processs_first_use():
+    _Sampler.shared.clear()
+    warm = sampler_bytes(_Sampler(), warm=_Sampler())
+    assert 3 << 20 < warm < 8 << 20  # the cache's 4 MiB (and the allocator's rounding)
+    _Sampler.shared.clear()
+    cold = sampler_bytes(_Sampler())
+    assert cold > 26 << 20  # without a warm-up, the 24 MiB of first use counted too
+
+
+def test_the_ring_is_priced_from_gacps_exchanges_when_measured():
+    coll = {"p2p": [[4096.0, 3e-4], [1 << 20, 3e-3]],
+            "allreduce": {"2": [[4096.0, 4e-4], [1 << 20, 3e-3]]}}
+    prof = default_profile(SHAPE)
+    plain = with_collectives(prof, coll)
+    assert plain.ring == plain.p2p
+    ring = [[65536.0, 1.5e-3], [262144.0, 2.0e-3], [524288.0, 2.5e-3]]
+    got = with_collectives(prof, {**coll, "ring": ring})
+    assert got.p2p == plain.p2p
+    assert got.ring.time(262144) == pytest.approx(2.0e-3, rel=0.05)
+    assert got.ring.time(262144) > 3 * plain.ring.time(262144) / 2

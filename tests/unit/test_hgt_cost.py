@@ -90,13 +90,15 @@ def _unit_profile(**kw) -> BatchProfile:
                       optimizer_s_per_param=0.0, **kw)
 
 
-def test_step_is_the_bubbled_slowest_stage_plus_the_tail():
+def test_step_is_gpipes_critical_path_plus_the_tail():
     prof = _unit_profile()
     mesh = Mesh(dp=2, pp=2, cp=1, micro_batches=2)
     c = step_seconds(SMALL, prof, mesh, (1, 3))
     # stage 0: 1 block + embed + 2 sends; stage 1: 3 blocks + head + 2 sends
     assert c.stage_s == pytest.approx((1 + 0.3 + 0.02, 3 + 0.2 + 0.02))
-    assert c.pipeline_s == pytest.approx((2 + 2 - 1) * 3.22)
+    # GPipe's critical path: both stages once, then K - 1 = 1 more of the slowest (the
+    # (K + P_pp - 1) x slowest form priced 3 x 3.22 = 9.66 s)
+    assert c.pipeline_s == pytest.approx(1.32 + 3.22 + (2 - 1) * 3.22)
     assert c.tail_s == pytest.approx(0.1)  # the stage group's all-reduce over dp·cp = 2
     # at cp = 2 the per-cp fit and 3 ring exchanges per block
     c2 = step_seconds(SMALL, prof, Mesh(1, 1, 2, 1), (4,))

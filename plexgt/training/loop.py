@@ -236,7 +236,7 @@ def step(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int,
     reset_peak_memory(device)
     synchronize(device)
     t0 = time.perf_counter()
-    if task.train_step is not None and task.steps is not None:
+    if getattr(task, "train_step", None) is not None and task.steps is not None:
         loss = _batch_steps(cfg, task, opt, epoch, device)
     else:
         opt.zero_grad(set_to_none=True)
@@ -313,7 +313,7 @@ def epoch_row(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.O
     if (epoch + 1) % cfg.eval_every == 0 or epoch + 1 == cfg.epochs:
         task.model.eval()
         with torch.no_grad(), autocast(task, ctx.device):
-            if task.evaluate is not None:  # a batch-trained model evaluates in batches
+            if getattr(task, "evaluate", None) is not None:  # batch-trained: in batches
                 acc, scores = task.evaluate(), None
             else:
                 out = task.model(task.inputs)

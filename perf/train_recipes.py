@@ -59,6 +59,8 @@ def prep_args(recipe: dict[str, Any], out: Path, datasets: Path) -> list[str]:
             "--normalize-features", recipe.get("normalize_features", "none")]
     if recipe.get("symmetrize"):
         args.append("--symmetrize")
+    if "sparse_features" in recipe:
+        args += ["--sparse-features", recipe["sparse_features"]]
     return args
 
 

@@ -28,6 +28,20 @@ def test_the_directory_holds_the_recipes():
     names = {p.name for p in CONFIGS}
     assert {"general-gcn.toml", "general-gt.toml", "general-gps.toml"} <= names
     assert {f"tunedgnn-gcn-{d}.toml" for d in ("computers", "photo", "cs", "physics")} <= names
+    assert {"hgt-computers.toml", "hgt-cs.toml"} <= names
+
+
+@pytest.mark.parametrize("path", [p for p in CONFIGS if p.name.startswith("hgt-")],
+                         ids=lambda p: p.name)
+def test_hgt_recipes_name_their_data_and_split_and_train_hgt(path):
+    # perf/train_hgt.py preps each from its recipe table: what the prep line says
+    r, cfg = read_recipe(path), load_config(path)
+    assert cfg.model.name == "hgt" and cfg.parallel.dp == cfg.parallel.pp == "1"
+    assert Path(r["split_file"]).name in FETCHED and r["split_file"] in r["prep"]
+    assert r["gnn_benchmark_file"] in r["prep"]
+    assert f"--normalize-features {r['normalize_features']}" in r["prep"]
+    assert ("--sparse-features no" in r["prep"]) == (r.get("sparse_features") == "no")
+    assert r["seeds"] == [cfg.seed] and r["runs"] == 1
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
@@ -36,7 +50,7 @@ def test_every_recipe_loads_and_validates(path):
     assert cfg.data == ""  # the user names the prepared directory
     tree = tomllib.loads(path.read_text())
     # every key the file sets is what the loaded config holds (none dropped or renamed)
-    for table in ("model", "optim"):
+    for table in ("model", "optim", "batch"):
         for k, v in tree.get(table, {}).items():
             assert getattr(getattr(cfg, table), k) == v, f"{table}.{k}"
     assert "recipe" in tree and read_recipe(path) == tree["recipe"]

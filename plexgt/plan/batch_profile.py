@@ -338,6 +338,48 @@ def ring_samples(shape: BatchShape, dropout: float = 0.1, repeats: int = 5,
     return got[0]
 
 
+def contention_samples(shape: BatchShape, dropout: float = 0.1, repeats: int = 3,
+                       calls: int = 3, ranks: Sequence[int] = (2, 4),
+                       points: Sequence[tuple[int, int]] | None = None
+                       ) -> dict[int, float]:
+    """Under an initialised world (every rank calls it): {p: κ(p)} for each p of ``ranks``
+    the world holds. κ(p): ``calls`` block forward + backwards (P_cp = 1) at each (B, N') of
+    ``points`` (default B = 1 and all the step's sequences, at the model's N') run by ranks
+    0..p-1 at once, the slowest's time, over the same run by rank 0 alone (fastest of
+    ``repeats`` each; the other ranks wait in a barrier, asleep as a bubble's stage is).
+    It is the node-sharing slowdown under *this* run's load, measured beside the profile it
+    multiplies: the host's cached quick calibration gave κ(2) = 1.87 under another load
+    where the steps ran at ~1.4, and priced W = 2 35 % slow. {} outside a world of >= 2."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return {}
+    model = _stage(shape, 1, False, False, dropout).train()
+    points = points or ((1, shape.size), (shape.sequences, shape.size))
+    inputs = [_Inputs(shape, b, size, 1) for b, size in points]
+    me = dist.get_rank()
+
+    def timed(p: int) -> float:
+        total = 0.0
+        for inp in inputs:
+            if me < p:
+                _run(model, inp, 1)  # warm-up
+            best = float("inf")
+            for _ in range(repeats):
+                dist.barrier()
+                t0 = time.perf_counter()
+                if me < p:
+                    for _ in range(calls):
+                        _run(model, inp, 1)
+                t = torch.tensor([time.perf_counter() - t0 if me < p else 0.0],
+                                 dtype=torch.float64)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                best = min(best, float(t.item()))
+            total += best
+        return total
+
+    alone = timed(1)
+    return {p: timed(p) / alone for p in ranks if p <= dist.get_world_size()}
+
+
 # -- memory ------------------------------------------------------------------------------
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 
@@ -489,7 +531,8 @@ def sampler_bytes(sampler: Any, steps: int = 3, warm: Any = None) -> int:
 def measure_batch_profile(shape: BatchShape, cps: Sequence[int] = (1, 2, 4),
                           sysm: SystemModel | None = None, sampler: Any = None,
                           dropout: float = 0.1, repeats: int = 5, memory: bool = True,
-                          collectives: dict[str, Any] | None = None, warm_sampler: Any = None
+                          collectives: dict[str, Any] | None = None, warm_sampler: Any = None,
+                          contention: dict[int, float] | None = None
                           ) -> tuple[BatchProfile, dict[str, Any]]:
     """(the profile, its raw samples) of ``shape`` on this machine (module doc).
 
@@ -499,7 +542,8 @@ def measure_batch_profile(shape: BatchShape, cps: Sequence[int] = (1, 2, 4),
     its cache counted in the base; without one, the counted default), ``warm_sampler`` a
     second one of the same graph that warms the process first (:func:`sampler_bytes`);
     ``collectives``:
-    :func:`measure_collectives`' result, when the caller ran it under a world."""
+    :func:`measure_collectives`' result, and ``contention``
+    :func:`contention_samples`', when the caller ran them under a world."""
     base = default_profile(shape, sysm)
     threads = torch.get_num_threads()
     raw: dict[str, Any] = {"threads": threads}
@@ -516,6 +560,8 @@ def measure_batch_profile(shape: BatchShape, cps: Sequence[int] = (1, 2, 4),
             raw["memory"] = memory_samples(shape, dropout)
     if collectives is not None:
         raw["collectives"] = collectives
+    if contention:
+        raw["contention"] = {str(p): k for p, k in contention.items()}
     return fit_batch_profile(base, raw, shape), raw
 
 
@@ -536,6 +582,9 @@ def fit_batch_profile(base: BatchProfile, raw: dict[str, Any], shape: BatchShape
                        memory_base_bytes=mbase + int(raw.get("sampler_bytes", 0)))
     if raw.get("collectives"):
         prof = with_collectives(prof, raw["collectives"])
+    if raw.get("contention"):  # measured in this run (contention_samples): replaces the host's
+        prof = replace(prof, contention={int(p): float(k)
+                                         for p, k in raw["contention"].items()})
     return prof
 
 

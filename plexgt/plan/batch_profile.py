@@ -338,46 +338,55 @@ def ring_samples(shape: BatchShape, dropout: float = 0.1, repeats: int = 5,
     return got[0]
 
 
-def contention_samples(shape: BatchShape, dropout: float = 0.1, repeats: int = 3,
-                       calls: int = 3, ranks: Sequence[int] = (2, 4),
-                       points: Sequence[tuple[int, int]] | None = None
-                       ) -> dict[int, float]:
+CONTENTION_S = 0.15
+"""Seconds a contention sample lasts alone: past a scheduler slice, so p ranks time-share."""
+
+
+def contention_samples(shape: BatchShape, dropout: float = 0.1, repeats: int = 7,
+                       ranks: Sequence[int] = (2, 4), points: Sequence[tuple[int, int]]
+                       | None = None, seconds: float = CONTENTION_S) -> dict[int, float]:
     """Under an initialised world (every rank calls it): {p: κ(p)} for each p of ``ranks``
-    the world holds. κ(p): ``calls`` block forward + backwards (P_cp = 1) at each (B, N') of
-    ``points`` (default B = 1 and all the step's sequences, at the model's N') run by ranks
-    0..p-1 at once, the slowest's time, over the same run by rank 0 alone (fastest of
-    ``repeats`` each; the other ranks wait in a barrier, asleep as a bubble's stage is).
-    It is the node-sharing slowdown under *this* run's load, measured beside the profile it
-    multiplies: the host's cached quick calibration gave κ(2) = 1.87 under another load
-    where the steps ran at ~1.4, and priced W = 2 35 % slow. {} outside a world of >= 2."""
+    the world holds. A sample: block forward + backwards (P_cp = 1) at each (B, N') of
+    ``points`` (default B = 1 and all the step's sequences, at the model's N'), repeated to
+    last ``seconds`` alone, run by ranks 0..p-1 at once (the slowest's time; the other ranks
+    wait in a barrier, asleep as a bubble's stage is). The sizes 1, 2, 4 are sampled in
+    turn ``repeats`` times, and κ(p) is the median over the rounds of the p-rank time over
+    the alone time of the same round: adjacent samples see the same outside load (fastest
+    of 3 per size apart gave κ(2) = 1.09, 1.98, 2.69 for three models in a row here). It is
+    the node sharing under *this* run's load (the quick calibration's cached κ(2) = 1.87,
+    taken under another, priced W = 2 35 % slow). {} outside a world of >= 2 ranks."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return {}
     model = _stage(shape, 1, False, False, dropout).train()
     points = points or ((1, shape.size), (shape.sequences, shape.size))
     inputs = [_Inputs(shape, b, size, 1) for b, size in points]
-    me = dist.get_rank()
+    me, sizes = dist.get_rank(), [1, *(p for p in ranks if p <= dist.get_world_size())]
 
-    def timed(p: int) -> float:
-        total = 0.0
+    def sweep() -> None:
         for inp in inputs:
-            if me < p:
-                _run(model, inp, 1)  # warm-up
-            best = float("inf")
-            for _ in range(repeats):
-                dist.barrier()
-                t0 = time.perf_counter()
-                if me < p:
-                    for _ in range(calls):
-                        _run(model, inp, 1)
-                t = torch.tensor([time.perf_counter() - t0 if me < p else 0.0],
-                                 dtype=torch.float64)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                best = min(best, float(t.item()))
-            total += best
-        return total
+            _run(model, inp, 1)
 
-    alone = timed(1)
-    return {p: timed(p) / alone for p in ranks if p <= dist.get_world_size()}
+    def slowest(t: float) -> float:
+        x = torch.tensor([t], dtype=torch.float64)
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+        return float(x.item())
+
+    sweep()  # warm-up; then how many sweeps last ``seconds`` (rank 0's, shared)
+    t0 = time.perf_counter()
+    sweep()
+    calls = int(slowest(min(50.0, np.ceil(seconds / max(1e-6, time.perf_counter() - t0))
+                            if me == 0 else 0.0)))
+    rounds: dict[int, list[float]] = {p: [] for p in sizes}
+    for _ in range(repeats):
+        for p in sizes:
+            dist.barrier()
+            t0 = time.perf_counter()
+            if me < p:
+                for _ in range(max(1, calls)):
+                    sweep()
+            rounds[p].append(slowest(time.perf_counter() - t0 if me < p else 0.0))
+    return {p: float(statistics.median(t / a for t, a in zip(rounds[p], rounds[1])))
+            for p in sizes[1:]}
 
 
 # -- memory ------------------------------------------------------------------------------

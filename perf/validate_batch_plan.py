@@ -11,14 +11,17 @@ in the search's choice. One thread per rank (OMP_NUM_THREADS=1).
 
 Profile first, in the same run: one mpiexec of 4 ranks times neighbour exchanges and
 all-reduces (:func:`plexgt.plan.batch_profile.measure_collectives`), per model GA-CP's ring
-exchanges on a real group of 2 (:func:`~plexgt.plan.batch_profile.ring_samples`), then its
-rank 0 measures each model's :class:`~plexgt.plan.batch_cost.BatchProfile`
+exchanges on a real group of 2 (:func:`~plexgt.plan.batch_profile.ring_samples`) and node
+sharing, κ(2) and κ(4): one block alone against on 2 and 4 ranks at once
+(:func:`~plexgt.plan.batch_profile.contention_samples`), then its rank 0 measures each
+model's :class:`~plexgt.plan.batch_cost.BatchProfile`
 (:func:`~plexgt.plan.batch_profile.measure_batch_profile`: the real block and GA-CP at
 several (B, N', P_cp), embed, head, AdamW, the sampler on Computers, the peak memory of a
-few single-process stages) while the others wait; node sharing (κ of 2 ranks) from the
-quick calibration of this host. Every prediction is :func:`~plexgt.plan.batch_cost.
-step_seconds` and :func:`~plexgt.plan.batch_cost.stage_memory` from that profile; the
-choice is :func:`plexgt.plan.choose.choose_batch_layout`'s on the same profile.
+few single-process stages) while the others wait; the quick calibration of this host only
+for what the profile does not measure (κ beyond 4 ranks). Every prediction is
+:func:`~plexgt.plan.batch_cost.step_seconds` and :func:`~plexgt.plan.batch_cost.
+stage_memory` from that profile; the choice is
+:func:`plexgt.plan.choose.choose_batch_layout`'s on the same profile.
 
 Measured (one mpiexec per (model, W), configurations one after the other), as
 perf/validate_plan.py does: memory first, in a pass of its own (glibc maps every block over
@@ -70,6 +73,7 @@ from plexgt.plan.agp import SystemModel
 from plexgt.plan.batch_cost import BatchProfile, BatchShape, Mesh, stage_memory, step_seconds
 from plexgt.plan.batch_cost import position as stage_position
 from plexgt.plan.batch_profile import (
+    contention_samples,
     fit_batch_profile,
     measure_batch_profile,
     measure_collectives,
@@ -204,17 +208,18 @@ def profile_worker(job: dict[str, Any]) -> None:
         cfg = load_config(None, {"data": job["data"], **COMMON, **MODELS[name]})
         shape = batch_shape(graph_sizes(pg), ModelShape.of(cfg))
         ring = ring_samples(shape, cfg.model.dropout)
+        kappa = contention_samples(shape, cfg.model.dropout)
         if ctx.rank == 0:
             sampler = NodeBatches(pg, cfg.batch, cfg.seed)
             warm = NodeBatches(pg, cfg.batch, cfg.seed)
             t0 = time.perf_counter()
             prof, raw = measure_batch_profile(shape, sampler=sampler, warm_sampler=warm,
-                                              dropout=cfg.model.dropout)
+                                              dropout=cfg.model.dropout, contention=kappa)
             del warm
             out["models"][name] = {"profile": prof.to_dict(), "raw": raw, "ring": ring,
                                    "seconds": time.perf_counter() - t0}
             print(f"profile {name}: {time.perf_counter() - t0:.1f} s; ring exchange "
-                  f"{[round(t * 1e3, 2) for _, t in ring]} ms", flush=True)
+                  f"{[round(t * 1e3, 2) for _, t in ring]} ms; κ {kappa}", flush=True)
         dist.barrier()
     if ctx.rank == 0:
         Path(job["out"]).write_text(json.dumps(out) + "\n")

@@ -43,7 +43,7 @@ and train read back); perf/validate_batch_plan.py scores it against measured ste
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -243,6 +243,21 @@ class BatchProfile:
     [N', N']), which every rank does for each of its replica's G/P_dp sequences before the
     pipeline starts: every stage and every cp rank samples the whole sequences it holds rows
     of (measured on Computers: 18 ms a 256-node sequence, a quarter of a 4-sequence step)."""
+    contention: dict[int, float] = field(default_factory=dict)
+    """Ranks computing at once -> κ measured in this profile's own run; where present it
+    replaces :attr:`host`'s, which the quick calibration cached under another load."""
+
+    def compute_factor(self, p: int) -> float:
+        """A profiled compute time's factor on each of p ranks computing at once: the κ(p)
+        measured with this profile (never below the cores' time-sharing), else the host's
+        (this profile's sizes merged into its κ, which it extrapolates)."""
+        if p in self.contention:
+            return max(1.0, self.host.oversubscription(p), self.contention[p]) \
+                * self.host.thread_factor(p)
+        if not self.contention:
+            return self.host.compute_factor(p)
+        return replace(self.host, contention={**self.host.contention, **self.contention}
+                       ).compute_factor(p)
 
     def block_fit(self, cp: int) -> BlockFit:
         fit = self.block.get(cp) or self.block.get(0)
@@ -280,7 +295,8 @@ class BatchProfile:
                 "depth": [list(x) for x in self.depth], "score_copies": self.score_copies,
                 "memory_scale": self.memory_scale,
                 "memory_base_bytes": self.memory_base_bytes, "source": self.source,
-                "sample": bf(self.sample)}
+                "sample": bf(self.sample),
+                "contention": {str(k): v for k, v in self.contention.items()}}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], host: Host | None = None) -> BatchProfile:
@@ -293,7 +309,8 @@ class BatchProfile:
                    float(raw.get("score_copies", ATTENTION_WORKSPACE)),
                    float(raw.get("memory_scale", 1.0)), int(raw.get("memory_base_bytes", 0)),
                    host or Host(), str(raw.get("source", "file")),
-                   BlockFit(**raw["sample"]) if "sample" in raw else BlockFit())
+                   BlockFit(**raw["sample"]) if "sample" in raw else BlockFit(),
+                   {int(k): float(v) for k, v in raw.get("contention", {}).items()})
 
 
 def _linear(t: Callable[[float], float], x: float = float(2**24)) -> Fit:
@@ -431,7 +448,7 @@ def stage_costs(shape: BatchShape, prof: BatchProfile, mesh: Mesh) -> StageCosts
     b = shape.sequences // (mesh.dp * mesh.micro_batches)  # sequences of a micro-batch
     d, e = shape.hidden, shape.esize
     r, rk, s = micro_rows(shape, cp)
-    cf = prof.host.compute_factor(pipeline_ranks(mesh))
+    cf = prof.compute_factor(pipeline_ranks(mesh))
     n_ex, ex_bytes = ring_exchanges(shape, cp, b)
     block_s = prof.block_fit(cp).time(b, r, s, cp) * cf + n_ex * (
         prof.ring.time(ex_bytes) if n_ex else 0.0)
@@ -519,7 +536,7 @@ def memory_parts(shape: BatchShape, mesh: Mesh, score_copies: float = ATTENTION_
 def sample_seconds(prof: BatchProfile, shape: BatchShape, mesh: Mesh) -> float:
     """Before the pipeline: every rank builds its replica's G/P_dp sequences whole."""
     return (shape.sequences // mesh.dp) * prof.sample.time(1, shape.size, shape.size) \
-        * prof.host.compute_factor(mesh.world)
+        * prof.compute_factor(mesh.world)
 
 
 def tail_seconds(prof: BatchProfile, shape: BatchShape, mesh: Mesh, params: float) -> float:
@@ -528,7 +545,7 @@ def tail_seconds(prof: BatchProfile, shape: BatchShape, mesh: Mesh, params: floa
     (the step waits for the stage holding the most)."""
     return sample_seconds(prof, shape, mesh) \
         + prof.allreduce_time(mesh.dp * mesh.cp, params * shape.grad_bytes) \
-        + prof.optimizer_s_per_param * params * prof.host.compute_factor(mesh.world)
+        + prof.optimizer_s_per_param * params * prof.compute_factor(mesh.world)
 
 
 @dataclass(frozen=True)

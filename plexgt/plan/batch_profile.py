@@ -338,6 +338,57 @@ def ring_samples(shape: BatchShape, dropout: float = 0.1, repeats: int = 5,
     return got[0]
 
 
+CONTENTION_S = 0.15
+"""Seconds a contention sample lasts alone: past a scheduler slice, so p ranks time-share."""
+
+
+def contention_samples(shape: BatchShape, dropout: float = 0.1, repeats: int = 7,
+                       ranks: Sequence[int] = (2, 4), points: Sequence[tuple[int, int]]
+                       | None = None, seconds: float = CONTENTION_S) -> dict[int, float]:
+    """Under an initialised world (every rank calls it): {p: κ(p)} for each p of ``ranks``
+    the world holds. A sample: block forward + backwards (P_cp = 1) at each (B, N') of
+    ``points`` (default B = 1 and all the step's sequences, at the model's N'), repeated to
+    last ``seconds`` alone, run by ranks 0..p-1 at once (the slowest's time; the other ranks
+    wait in a barrier, asleep as a bubble's stage is). The sizes 1, 2, 4 are sampled in
+    turn ``repeats`` times, and κ(p) is the median over the rounds of the p-rank time over
+    the alone time of the same round: adjacent samples see the same outside load (fastest
+    of 3 per size apart gave κ(2) = 1.09, 1.98, 2.69 for three models in a row here). It is
+    the node sharing under *this* run's load (the quick calibration's cached κ(2) = 1.87,
+    taken under another, priced W = 2 35 % slow). {} outside a world of >= 2 ranks."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return {}
+    model = _stage(shape, 1, False, False, dropout).train()
+    points = points or ((1, shape.size), (shape.sequences, shape.size))
+    inputs = [_Inputs(shape, b, size, 1) for b, size in points]
+    me, sizes = dist.get_rank(), [1, *(p for p in ranks if p <= dist.get_world_size())]
+
+    def sweep() -> None:
+        for inp in inputs:
+            _run(model, inp, 1)
+
+    def slowest(t: float) -> float:
+        x = torch.tensor([t], dtype=torch.float64)
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+        return float(x.item())
+
+    sweep()  # warm-up; then how many sweeps last ``seconds`` (rank 0's, shared)
+    t0 = time.perf_counter()
+    sweep()
+    calls = int(slowest(min(50.0, np.ceil(seconds / max(1e-6, time.perf_counter() - t0))
+                            if me == 0 else 0.0)))
+    rounds: dict[int, list[float]] = {p: [] for p in sizes}
+    for _ in range(repeats):
+        for p in sizes:
+            dist.barrier()
+            t0 = time.perf_counter()
+            if me < p:
+                for _ in range(max(1, calls)):
+                    sweep()
+            rounds[p].append(slowest(time.perf_counter() - t0 if me < p else 0.0))
+    return {p: float(statistics.median(t / a for t, a in zip(rounds[p], rounds[1])))
+            for p in sizes[1:]}
+
+
 # -- memory ------------------------------------------------------------------------------
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 
@@ -489,7 +540,8 @@ def sampler_bytes(sampler: Any, steps: int = 3, warm: Any = None) -> int:
 def measure_batch_profile(shape: BatchShape, cps: Sequence[int] = (1, 2, 4),
                           sysm: SystemModel | None = None, sampler: Any = None,
                           dropout: float = 0.1, repeats: int = 5, memory: bool = True,
-                          collectives: dict[str, Any] | None = None, warm_sampler: Any = None
+                          collectives: dict[str, Any] | None = None, warm_sampler: Any = None,
+                          contention: dict[int, float] | None = None
                           ) -> tuple[BatchProfile, dict[str, Any]]:
     """(the profile, its raw samples) of ``shape`` on this machine (module doc).
 
@@ -499,7 +551,8 @@ def measure_batch_profile(shape: BatchShape, cps: Sequence[int] = (1, 2, 4),
     its cache counted in the base; without one, the counted default), ``warm_sampler`` a
     second one of the same graph that warms the process first (:func:`sampler_bytes`);
     ``collectives``:
-    :func:`measure_collectives`' result, when the caller ran it under a world."""
+    :func:`measure_collectives`' result, and ``contention``
+    :func:`contention_samples`', when the caller ran them under a world."""
     base = default_profile(shape, sysm)
     threads = torch.get_num_threads()
     raw: dict[str, Any] = {"threads": threads}
@@ -516,6 +569,8 @@ def measure_batch_profile(shape: BatchShape, cps: Sequence[int] = (1, 2, 4),
             raw["memory"] = memory_samples(shape, dropout)
     if collectives is not None:
         raw["collectives"] = collectives
+    if contention:
+        raw["contention"] = {str(p): k for p, k in contention.items()}
     return fit_batch_profile(base, raw, shape), raw
 
 
@@ -536,6 +591,9 @@ def fit_batch_profile(base: BatchProfile, raw: dict[str, Any], shape: BatchShape
                        memory_base_bytes=mbase + int(raw.get("sampler_bytes", 0)))
     if raw.get("collectives"):
         prof = with_collectives(prof, raw["collectives"])
+    if raw.get("contention"):  # measured in this run (contention_samples): replaces the host's
+        prof = replace(prof, contention={int(p): float(k)
+                                         for p, k in raw["contention"].items()})
     return prof
 
 

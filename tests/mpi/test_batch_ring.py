@@ -1,13 +1,16 @@
 """GA-CP's ring exchanges measured on a real group of ranks 0 and 1
 (:func:`plexgt.plan.batch_profile.ring_samples`): every rank gets the same rows, one per
-(B, N') point, each the bytes of one K/V exchange and a positive time for it."""
+(B, N') point, each the bytes of one K/V exchange and a positive time for it; node sharing
+(:func:`~plexgt.plan.batch_profile.contention_samples`): every rank the same κ per size the
+world holds."""
 
 from __future__ import annotations
 
 import pytest
+import torch.distributed as dist
 
 from plexgt.plan.batch_cost import BatchShape
-from plexgt.plan.batch_profile import RING_FLOOR_S, ring_samples
+from plexgt.plan.batch_profile import RING_FLOOR_S, contention_samples, ring_samples
 
 from .conftest import WORLD
 
@@ -27,3 +30,15 @@ def test_ring_samples_time_the_exchanges_on_a_real_group(dist_ctx):
 def test_ring_samples_need_a_world(dist_ctx):
     if WORLD < 2:
         assert ring_samples(SHAPE) == []
+
+
+def test_contention_is_measured_for_the_sizes_the_world_holds(dist_ctx):
+    got = contention_samples(SHAPE, repeats=3, ranks=(2, 4, 64), seconds=0.01)
+    if WORLD < 2:
+        assert got == {}
+        return
+    assert set(got) == {p for p in (2, 4) if p <= WORLD}  # 64: no such world
+    assert all(0.2 < k < 100 for k in got.values())  # a ratio of like times, not seconds
+    seen: list = [None] * WORLD
+    dist.all_gather_object(seen, got)
+    assert all(s == got for s in seen)

@@ -46,8 +46,10 @@ def test_fit_blocks_recovers_the_terms_that_made_the_samples():
 
 
 def test_a_measured_profile_prices_every_cp_and_reads_back_from_its_table():
-    prof, raw = measure_batch_profile(SHAPE, cps=(1, 2), repeats=1, memory=False)
+    prof, raw = measure_batch_profile(SHAPE, cps=(1, 2), repeats=1, memory=False,
+                                      contention={2: 1.3, 4: 2.4})
     assert {int(r[0]) for r in raw["block"]} == {1, 2}
+    assert prof.contention == {2: 1.3, 4: 2.4}  # the run's own κ, kept by the table below
     for cp in (1, 2):
         f = prof.block_fit(cp)
         assert min(f.per_call_s, f.per_row_s, f.per_score_s) >= 0
@@ -55,6 +57,7 @@ def test_a_measured_profile_prices_every_cp_and_reads_back_from_its_table():
     assert prof.optimizer_s_per_param > 0
     table = profile_table(prof, SHAPE)
     assert from_table(table, SHAPE) == replace(prof, host=from_table(table, SHAPE).host)
+    assert from_table(table, SHAPE).contention == {2: 1.3, 4: 2.4}
     # at twice the width, each per-row term scales by what the counts scale it by; the
     # per-call terms are kept
     wide = replace(SHAPE, hidden=32)

@@ -20,6 +20,7 @@ from plexgt.plan.batch_cost import (
     stage_memory,
     step_seconds,
 )
+from plexgt.plan.host import Host
 
 # d = 8, h = 2, m = 2, N' = 8, N_s = 1, G = 4, F = 5, C = 3, T = 4, |V| = 10, D = 4, float32
 SMALL = BatchShape(layers=4, hidden=8, heads=2, size=8, sequences=4, features=5, classes=3,
@@ -146,3 +147,24 @@ def test_bad_stages_name_the_problem():
     with pytest.raises(ValueError, match="at least one layer"):
         step_seconds(SMALL, prof, Mesh(1, 2, 1, 1), (4, 0))
     assert position(0, 1) == 3 and position(0, 3) == 0 and position(1, 3) == 1
+
+
+def test_compute_is_priced_at_the_profiles_own_contention_not_the_hosts_cached_one():
+    """The cached quick calibration's κ(2) = 1.87 (taken under another load) priced W = 2
+    35 % slow; a profile that measured κ in its own run prices with that: 1.4 at 2 ranks,
+    2.5 at 4 (above the 2 cores' time-sharing), the host's for sizes it did not measure."""
+    host = Host("cpu", cores=2, threads=1, contention={2: 1.87})
+    cached = _unit_profile(host=host)
+    own = _unit_profile(host=host, contention={2: 1.4, 4: 2.5})
+    alone = 4 * 1.0 + 0.3 + 0.2  # 4 blocks, embed, head: one rank's stage
+    for dp, kappa_cached, kappa_own in ((2, 1.87, 1.4), (4, 2 * 1.87, 2.5)):
+        mesh = Mesh(dp=dp, pp=1, cp=1, micro_batches=1)
+        assert step_seconds(SMALL, cached, mesh, (4,)).stage_s[0] == pytest.approx(
+            alone * kappa_cached)
+        assert step_seconds(SMALL, own, mesh, (4,)).stage_s[0] == pytest.approx(
+            alone * kappa_own)
+    assert own.compute_factor(1) == 1.0
+    # beyond: the host's time-sharing rule, κ(full = 2)·p/2, from this profile's κ(2)
+    assert own.compute_factor(8) == pytest.approx(1.4 * 8 / 2)
+    assert cached.compute_factor(8) == pytest.approx(1.87 * 8 / 2)
+    assert BatchProfile.from_dict(own.to_dict(), host).contention == {2: 1.4, 4: 2.5}

@@ -43,13 +43,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from scipy.optimize import nnls
 
 from plexgt.distributed.collectives import Comm, CommLedger
-from plexgt.models.registry import default_registry
-from plexgt.models.sequence import Rows
-from plexgt.parallel.ga_cp import GACPAttention
 from plexgt.plan.agp import SystemModel
 from plexgt.plan.batch_cost import (
     RING_MESSAGES,
@@ -61,6 +57,7 @@ from plexgt.plan.batch_cost import (
     default_profile,
     memory_parts,
 )
+from plexgt.plan.batch_stage import StageInputs, fastest_time, run_stage, stage_model
 from plexgt.plan.profile import fit_linear
 
 Tensor = torch.Tensor
@@ -72,87 +69,20 @@ CLIP_NORM = 1.0
 """The loop's gradient clipping, timed with the optimizer."""
 
 
-def batch_model() -> type:
-    """The model registry's batch-layout model class (the one node-sequence model)."""
-    return next(s.reference for s in default_registry() if s.layout == "batch")
-
-
-def _fastest_time(fn: Callable[[], Any], repeats: int) -> float:
-    """The fastest of ``repeats`` calls after a warm-up: on shared cores other work only adds
-    time (this VM's load swung between 5 and 48 while the first profiles were taken, and
-    their medians priced a block 2.5x its time in a quiet step)."""
-    fn()  # warm-up: workspaces, the allocator's first touch
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(min(times))
-
-
-def _stage(shape: BatchShape, blocks: int, first: bool, last: bool, dropout: float
-           ) -> torch.nn.Module:
-    ref = batch_model()
-    return ref(in_dim=shape.features, hidden=shape.hidden, out_dim=shape.classes,
-               num_layers=max(1, blocks), heads=shape.heads, dropout=dropout,
-               ffn_mult=shape.ffn_mult, global_nodes=shape.global_nodes,
-               num_nodes=max(1, shape.nodes), node_embedding=shape.embed_dim,
-               blocks=range(blocks), embed=first, head=last)
-
-
-class _Inputs:
-    """Synthetic micro-batch of b sequences as cp member ``member`` of P_cp holds it; its
-    attention on ``comm`` (a real cp group), else on a loopback ring of P_cp."""
-
-    def __init__(self, shape: BatchShape, b: int, size: int, cp: int, seed: int = 0,
-                 comm: Comm | None = None) -> None:
-        g = torch.Generator().manual_seed(seed)
-        n = size // cp
-        self.n, self.b = n, b
-        lo = n * (comm.rank if comm is not None else 0)
-        self.rows = Rows.full(torch.arange(b), size, shape.global_nodes).part(lo, lo + n)
-        self.codes = torch.randint(0, 4, (b, n, size), generator=g).to(torch.int8)
-        self.x = torch.randn(b, n, shape.features, generator=g)
-        self.ids = torch.randint(0, max(1, shape.nodes), (b, n), generator=g)
-        self.h = torch.randn(b, n + shape.global_nodes, shape.hidden, generator=g)
-        t = min(shape.targets, n)
-        self.targets = torch.full((b,), t, dtype=torch.int64)
-        self.labels = torch.randint(0, shape.classes, (b * t,), generator=g)
-        self.attend = GACPAttention(comm or Comm.loopback(cp, "cp", CommLedger()))
-
-
-def _run(model: Any, inp: _Inputs, step: int, backward: bool = True) -> Any:
-    """One micro-batch through a stage: embed (first), blocks, head + loss (last); backward
-    from the loss, or from a unit gradient of the stage's output (a middle stage's)."""
-    h = model.embed_rows(inp.x, inp.ids if model.embed.table is not None else None,
-                         inp.rows, step) if model.embed is not None \
-        else inp.h.clone().requires_grad_(True)
-    h = model.run_blocks(h, inp.codes, inp.rows, step, inp.attend)
-    if model.head is not None:
-        out = F.cross_entropy(model.head_logits(h, inp.rows, inp.targets), inp.labels,
-                              reduction="sum")
-        if backward:
-            out.backward()
-        return out
-    if backward:
-        h.backward(torch.ones_like(h))
-    return h
-
-
 # -- time -------------------------------------------------------------------------------
 def block_samples(shape: BatchShape, cps: Sequence[int], dropout: float = 0.1,
                   repeats: int = 3, sizes: Sequence[int] = SIZES,
                   batches: Sequence[int] = BATCHES) -> list[list[float]]:
     """[P_cp, B, N', seconds] of one block's forward + backward on cp member 0."""
-    model = _stage(shape, 1, False, False, dropout).train()
+    model = stage_model(shape, 1, False, False, dropout).train()
     out = []
     for cp in cps:
         for size in sizes:
             if size % cp:
                 continue
             for b in batches:
-                inp = _Inputs(shape, b, size, cp)
-                t = _fastest_time(lambda inp=inp: _run(model, inp, 1), repeats)
+                inp = StageInputs(shape, b, size, cp)
+                t = fastest_time(lambda inp=inp: run_stage(model, inp, 1), repeats)
                 out.append([cp, b, size, t])
     return out
 
@@ -182,15 +112,16 @@ def edge_samples(shape: BatchShape, dropout: float = 0.1, repeats: int = 3,
                  ) -> dict[str, list[list[float]]]:
     """{'embed': [B, rows, s], 'head': [B, targets, s]}: the first stage's embedding and the
     last stage's head and loss alone, forward + backward."""
-    emb = _stage(shape, 0, True, False, dropout).train()
-    head = _stage(shape, 0, False, True, dropout).train()
+    emb = stage_model(shape, 0, True, False, dropout).train()
+    head = stage_model(shape, 0, False, True, dropout).train()
     out: dict[str, list[list[float]]] = {"embed": [], "head": []}
     for size in sizes:
         for b in batches:
-            inp = _Inputs(shape, b, size, 1)
-            out["embed"].append([b, size, _fastest_time(lambda i=inp: _run(emb, i, 1), repeats)])
+            inp = StageInputs(shape, b, size, 1)
+            t_emb = fastest_time(lambda i=inp: run_stage(emb, i, 1), repeats)
+            out["embed"].append([b, size, t_emb])
             t = min(shape.targets, size)
-            out["head"].append([b, t, _fastest_time(lambda i=inp: _run(head, i, 1), repeats)])
+            out["head"].append([b, t, fastest_time(lambda i=inp: run_stage(head, i, 1), repeats)])
     return out
 
 
@@ -204,7 +135,7 @@ def fit_rows(rows: list[list[float]]) -> BlockFit:
 def optimizer_seconds_per_param(shape: BatchShape, repeats: int = 3, blocks: int = 4) -> float:
     """AdamW's step with the loop's clipping over ``blocks`` blocks' parameters, per
     parameter."""
-    model = _stage(shape, blocks, False, False, 0.0)
+    model = stage_model(shape, blocks, False, False, 0.0)
     params = [p for p in model.parameters()]
     for p in params:
         p.grad = torch.randn_like(p)
@@ -214,7 +145,7 @@ def optimizer_seconds_per_param(shape: BatchShape, repeats: int = 3, blocks: int
         torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
         opt.step()
 
-    return _fastest_time(step, repeats) / max(1, sum(p.numel() for p in params))
+    return fastest_time(step, repeats) / max(1, sum(p.numel() for p in params))
 
 
 def sample_samples(sampler: Any, repeats: int = 6) -> list[list[float]]:
@@ -312,15 +243,15 @@ def ring_samples(shape: BatchShape, dropout: float = 0.1, repeats: int = 5,
     out: list[list[float]] = []
     if dist.get_rank() < 2:
         comm = Comm.from_group(grp, "cp", CommLedger())
-        model = _stage(shape, 1, False, False, dropout).train()
+        model = stage_model(shape, 1, False, False, dropout).train()
 
-        def timed(inp: _Inputs) -> float:
-            _run(model, inp, 1)
+        def timed(inp: StageInputs) -> float:
+            run_stage(model, inp, 1)
             ts = []
             for _ in range(repeats):
                 dist.barrier(group=grp)
                 t0 = time.perf_counter()
-                _run(model, inp, 1)
+                run_stage(model, inp, 1)
                 ts.append(time.perf_counter() - t0)
             t = torch.tensor([min(ts)], dtype=torch.float64)
             dist.all_reduce(t, op=dist.ReduceOp.MAX, group=grp)
@@ -329,8 +260,8 @@ def ring_samples(shape: BatchShape, dropout: float = 0.1, repeats: int = 5,
         for b, size in points:
             if size % 2:
                 continue
-            real = timed(_Inputs(shape, b, size, 2, comm=comm))
-            loop = timed(_Inputs(shape, b, size, 2))
+            real = timed(StageInputs(shape, b, size, 2, comm=comm))
+            loop = timed(StageInputs(shape, b, size, 2))
             nbytes = 2 * b * (size // 2) * shape.hidden * shape.esize  # K and V, 1 block
             out.append([float(nbytes), max(RING_FLOOR_S, (real - loop) / RING_MESSAGES)])
     got: list[Any] = [None] * dist.get_world_size()
@@ -357,14 +288,14 @@ def contention_samples(shape: BatchShape, dropout: float = 0.1, repeats: int = 7
     taken under another, priced W = 2 35 % slow). {} outside a world of >= 2 ranks."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return {}
-    model = _stage(shape, 1, False, False, dropout).train()
+    model = stage_model(shape, 1, False, False, dropout).train()
     points = points or ((1, shape.size), (shape.sequences, shape.size))
-    inputs = [_Inputs(shape, b, size, 1) for b, size in points]
+    inputs = [StageInputs(shape, b, size, 1) for b, size in points]
     me, sizes = dist.get_rank(), [1, *(p for p in ranks if p <= dist.get_world_size())]
 
     def sweep() -> None:
         for inp in inputs:
-            _run(model, inp, 1)
+            run_stage(model, inp, 1)
 
     def slowest(t: float) -> float:
         x = torch.tensor([t], dtype=torch.float64)
@@ -449,16 +380,16 @@ def stage_peak(shape: BatchShape, mesh: Mesh, blocks: int, pos: int, dropout: fl
     with memory_mode():
         trim()
         base = rss()
-        model = _stage(shape, blocks, pos in (0, 3), pos in (2, 3), dropout).train()
+        model = stage_model(shape, blocks, pos in (0, 3), pos in (2, 3), dropout).train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        inputs = [_Inputs(shape, b, shape.size, mesh.cp, seed=k)
+        inputs = [StageInputs(shape, b, shape.size, mesh.cp, seed=k)
                   for k in range(mesh.micro_batches)]
         peak = 0
         for step in range(3):
             if step == 2:
                 trim()
                 reset_peak()
-            outs = [_run(model, inp, step, backward=False) for inp in inputs]
+            outs = [run_stage(model, inp, step, backward=False) for inp in inputs]
             for o in reversed(outs):
                 o.backward(None if o.dim() == 0 else torch.ones_like(o))
             del outs

@@ -57,7 +57,11 @@ from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.ops import native
 from plexgt.ops.attention import sampled_addmm_available
 from plexgt.plan.batch_cost import BatchShape
-from plexgt.plan.batch_profile import measure_batch_profile, measure_collectives
+from plexgt.plan.batch_profile import (
+    contention_samples,
+    measure_batch_profile,
+    measure_collectives,
+)
 from plexgt.plan.batch_table import profile_table
 from plexgt.plan.kernel_samples import Sample, kernel_mix, kernel_samples
 from plexgt.plan.profile import (
@@ -394,10 +398,14 @@ def run_profile(ctx: Any, quick: bool = False) -> dict[str, Any] | None:
     # contention: the sustained kernel-mix slowdown the loaded run measured
     cont = {"1": 1.0, **{s: v["contention"] for s, v in loaded.items()}}
     batch_coll = measure_collectives(3 if quick else 5) if ctx.world_size > 1 else None
+    # the node sharing of the node-sequence model's blocks, measured on these ranks now (not
+    # the kernel mix's: its compute is dense GEMMs and attention tiles)
+    kappa = contention_samples(BATCH_SHAPE, repeats=3 if quick else 7)
     if ctx.rank != 0:
         return None
     bprof, _ = measure_batch_profile(BATCH_SHAPE, (1, 2) if quick else (1, 2, 4),
-                                     repeats=3 if quick else 5, collectives=batch_coll)
+                                     repeats=3 if quick else 5, collectives=batch_coll,
+                                     contention=kappa)
     kfits = fit_kernels(raw)
     cfits = {op: {s: fit_linear(rows) for s, rows in by.items()} for op, by in coll.items()}
     prof.update(collectives=coll, collective_fits=cfits, kernels=raw, kernel_fits=kfits,

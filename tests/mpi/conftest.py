@@ -90,6 +90,29 @@ def grid_groups(dist_ctx):
     return get
 
 
+@pytest.fixture(scope="session", autouse=True)
+def mesh_groups(dist_ctx):
+    """``mesh_groups(mesh)``: the MeshGroups of a dp x pp x cp mesh, every mesh of the world
+    built when the session starts.
+
+    Why at the start: torch names a members-only group after how many groups its rank
+    already holds, and later tests make groups that only some ranks join (the world-minus-one
+    groups of test_gt_dist, gp_2d's sub-groups): built after them, the ranks of one mesh group
+    disagreed on its name and hung in gloo's rendezvous (the suite at 3 ranks).
+    """
+    from plexgt.distributed.mesh import build_mesh_groups, factorizations
+
+    cache = {m: build_mesh_groups(m, dist_ctx.rank, dist_ctx.world_size)
+             for m in factorizations(dist_ctx.world_size)}
+
+    def get(mesh):
+        if mesh not in cache:
+            cache[mesh] = build_mesh_groups(mesh, dist_ctx.rank, dist_ctx.world_size)
+        return cache[mesh]
+
+    return get
+
+
 def prepare_on_rank0(tmp_path_factory, name: str, make_graph, **options):
     """A PreparedGraph every rank opens: rank 0 prepares ``make_graph()`` (symmetrised, no
     progress output, ``options`` as PrepOptions fields) while the others sleep."""

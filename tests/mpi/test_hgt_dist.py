@@ -18,7 +18,7 @@ from plexgt.config import BatchConfig
 from plexgt.data.node_batches import EVAL_EPOCH, SPLITS, NodeBatches, collate
 from plexgt.data.synthetic import sbm
 from plexgt.distributed.collectives import CommLedger
-from plexgt.distributed.mesh import Mesh, build_mesh_groups, factorizations, partition
+from plexgt.distributed.mesh import Mesh, factorizations, partition
 from plexgt.models.hgt import HierarchicalGT
 from plexgt.models.sequence import sequence_loss
 from plexgt.parallel.batch_dist import HGTPipeline, Layout, step_bytes
@@ -88,17 +88,6 @@ def batches(graph):
 
     return get
 
-
-@pytest.fixture(scope="module")
-def mesh_groups(dist_ctx):
-    cache = {}
-
-    def get(mesh):
-        if mesh not in cache:
-            cache[mesh] = build_mesh_groups(mesh, dist_ctx.rank, dist_ctx.world_size)
-        return cache[mesh]
-
-    return get
 
 
 def kwargs(graph) -> dict:

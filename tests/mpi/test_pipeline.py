@@ -19,7 +19,6 @@ from torch import nn
 from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.distributed.mesh import (
     Mesh,
-    build_mesh_groups,
     check_batch,
     factorizations,
     micro_batch,
@@ -99,17 +98,6 @@ def case_id(case: tuple[Mesh, str, int]) -> str:
     mesh, stages, k = case
     return f"{mesh.dp}x{mesh.pp}x{mesh.cp}-{stages.replace(',', '.')}-K{k}"
 
-
-@pytest.fixture(scope="module")
-def mesh_groups(dist_ctx):
-    cache = {}
-
-    def get(mesh):
-        if mesh not in cache:
-            cache[mesh] = build_mesh_groups(mesh, dist_ctx.rank, dist_ctx.world_size)
-        return cache[mesh]
-
-    return get
 
 
 class Run:

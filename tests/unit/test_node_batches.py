@@ -275,3 +275,25 @@ def test_a_training_loop_over_sequences_lowers_the_loss(tmp_path):
                 step += 1
     first, last = np.mean(losses[:3]), np.mean(losses[-3:])
     assert last < 0.7 * first, losses
+
+
+def test_in_neighbours_equal_the_prepared_rows_in_any_order(graph):
+    """The numpy gather from cached blocks returns each node's A2 row (P columns), rows in the
+    order asked, duplicates and empty rows included, across block boundaries."""
+    _, pg = graph
+    full = pg.read_adjacency("A2", (0, pg.N))
+    perm_p, perm_q = pg.read_perm("P"), pg.read_perm("Q")
+    qinv = np.empty(pg.N, dtype=np.int64)
+    qinv[perm_q] = np.arange(pg.N)
+    p2q = qinv[perm_p]
+    nb = NodeBatches(pg, CFG, seed=0, block_rows=7, cache_blocks=3)
+    rng = np.random.default_rng(0)
+    empty = np.flatnonzero(np.diff(full.indptr) == 0)
+    for ids in (rng.permutation(pg.N)[:40], np.array([5, 5, 140, 0, 5]),
+                np.concatenate([empty[:2], rng.integers(0, pg.N, 9)]), np.zeros(0, np.int64)):
+        got = nb.in_neighbours(ids)
+        want = full[p2q[ids]]
+        assert got.shape == (ids.size, pg.N)
+        np.testing.assert_array_equal(np.diff(got.indptr), np.diff(want.indptr))
+        for i in range(ids.size):  # same neighbours per row (order within a row free)
+            np.testing.assert_array_equal(np.sort(got[i].indices), np.sort(want[i].indices))

@@ -88,7 +88,7 @@ from perf.validate_plan import _malloc, _trim
 from plexgt.data.loader import PreparedGraph
 from plexgt.distributed.bootstrap import init_distributed, shutdown
 from plexgt.distributed.collectives import CommLedger
-from plexgt.plan.batch_cost import default_profile
+from plexgt.plan.batch_fits import default_profile
 from plexgt.plan.batch_search import BatchCandidate, BatchSearch, price
 from plexgt.plan.choose import ModelShape, batch_shape, choose
 from plexgt.plan.knobs import load_config

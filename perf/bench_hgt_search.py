@@ -6,7 +6,7 @@
 contiguous partition of L blocks, at W in {8, 64, 512} and L in {16, 24, 32}, for a
 MegaGraph-sized hgt (hidden 128, 32 heads, sequences of N' = 4096 nodes + 1 global, 64
 sequences a step, Amazon Computers' 767 features / 10 classes and a 13,752 x 128 node table),
-priced by :func:`~plexgt.plan.batch_cost.default_profile` on the Perlmutter description (a
+priced by :func:`~plexgt.plan.batch_fits.default_profile` on the Perlmutter description (a
 model projection, not a measurement), the memory limit what a plan may fill of its GPU and,
 in a second run, a third of the way from the least any partition of any mesh needs to
 the unconstrained choice's peak (the pruning binds). The seconds
@@ -24,8 +24,9 @@ import time
 
 from perf.harness import hardware, result_line, today, write_json, write_text
 from plexgt.plan.agp import SystemModel
-from plexgt.plan.batch_cost import BatchShape, default_profile
+from plexgt.plan.batch_fits import default_profile
 from plexgt.plan.batch_search import enumerate_partitions, meshes, search_batch
+from plexgt.plan.batch_shape import BatchShape
 from plexgt.plan.machine import load_machine
 
 WORLDS = (8, 64, 512)

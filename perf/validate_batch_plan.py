@@ -14,12 +14,12 @@ all-reduces (:func:`plexgt.plan.batch_profile.measure_collectives`), per model G
 exchanges on a real group of 2 (:func:`~plexgt.plan.batch_profile.ring_samples`) and node
 sharing, κ(2) and κ(4): one block alone against on 2 and 4 ranks at once
 (:func:`~plexgt.plan.batch_profile.contention_samples`), then its rank 0 measures each
-model's :class:`~plexgt.plan.batch_cost.BatchProfile`
+model's :class:`~plexgt.plan.batch_fits.BatchProfile`
 (:func:`~plexgt.plan.batch_profile.measure_batch_profile`: the real block and GA-CP at
 several (B, N', P_cp), embed, head, AdamW, the sampler on Computers, the peak memory of a
 few single-process stages) while the others wait; the quick calibration of this host only
 for what the profile does not measure (κ beyond 4 ranks). Every prediction is
-:func:`~plexgt.plan.batch_cost.step_seconds` and :func:`~plexgt.plan.batch_cost.
+:func:`~plexgt.plan.batch_cost.step_seconds` and :func:`~plexgt.plan.batch_memory.
 stage_memory` from that profile; the choice is
 :func:`plexgt.plan.choose.choose_batch_layout`'s on the same profile.
 
@@ -70,8 +70,9 @@ from plexgt.data.node_batches import NodeBatches
 from plexgt.distributed.bootstrap import init_distributed, shutdown
 from plexgt.distributed.collectives import CommLedger
 from plexgt.plan.agp import SystemModel
-from plexgt.plan.batch_cost import BatchProfile, BatchShape, Mesh, stage_memory, step_seconds
-from plexgt.plan.batch_cost import position as stage_position
+from plexgt.plan.batch_cost import step_seconds
+from plexgt.plan.batch_fits import BatchProfile
+from plexgt.plan.batch_memory import stage_memory
 from plexgt.plan.batch_profile import (
     contention_samples,
     fit_batch_profile,
@@ -85,6 +86,8 @@ from plexgt.plan.batch_profile import (
     trim,
     with_collectives,
 )
+from plexgt.plan.batch_shape import BatchMesh, BatchShape
+from plexgt.plan.batch_shape import position as stage_position
 from plexgt.plan.calibrate import calibration
 from plexgt.plan.choose import ModelShape, batch_shape, choose_batch_layout
 from plexgt.plan.knobs import load_config
@@ -265,7 +268,7 @@ def host_model() -> SystemModel:
 
 
 def predict(shape: BatchShape, prof: BatchProfile, lay: dict[str, Any]) -> tuple[float, int]:
-    mesh = Mesh(lay["dp"], lay["pp"], lay["cp"], lay["micro_batches"])
+    mesh = BatchMesh(lay["dp"], lay["pp"], lay["cp"], lay["micro_batches"])
     t = step_seconds(shape, prof, mesh, lay["stages"]).step_s
     mem = max(stage_memory(shape, prof, mesh, n, stage_position(i, mesh.pp))
               for i, n in enumerate(lay["stages"]))

@@ -1,5 +1,5 @@
 """The node-sequence (batch layout) cost model's Profile step: what
-:class:`~plexgt.plan.batch_cost.BatchProfile` needs, measured on this machine.
+:class:`~plexgt.plan.batch_fits.BatchProfile` needs, measured on this machine.
 
 What is timed, each forward + backward on one process with the model registry's batch-layout
 model (its real block, GA-CP's real attention) at the shape being planned:
@@ -12,10 +12,10 @@ model (its real block, GA-CP's real attention) at the shape being planned:
   the loop's clipping, per parameter), and with a sampler the building of one sequence;
 * collectives: under a world of >= 2 ranks, neighbour exchanges (p2p and the ring) and
   all-reduces over groups of 2, 4, ... (:func:`measure_collectives`); otherwise the system
-  profile's curves (:func:`~plexgt.plan.batch_cost.default_profile` of it).
+  profile's curves (:func:`~plexgt.plan.batch_fits.default_profile` of it).
 
 Each time is the fastest of ``repeats`` after a warm-up, fitted by non-negative least
-squares on relative error (the :class:`~plexgt.plan.batch_cost.BlockFit` terms).
+squares on relative error (the :class:`~plexgt.plan.batch_fits.BlockFit` terms).
 
 Memory: the peak resident bytes of a few single-process stages (blocks, embed / head, P_cp
 on the loopback, K micro-batches all alive as GPipe holds them, AdamW state), glibc made to
@@ -47,16 +47,10 @@ from scipy.optimize import nnls
 
 from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.plan.agp import SystemModel
-from plexgt.plan.batch_cost import (
-    RING_MESSAGES,
-    BatchProfile,
-    BatchShape,
-    BlockFit,
-    Fit,
-    Mesh,
-    default_profile,
-    memory_parts,
-)
+from plexgt.plan.batch_cost import RING_MESSAGES
+from plexgt.plan.batch_fits import BatchProfile, BlockFit, Fit, default_profile
+from plexgt.plan.batch_memory import memory_parts
+from plexgt.plan.batch_shape import BatchMesh, BatchShape
 from plexgt.plan.batch_stage import StageInputs, fastest_time, run_stage, stage_model
 from plexgt.plan.profile import fit_linear
 
@@ -377,7 +371,7 @@ def peak_rss() -> int:
     return rss()
 
 
-def stage_peak(shape: BatchShape, mesh: Mesh, blocks: int, pos: int, dropout: float = 0.1
+def stage_peak(shape: BatchShape, mesh: BatchMesh, blocks: int, pos: int, dropout: float = 0.1
                ) -> int:
     """Peak resident bytes of one rank of a stage of ``blocks`` blocks at position ``pos``
     (0 first, 1 middle, 2 last, 3 the only stage) in its third GPipe step (all K
@@ -428,7 +422,7 @@ def memory_samples(shape: BatchShape, dropout: float = 0.1,
     ok = [p for p in points if not (shape.sequences % (p[1] * p[0]) or shape.size % p[2])]
     out = []
     for i, (k, dp, cp, n, pos) in enumerate(ok):
-        mesh = Mesh(dp, 1 if pos == 3 else 2, cp, k)
+        mesh = BatchMesh(dp, 1 if pos == 3 else 2, cp, k)
         if i == 0:
             peak(shape, mesh, n, pos, dropout)  # warm-up, discarded
         out.append([k, dp, cp, n, pos, peak(shape, mesh, n, pos, dropout)])
@@ -441,7 +435,7 @@ def fit_memory(samples: list[list[float]], shape: BatchShape) -> tuple[float, fl
     every term >= 0 (the sampler's cache is not in these stages: the caller adds it)."""
     a, t = [], []
     for k, dp, cp, n, pos, peak in samples:
-        mesh = Mesh(int(dp), 1 if pos == 3 else 2, int(cp), int(k))
+        mesh = BatchMesh(int(dp), 1 if pos == 3 else 2, int(cp), int(k))
         c0 = sum(memory_parts(shape, mesh, 0.0).stage(int(n), int(pos)).values())
         c1 = sum(memory_parts(shape, mesh, 1.0).stage(int(n), int(pos)).values())
         a.append([c0, c1 - c0, 1.0])

@@ -48,18 +48,9 @@ from typing import Any
 import numpy as np
 
 from plexgt.errors import ConfigError
-from plexgt.plan.batch_cost import (
-    BatchProfile,
-    BatchShape,
-    Mesh,
-    StageCosts,
-    check_mesh,
-    check_stages,
-    pipeline_seconds,
-    position,
-    stage_costs,
-    tail_seconds,
-)
+from plexgt.plan.batch_cost import StageCosts, pipeline_seconds, stage_costs, tail_seconds
+from plexgt.plan.batch_fits import BatchProfile
+from plexgt.plan.batch_shape import BatchMesh, BatchShape, check_mesh, check_stages, position
 from plexgt.plan.pareto import frontier as pareto_frontier
 
 INF = float("inf")
@@ -92,8 +83,8 @@ class BatchCandidate:
         return max(self.stage_bytes)
 
     @property
-    def mesh(self) -> Mesh:
-        return Mesh(self.dp, self.pp, self.cp, self.micro_batches)
+    def mesh(self) -> BatchMesh:
+        return BatchMesh(self.dp, self.pp, self.cp, self.micro_batches)
 
     @property
     def label(self) -> str:
@@ -285,7 +276,7 @@ def _stage_terms(tab: Tables, stages: Sequence[int], micro_batches: int
             tuple(int(tab.m[q, n]) for q, n in zip(pos, stages)))
 
 
-def _fastest(shape: BatchShape, prof: BatchProfile, mesh: Mesh, tab: Tables,
+def _fastest(shape: BatchShape, prof: BatchProfile, mesh: BatchMesh, tab: Tables,
              fits: np.ndarray) -> tuple[tuple[float, tuple[int, ...]] | None, int]:
     """((step seconds, partition) of the fastest partition using only the ``fits``
     segments, or None; programmes run): the parameter-cap loop of the module doc."""
@@ -315,7 +306,7 @@ TIE = 1e-12
 """Relative step-time difference below which two partitions tie (least memory wins)."""
 
 
-def best_partition(shape: BatchShape, prof: BatchProfile, mesh: Mesh, limit: float,
+def best_partition(shape: BatchShape, prof: BatchProfile, mesh: BatchMesh, limit: float,
                    tab: Tables | None = None) -> tuple[BatchCandidate | None, int]:
     """The fastest partition of ``mesh`` with every stage's memory <= ``limit`` (ties: least
     peak memory), exact (see the module doc); and the programmes it ran."""
@@ -340,7 +331,7 @@ def best_partition(shape: BatchShape, prof: BatchProfile, mesh: Mesh, limit: flo
     return price(shape, prof, mesh, stages, tab), runs
 
 
-def leanest_partition(shape: BatchShape, prof: BatchProfile, mesh: Mesh, limit: float,
+def leanest_partition(shape: BatchShape, prof: BatchProfile, mesh: BatchMesh, limit: float,
                       tab: Tables | None = None) -> tuple[BatchCandidate | None, int]:
     """The partition of least peak memory (the fastest of those) that fits ``limit``."""
     tab = tab or Tables.of(stage_costs(shape, prof, mesh), shape.layers)
@@ -352,7 +343,7 @@ def leanest_partition(shape: BatchShape, prof: BatchProfile, mesh: Mesh, limit: 
     return cand, runs + 1
 
 
-def price(shape: BatchShape, prof: BatchProfile, mesh: Mesh, stages: Sequence[int],
+def price(shape: BatchShape, prof: BatchProfile, mesh: BatchMesh, stages: Sequence[int],
           tab: Tables | None = None) -> BatchCandidate:
     """One fixed configuration's step seconds and stage bytes."""
     check_mesh(shape, mesh)
@@ -370,7 +361,7 @@ def partitions(layers: int, pp: int) -> Iterator[tuple[int, ...]]:
         yield tuple(b - a for a, b in zip((0, *cuts), (*cuts, layers)))
 
 
-def enumerate_partitions(shape: BatchShape, prof: BatchProfile, mesh: Mesh, limit: float
+def enumerate_partitions(shape: BatchShape, prof: BatchProfile, mesh: BatchMesh, limit: float
                          ) -> BatchCandidate | None:
     """Brute force over :func:`partitions` (the programme's check; small L only): the
     fastest fitting one, ties to the least peak memory."""
@@ -392,7 +383,7 @@ def divisors(n: int) -> list[int]:
 
 
 def meshes(shape: BatchShape, world: int, fixed: dict[str, Any] | None = None
-           ) -> Iterator[Mesh]:
+           ) -> Iterator[BatchMesh]:
     """Every (dp, pp, cp, K) of ``world`` ranks the step divides, the ``fixed`` ones only."""
     fixed = fixed or {}
     stages = fixed.get("stages")
@@ -406,7 +397,7 @@ def meshes(shape: BatchShape, world: int, fixed: dict[str, Any] | None = None
                 continue
             for k in divisors(shape.sequences // dp):
                 if fixed.get("micro_batches", k) == k:
-                    yield Mesh(dp, pp, cp, k)
+                    yield BatchMesh(dp, pp, cp, k)
 
 
 def check_fixed(shape: BatchShape, world: int, fixed: dict[str, Any]) -> dict[str, Any]:

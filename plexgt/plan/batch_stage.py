@@ -2,7 +2,7 @@
 profile step (:mod:`plexgt.plan.batch_profile`) times and measures.
 
 Apart from the measurement because it is the model's side of it (how a stage is built from
-a :class:`~plexgt.plan.batch_cost.BatchShape` and run on one cp member's rows, its attention
+a :class:`~plexgt.plan.batch_shape.BatchShape` and run on one cp member's rows, its attention
 on a real or loopback ring), which the timing, ring, contention and memory measurements all
 share.
 """
@@ -20,7 +20,7 @@ from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.models.registry import default_registry
 from plexgt.models.sequence import Rows
 from plexgt.parallel.ga_cp import GACPAttention
-from plexgt.plan.batch_cost import BatchShape
+from plexgt.plan.batch_shape import BatchShape
 
 
 def batch_model() -> type:

@@ -1,7 +1,7 @@
-"""A profile file's ``batch`` table: a measured :class:`~plexgt.plan.batch_cost.BatchProfile`
+"""A profile file's ``batch`` table: a measured :class:`~plexgt.plan.batch_fits.BatchProfile`
 and the shape it was measured at, carried to another shape by counted ratios.
 
-Apart from :mod:`plexgt.plan.batch_cost` because it is the profile's file form (written by
+Apart from :mod:`plexgt.plan.batch_fits` because it is the profile's file form (written by
 ``plexgt profile``, :mod:`plexgt.plan.measure`; read by :func:`plexgt.plan.choose.choose`),
 not the cost model.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from plexgt.plan.batch_cost import BatchProfile, BatchShape, BlockFit, default_profile
+from plexgt.plan.batch_fits import BatchProfile, BlockFit, default_profile
+from plexgt.plan.batch_shape import BatchShape
 from plexgt.plan.host import Host
 
 SHAPE_KEYS = ("hidden", "heads", "ffn_mult", "features", "classes", "embed_dim")

@@ -32,8 +32,10 @@ from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionStrategy, StrategyRegistry
 from plexgt.plan.agp import Estimate, SystemModel, Workload, gcn_grid_for
 from plexgt.plan.balance import Balance
-from plexgt.plan.batch_cost import BatchProfile, BatchShape, default_profile, step_seconds
+from plexgt.plan.batch_cost import step_seconds
+from plexgt.plan.batch_fits import BatchProfile, default_profile
 from plexgt.plan.batch_search import BatchSearch, search_batch
+from plexgt.plan.batch_shape import BatchShape
 from plexgt.plan.batch_table import from_table
 from plexgt.plan.plexus_cost import (
     Coefficients,
@@ -180,7 +182,7 @@ def mesh_fixed(cfg: TrainConfig) -> tuple[tuple[str, Any], ...]:
 
 
 def batch_shape(sizes: GraphSizes, shape: ModelShape) -> BatchShape:
-    """A node-sequence model's sizes for :mod:`plexgt.plan.batch_cost` (the input width
+    """A node-sequence model's sizes for :mod:`plexgt.plan.batch_shape` (the input width
     without the embedding's columns, which it counts apart)."""
     b = shape.batch
     assert b is not None

@@ -56,12 +56,12 @@ from plexgt.distributed import collectives as c
 from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.ops import native
 from plexgt.ops.attention import sampled_addmm_available
-from plexgt.plan.batch_cost import BatchShape
 from plexgt.plan.batch_profile import (
     contention_samples,
     measure_batch_profile,
     measure_collectives,
 )
+from plexgt.plan.batch_shape import BatchShape
 from plexgt.plan.batch_table import profile_table
 from plexgt.plan.kernel_samples import Sample, kernel_mix, kernel_samples
 from plexgt.plan.profile import (

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from plexgt.plan.batch_cost import BatchShape
 from plexgt.plan.batch_profile import RING_FLOOR_S, contention_samples, ring_samples
+from plexgt.plan.batch_shape import BatchShape
 
 from .conftest import WORLD
 

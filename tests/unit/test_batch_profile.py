@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from plexgt.plan.batch_cost import BatchShape, BlockFit, default_profile
+from plexgt.plan.batch_fits import BlockFit, default_profile
 from plexgt.plan.batch_profile import (
     fit_blocks,
     fit_rows,
@@ -19,6 +19,7 @@ from plexgt.plan.batch_profile import (
     sampler_bytes,
     with_collectives,
 )
+from plexgt.plan.batch_shape import BatchShape
 from plexgt.plan.batch_table import from_table, profile_table
 
 SHAPE = BatchShape(layers=2, hidden=16, heads=2, size=16, sequences=2, features=8,

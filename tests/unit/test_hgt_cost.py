@@ -6,20 +6,10 @@ import pytest
 from torch import nn
 
 from plexgt.plan.agp import SystemModel
-from plexgt.plan.batch_cost import (
-    BatchProfile,
-    BatchShape,
-    BlockFit,
-    Fit,
-    Mesh,
-    check_mesh,
-    default_profile,
-    memory_parts,
-    position,
-    ring_exchanges,
-    stage_memory,
-    step_seconds,
-)
+from plexgt.plan.batch_cost import ring_exchanges, step_seconds
+from plexgt.plan.batch_fits import BatchProfile, BlockFit, Fit, default_profile
+from plexgt.plan.batch_memory import memory_parts, stage_memory
+from plexgt.plan.batch_shape import BatchMesh, BatchShape, check_mesh, position
 from plexgt.plan.host import Host
 
 # d = 8, h = 2, m = 2, N' = 8, N_s = 1, G = 4, F = 5, C = 3, T = 4, |V| = 10, D = 4, float32
@@ -45,7 +35,7 @@ def test_parameters_equal_the_torch_modules_of_the_design():
 def test_memory_parts_by_hand():
     # dp 2, cp 2, K 2: 2 sequences alive per replica, micro-batch b = 1; R = 8/2 + 1 = 5 query
     # rows, Rk = 4 own key rows
-    mp = memory_parts(SMALL, Mesh(dp=2, pp=2, cp=2, micro_batches=2))
+    mp = memory_parts(SMALL, BatchMesh(dp=2, pp=2, cp=2, micro_batches=2))
     assert mp.block_states == 610 * 16  # param + grad + 2 AdamW moments, float32
     per_seq = 5 * 8 * 4 * (7 + 2 * 2) + 4 * 5 * (2 + 4)  # [R,d] x 7, [R,md] x 2, lse, LN stats
     assert mp.block_saved == 2 * per_seq
@@ -65,17 +55,17 @@ def test_memory_parts_by_hand():
     assert only["states"] == 4 * mp.block_states + mp.first_states + mp.last_states
     prof = BatchProfile({0: BlockFit()}, BlockFit(), BlockFit(), Fit(0, 0), Fit(0, 0), {},
                       memory_scale=1.5, memory_base_bytes=100)
-    mesh = Mesh(2, 2, 2, 2)
+    mesh = BatchMesh(2, 2, 2, 2)
     assert stage_memory(SMALL, prof, mesh, 3, 1) == int(1.5 * sum(mid.values()) + 100)
 
 
 def test_gpipe_keeps_every_micro_batch_alive():
     """Saved activations depend on the replica's sequences, not on K; the transient on K."""
-    a = memory_parts(SMALL, Mesh(1, 2, 1, 1))
-    b = memory_parts(SMALL, Mesh(1, 2, 1, 4))
+    a = memory_parts(SMALL, BatchMesh(1, 2, 1, 1))
+    b = memory_parts(SMALL, BatchMesh(1, 2, 1, 4))
     assert a.block_saved == b.block_saved and a.codes == b.codes
     assert b.transient * 4 == a.transient
-    assert memory_parts(SMALL, Mesh(2, 2, 1, 1)).block_saved * 2 == a.block_saved
+    assert memory_parts(SMALL, BatchMesh(2, 2, 1, 1)).block_saved * 2 == a.block_saved
 
 
 def test_ring_exchanges_leave_global_nodes_home():
@@ -93,7 +83,7 @@ def _unit_profile(**kw) -> BatchProfile:
 
 def test_step_is_gpipes_critical_path_plus_the_tail():
     prof = _unit_profile()
-    mesh = Mesh(dp=2, pp=2, cp=1, micro_batches=2)
+    mesh = BatchMesh(dp=2, pp=2, cp=1, micro_batches=2)
     c = step_seconds(SMALL, prof, mesh, (1, 3))
     # stage 0: 1 block + embed + 2 sends; stage 1: 3 blocks + head + 2 sends
     assert c.stage_s == pytest.approx((1 + 0.3 + 0.02, 3 + 0.2 + 0.02))
@@ -102,7 +92,7 @@ def test_step_is_gpipes_critical_path_plus_the_tail():
     assert c.pipeline_s == pytest.approx(1.32 + 3.22 + (2 - 1) * 3.22)
     assert c.tail_s == pytest.approx(0.1)  # the stage group's all-reduce over dp·cp = 2
     # at cp = 2 the per-cp fit and 3 ring exchanges per block
-    c2 = step_seconds(SMALL, prof, Mesh(1, 1, 2, 1), (4,))
+    c2 = step_seconds(SMALL, prof, BatchMesh(1, 1, 2, 1), (4,))
     assert c2.stage_s[0] == pytest.approx(4 * (0.5 + 3 * 0.02) + 0.3 + 0.2)
     assert c2.tail_s == pytest.approx(0.1)
 
@@ -110,7 +100,7 @@ def test_step_is_gpipes_critical_path_plus_the_tail():
 def test_depth_term_is_piecewise_linear_per_stage():
     prof = _unit_profile(depth=((2, 1.5),))
     assert prof.depth_blocks(2) == 2 and prof.depth_blocks(4) == pytest.approx(2 + 2 * 1.5)
-    c = step_seconds(SMALL, prof, Mesh(1, 1, 1, 1), (4,))
+    c = step_seconds(SMALL, prof, BatchMesh(1, 1, 1, 1), (4,))
     assert c.stage_s[0] == pytest.approx(5 + 0.3 + 0.2)
 
 
@@ -124,16 +114,16 @@ def test_default_profile_prices_with_the_system_model():
     assert prof.allreduce_time(1, 1e6) == 0
     back = BatchProfile.from_dict(prof.to_dict())
     assert back.block == prof.block and back.allreduce == prof.allreduce
-    mesh = Mesh(1, 2, 2, 2)
+    mesh = BatchMesh(1, 2, 2, 2)
     assert step_seconds(SMALL, back, mesh, (2, 2)).step_s == pytest.approx(
         step_seconds(SMALL, prof, mesh, (2, 2)).step_s)
 
 
 @pytest.mark.parametrize("mesh, msg", [
-    (Mesh(3, 1, 1, 1), "parallel.dp = 3 does not divide batch.sequences = 4"),
-    (Mesh(1, 1, 3, 1), "parallel.cp = 3 does not divide batch.size = 8"),
-    (Mesh(2, 1, 1, 4), "parallel.micro_batches = 4 does not divide the 2 sequences"),
-    (Mesh(1, 5, 1, 1), "parallel.pp = 5 is more stages than the 4 layers"),
+    (BatchMesh(3, 1, 1, 1), "parallel.dp = 3 does not divide batch.sequences = 4"),
+    (BatchMesh(1, 1, 3, 1), "parallel.cp = 3 does not divide batch.size = 8"),
+    (BatchMesh(2, 1, 1, 4), "parallel.micro_batches = 4 does not divide the 2 sequences"),
+    (BatchMesh(1, 5, 1, 1), "parallel.pp = 5 is more stages than the 4 layers"),
 ])
 def test_bad_meshes_name_the_key(mesh, msg):
     with pytest.raises(ValueError, match=msg):
@@ -143,9 +133,9 @@ def test_bad_meshes_name_the_key(mesh, msg):
 def test_bad_stages_name_the_problem():
     prof = _unit_profile()
     with pytest.raises(ValueError, match="sums to 5, not model.layers = 4"):
-        step_seconds(SMALL, prof, Mesh(1, 2, 1, 1), (2, 3))
+        step_seconds(SMALL, prof, BatchMesh(1, 2, 1, 1), (2, 3))
     with pytest.raises(ValueError, match="at least one layer"):
-        step_seconds(SMALL, prof, Mesh(1, 2, 1, 1), (4, 0))
+        step_seconds(SMALL, prof, BatchMesh(1, 2, 1, 1), (4, 0))
     assert position(0, 1) == 3 and position(0, 3) == 0 and position(1, 3) == 1
 
 
@@ -158,7 +148,7 @@ def test_compute_is_priced_at_the_profiles_own_contention_not_the_hosts_cached_o
     own = _unit_profile(host=host, contention={2: 1.4, 4: 2.5})
     alone = 4 * 1.0 + 0.3 + 0.2  # 4 blocks, embed, head: one rank's stage
     for dp, kappa_cached, kappa_own in ((2, 1.87, 1.4), (4, 2 * 1.87, 2.5)):
-        mesh = Mesh(dp=dp, pp=1, cp=1, micro_batches=1)
+        mesh = BatchMesh(dp=dp, pp=1, cp=1, micro_batches=1)
         assert step_seconds(SMALL, cached, mesh, (4,)).stage_s[0] == pytest.approx(
             alone * kappa_cached)
         assert step_seconds(SMALL, own, mesh, (4,)).stage_s[0] == pytest.approx(

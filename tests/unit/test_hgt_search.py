@@ -10,15 +10,7 @@ import numpy as np
 import pytest
 
 from plexgt.errors import ConfigError
-from plexgt.plan.batch_cost import (
-    BatchProfile,
-    BatchShape,
-    BlockFit,
-    Fit,
-    Mesh,
-    default_profile,
-    position,
-)
+from plexgt.plan.batch_fits import BatchProfile, BlockFit, Fit, default_profile
 from plexgt.plan.batch_search import (
     NoBatchPlan,
     best_partition,
@@ -31,6 +23,7 @@ from plexgt.plan.batch_search import (
     price,
     search_batch,
 )
+from plexgt.plan.batch_shape import BatchMesh, BatchShape, position
 
 MIB = 2**20
 
@@ -160,7 +153,7 @@ TABLE = BatchShape(24, 128, 8, 1024, 8, 767, 10, nodes=116_331, embed_dim=128)
 
 def test_a_big_table_moves_layers_off_stage_zero():
     prof = default_profile(TABLE)
-    mesh = Mesh(1, 4, 1, 8)
+    mesh = BatchMesh(1, 4, 1, 8)
     even = price(TABLE, prof, mesh, (6, 6, 6, 6))
     assert even.stage_bytes[0] / even.stage_bytes[1] == pytest.approx(1.65, abs=0.03)
     # unlimited, the fastest is the even split (the default prices stage 0's embedding at

@@ -101,7 +101,7 @@ def stage_costs(shape: BatchShape, prof: BatchProfile, mesh: BatchMesh) -> Stage
     r, rk, s = micro_rows(shape, cp)
     cf = prof.compute_factor(pipeline_ranks(mesh))
     n_ex, ex_bytes = ring_exchanges(shape, cp, b)
-    block_s = prof.block_fit(cp).time(b, r, s, cp) * cf + n_ex * (
+    block_s = prof.block_seconds(cp, b, r, s) * cf + n_ex * (
         prof.ring.time(ex_bytes) if n_ex else 0.0)
     tgt = min(shape.targets, rk)
     embed_s = prof.embed.time(b, rk, shape.size) * cf

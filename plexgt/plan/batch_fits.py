@@ -117,6 +117,14 @@ class BatchProfile:
     contention: dict[int, float] = field(default_factory=dict)
     """Ranks computing at once -> κ measured in this profile's own run; where present it
     replaces :attr:`host`'s, which the quick calibration cached under another load."""
+    block_samples: dict[tuple[int, int, int, int], float] = field(default_factory=dict)
+    """(P_cp, B, R, S) -> one block's forward + backward measured at exactly that micro-batch
+    (R query rows, S key columns a sequence), used there in place of :attr:`block`'s fit.
+    Why: the fit is linear in B, and a micro-batch's working set is not: measured on Amazon
+    Computers, 4 sequences of 512 nodes took 6 % more than the fit of 1, 2 and 4 (the 4-layer
+    model priced K = 1 and K = 2 within 1.5 % where K = 1 ran 10-15 % slower). A table of
+    another width, heads or FFN (:func:`~plexgt.plan.batch_table.from_table` scales the
+    fits) keeps none."""
 
     def compute_factor(self, p: int) -> float:
         """A profiled compute time's factor on each of p ranks computing at once: the κ(p)
@@ -129,6 +137,12 @@ class BatchProfile:
             return self.host.compute_factor(p)
         return replace(self.host, contention={**self.host.contention, **self.contention}
                        ).compute_factor(p)
+
+    def block_seconds(self, cp: int, b: int, rows: int, cols: int) -> float:
+        """One block's forward + backward of b sequences of ``rows`` query rows against
+        ``cols`` key columns at P_cp = ``cp``: measured where sampled, else the fit."""
+        t = self.block_samples.get((cp, b, rows, cols))
+        return t if t is not None else self.block_fit(cp).time(b, rows, cols, cp)
 
     def block_fit(self, cp: int) -> BlockFit:
         fit = self.block.get(cp) or self.block.get(0)
@@ -167,7 +181,8 @@ class BatchProfile:
                 "memory_scale": self.memory_scale,
                 "memory_base_bytes": self.memory_base_bytes, "source": self.source,
                 "sample": bf(self.sample),
-                "contention": {str(k): v for k, v in self.contention.items()}}
+                "contention": {str(k): v for k, v in self.contention.items()},
+                "block_samples": [[*k, t] for k, t in sorted(self.block_samples.items())]}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any], host: Host | None = None) -> BatchProfile:
@@ -181,7 +196,9 @@ class BatchProfile:
                    float(raw.get("memory_scale", 1.0)), int(raw.get("memory_base_bytes", 0)),
                    host or Host(), str(raw.get("source", "file")),
                    BlockFit(**raw["sample"]) if "sample" in raw else BlockFit(),
-                   {int(k): float(v) for k, v in raw.get("contention", {}).items()})
+                   {int(k): float(v) for k, v in raw.get("contention", {}).items()},
+                   {(int(c), int(b), int(r), int(s)): float(t)
+                    for c, b, r, s, t in raw.get("block_samples", ())})
 
 
 def _linear(t: Callable[[float], float], x: float = float(2**24)) -> Fit:

@@ -509,7 +509,11 @@ def fit_batch_profile(base: BatchProfile, raw: dict[str, Any], shape: BatchShape
                       ) -> BatchProfile:
     """``base`` (counted, or an earlier fit) with every term ``raw`` (the samples of
     :func:`measure_batch_profile`) measures fitted in: what a stored run refits from."""
-    prof = replace(base, block=fit_blocks(raw["block"], shape), embed=fit_rows(raw["embed"]),
+    ns = shape.global_nodes
+    prof = replace(base, block=fit_blocks(raw["block"], shape),
+                   block_samples={(int(c), int(b), int(n) // int(c) + ns, int(n) + ns): float(t)
+                                  for c, b, n, t in raw["block"]},
+                   embed=fit_rows(raw["embed"]),
                    head=fit_rows(raw["head"]),
                    optimizer_s_per_param=float(raw["optimizer_s_per_param"]),
                    source="measured on this host")

@@ -49,6 +49,7 @@ def from_table(table: dict[str, Any], shape: BatchShape, host: Host | None = Non
 
     ob, nb = old.block_fit(1), new.block_fit(1)
     return replace(prof, block={k: scale(v, ob, nb) for k, v in prof.block.items()},
+                   block_samples={},
                    embed=scale(prof.embed, old.embed, new.embed),
                    head=scale(prof.head, old.head, new.head),
                    source=f"{prof.source}, carried from hidden {at.get('hidden')} by counts")

@@ -10,8 +10,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from plexgt.plan.batch_cost import stage_costs
 from plexgt.plan.batch_fits import BlockFit, default_profile
 from plexgt.plan.batch_profile import (
+    fit_batch_profile,
     fit_blocks,
     fit_rows,
     measure_batch_profile,
@@ -19,7 +21,7 @@ from plexgt.plan.batch_profile import (
     sampler_bytes,
     with_collectives,
 )
-from plexgt.plan.batch_shape import BatchShape
+from plexgt.plan.batch_shape import BatchMesh, BatchShape
 from plexgt.plan.batch_table import from_table, profile_table
 
 SHAPE = BatchShape(layers=2, hidden=16, heads=2, size=16, sequences=2, features=8,
@@ -69,6 +71,28 @@ def test_a_measured_profile_prices_every_cp_and_reads_back_from_its_table():
     assert got.block_fit(1).per_row_s == pytest.approx(m.per_row_s * b.per_row_s / a.per_row_s)
     assert "carried from hidden 16" in got.source
     assert np.isfinite(got.block_fit(2).per_row_s)
+    assert got.block_samples == {}  # measured at another width: the fits carry, not samples
+
+
+def test_a_block_measured_at_a_micro_batch_is_priced_as_measured_there():
+    """Where the profile timed (P_cp, B, N') the block costs what was measured (a working
+    set the linear fit misses), read back from the table; elsewhere the fit."""
+    samples = [[cp, b, n, 1e-3 + 1e-6 * b * n * (1.0 + 0.5 * (b == 4))]
+               for cp in (1, 2) for b in (1, 2, 4) for n in (32, 64)]
+    raw = {"block": samples, "embed": [[1, 8, 1e-4], [2, 8, 2e-4]],
+           "head": [[1, 4, 1e-4], [2, 4, 2e-4]], "optimizer_s_per_param": 1e-9}
+    prof = fit_batch_profile(default_profile(SHAPE), raw, SHAPE)
+    ns = SHAPE.global_nodes
+    for cp, b, n, t in samples:
+        assert prof.block_seconds(cp, b, n // cp + ns, n + ns) == t
+    fit = prof.block_fit(1).time(3, 32 + ns, 32 + ns, 1)
+    assert prof.block_seconds(1, 3, 32 + ns, 32 + ns) == fit  # not sampled: the fit
+    back = from_table(profile_table(prof, SHAPE), SHAPE)
+    assert back.block_samples == prof.block_samples
+    mesh = BatchMesh(1, 1, 1, 1)
+    big = replace(SHAPE, size=64, sequences=4)
+    one = stage_costs(big, fit_batch_profile(default_profile(big), raw, big), mesh)
+    assert one.block_s == pytest.approx(samples[5][3] * one.profile.compute_factor(1))
 
 
 def test_memory_samples_discard_the_processs_first_measurement():

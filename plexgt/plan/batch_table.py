@@ -17,6 +17,9 @@ from plexgt.plan.host import Host
 
 SHAPE_KEYS = ("hidden", "heads", "ffn_mult", "features", "classes", "embed_dim")
 """What a measured table's per-row terms depend on (stored beside it as ``shape``)."""
+BLOCK_KEYS = ("hidden", "heads", "ffn_mult")
+"""What a block's measured seconds (:attr:`BatchProfile.block_samples`, at (P_cp, B, R, S))
+depend on beyond those: a table of another input width or class count keeps them."""
 
 
 def profile_table(prof: BatchProfile, shape: BatchShape) -> dict[str, Any]:
@@ -36,6 +39,8 @@ def from_table(table: dict[str, Any], shape: BatchShape, host: Host | None = Non
     at = table.get("shape")
     if not at or all(at.get(k) == getattr(shape, k) for k in SHAPE_KEYS):
         return prof
+    if any(at.get(k) != getattr(shape, k) for k in BLOCK_KEYS):
+        prof = replace(prof, block_samples={})  # a block of another width: the fit carries
     old = default_profile(replace(shape, **{k: int(at[k]) for k in SHAPE_KEYS if k in at}))
     new = default_profile(shape)
 
@@ -49,7 +54,6 @@ def from_table(table: dict[str, Any], shape: BatchShape, host: Host | None = Non
 
     ob, nb = old.block_fit(1), new.block_fit(1)
     return replace(prof, block={k: scale(v, ob, nb) for k, v in prof.block.items()},
-                   block_samples={},
                    embed=scale(prof.embed, old.embed, new.embed),
                    head=scale(prof.head, old.head, new.head),
                    source=f"{prof.source}, carried from hidden {at.get('hidden')} by counts")

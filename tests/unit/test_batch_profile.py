@@ -89,6 +89,8 @@ def test_a_block_measured_at_a_micro_batch_is_priced_as_measured_there():
     assert prof.block_seconds(1, 3, 32 + ns, 32 + ns) == fit  # not sampled: the fit
     back = from_table(profile_table(prof, SHAPE), SHAPE)
     assert back.block_samples == prof.block_samples
+    other_input = from_table(profile_table(prof, SHAPE), replace(SHAPE, features=99, classes=7))
+    assert other_input.block_samples == prof.block_samples  # a block never sees them
     mesh = BatchMesh(1, 1, 1, 1)
     big = replace(SHAPE, size=64, sequences=4)
     one = stage_costs(big, fit_batch_profile(default_profile(big), raw, big), mesh)

@@ -17,9 +17,10 @@ the table drowning the blocks.
 
 For W = 2 and W = 4 ranks (one mpiexec each; W = 4 oversubscribes the 2 cores of this VM,
 one thread a rank), five layouts, each from plexgt's planner (:func:`plexgt.plan.choose.
-choose`, the plan ``plexgt plan --model hgt`` prints, priced by the counted default profile
-on this VM's stored system profile, perf/results/validate_plan_system.json) with some keys
-fixed:
+choose`, the plan ``plexgt plan --model hgt`` prints, priced from the system profile's measured
+``batch`` table: ``plexgt profile`` under ``mpiexec -n 4`` on this VM, stored as
+perf/results/hgt_ablation_system.json; a profile without one prices from counts) with some
+keys fixed:
 
 * ``cp``:       dp 1, pp 1, cp W (MegaGraph's baseline); K the search's.
 * ``even_pp``:  pp W, the even partition, K the search's for pp = W.
@@ -90,6 +91,7 @@ from plexgt.distributed.bootstrap import init_distributed, shutdown
 from plexgt.distributed.collectives import CommLedger
 from plexgt.plan.batch_fits import default_profile
 from plexgt.plan.batch_search import BatchCandidate, BatchSearch, price
+from plexgt.plan.batch_table import from_table
 from plexgt.plan.choose import ModelShape, batch_shape, choose
 from plexgt.plan.knobs import load_config
 from plexgt.plan.pareto import frontier
@@ -112,7 +114,7 @@ WORLDS = (2, 4)
 LAYOUTS = ("cp", "even_pp", "hetero_pp", "dp", "choice", "dp_weak")
 COMPARED = ("cp", "even_pp", "hetero_pp", "dp")
 """The layouts of one step of G sequences (the frontier and the pairwise ratios)."""
-PROFILE = RESULTS_DIR / "validate_plan_system.json"
+PROFILE = RESULTS_DIR / "hgt_ablation_system.json"
 SPLIT = ROOT / "configs" / "splits" / "amazon-computer_split.npz"
 WARMUP = 2
 MEASURED = "bench_hgt_ablation.measured_step"
@@ -134,7 +136,8 @@ def _search(data: Path, model: dict, profile: Path, world: int, fixed: dict
     prof = machine_profile(cfg)
     try:
         rp, found = choose(graph_sizes(pg, cfg.model.node_embedding), ModelShape.of(cfg),
-                           world, system_model_for(prof), plexus_coefficients_for(prof))
+                           world, system_model_for(prof), plexus_coefficients_for(prof),
+                           batch_table=prof.get("batch"))
     finally:
         pg.close()
     assert isinstance(found, BatchSearch) and found.best is not None
@@ -165,8 +168,12 @@ def layouts(data: Path, model: dict, profile: Path, world: int) -> dict[str, dic
     pg = PreparedGraph(data)
     bs = batch_shape(graph_sizes(pg, cfg.model.node_embedding), ModelShape.of(cfg))
     pg.close()
-    # priced as choose prices: the counted default profile on the system profile's rates
-    prof = default_profile(bs, system_model_for(machine_profile(cfg)))
+    # priced as choose prices: the system profile's measured batch table where it has one
+    # (plexgt profile's), else the counted default profile on its rates
+    sysp = machine_profile(cfg)
+    sysm = system_model_for(sysp)
+    prof = from_table(sysp["batch"], bs, sysm.host) if sysp.get("batch") else \
+        default_profile(bs, sysm)
     even = price(bs, prof, fast.mesh, [layers // world] * world)
     lean = min((c for c in found.candidates if c.micro_batches == fast.micro_batches),
                key=lambda c: (c.peak_bytes, c.step_s))

@@ -46,7 +46,11 @@ per rank, per pipeline stage (max over its ranks) and as the max over ranks. Tim
 passes (the second in reverse order, against the VM's drift), under training's allocator: 2
 warm-up steps, then ``--steps`` steps per pass, each the slowest rank's (a barrier before
 each); the median of both passes' steps. The load average (/proc/loadavg) is recorded
-before and after each W.
+before and after each W. Predicted: the step time from the profile's measured table, the
+memory per stage as counted (the tensors' bytes, :func:`~plexgt.plan.batch_fits.
+default_profile`'s memory terms), comparable with the peak tensors measured; the table's
+memory fit prices a CPU rank's resident set (allocator slack included: 1.5-1.9x the counts
+in its fits), which the resident column shows.
 
 Writes perf/results/hgt_ablation.json and ends with one RESULT line (hgt_ablation.md is the
 story, written by hand).
@@ -61,6 +65,7 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +189,15 @@ def layouts(data: Path, model: dict, profile: Path, world: int) -> dict[str, dic
     out = {"cp": _row(cp), "even_pp": _row(even), "hetero_pp": _row(lean), "dp": _row(dp),
            "choice": _row(choice), "dp_weak": _row(weak)}
     out["dp_weak"]["over"].update(weak_seq)
+    # memory as counted (the tensors' bytes, what this bench measures): the table's memory
+    # fit prices a CPU rank's resident set (allocator slack, libraries), ~1.9x the tensors
+    counted = default_profile(bs, sysm)
+    for n, c in (("cp", cp), ("even_pp", even), ("hetero_pp", lean), ("dp", dp),
+                 ("choice", choice)):
+        out[n]["predicted_stage_bytes"] = list(price(bs, counted, c.mesh, c.stages).stage_bytes)
+    wbs = replace(bs, sequences=bs.sequences * world)
+    out["dp_weak"]["predicted_stage_bytes"] = list(
+        price(wbs, default_profile(wbs, sysm), weak.mesh, weak.stages).stage_bytes)
     for n, r in out.items():
         r["sequences"] = int((weak_seq if n == "dp_weak" else model)["batch.sequences"])
     out["choice"]["frontier"] = [c.label for c in whole.frontier]

@@ -99,7 +99,7 @@ def stage_costs(shape: BatchShape, prof: BatchProfile, mesh: BatchMesh) -> Stage
     b = shape.sequences // (mesh.dp * mesh.micro_batches)  # sequences of a micro-batch
     d, e = shape.hidden, shape.esize
     r, rk, s = micro_rows(shape, cp)
-    cf = prof.compute_factor(pipeline_ranks(mesh))
+    cf = prof.compute_factor(pipeline_ranks(mesh), mesh.world)
     n_ex, ex_bytes = ring_exchanges(shape, cp, b)
     block_s = prof.block_seconds(cp, b, r, s) * cf + n_ex * (
         prof.ring.time(ex_bytes) if n_ex else 0.0)

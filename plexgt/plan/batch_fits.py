@@ -126,17 +126,19 @@ class BatchProfile:
     another width, heads or FFN (:func:`~plexgt.plan.batch_table.from_table` scales the
     fits) keeps none."""
 
-    def compute_factor(self, p: int) -> float:
-        """A profiled compute time's factor on each of p ranks computing at once: the κ(p)
-        measured with this profile (never below the cores' time-sharing), else the host's
-        (this profile's sizes merged into its κ, which it extrapolates)."""
+    def compute_factor(self, p: int, world: int | None = None) -> float:
+        """A profiled compute time's factor on each of p ranks computing at once in a job of
+        ``world`` ranks (default p; their count sets each rank's threads): the κ(p) measured
+        with this profile (never below the cores' time-sharing), else the host's (this
+        profile's sizes merged into its κ, which it extrapolates)."""
+        w = p if world is None else world
         if p in self.contention:
             return max(1.0, self.host.oversubscription(p), self.contention[p]) \
-                * self.host.thread_factor(p)
+                * self.host.thread_factor(w)
         if not self.contention:
-            return self.host.compute_factor(p)
+            return self.host.compute_factor(p, w)
         return replace(self.host, contention={**self.host.contention, **self.contention}
-                       ).compute_factor(p)
+                       ).compute_factor(p, w)
 
     def block_seconds(self, cp: int, b: int, rows: int, cols: int) -> float:
         """One block's forward + backward of b sequences of ``rows`` query rows against

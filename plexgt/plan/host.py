@@ -200,10 +200,12 @@ class Host:
         attention and the 3D grid planners price bytes by)."""
         return self.oversubscription(p) * seconds
 
-    def compute_factor(self, p: int) -> float:
-        """What a kernel's profiled time becomes on each of p ranks: κ(p) times the thread
-        factor."""
-        return self.slowdown(p) * self.thread_factor(p)
+    def compute_factor(self, p: int, world: int | None = None) -> float:
+        """What a kernel's profiled time becomes on each of p ranks computing at once: κ(p)
+        times the thread factor of a job of ``world`` ranks (default p): a rank's threads are
+        set once, by how many ranks share the node, not by how many compute at a time (a
+        pipeline stage idle in a bubble lends its core to nobody)."""
+        return self.slowdown(p) * self.thread_factor(p if world is None else world)
 
     def sync_time(self, p: int) -> float:
         """Extra seconds per collective call on p ranks busy between calls (interpolated in p;

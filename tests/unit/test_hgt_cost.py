@@ -158,3 +158,21 @@ def test_compute_is_priced_at_the_profiles_own_contention_not_the_hosts_cached_o
     assert own.compute_factor(8) == pytest.approx(1.4 * 8 / 2)
     assert cached.compute_factor(8) == pytest.approx(1.87 * 8 / 2)
     assert BatchProfile.from_dict(own.to_dict(), host).contention == {2: 1.4, 4: 2.5}
+
+
+def test_a_pipeline_bubble_lends_no_threads():
+    """A job of 2 ranks on 2 cores gives each rank 1 thread; a K = 1 pipeline computes on one
+    rank at a time, but that rank still has its 1 thread, not the 2 a lone rank would get.
+    Priced with the 2-thread speedup (1.68x), pp = 2 at K = 1 came out 1.1x dp = 2 where it
+    measured 1.86x (bench_hgt_ablation, Computers, 16 layers)."""
+    host = Host("cpu", cores=2, threads=1, thread_speedup={2: 1.68})
+    prof = _unit_profile(host=host, contention={2: 1.1})
+    assert prof.compute_factor(1) == pytest.approx(1 / 1.68)  # a 1-rank job: 2 threads
+    assert prof.compute_factor(1, world=2) == 1.0
+    assert host.compute_factor(1, 2) == 1.0
+    pp = step_seconds(SMALL, prof, BatchMesh(dp=1, pp=2, cp=1, micro_batches=1), (2, 2))
+    one = step_seconds(SMALL, prof, BatchMesh(dp=1, pp=1, cp=1, micro_batches=1), (4,))
+    # each stage at its 1 thread (factor 1): blocks, embed / head, the two sends
+    assert pp.stage_s == pytest.approx((2 + 0.3 + 0.02, 2 + 0.2 + 0.02))
+    alone = 4 * 1.0 + 0.3 + 0.2
+    assert one.stage_s[0] == pytest.approx(alone / 1.68)

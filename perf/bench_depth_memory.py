@@ -39,16 +39,17 @@ from perf.harness import (
     PeakRSS,
     hardware,
     launch,
+    malloc_mode,
     module,
     mpiexec,
     prep_sbm,
     result_line,
     rss,
     today,
+    trim_heap,
     write_json,
     write_text,
 )
-from perf.validate_plan import _malloc, _trim
 from plexgt.data.loader import PreparedGraph
 from plexgt.distributed.bootstrap import init_distributed, shutdown
 from plexgt.distributed.collectives import CommLedger
@@ -83,8 +84,8 @@ def _one(data: Path, c: dict, ctx) -> dict:  # noqa: ANN001 - DistContext
     """This configuration's peak above the pre-build level on every rank, and the plan's
     prediction."""
     cfg = _cfg(data, c)
-    _malloc(memory=True)
-    _trim()
+    malloc_mode(memory=True)
+    trim_heap()
     base = rss()
     task = build_task(cfg, ctx, CommLedger())
     opt = torch.optim.AdamW(task.model.parameters(), lr=1e-3)

@@ -82,15 +82,16 @@ from perf.harness import (
     gnn_benchmark,
     hardware,
     launch,
+    malloc_mode,
     module,
     mpiexec,
     prepared,
     result_line,
     rss,
     today,
+    trim_heap,
     write_json,
 )
-from perf.validate_plan import _malloc, _trim
 from plexgt.data.loader import PreparedGraph
 from plexgt.distributed.bootstrap import init_distributed, shutdown
 from plexgt.distributed.collectives import CommLedger
@@ -232,8 +233,8 @@ def _step(cfg, task, opt, i: int) -> float:  # noqa: ANN001
 def _memory(job: dict, over: dict, ctx) -> list[list[int]]:  # noqa: ANN001
     """[peak resident bytes above the pre-build level, stage, dp, cp] of every rank in the
     third step of one layout, glibc in the memory mode throughout (validate_plan's method)."""
-    _malloc(memory=True)
-    _trim()
+    malloc_mode(memory=True)
+    trim_heap()
     base = rss()
     cfg, task, opt = _build(Path(job["data"]), job["model"], Path(job["profile"]), over, ctx)
     for i in range(WARMUP):
@@ -301,7 +302,7 @@ def _tensors(job: dict, over: dict, ctx) -> list[list[int]]:  # noqa: ANN001
     sampler's stacked rows; :func:`_allocations`), so the peak is what a GPU's
     ``max_memory_allocated`` counts, without the sampler's numpy caches and the process's
     libraries, which the resident set holds."""
-    _trim()
+    trim_heap()
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         cfg, task, opt = _build(Path(job["data"]), job["model"], Path(job["profile"]), over,
                                 ctx)
@@ -325,7 +326,7 @@ def _tensors(job: dict, over: dict, ctx) -> list[list[int]]:  # noqa: ANN001
 
 def _time(job: dict, over: dict, ctx) -> list[float]:  # noqa: ANN001
     """``steps`` step times (the slowest rank's) after the warm-up, training's allocator."""
-    _malloc(memory=False)
+    malloc_mode(memory=False)
     cfg, task, opt = _build(Path(job["data"]), job["model"], Path(job["profile"]), over, ctx)
     for i in range(WARMUP):
         _step(cfg, task, opt, i)

@@ -48,8 +48,6 @@ shared) and ends with one RESULT line.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import json
 import os
 import statistics
@@ -77,6 +75,7 @@ from perf.harness import (
     prepared,
     result_line,
     today,
+    trim_heap,
     write_json,
 )
 from plexgt.config import TrainConfig
@@ -112,16 +111,6 @@ def current_memory(device: torch.device) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     return 0
-
-
-def trim_heap() -> None:
-    """Return the heap's free memory to the system (glibc), so the next window's resident
-    peak counts what it allocates, not what an earlier step left cached."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
 
 
 def _max_over_ranks(values: dict[str, float], device: torch.device) -> dict[str, float]:

@@ -54,8 +54,6 @@ reorder (uncorrected here, so that a choice is never scored on a corrected measu
 from __future__ import annotations
 
 import argparse
-import ctypes
-import gc
 import json
 import os
 import statistics
@@ -75,12 +73,14 @@ from perf.harness import (
     gnn_benchmark,
     hardware,
     launch,
+    malloc_mode,
     module,
     mpiexec,
     prepared,
     result_line,
     rss,
     today,
+    trim_heap,
     write_json,
 )
 from plexgt.data.loader import PreparedGraph
@@ -177,33 +177,6 @@ def any_scale_choice(data: Path, model: str, profile: Path) -> str:
 
 
 # -- the worker (under mpiexec) -----------------------------------------------------------
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-
-
-def _malloc(memory: bool) -> None:
-    """glibc's allocator in one of two modes. Memory (before the build and for the measured
-    step): every block over 128 KiB its own mapping and freed memory handed back, so the
-    resident set counts live memory. Time (the timed steps): blocks up to 32 MiB reused from
-    the heap, where glibc's adaptive threshold settles in a training loop, so a step is timed
-    as ``plexgt train`` runs it, without the page faults of a fresh mapping per tensor (which
-    made the memory mode's steps up to 1.6x slower)."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    libc.mallopt(M_MMAP_THRESHOLD, 128 << 10 if memory else 32 << 20)
-    libc.mallopt(M_TRIM_THRESHOLD, 0 if memory else 64 << 20)
-
-
-def _trim() -> None:
-    """Collect garbage and hand freed heap back to the OS, so RSS counts live memory."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except OSError:
-        pass
-
-
 def _build(data: Path, model: str, over: dict, profile: Path, ctx):  # noqa: ANN001, ANN202
     cfg = _cfg(data, model, over, profile)
     task = build_task(cfg, ctx, CommLedger())
@@ -212,14 +185,15 @@ def _build(data: Path, model: str, over: dict, profile: Path, ctx):  # noqa: ANN
 
 def _memory(data: Path, model: str, over: dict, profile: Path, ctx) -> list[int]:  # noqa: ANN001
     """Every rank's peak resident set during the third step of one configuration above the
-    level before it was built, glibc in the memory mode throughout (:func:`_malloc`); freed
-    on return. Measured before any configuration is timed: a heap the time mode left
-    fragmented (blocks up to 32 MiB reused, trimmed at 64 MiB) kept a later configuration's
+    level before it was built, glibc in the memory mode throughout
+    (:func:`~perf.harness.malloc_mode`); freed on return. Measured before any configuration
+    is timed: a heap the time mode left fragmented (blocks up to 32 MiB reused, trimmed at
+    64 MiB) kept a later configuration's
     freed blocks resident, which inflated the measurement of every configuration after the
     first of a run by up to 2.5x (Physics gcn 4x1x1 at p = 4: 62 MB after a clean start,
     154 MB after three timed configurations)."""
-    _malloc(memory=True)
-    _trim()
+    malloc_mode(memory=True)
+    trim_heap()
     base = rss()
     cfg, task, opt = _build(data, model, over, profile, ctx)
     for e in range(2):  # warm-up (the optimizer's state appears in the first)
@@ -235,7 +209,7 @@ def _time(data: Path, model: str, over: dict, profile: Path, steps: int, ctx  # 
           ) -> dict:
     """Build, warm up and time one configuration on this rank (a step: the slowest rank's),
     glibc as a training run has it; freed on return."""
-    _malloc(memory=False)
+    malloc_mode(memory=False)
     cfg, task, opt = _build(data, model, over, profile, ctx)
     for e in range(2):
         loop.step(cfg, task, opt, e)

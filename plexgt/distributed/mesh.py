@@ -123,17 +123,19 @@ def parse_mesh(text: str) -> Mesh:
 
 
 def parse_extent(text: str | int, key: str) -> int | None:
-    """A mesh extent from the config (``parallel.dp``, ``.pp``, ``.cp``): None for 'auto'."""
+    """A mesh extent from the config (``parallel.dp``, ``.pp``, ``.cp``): None for 'auto',
+    else the integer >= 1 (one-line ConfigError naming ``key`` otherwise)."""
     if isinstance(text, int) and not isinstance(text, bool):
         value = text
     elif isinstance(text, str) and text.strip().lower() == "auto":
         return None
-    elif isinstance(text, str) and text.strip().isdigit():
-        value = int(text.strip())
     else:
-        raise ConfigError(f"{key}={text!r} must be 'auto' or a positive integer")
+        try:
+            value = int(text)
+        except (TypeError, ValueError):
+            value = 0
     if value < 1:
-        raise ConfigError(f"{key}={text!r} must be 'auto' or a positive integer")
+        raise ConfigError(f"config key '{key}': {text!r} is not 'auto' or an integer >= 1")
     return value
 
 
@@ -169,10 +171,8 @@ def even_partition(layers: int, pp: int) -> tuple[range, ...]:
     """``layers`` over ``pp`` stages as evenly as possible, the extra layers on the LAST stages
     (the first holds the embedding table and the batch's construction)."""
     if pp < 1:
-        raise ConfigError(f"parallel.pp={pp} must be at least 1")
-    if layers < pp:
-        raise ConfigError(f"parallel.pp={pp} stages need at least {pp} layers, "
-                          f"model.layers={layers}: a stage would hold no layer")
+        raise ConfigError(f"config key 'parallel.pp': {pp} must be at least 1")
+    check_layout(layers=layers, pp=pp)
     base, extra = divmod(layers, pp)
     return ranges([base + (1 if s >= pp - extra else 0) for s in range(pp)])
 
@@ -186,53 +186,89 @@ def ranges(counts: Sequence[int]) -> tuple[range, ...]:
     return tuple(out)
 
 
+def parse_stages(stages: str | Sequence[int], layers: int, pp: int | None = None
+                 ) -> tuple[int, ...] | None:
+    """``parallel.stages`` -> the layers of each stage: None for 'auto', else the
+    comma-separated counts ('3,7,7,7') or a sequence of counts, each >= 1, summing to
+    ``layers``, ``pp`` of them (when given). The one owner of these rules (the config
+    check, the planner and the run all call it); one-line ConfigErrors name the key."""
+    if isinstance(stages, str):
+        text = stages.strip()
+        if text.lower() == "auto":
+            return None
+        try:
+            counts = tuple(int(p) for p in text.split(","))
+        except ValueError:
+            raise ConfigError(f"config key 'parallel.stages': {stages!r} is not 'auto' or "
+                              "layers per stage, comma-separated (3,7,7,7)") from None
+    else:
+        counts = tuple(int(s) for s in stages)
+        text = ",".join(map(str, counts))
+    if not counts or min(counts) < 1:
+        raise ConfigError(f"config key 'parallel.stages': {text!r} has a stage with no layer "
+                          f"(stage {counts.index(min(counts)) if counts else 0}; each must "
+                          "be >= 1)")
+    if pp is not None and len(counts) != pp:
+        raise ConfigError(f"config key 'parallel.stages': {text!r} is {len(counts)} stages, "
+                          f"parallel.pp={pp}")
+    if sum(counts) != layers:
+        raise ConfigError(f"config key 'parallel.stages': {text!r} sums to {sum(counts)} "
+                          f"layers, not model.layers={layers}")
+    return counts
+
+
 def partition(stages: str | Sequence[int], layers: int, pp: int) -> tuple[range, ...]:
     """``parallel.stages`` -> the global layer indices of each of the ``pp`` stages.
 
     ``stages`` is 'auto' (the even split: a planner resolves 'auto' to its own partition before
-    calling this), comma-separated counts ('3,7,7,7') or a sequence of counts. One-line
-    errors name ``parallel.stages`` and what is wrong."""
-    if isinstance(stages, str):
-        text = stages.strip()
-        if text.lower() == "auto":
-            return even_partition(layers, pp)
-        parts = [s.strip() for s in text.split(",")]
-        if not all(s.isdigit() for s in parts):
-            raise ConfigError(f"parallel.stages={stages!r} must be 'auto' or comma-separated "
-                              "layer counts, e.g. 3,7,7,7")
-        counts = [int(s) for s in parts]
-    else:
-        counts = [int(s) for s in stages]
-        text = ",".join(map(str, counts))
-    if len(counts) != pp:
-        raise ConfigError(f"parallel.stages={text!r} names {len(counts)} stages, "
-                          f"parallel.pp is {pp}")
-    if any(n < 1 for n in counts):
-        raise ConfigError(f"parallel.stages={text!r}: stage {counts.index(min(counts))} "
-                          "holds no layer (each stage needs at least 1)")
-    if sum(counts) != layers:
-        raise ConfigError(f"parallel.stages={text!r} sums to {sum(counts)} layers, "
-                          f"model.layers is {layers}")
-    return ranges(counts)
+    calling this), comma-separated counts ('3,7,7,7') or a sequence of counts
+    (:func:`parse_stages` checks them)."""
+    counts = parse_stages(stages, layers, pp)
+    return even_partition(layers, pp) if counts is None else ranges(counts)
 
 
 # -- a step's sequences over replicas and micro-batches ---------------------------------------
 
 
+def check_layout(sequences: int | None = None, size: int | None = None,
+                 layers: int | None = None, dp: int | None = None, pp: int | None = None,
+                 cp: int | None = None, micro_batches: int | None = None) -> None:
+    """One-line ConfigErrors when a node-sequence step cannot be laid out on the mesh: more
+    stages ``pp`` than ``layers``, ``cp`` not dividing the sequence length ``size``
+    (``batch.size``: each cp rank holds N'/cp rows), ``dp`` not dividing the step's
+    ``sequences`` (``batch.sequences``), ``micro_batches`` not dividing a replica's share (the
+    step's, ``dp`` unknown). Every layout computes the same step only then. None: not known
+    yet ('auto', the planner's), that rule skipped.
+
+    The one owner of these rules: the config check (:mod:`plexgt.plan.knobs`), the planner's
+    search and cost model and the run's layout all call it, so a user meets the same message
+    wherever a layout is refused."""
+    if pp is not None and layers is not None and pp > layers:
+        raise ConfigError(f"config key 'parallel.pp': {pp} stages for model.layers={layers} "
+                          "(each stage needs a layer)")
+    if cp is not None and size is not None and size % cp:
+        raise ConfigError(f"config key 'parallel.cp': {cp} does not divide batch.size={size} "
+                          "(each context-parallel rank holds N'/cp rows)")
+    if sequences is None:
+        return
+    if dp is not None and sequences % dp:
+        raise ConfigError(f"config key 'parallel.dp': {dp} does not divide batch.sequences="
+                          f"{sequences} (each replica takes an equal share of a step)")
+    if micro_batches is None:
+        return
+    if dp is not None:
+        n, whose, of = sequences // dp, "a replica's", f" / parallel.dp={dp}"
+    else:
+        n, whose, of = sequences, "the step's", ""
+    if micro_batches < 1 or n % micro_batches:
+        raise ConfigError(f"config key 'parallel.micro_batches': {micro_batches} does not "
+                          f"divide {whose} {n} sequences (batch.sequences={sequences}{of})")
+
+
 def check_batch(sequences: int, size: int, mesh: Mesh, micro_batches: int) -> None:
-    """One-line errors when the step's ``sequences`` (``batch.sequences``) do not split evenly
-    over the replicas and then the ``micro_batches``, or the sequence length ``size``
-    (``batch.size``) over the cp ranks: every layout computes the same step only then."""
-    if sequences % mesh.dp:
-        raise ConfigError(f"batch.sequences={sequences} is not a multiple of "
-                          f"parallel.dp={mesh.dp}")
-    share = sequences // mesh.dp
-    if micro_batches < 1 or share % micro_batches:
-        raise ConfigError(f"parallel.micro_batches={micro_batches} does not divide a "
-                          f"replica's {share} sequences (batch.sequences={sequences} / "
-                          f"parallel.dp={mesh.dp})")
-    if size % mesh.cp:
-        raise ConfigError(f"batch.size={size} is not a multiple of parallel.cp={mesh.cp}")
+    """:func:`check_layout` of the step's ``sequences`` and sequence length ``size`` on
+    ``mesh`` with ``micro_batches``."""
+    check_layout(sequences, size, dp=mesh.dp, cp=mesh.cp, micro_batches=micro_batches)
 
 
 def micro_batch(sequences: int, dp: int, micro_batches: int, d: int, k: int) -> range:

@@ -34,13 +34,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from plexgt.models.sequence import (
-    NUM_CODES,
     Attend,
     Rows,
     dense_attend,
     target_mask,
 )
 from plexgt.models.spec import ModelSpec
+from plexgt.ops.dense_attention import NUM_CODES
 from plexgt.ops.rng import CounterRNG
 
 Tensor = torch.Tensor

@@ -7,7 +7,8 @@ model (a model is its module and a registry line).
 
 Shapes: codes [B, N', N'] int8 (hop distance from j to i in the sequence's induced subgraph:
 0 same node, 1, 2, 3 = farther or unreachable; :data:`GLOBAL_CODE` for pairs with a global
-node), h [B, R, d] hidden rows, q/k/v [B, h, R, d'].
+node), h [B, R, d] hidden rows, q/k/v [B, h, R, d']. The codes' constants (``NUM_CODES``,
+``GLOBAL_CODE``) are :mod:`plexgt.ops.dense_attention`'s, the lowest layer that reads them.
 """
 
 from __future__ import annotations
@@ -19,12 +20,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from plexgt.ops.dense_attention import GLOBAL_CODE
+
 Tensor = torch.Tensor
 
-NUM_CODES = 5
-"""Hop codes 0..3 and the global-node code 4: rows of each block's bias table."""
-GLOBAL_CODE = 4
-"""The code of every (row, column) pair where either is a global node."""
 Attend = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 """attend(q, k, v, codes, bias_weight) -> out [B, h, Rq, d'].
 

@@ -155,9 +155,7 @@ def step_seconds(shape: BatchShape, prof: BatchProfile, mesh: BatchMesh, stages:
                  ) -> StepCost:
     """A step's seconds at ``mesh`` with ``stages`` blocks per stage (len = P_pp)."""
     check_mesh(shape, mesh)
-    check_stages(shape, stages)
-    if len(stages) != mesh.pp:
-        raise ValueError(f"{len(stages)} stages for parallel.pp = {mesh.pp}")
+    check_stages(shape, stages, mesh.pp)
     c = stage_costs(shape, prof, mesh)
     per = tuple(float(c.time(n, position(i, mesh.pp))) for i, n in enumerate(stages))
     params = max(int(c.params(n, position(i, mesh.pp))) for i, n in enumerate(stages))

@@ -47,7 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from plexgt.errors import ConfigError
+from plexgt.distributed.mesh import check_layout, meshes_for, parse_stages
+from plexgt.errors import ConfigError, GridError
 from plexgt.plan.batch_cost import StageCosts, pipeline_seconds, stage_costs, tail_seconds
 from plexgt.plan.batch_fits import BatchProfile
 from plexgt.plan.batch_shape import BatchMesh, BatchShape, check_mesh, check_stages, position
@@ -347,7 +348,7 @@ def price(shape: BatchShape, prof: BatchProfile, mesh: BatchMesh, stages: Sequen
           tab: Tables | None = None) -> BatchCandidate:
     """One fixed configuration's step seconds and stage bytes."""
     check_mesh(shape, mesh)
-    check_stages(shape, stages)
+    check_stages(shape, stages, mesh.pp)
     tab = tab or Tables.of(stage_costs(shape, prof, mesh), shape.layers)
     pipe, pmax, mem = _stage_terms(tab, stages, mesh.micro_batches)
     step = pipe + tail_seconds(prof, shape, mesh, pmax)
@@ -402,32 +403,21 @@ def meshes(shape: BatchShape, world: int, fixed: dict[str, Any] | None = None
 
 def check_fixed(shape: BatchShape, world: int, fixed: dict[str, Any]) -> dict[str, Any]:
     """``fixed`` with stages as a tuple; ConfigError (one line) for keys or values the
-    step cannot take."""
+    step cannot take (the layout's rules are :mod:`plexgt.distributed.mesh`'s, the words
+    ``plexgt train`` uses)."""
     bad = set(fixed) - set(FIXED_KEYS)
     if bad:
         raise ConfigError(f"plan: unknown fixed choice(s) {', '.join(sorted(bad))} "
                           f"(known: {', '.join(FIXED_KEYS)})")
     out = dict(fixed)
     if "stages" in out:
-        st = out["stages"]
-        st = tuple(int(x) for x in (st.split(",") if isinstance(st, str) else st))
-        try:
-            check_stages(shape, st)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        if out.get("pp", len(st)) != len(st):
-            raise ConfigError(f"parallel.stages has {len(st)} stages but parallel.pp = "
-                              f"{out['pp']}")
-        out["stages"] = st
-    for k in ("dp", "pp", "cp"):
-        if k in out and (out[k] < 1 or world % out[k]):
-            raise ConfigError(f"parallel.{k} = {out[k]} does not divide the {world} ranks")
-    if "cp" in out and shape.size % out["cp"]:
-        raise ConfigError(f"parallel.cp = {out['cp']} does not divide batch.size = "
-                          f"{shape.size}")
-    if "dp" in out and shape.sequences % out["dp"]:
-        raise ConfigError(f"parallel.dp = {out['dp']} does not divide batch.sequences = "
-                          f"{shape.sequences}")
+        out["stages"] = parse_stages(out["stages"], shape.layers, out.get("pp"))
+    try:
+        meshes_for(world, out.get("dp", "auto"), out.get("pp", "auto"), out.get("cp", "auto"))
+    except GridError as e:
+        raise ConfigError(f"config keys 'parallel.dp/pp/cp': {e}") from None
+    check_layout(shape.sequences, shape.size, shape.layers, out.get("dp"), out.get("pp"),
+                 out.get("cp"), out.get("micro_batches"))
     return out
 
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from plexgt.config import TrainConfig
-from plexgt.distributed.mesh import Mesh
+from plexgt.distributed.mesh import Mesh, check_layout, parse_stages
 
 
 @dataclass(frozen=True)
@@ -120,29 +120,16 @@ class BatchMesh(Mesh):
 
 
 def check_mesh(shape: BatchShape, mesh: BatchMesh) -> None:
-    """ValueError (one line) unless the mesh divides the step as the design requires."""
-    g, k = shape.sequences, mesh.micro_batches
-    if min(mesh.dp, mesh.pp, mesh.cp, k) < 1:
-        raise ValueError(f"node-sequence mesh {mesh}: every factor must be >= 1")
-    if g % mesh.dp:
-        raise ValueError(f"parallel.dp = {mesh.dp} does not divide batch.sequences = {g}")
-    if (g // mesh.dp) % k:
-        raise ValueError(f"parallel.micro_batches = {k} does not divide the {g // mesh.dp} "
-                         f"sequences of a replica")
-    if shape.size % mesh.cp:
-        raise ValueError(f"parallel.cp = {mesh.cp} does not divide batch.size = {shape.size}")
-    if mesh.pp > shape.layers:
-        raise ValueError(f"parallel.pp = {mesh.pp} is more stages than the {shape.layers} "
-                         f"layers")
+    """One-line ConfigError unless the mesh divides the step as the design requires
+    (:func:`plexgt.distributed.mesh.check_layout`'s rules)."""
+    check_layout(shape.sequences, shape.size, shape.layers, mesh.dp, mesh.pp, mesh.cp,
+                 mesh.micro_batches)
 
 
-def check_stages(shape: BatchShape, stages: Sequence[int]) -> None:
-    if any(n < 1 for n in stages):
-        raise ValueError(f"parallel.stages = {','.join(map(str, stages))}: every stage needs "
-                         f"at least one layer")
-    if sum(stages) != shape.layers:
-        raise ValueError(f"parallel.stages = {','.join(map(str, stages))} sums to "
-                         f"{sum(stages)}, not model.layers = {shape.layers}")
+def check_stages(shape: BatchShape, stages: Sequence[int], pp: int | None = None) -> None:
+    """One-line ConfigError unless ``stages`` (blocks per stage) partition the shape's layers
+    over ``pp`` stages (:func:`plexgt.distributed.mesh.parse_stages`' rules)."""
+    parse_stages(stages, shape.layers, pp)
 
 
 def position(i: int, pp: int) -> int:

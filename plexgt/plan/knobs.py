@@ -16,6 +16,7 @@ from typing import Any
 from plexgt.config import ParallelConfig, TrainConfig, read_config
 from plexgt.data.node_batches import check_batch
 from plexgt.distributed.grid import parse_grid
+from plexgt.distributed.mesh import check_layout, parse_extent, parse_stages
 from plexgt.errors import ConfigError, GridError
 from plexgt.models.registry import default_registry as model_registry
 from plexgt.models.spec import ModelRegistry
@@ -101,44 +102,11 @@ MESH_KEYS = ("dp", "pp", "cp", "stages", "micro_batches")
 DEFAULT_PARALLEL = ParallelConfig()
 
 
-def parse_count(key: str, text: str) -> int | None:
-    """parallel.dp / pp / cp: None for 'auto', else the integer >= 1 (ConfigError naming
-    ``key`` otherwise)."""
-    if text.strip() == "auto":
-        return None
-    try:
-        v = int(text)
-    except ValueError:
-        v = 0
-    if v < 1:
-        raise ConfigError(f"config key '{key}': {text!r} is not 'auto' or an integer >= 1")
-    return v
-
-
-def parse_stages(text: str, layers: int) -> tuple[int, ...] | None:
-    """parallel.stages: None for 'auto', else the layers of each stage ('3,7,7,7'), each
-    >= 1 and summing to ``layers`` (ConfigError naming the key otherwise)."""
-    if text.strip() == "auto":
-        return None
-    try:
-        parts = tuple(int(p) for p in text.split(","))
-    except ValueError:
-        raise ConfigError(f"config key 'parallel.stages': {text!r} is not 'auto' or layers "
-                          "per stage, comma-separated (3,7,7,7)") from None
-    if min(parts) < 1:
-        raise ConfigError(f"config key 'parallel.stages': {text!r} has a stage with no "
-                          "layer (each must be >= 1)")
-    if sum(parts) != layers:
-        raise ConfigError(f"config key 'parallel.stages': {text!r} sums to {sum(parts)} "
-                          f"layers, not model.layers={layers}")
-    return parts
-
-
 def check_batch_layout(cfg: TrainConfig) -> None:
     """The checks of a node-sequence model (layout 'batch') that the config alone decides:
-    the [batch] table, the mesh keys (parse, stages summing to the layers and matching
-    parallel.pp, cp dividing batch.size, dp dividing batch.sequences, micro-batches dividing
-    a replica's share), and the keys of the full-graph layouts it would ignore."""
+    the [batch] table (:func:`plexgt.data.node_batches.check_batch`), the mesh keys (by
+    :mod:`plexgt.distributed.mesh`'s rules: ``parse_extent``, ``parse_stages``,
+    ``check_layout``), and the keys of the full-graph layouts it would ignore."""
     m, par, b = cfg.model, cfg.parallel, cfg.batch
     check_batch(b)
     if m.hidden % m.heads:
@@ -162,29 +130,13 @@ def check_batch_layout(cfg: TrainConfig) -> None:
             raise ConfigError(f"config key 'parallel.{k}': {getattr(par, k)!r} applies to the "
                               f"full-graph layouts; {m.name} is laid out by parallel.dp, pp, "
                               "cp and stages")
-    dp, pp, cp = (parse_count(f"parallel.{k}", getattr(par, k)) for k in ("dp", "pp", "cp"))
-    stages = parse_stages(par.stages, m.layers)
-    if pp is not None and pp > m.layers:
-        raise ConfigError(f"config key 'parallel.pp': {pp} stages for model.layers="
-                          f"{m.layers} (each stage needs a layer)")
-    if pp is not None and stages is not None and len(stages) != pp:
-        raise ConfigError(f"config key 'parallel.stages': {par.stages!r} is {len(stages)} "
-                          f"stages, parallel.pp={pp}")
-    if cp is not None and b.size % cp:
-        raise ConfigError(f"config key 'parallel.cp': {cp} does not divide batch.size="
-                          f"{b.size} (each context-parallel rank holds N'/cp rows)")
-    if dp is not None and b.sequences % dp:
-        raise ConfigError(f"config key 'parallel.dp': {dp} does not divide batch.sequences="
-                          f"{b.sequences} (each replica takes an equal share of a step)")
+    dp, pp, cp = (parse_extent(getattr(par, k), f"parallel.{k}") for k in ("dp", "pp", "cp"))
     k = par.micro_batches
     if k < 0:
         raise ConfigError(f"config key 'parallel.micro_batches': {k} must be >= 0 (0: the "
                           "plan's)")
-    n, whose = (b.sequences // dp, "a replica's") if dp is not None else (b.sequences,
-                                                                        "the step's")
-    if k and n % k:
-        raise ConfigError(f"config key 'parallel.micro_batches': {k} does not divide "
-                          f"{whose} {n} sequences (batch.sequences={b.sequences})")
+    parse_stages(par.stages, m.layers, pp)
+    check_layout(b.sequences, b.size, m.layers, dp, pp, cp, k or None)
 
 
 def load_config(path: str | Path | None = None, flags: dict[str, Any] | None = None,

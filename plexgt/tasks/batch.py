@@ -23,6 +23,7 @@ from plexgt.distributed.mesh import (
     Mesh,
     build_mesh_groups,
     check_batch,
+    check_layout,
     meshes_for,
     partition,
 )
@@ -48,10 +49,9 @@ SCHEDULE = "gpipe"
 
 def _fits(cfg: TrainConfig, mesh: Mesh) -> bool:
     """Whether ``mesh`` can run the configured batches and layers at all."""
-    if mesh.pp > cfg.model.layers:
-        return False
     try:
-        check_batch(cfg.batch.sequences, cfg.batch.size, mesh, cfg.parallel.micro_batches or 1)
+        check_layout(cfg.batch.sequences, cfg.batch.size, cfg.model.layers, mesh.dp, mesh.pp,
+                     mesh.cp, cfg.parallel.micro_batches or 1)
     except ConfigError:
         return False
     return True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
+from plexgt.errors import ConfigError
 from plexgt.plan.agp import SystemModel
 from plexgt.plan.batch_cost import ring_exchanges, step_seconds
 from plexgt.plan.batch_fits import BatchProfile, BlockFit, Fit, default_profile
@@ -120,22 +121,27 @@ def test_default_profile_prices_with_the_system_model():
 
 
 @pytest.mark.parametrize("mesh, msg", [
-    (BatchMesh(3, 1, 1, 1), "parallel.dp = 3 does not divide batch.sequences = 4"),
-    (BatchMesh(1, 1, 3, 1), "parallel.cp = 3 does not divide batch.size = 8"),
-    (BatchMesh(2, 1, 1, 4), "parallel.micro_batches = 4 does not divide the 2 sequences"),
-    (BatchMesh(1, 5, 1, 1), "parallel.pp = 5 is more stages than the 4 layers"),
+    (BatchMesh(3, 1, 1, 1), "'parallel.dp': 3 does not divide batch.sequences=4"),
+    (BatchMesh(1, 1, 3, 1), "'parallel.cp': 3 does not divide batch.size=8"),
+    (BatchMesh(2, 1, 1, 4), "'parallel.micro_batches': 4 does not divide a replica's 2 "
+                            "sequences"),
+    (BatchMesh(1, 1, 1, 0), "'parallel.micro_batches': 0 does not divide"),
+    (BatchMesh(1, 5, 1, 1), "'parallel.pp': 5 stages for model.layers=4"),
 ])
 def test_bad_meshes_name_the_key(mesh, msg):
-    with pytest.raises(ValueError, match=msg):
+    with pytest.raises(ConfigError, match=msg) as e:
         check_mesh(SMALL, mesh)
+    assert "\n" not in str(e.value)
 
 
 def test_bad_stages_name_the_problem():
     prof = _unit_profile()
-    with pytest.raises(ValueError, match="sums to 5, not model.layers = 4"):
+    with pytest.raises(ConfigError, match="sums to 5 layers, not model.layers=4"):
         step_seconds(SMALL, prof, BatchMesh(1, 2, 1, 1), (2, 3))
-    with pytest.raises(ValueError, match="at least one layer"):
+    with pytest.raises(ConfigError, match="has a stage with no layer"):
         step_seconds(SMALL, prof, BatchMesh(1, 2, 1, 1), (4, 0))
+    with pytest.raises(ConfigError, match="'4' is 1 stages, parallel.pp=2"):
+        step_seconds(SMALL, prof, BatchMesh(1, 2, 1, 1), (4,))
     assert position(0, 1) == 3 and position(0, 3) == 0 and position(1, 3) == 1
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from plexgt.models.hgt import HierarchicalGT, StepDrop
-from plexgt.models.sequence import GLOBAL_CODE, Rows, dense_attend, sequence_loss
+from plexgt.models.sequence import Rows, dense_attend, sequence_loss
+from plexgt.ops.dense_attention import GLOBAL_CODE
 
 L, F_IN, D, C, HEADS, NS, NODES, EMB = 6, 5, 8, 3, 2, 2, 40, 3
 

@@ -203,11 +203,11 @@ def test_fixed_choices_are_honoured_and_checked():
     assert plan.dp * plan.cp == 2
     for got in itertools.islice(search_batch(shape, 8, prof, fixed={"cp": 2}).candidates, 20):
         assert got.cp == 2
-    with pytest.raises(ConfigError, match="sums to 9, not model.layers = 8"):
+    with pytest.raises(ConfigError, match="sums to 9 layers, not model.layers=8"):
         choose_batch(shape, 4, prof, fixed={"stages": (2, 3, 4)})
-    with pytest.raises(ConfigError, match="parallel.cp = 3 does not divide the 4 ranks"):
+    with pytest.raises(ConfigError, match="no mesh with parallel.cp=3 fits the world size 4"):
         choose_batch(shape, 4, prof, fixed={"cp": 3})
-    with pytest.raises(ConfigError, match="has 2 stages but parallel.pp = 4"):
+    with pytest.raises(ConfigError, match="'4,4' is 2 stages, parallel.pp=4"):
         choose_batch(shape, 4, prof, fixed={"stages": "4,4", "pp": 4})
     with pytest.raises(ConfigError, match="unknown fixed choice"):
         choose_batch(shape, 4, prof, fixed={"tp": 2})

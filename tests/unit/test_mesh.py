@@ -79,9 +79,9 @@ def test_bad_meshes_one_line_errors():
     assert parse_mesh("2x3x1") == Mesh(2, 3, 1)
     with pytest.raises(GridError, match="outside mesh"):
         Mesh(2, 2, 1).coords(4)
-    with pytest.raises(ConfigError, match="parallel.cp='two'"):
+    with pytest.raises(ConfigError, match="'parallel.cp': 'two' is not 'auto'"):
         parse_extent("two", "parallel.cp")
-    with pytest.raises(ConfigError, match="parallel.pp='0'"):
+    with pytest.raises(ConfigError, match="'parallel.pp': '0' is not 'auto'"):
         parse_extent("0", "parallel.pp")
     assert parse_extent("auto", "parallel.dp") is None and parse_extent(" 3", "x") == 3
     assert [m.shape for m in meshes_for(8, dp="2", cp="2")] == [(2, 2, 2)]
@@ -97,16 +97,17 @@ def test_partition_parses_and_checks():
     assert partition("auto", 7, 3) == (range(0, 2), range(2, 4), range(4, 7))
     assert even_partition(6, 3) == (range(0, 2), range(2, 4), range(4, 6))
     assert even_partition(5, 1) == (range(0, 5),)
-    cases = {("3,7,7", 24, 4): "names 3 stages, parallel.pp is 4",
-             ("3,7,7,6", 24, 4): "sums to 23 layers, model.layers is 24",
-             ("0,6,6", 12, 3): "stage 0 holds no layer",
+    cases = {("3,7,7", 24, 4): "is 3 stages, parallel.pp=4",
+             ("3,7,7,6", 24, 4): "sums to 23 layers, not model.layers=24",
+             ("0,6,6", 12, 3): "has a stage with no layer \\(stage 0",
+             ("6,0,6", 12, 3): "has a stage with no layer \\(stage 1",
              ("3;3", 6, 2): "comma-separated",
              ("", 6, 1): "comma-separated"}
     for (text, layers, pp), msg in cases.items():
         with pytest.raises(ConfigError, match=msg) as e:
             partition(text, layers, pp)
         assert "parallel.stages" in str(e.value) and "\n" not in str(e.value)
-    with pytest.raises(ConfigError, match="a stage would hold no layer"):
+    with pytest.raises(ConfigError, match="'parallel.pp': 3 stages for model.layers=2"):
         partition("auto", 2, 3)
 
 
@@ -129,9 +130,9 @@ def test_step_split_over_replicas_and_micro_batches():
     check_batch(8, 1024, mesh, 4)
     got = [micro_batch(8, 2, 2, d, k) for d in range(2) for k in range(2)]
     assert got == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
-    for args, msg in (((7, 1024, mesh, 1), "batch.sequences=7 is not a multiple of parallel.dp=2"),
-                      ((8, 1024, mesh, 3), "micro_batches=3 does not divide a replica's 4"),
-                      ((8, 1024, mesh, 0), "parallel.micro_batches=0"),
-                      ((8, 1001, mesh, 1), "batch.size=1001 is not a multiple of parallel.cp=2")):
+    for args, msg in (((7, 1024, mesh, 1), "'parallel.dp': 2 does not divide batch.sequences=7"),
+                      ((8, 1024, mesh, 3), "micro_batches': 3 does not divide a replica's 4"),
+                      ((8, 1024, mesh, 0), "'parallel.micro_batches': 0 does not divide"),
+                      ((8, 1001, mesh, 1), "'parallel.cp': 2 does not divide batch.size=1001")):
         with pytest.raises(ConfigError, match=msg):
             check_batch(*args)

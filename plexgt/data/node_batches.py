@@ -16,10 +16,10 @@ evaluation takes the valid / test nodes in order under a fixed epoch key (:data:
 
 What is read: the A2 rows (Q order, in-neighbours as P columns) and the feature rows (Q
 order) of the nodes a sequence touches, in blocks of ``block_rows`` rows kept in a bounded LRU
-cache, and the split masks once. The one whole-graph array held is the P -> Q position map
-(4 or 8 bytes a node): the prepared directory stores P and Q as two independent permutations
-of the original ids and no inverse, so a node's Q position (its A2 row and feature row)
-needs both whole once.
+cache, the split masks once, and the P -> Q position map (a node's A2 row and feature row)
+in cached blocks of :data:`P2Q_BLOCK` entries: no array of the whole graph's size, every cache
+bounded by :data:`CACHE_BYTES`. A directory prepared before nodes.h5 held that map is read as
+before: both permutations once, the map kept whole (4 or 8 bytes a node).
 """
 
 from __future__ import annotations
@@ -118,6 +118,10 @@ def collate(seqs: list[Sequence]) -> NodeBatch:
                      torch.cat([s.labels for s in seqs]))
 
 
+P2Q_BLOCK = 1 << 16
+"""Entries of the P -> Q map read at a time (256 KiB of int32)."""
+
+
 class BlockCache:
     """At most ``capacity`` blocks read by ``read(b)``, least recently used evicted."""
 
@@ -149,6 +153,21 @@ def first_by_key(items: np.ndarray, k: np.ndarray, n: int) -> np.ndarray:
     """The n items of smallest key (ties: smaller item first), in key order: a uniform draw
     without replacement that no call order can change."""
     return items[np.lexsort((items, k))[:n]]
+
+
+def by_block(pos: np.ndarray, rows: int, cache: BlockCache) -> list[Any]:
+    """(block, local rows, where in pos) of each ``rows``-row block of ``cache`` the positions
+    ``pos`` fall in, ascending blocks (one sort, not a pass over pos per block)."""
+    pos = np.asarray(pos, dtype=np.int64)
+    blk = pos // rows
+    order = np.argsort(blk, kind="stable")
+    sb = blk[order]
+    cut = np.flatnonzero(sb[1:] != sb[:-1]) + 1
+    out = []
+    for where in np.split(order, cut) if order.size else []:
+        b = int(blk[where[0]])
+        out.append((cache.get(b), pos[where] - b * rows, where))
+    return out
 
 
 def raw_csr(m: sp.csr_matrix) -> tuple[np.ndarray, np.ndarray]:
@@ -210,11 +229,16 @@ class NodeBatches:
         self.pg, self.batch, self.seed, self.block_rows = pg, batch, seed, block_rows
         n = pg.N
         self._split = {s: self._mask_ids(s) for s in SPLITS}
-        perm_p, perm_q = pg.read_perm("P"), pg.read_perm("Q")
-        qinv = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
-        qinv[perm_q] = np.arange(n, dtype=qinv.dtype)
-        self._p2q = qinv[perm_p]
-        del perm_p, perm_q, qinv
+        self._p2q: np.ndarray | None = None
+        self._p2q_blocks = BlockCache(
+            lambda b: pg.read_p2q((b * P2Q_BLOCK, min(n, (b + 1) * P2Q_BLOCK))),
+            max(1, CACHE_BYTES // (P2Q_BLOCK * 8)))
+        if not pg.has_p2q:  # prepared before nodes.h5 held the map: both permutations whole
+            perm_p, perm_q = pg.read_perm("P"), pg.read_perm("Q")
+            qinv = np.empty(n, dtype=np.int32 if n < 2**31 else np.int64)
+            qinv[perm_q] = np.arange(n, dtype=qinv.dtype)
+            self._p2q = qinv[perm_p]
+            del perm_p, perm_q, qinv
         self._adj = BlockCache(lambda b: raw_csr(pg.read_adjacency("A2", self._block(b))),
                                cache_blocks)
         self._feat = BlockCache(lambda b: pg.read_features(self._block(b)), cache_blocks)
@@ -270,19 +294,20 @@ class NodeBatches:
         return self._perm[1]
 
     # -- reads ------------------------------------------------------------------------
+    def q_positions(self, ids: np.ndarray) -> np.ndarray:
+        """[len(ids)] int64 Q positions (A2 rows, feature rows) of the P ids ``ids``, from the
+        map's cached blocks."""
+        if self._p2q is not None:
+            return self._p2q[ids].astype(np.int64)
+        out = np.empty(ids.size, dtype=np.int64)
+        for block, local, where in by_block(ids, P2Q_BLOCK, self._p2q_blocks):
+            out[where] = block[local]
+        return out
+
     def _gather(self, cache: BlockCache, ids: np.ndarray, q: bool) -> list[Any]:
         """(block, local rows, where in ids) of each block the nodes ``ids`` fall in,
-        ascending blocks (one sort, not a pass over ids per block)."""
-        pos = self._p2q[ids].astype(np.int64) if q else ids
-        blk = pos // self.block_rows
-        order = np.argsort(blk, kind="stable")
-        sb = blk[order]
-        cut = np.flatnonzero(sb[1:] != sb[:-1]) + 1
-        out = []
-        for where in np.split(order, cut) if order.size else []:
-            b = int(blk[where[0]])
-            out.append((cache.get(b), pos[where] - b * self.block_rows, where))
-        return out
+        ascending blocks."""
+        return by_block(self.q_positions(ids) if q else ids, self.block_rows, cache)
 
     def in_neighbours(self, ids: np.ndarray) -> sp.csr_matrix:
         """[len(ids), N] CSR: row i the in-neighbours (P ids) of node ids[i].

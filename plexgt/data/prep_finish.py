@@ -28,6 +28,7 @@ from plexgt.data.prepared import (
     MANIFEST,
     MATRICES,
     NODES,
+    P2Q_DS,
     ROW_ORDER,
     SPLITS,
     STAGING,
@@ -146,6 +147,7 @@ def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int, bool
         f.attrs["multilabel"] = multilabel
         dataset(f, perm_ds("P"), p)
         dataset(f, perm_ds("Q"), q)
+        dataset(f, P2Q_DS, run.qinv[p].astype(np.int32 if n < 2**31 else np.int64))
         for order, perm in (("P", p), ("Q", q)):
             dataset(f, labels_ds(order), labels[perm])
             dataset(f, deg_ds(order), degs[order])

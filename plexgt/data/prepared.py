@@ -106,6 +106,12 @@ def perm_ds(order: str) -> str:
     return f"perm_{order.lower()}"
 
 
+P2Q_DS = "p2q"
+"""[N] int32 (int64 from 2³¹ nodes) in nodes.h5: the Q position of each P position, what the
+node-sequence sampler reads a block at a time instead of both permutations whole (N·16 bytes
+on every rank, 1.8 GB for papers100M); directories prepared before it lack it."""
+
+
 def labels_ds(order: str) -> str:
     """[N] int64 labels (-1 unlabelled) in ``order``, in nodes.h5."""
     return f"labels_{order}"

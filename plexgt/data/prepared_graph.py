@@ -44,6 +44,7 @@ from plexgt.data.prepared import (
     MATRICES,
     NODES,
     ORDERS,
+    P2Q_DS,
     SPLITS,
     STAGING,
     deg_ds,
@@ -361,6 +362,18 @@ class PreparedGraph:
         perm = self._read(NODES, name, np.s_[lo:hi])
         check_ids(f"{self.path / NODES}[{name}]", perm, self.N)
         return perm
+
+    @property
+    def has_p2q(self) -> bool:
+        """Whether nodes.h5 holds the P -> Q position map (prep writes it since it exists)."""
+        return P2Q_DS in self._file(NODES)
+
+    def read_p2q(self, rows: Range | None = None) -> np.ndarray:
+        """[rows] Q position of each P position in ``rows`` (:data:`P2Q_DS`)."""
+        lo, hi = self._range(rows, self.N, "P -> Q row")
+        pos = self._read(NODES, P2Q_DS, np.s_[lo:hi])
+        check_ids(f"{self.path / NODES}[{P2Q_DS}]", pos, self.N)
+        return pos
 
     def to_original(self, values: np.ndarray, order: str = "P") -> np.ndarray:
         """[N, ...] values in P or Q order -> the same values in original node order."""

@@ -297,3 +297,35 @@ def test_in_neighbours_equal_the_prepared_rows_in_any_order(graph):
         np.testing.assert_array_equal(np.diff(got.indptr), np.diff(want.indptr))
         for i in range(ids.size):  # same neighbours per row (order within a row free)
             np.testing.assert_array_equal(np.sort(got[i].indices), np.sort(want[i].indices))
+
+
+def test_the_p_to_q_map_is_read_in_blocks_and_old_directories_still_sample_alike(graph,
+                                                                               monkeypatch):
+    """prep stores the P -> Q map; the sampler reads it a block at a time and never both
+    permutations whole; a directory without it (prepared earlier) composes them as before
+    and draws the same sequences."""
+    _, pg = graph
+    perm_p, perm_q = pg.read_perm("P"), pg.read_perm("Q")
+    qinv = np.empty(pg.N, dtype=np.int64)
+    qinv[perm_q] = np.arange(pg.N)
+    assert pg.has_p2q
+    np.testing.assert_array_equal(pg.read_p2q(), qinv[perm_p])
+    np.testing.assert_array_equal(pg.read_p2q((7, 19)), qinv[perm_p][7:19])
+    real_read_perm = pg.read_perm
+
+    def no_whole_perm(order="P", rows=None):
+        assert rows is not None, "a whole permutation read"
+        return real_read_perm(order, rows)
+
+    monkeypatch.setattr(pg, "read_perm", no_whole_perm)
+    monkeypatch.setattr("plexgt.data.node_batches.P2Q_BLOCK", 16)  # several blocks here
+    blocked = NodeBatches(pg, CFG, seed=3, block_rows=16, cache_blocks=2)
+    assert blocked._p2q is None
+    got = [blocked.sequence("train", 1, i) for i in range(3)]
+    assert blocked._p2q_blocks.reads > 1
+    monkeypatch.setattr(pg, "read_perm", real_read_perm)
+    monkeypatch.setattr(type(pg), "has_p2q", property(lambda self: False))
+    old = NodeBatches(pg, CFG, seed=3, block_rows=16, cache_blocks=2)
+    assert old._p2q is not None
+    for i, s in enumerate(got):
+        same(s, old.sequence("train", 1, i))

@@ -54,6 +54,50 @@ def all_reduce_bytes(full_bytes: int, p: int) -> int:
     return 2 * ((p - 1) * full_bytes // p)
 
 
+def world_bound_to_device() -> bool:
+    """Whether the default group is bound to a device (``init_process_group(device_id=...)``,
+    as plexgt binds NCCL): every ``new_group`` is then a split of the world's communicator,
+    which every world rank joins in the same order (gp_2d's and the mesh's groups)."""
+    try:
+        pg = dist.distributed_c10d._get_default_group()
+    except (RuntimeError, ValueError, AttributeError):
+        return False
+    return getattr(pg, "bound_device_id", None) is not None
+
+
+def partition_group(groups: Sequence[Sequence[int]], rank: int, **kw: Any) -> Any:
+    """This rank's group of ``groups``, a partition of the world's ranks (every rank calls
+    it with the same ``groups``, in step; ``kw``: ``new_group``'s, e.g. ``timeout``), created
+    so that its members agree on it whatever groups the job made before.
+
+    Unbound (gloo): every rank creates every group, in the given order, with torch's default
+    (global) synchronisation, which names a group by a count every rank shares. A
+    members-only group (``use_local_synchronization``) is named instead by a hash of its
+    ranks and of how many groups the calling rank holds; a rank holds no group it is not a
+    member of, so after any earlier group that not every rank joined (a test's
+    world-minus-one group), a members-only group's ranks disagreed on its name and waited
+    for each other in gloo's rendezvous until the store timed out. Each rank is a member of
+    exactly one group of a partition, so the counts every rank holds stay equal for what
+    comes after. A non-member's call returns at once (no rendezvous).
+
+    Bound to a device (NCCL, :func:`world_bound_to_device`): each ``new_group`` is an
+    ncclCommSplit of the world's communicator that every world rank joins, so creating every
+    group would be one world-wide split per group; there each rank creates only its own,
+    with ``use_local_synchronization``: one split in all, each rank splitting off its group.
+    torch colours the split by the group's ranks; the per-rank name is the prefix of a store
+    rendezvous that a split does not make (read in torch 2.13's
+    ``_new_process_group_helper``; not run on several GPUs here)."""
+    own = next(list(g) for g in groups if rank in g)
+    if world_bound_to_device():
+        return dist.new_group(own, use_local_synchronization=True, **kw)
+    mine = None
+    for g in groups:
+        made = dist.new_group(list(g), **kw)
+        if list(g) == own:
+            mine = made
+    return mine
+
+
 @dataclass(frozen=True)
 class CommOp:
     """One collective call of one rank: operation name and its bytes sent / received."""

@@ -11,7 +11,9 @@ pipeline's neighbours (same d, c; stage p and p +- 1) are cp ranks apart, and da
 replicas (same p, c) are pp * cp apart: their gradient all-reduce happens once per step.
 
 Everything here except :func:`build_mesh_groups` is a pure function of integers, tested without
-MPI. The groups are created on every rank in the same order, as torch.distributed requires.
+MPI. The groups are created on every rank in the same order, as torch.distributed requires, and
+so that a group's ranks agree on it whatever groups the job made before
+(:func:`build_mesh_groups`).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from plexgt.distributed.collectives import partition_group
 from plexgt.errors import ConfigError, GridError
 
 AXES: tuple[str, str, str] = ("dp", "pp", "cp")
@@ -332,25 +335,31 @@ class MeshGroups:
         return self.mesh.next_rank(self.rank)
 
 
+GROUP_KINDS: tuple[str, ...] = ("cp", "stage", "dp", "pipe")
+"""The mesh's group kinds, in the order every rank creates them."""
+
+
+def mesh_groups_of(mesh: Mesh, kind: str) -> list[list[int]]:
+    """Every group of ``kind`` (:data:`GROUP_KINDS`) of ``mesh``, each ascending, in ascending
+    order of their ranks: the order in which every rank creates them."""
+    members = getattr(mesh, f"{kind}_members")
+    return [list(g) for g in sorted({tuple(members(r)) for r in range(mesh.size)})]
+
+
 def build_mesh_groups(mesh: Mesh, rank: int, world_size: int,
                       timeout: datetime.timedelta | None = None) -> MeshGroups:
     """Create this rank's cp, stage, dp and pipe groups (every rank calls it, in step).
 
-    As :func:`plexgt.distributed.grid.build_groups`: each rank creates only the four groups it
-    belongs to, with ``use_local_synchronization`` (the creation's barrier among the members,
-    not the world), every rank in the same order (cp, stage, dp, pipe), so the local barriers
-    cannot deadlock and every rank has made the same number of groups (torch names such groups
-    by their ranks and that count). ``timeout`` bounds the new groups' collectives (a stopped
-    peer would otherwise hang the job for torch's 30-minute sub-group default)."""
+    Each kind's groups partition the world;
+    :func:`~plexgt.distributed.collectives.partition_group` creates them (on gloo every group
+    on every rank, globally synchronised; bound to a GPU each rank its own, members-only) so
+    that a group's ranks agree on it whatever groups the job made before: members-only
+    creation everywhere, as here before, hung the multi-rank suite at 3 ranks when a test had
+    made a group not every rank joined.
+    ``timeout`` bounds the new groups' collectives (a stopped peer would otherwise hang the
+    job for torch's 30-minute sub-group default)."""
     check_world_size(mesh, world_size)
-    kw: dict[str, Any] = {"use_local_synchronization": True}
-    if timeout is not None:
-        kw["timeout"] = timeout
-    return MeshGroups(
-        mesh=mesh, rank=rank,
-        cp=dist.new_group(mesh.cp_members(rank), **kw),
-        stage=dist.new_group(mesh.stage_members(rank), **kw),
-        dp=dist.new_group(mesh.dp_members(rank), **kw),
-        pipe=dist.new_group(mesh.pipe_members(rank), **kw),
-        world=dist.group.WORLD,
-    )
+    kw: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
+    mine = {kind: partition_group(mesh_groups_of(mesh, kind), rank, **kw)
+            for kind in GROUP_KINDS}
+    return MeshGroups(mesh=mesh, rank=rank, world=dist.group.WORLD, **mine)

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 from scipy.optimize import nnls
 
-from plexgt.distributed.collectives import Comm, CommLedger
+from plexgt.distributed.collectives import Comm, CommLedger, partition_group
 from plexgt.plan.agp import SystemModel
 from plexgt.plan.batch_cost import RING_MESSAGES
 from plexgt.plan.batch_fits import BatchProfile, BlockFit, Fit, default_profile
@@ -234,13 +234,12 @@ def ring_samples(shape: BatchShape, dropout: float = 0.1, repeats: int = 5,
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
         return []
     out: list[list[float]] = []
-    # every rank creates one group, its pair (members-only synchronisation, as the grids'
-    # groups): a world-wide new_group, or one only ranks 0 and 1 create, left every later
-    # group's creation hanging in gloo's rendezvous (the multi-rank suite hung in the next
-    # test at 3 and 4 ranks)
+    # the world in pairs, each rank a member of one (partition_group: its ranks agree on it
+    # whatever groups came before): a world-wide new_group([0, 1]), which the other ranks do
+    # not hold, left every later members-only group's creation hanging in gloo's rendezvous
+    # (the multi-rank suite hung in the next test at 3 and 4 ranks)
     r, w = dist.get_rank(), dist.get_world_size()
-    lo = r - r % 2
-    grp = dist.new_group([lo, lo + 1] if lo + 1 < w else [lo], use_local_synchronization=True)
+    grp = partition_group([list(range(s, min(s + 2, w))) for s in range(0, w, 2)], r)
     if r < 2:
         comm = Comm.from_group(grp, "cp", CommLedger())
         model = stage_model(shape, 1, False, False, dropout).train()

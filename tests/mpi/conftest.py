@@ -90,20 +90,18 @@ def grid_groups(dist_ctx):
     return get
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="session")
 def mesh_groups(dist_ctx):
-    """``mesh_groups(mesh)``: the MeshGroups of a dp x pp x cp mesh, every mesh of the world
-    built when the session starts.
+    """``mesh_groups(mesh)``: the MeshGroups of a dp x pp x cp mesh, built once per session
+    and mesh (as :func:`grid_groups`: gloo groups hold threads and sockets).
 
-    Why at the start: torch names a members-only group after how many groups its rank
-    already holds, and later tests make groups that only some ranks join (the world-minus-one
-    groups of test_gt_dist, gp_2d's sub-groups): built after them, the ranks of one mesh group
-    disagreed on its name and hung in gloo's rendezvous (the suite at 3 ranks).
+    Built when a test first asks: :func:`plexgt.distributed.mesh.build_mesh_groups` names
+    its groups alike on every rank whatever groups earlier tests made (test_gt_dist's
+    world-minus-one groups, gp_2d's sub-groups); tests/mpi/test_pipeline.py checks it.
     """
-    from plexgt.distributed.mesh import build_mesh_groups, factorizations
+    from plexgt.distributed.mesh import build_mesh_groups
 
-    cache = {m: build_mesh_groups(m, dist_ctx.rank, dist_ctx.world_size)
-             for m in factorizations(dist_ctx.world_size)}
+    cache = {}
 
     def get(mesh):
         if mesh not in cache:

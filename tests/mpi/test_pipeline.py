@@ -19,6 +19,7 @@ from torch import nn
 from plexgt.distributed.collectives import Comm, CommLedger
 from plexgt.distributed.mesh import (
     Mesh,
+    build_mesh_groups,
     check_batch,
     factorizations,
     micro_batch,
@@ -212,6 +213,25 @@ def test_mesh_groups_match_rank_arithmetic(dist_ctx, mesh_groups, mesh):
         assert t.item() == sum(members)
     assert (mg.prev, mg.next) == (mesh.prev_rank(me), mesh.next_rank(me))
     assert mg.first == (mesh.coords(me)[1] == 0) and mg.last == (mesh.coords(me)[1] == mesh.pp - 1)
+
+
+@pytest.mark.skipif(WORLD < 3, reason="needs a group that not every rank joins")
+def test_mesh_groups_agree_after_a_group_not_every_rank_joined(dist_ctx):
+    """A group of all ranks but the last (every rank creates it: members register it,
+    the last rank does not), then fresh groups of every mesh: each works. Without
+    build_mesh_groups' global creation on gloo, the members of a members-only group named
+    it by how many groups each held, disagreed, and waited for each other in gloo's
+    rendezvous until the store timed out (reproduced at 3 and 4 ranks before the fix)."""
+    dist.new_group(list(range(WORLD - 1)))
+    me = dist_ctx.rank
+    for mesh in factorizations(WORLD):
+        mg = build_mesh_groups(mesh, me, WORLD)
+        for group, members in ((mg.cp, mesh.cp_members(me)), (mg.stage, mesh.stage_members(me)),
+                               (mg.dp, mesh.dp_members(me)), (mg.pipe, mesh.pipe_members(me))):
+            assert dist.get_process_group_ranks(group) == members
+            t = torch.tensor([float(me)])
+            dist.all_reduce(t, group=group)
+            assert t.item() == sum(members)
 
 
 @pytest.mark.skipif(WORLD < 2, reason="needs two stages")

@@ -133,3 +133,29 @@ def test_gp_2d_groups_of_a_sub_group_are_refused_not_left_hanging(monkeypatch):
     monkeypatch.setattr(gp_2d, "world_bound_to_device", lambda: False)
     make_groups(sub, 2, sub.ledger)
     assert calls == [((0, 1), True), ((1, 3), True)]
+
+
+@pytest.mark.parametrize("bound", [False, True])
+def test_mesh_groups_are_created_alike_on_every_rank(monkeypatch, bound):
+    """mesh.py: on gloo every rank creates every group of the mesh in one order without local
+    synchronisation (torch names them by a count all ranks share); bound to a device each rank
+    splits off its own four groups (local synchronisation), the same number of calls on
+    every rank. Either way each call is one split of the world."""
+    from plexgt.distributed import collectives
+    from plexgt.distributed import mesh as mesh_mod
+
+    monkeypatch.setattr(collectives, "world_bound_to_device", lambda: bound)
+    world, mesh = 12, mesh_mod.Mesh(2, 3, 2)
+    by_rank = {}
+    for r in range(world):
+        calls = _job(monkeypatch, world, r)
+        mg = mesh_mod.build_mesh_groups(mesh, r, world)
+        assert mg.cp.ranks == tuple(mesh.cp_members(r)) and mg.pipe.ranks == tuple(
+            mesh.pipe_members(r))
+        by_rank[r] = calls
+    split_consistent(by_rank, world)
+    if bound:
+        assert len(by_rank[0]) == 4
+    else:
+        assert all(calls == by_rank[0] for calls in by_rank.values())
+        assert len(by_rank[0]) == 2 * 3 + 3 + 3 * 2 + 2 * 2  # dp·pp + pp + pp·cp + dp·cp

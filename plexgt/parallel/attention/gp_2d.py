@@ -23,7 +23,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from plexgt.distributed.collectives import Comm, CommLedger, CommOp
+from plexgt.distributed.collectives import Comm, CommLedger, CommOp, world_bound_to_device
 from plexgt.parallel.attention.heads import heads_to_nodes, my_heads, nodes_to_heads
 from plexgt.parallel.attention.ring import (
     Ring,
@@ -109,16 +109,6 @@ def make_groups(comm: Comm, a: int, ledger: CommLedger, timeout: timedelta | Non
             made = [dist.new_group(ranks, **kw) for ranks in all_groups]
             out[name] = Comm.from_group(made[mine], name, ledger)
     return out
-
-
-def world_bound_to_device() -> bool:
-    """Whether the default group is bound to a device (``init_process_group(device_id=...)``,
-    as plexgt binds NCCL): every ``new_group`` is then a split of the world's communicator."""
-    try:
-        pg = dist.distributed_c10d._get_default_group()
-    except (RuntimeError, ValueError, AttributeError):
-        return False
-    return getattr(pg, "bound_device_id", None) is not None
 
 
 def _prepare(shard: AttentionShard) -> AttentionShard:

@@ -231,6 +231,37 @@ def gcn3d_conv(path: Plexus3DPath, x: Tensor, lin: nn.Linear) -> Tensor:
     return y1 if lin.bias is None else y1 + lin.bias
 
 
+def gcn3d_copy_elems(grid: Grid3D, rank: int, n: int, d: int) -> int:
+    """Elements the layout code of one :func:`gcn3d_conv` call writes on ``rank``, forward
+    and backward, beyond the 1D path's (its bias add and SpMM are the same): copies, not
+    arithmetic, so a cost model prices them as memory passes.
+
+    Forward, with A the 1D row block [ceil(N/p), d], I and O the 3D input and output blocks:
+    each :func:`redistribute` concatenates what it sends (A, resp. O), zero-fills its
+    destination, adds the exchange's empty sum to it and copies the received pieces in
+    (3·I, resp. 3·A); the aggregation zero-fills its [rows, w] output and copies each SpMM
+    block into it (2·Z); an all-gather over c or a reduce-scatter over b on dim 1 makes its
+    operand and result contiguous (2·H of the gathered [cols, w] input, 2·Y of the
+    [rows, d_out/Ga] product). Backward, autograd's adjoints of those slices and copies write
+    a zero-filled full-size gradient per piece and sum them: about twice the forward.
+    Measured (a dispatch-mode count of one call, 2 ranks, d = 64): 37, 50 and 42 A on
+    2x1x1, 1x2x1 and 1x1x2 (the 1D path's own 2 A taken off); this count gives 36, 42, 42.
+    """
+    lay = layer_layouts(grid, rank, n, [d, d])[0]
+    ga, gb, gc = lay.g
+    p = grid.size
+    a = -(-n // p) * d
+    i = int(np.prod(plexus_in_layout(grid, n, d)(rank).shape))
+    o = int(np.prod(plexus_out_layout(grid, n, d)(rank).shape))
+    w = lay.d_in // gb
+    fwd = (a + 3 * i) + (o + 3 * a) + 2 * lay.rows_pad * w
+    if gb > 1:
+        fwd += 2 * lay.rows_pad * (lay.d_out // ga)
+    if gc > 1:
+        fwd += 2 * lay.cols_pad * w
+    return 3 * fwd
+
+
 def gcn3d_comm(grid: Grid3D, rank: int, n: int, d: int, esize: int,
                block_rows: int | None = None) -> list[tuple[str, CommOp]]:
     """(comm name, op) of one 3D GCN path call, forward and backward, on ``rank``.

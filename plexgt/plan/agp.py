@@ -74,6 +74,7 @@ from plexgt.distributed.grid import Grid3D
 from plexgt.distributed.layout3d import layer_layouts
 from plexgt.parallel.attention.registry import default_registry
 from plexgt.parallel.attention.strategy import AttentionProblem, AttentionStrategy
+from plexgt.parallel.redistribute import gcn3d_copy_elems
 from plexgt.plan.balance import Balance
 from plexgt.plan.host import Host, across_group_sizes
 from plexgt.plan.plexus_cost import Coefficients, rank_grids
@@ -513,6 +514,14 @@ def estimate(strategy: AttentionStrategy, w: Workload, s: int, sysm: SystemModel
     copy = 0.0
     if wk.copy_elems:  # the all-to-all strategies' permutes (none on one rank)
         copy = L * A2A_COPIES * sysm.copy_time(wk.copy_elems, s) * kappa
+    if grid is not None:
+        # the 3D GCN path's layout copies (redistributions, zero-filled outputs, their
+        # adjoints; rank 0's count, the ranks differ by padding only): ~37 passes a layer
+        # over distinct arrays the size of a row block [N/s, d] at 2 ranks, so priced at the
+        # rate of streaming them all (not of one cache-resident array copied again). Unpriced,
+        # the path measured 10-12% slower than the 1D one it was priced level with
+        # (validate_plan's gps at p = 2)
+        copy += L * sysm.copy_time(gcn3d_copy_elems(grid, 0, w.n, d), s) * kappa
     # what a kernel term costs on this rank, calibrated: κ(s) and, for CPU ranks fewer than
     # the cores, the speedup of the threads each then runs
     kernels = kappa * sysm.host.thread_factor(s) * sysm.compute_scale

@@ -124,10 +124,43 @@ def dense_activation_elems(n_rows: int, d: int, ffn_mult: int, gcn: bool) -> int
 
     The block input (saved by the Q, K, V, O projections), this rank's head-major Q, the first
     residual sum and its LayerNorm output, the FFN's ReLU output [n, m·d] and the second
-    residual sum: (5 + m)·d a row. GPS adds the GCN path's sum and LayerNorm output, the
-    attention path's LayerNorm output and the sum of both paths: 4·d.
+    residual sum: (5 + m)·d a row. GPS keeps no norm output but the FFN's input: the block
+    input, Q, the two paths' residual sums, their sum, the ReLU output and the FFN's residual
+    sum, (6 + m)·d (pre-norm alike: the paths' normalised inputs instead of their residual
+    sums). Measured (one training step's live tensors, hidden 64, m = 2): gt 7·d, gps 8·d
+    a layer, where 11·d had been counted for gps.
     """
-    return n_rows * (5 + ffn_mult + (4 if gcn else 0)) * d
+    return n_rows * (5 + ffn_mult + (1 if gcn else 0)) * d
+
+
+def block_moments(n_rows: int, d: int, ffn_mult: int, gcn: bool, checkpoint: bool
+                  ) -> dict[str, int]:
+    """Elements [n_rows rows] that the top block adds, at each moment of a training step
+    where the peak can fall, to what every block keeps (its input, attention and dense
+    activations). Why moments and not a sum: the backward's temporaries of one sublayer exist
+    only once the later sublayers' activations are freed.
+
+    - 'forward': the block's last norm running, with the sublayers' outputs its caller still
+      holds: the attention output, the FFN output and the block output (gps: also the GCN
+      path's output and both paths' norms: 6·d); a checkpointed block's recompute also has
+      the incoming gradient (one more d).
+    - 'tail': the FFN's backward: the gradient of the ReLU output and the ReLU backward's
+      output [n, m·d] each (the residual sum it frees pays for the gradient of the block
+      input): 2·m·d.
+    - 'attention': the attention's backward (its own temporaries priced apart), after the
+      FFN's and norms' activations are freed: of the dense ones the block input and Q stay
+      (gps: the GCN path's residual sum too) less the dense activations, plus the output's
+      and the input's gradients (2·d).
+
+    Measured (one training step's live tensors, gt and gps, 1-2 ranks, 2 and 6 layers, with
+    and without checkpointing): the peak was the 'tail' moment for gt (the 'forward' one when
+    checkpointed), the 'forward' one for gps; the model's total within 0.5 % of the counted
+    peak for gt on a 20k-node graph, within 5 % in tests/unit/test_attention_peak_memory.py."""
+    dense = dense_activation_elems(n_rows, d, ffn_mult, gcn)
+    fwd = (6 if gcn else 3) + (1 if checkpoint else 0)
+    kept_by_attention = 3 if gcn else 2
+    return {"forward": n_rows * fwd * d, "tail": n_rows * 2 * ffn_mult * d,
+            "attention": n_rows * (kept_by_attention + 2) * d - dense}
 
 
 def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int, layers: int,
@@ -136,9 +169,15 @@ def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int,
                  feature_density: float | None = None, pre_norm: bool = False,
                  jk: str = "none", inference: bool = False, checkpoint: bool = False
                  ) -> dict[str, int]:
-    """Per-rank bytes of a training step: attention (Table 1 per layer, plus the backward's
-    three [h, E/p] temporaries of one layer), dense activations, graphs, features, and
-    parameters with gradients and two AdamW moments (4 copies).
+    """Per-rank bytes at a training step's peak: attention (Table 1's kept terms per layer),
+    dense activations, graphs, features, and parameters with gradients and two AdamW
+    moments (4 copies).
+
+    The peak is the largest of the top block's moments (:func:`block_moments`): the end of
+    its forward, its FFN's backward, or its attention's backward, which adds the strategy's
+    transient bytes (e.g. GP-AG's full-size dK, dV) and the kernel backward's three [h, E/p]
+    temporaries. Counting those on top of every block's kept activations had over-predicted
+    gt by 1.05-1.31 and gps by ~1.3 (bench_depth_memory, validate_plan).
 
     For gps the GCN operator is this rank's Â rows [N/p, N] (1D) or, on ``gcn_grid``, its Â
     block [N/Gz, N/Gx] of E/(Gx·Gz) entries, whose layer also keeps the aggregate
@@ -159,14 +198,24 @@ def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int,
     # blocks whose activations are held at once (inference: the one running; checkpointing:
     # the one being recomputed)
     held = 1 if inference or checkpoint else layers
+    att_bytes = held * att.activation_bytes
     dense = held * dense_activation_elems(n_loc, problem.d, ffn_mult, gcn) * e
-    if checkpoint:
-        dense += layers * (n_loc + problem.super_nodes) * problem.d * e
-    # input projection and classifier (2·d), logits and their gradient (2·C), and the
-    # gradients of one block in flight during backward (4·d)
-    # (inference: the projection's output, the block output and the logits)
-    dense += n_loc * ((2 * problem.d + classes) if inference
-                      else (6 * problem.d + 2 * classes)) * e
+    if checkpoint:  # every block's input, the recomputed one's among them
+        dense += (layers * (n_loc + problem.super_nodes)
+                  - n_loc) * problem.d * e
+    if inference:  # the projection's output, the block output and the logits
+        dense += n_loc * (2 * problem.d + classes) * e
+        att_bytes += att.transient_bytes
+    else:
+        # the logits and their gradient; then the top block's largest moment
+        dense += n_loc * 2 * classes * e
+        mom = block_moments(n_loc, problem.d, ffn_mult, gcn, checkpoint)
+        at_att = (mom["attention"] * e + att.transient_bytes + 3 * att.score_elems * e)
+        if at_att > max(mom["forward"], mom["tail"]) * e:
+            dense += mom["attention"] * e
+            att_bytes += att.transient_bytes + 3 * att.score_elems * e
+        else:
+            dense += max(mom["forward"], mom["tail"]) * e
     # jumping knowledge: the combined blocks ('cat': [n, L·d] and its gradient; 'max' /
     # 'sum': the stacked [L, n, d] and the result); pre-norm's final norm of the
     # classifier's input (its output and the normalised values it keeps)
@@ -185,8 +234,7 @@ def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int,
         graphs += graph_bytes(n_loc, p * n_loc, -(-problem.e // p)) + (
             -(-problem.e // p)) * e
     out = {
-        "attention_activations": (held * att.activation_bytes + att.transient_bytes
-                                  + (0 if inference else 3 * att.score_elems * e)),
+        "attention_activations": att_bytes,
         "dense_activations": dense,
         "graph": graphs,
         # dense [N/p, F], or CSR used both ways (X·W, Xᵀ·dY): a graph with its transpose

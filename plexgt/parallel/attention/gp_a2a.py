@@ -78,14 +78,22 @@ def gp_a2a_comm(problem: AttentionProblem, rank: int, p: int) -> list[CommOp]:
 
 
 def gp_a2a_memory(problem: AttentionProblem, p: int) -> MemoryEstimate:
-    """4·N·d/p (Q, K, V, Y of this rank's heads over all nodes) + E·h/p (its heads' scores;
-    blocked: their [h/p, N] log-sum-exp, :func:`score_terms`)."""
+    """4·N·d/p (Table 1: Q, K, V, Y of this rank's heads over all nodes) + E·h/p (its
+    heads' scores; blocked: their [h/p, N] log-sum-exp, :func:`score_terms`). Of them a layer
+    keeps K, V [N, h/p, d'] and the scores until its backward: its Q (N·d/p elements, as
+    many as a node-partitioned rank's) is the dense activations' head-major Q
+    (:func:`plexgt.plan.step_cost.dense_activation_elems`), and Y goes back to the nodes by
+    an all-to-all that saves nothing. The backward's dK, dV of its heads (2·N·d/p) exist
+    during one layer's backward only (``transient_bytes``). Measured (one training step's
+    live tensors, 2 ranks, 4 heads): each layer kept 3·N·d/p of head-layout Q, K, V, not
+    the 5·N·d/p that counting Table 1's four beside the dense Q made."""
     n_pad = p * problem.rows(p)
     h_max = heads_of(problem.heads, p, 0)
     kept, scores, _ = score_terms(problem, n_pad, problem.e, h_max)
-    act = 4 * n_pad * h_max * problem.head_dim + kept
-    return MemoryEstimate(act, act * problem.esize, graph_bytes(n_pad, n_pad, problem.e),
-                          scores)
+    grads = 2 * n_pad * h_max * problem.head_dim
+    act = 2 * grads + kept
+    return MemoryEstimate(act, (act - grads) * problem.esize,
+                          graph_bytes(n_pad, n_pad, problem.e), scores, grads * problem.esize)
 
 
 def gp_a2a_work(problem: AttentionProblem, p: int) -> KernelWork:

@@ -2,14 +2,18 @@
 
 Shapes: q [Nr, h, d'], k and v [Nc, h, d'] on a CSR pattern [Nr, Nc], optionally an edge bias
 [h, E] (any strides, CSR edge order) -> y [Nr, h, d'] and the per-row log-sum-exp [h, Nr]
-(float32, or float64 for float64 inputs). Same function as
-:func:`plexgt.ops.attention.sparse_attention`, which stays the reference and the fallback.
+(float32, or float64 for float64 inputs; stored node-major, an [Nr, h] tensor transposed).
+Same function as :func:`plexgt.ops.attention.sparse_attention`, which stays the reference
+and the fallback.
 
 Why a kernel of its own: the torch path materialises scores and probabilities as [h, E] arrays
 (cuSPARSE SDDMM, a segment softmax, a CSR SpMM: four passes over E·h values, and the [h, E]
 probabilities held until backward), and ROCm builds of torch have no GPU ``sampled_addmm`` at
-all. Here a program owns ``BLOCK_R`` rows of one head, walks their edges ``BLOCK_E`` at a time,
-gathers the K and V rows those edges name (and the bias of those edges), and keeps
+all. Here a program owns ``BLOCK_R`` rows and a group of HG heads (all h where h·d' fits
+:data:`GROUP_ELEMS`), walks their edges ``BLOCK_E`` at a time, gathers the K and V rows those
+edges name (node-major: one contiguous HG·d' run per edge, one index read for all HG heads;
+a program per head re-read the index h times and gathered d'-wide pieces, 32 bytes at
+d' = 16 in bf16) and the bias of those edges, and keeps
 FlashAttention's running (max, sum, acc) per row in registers, so nothing of size E leaves the
 chip in forward and only y (in the accumulation dtype) and the [h, Nr] log-sum-exps are kept
 for backward. Triton compiles the same source for CUDA and ROCm.
@@ -44,6 +48,7 @@ from __future__ import annotations
 
 import math
 import os
+from typing import NamedTuple
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -68,8 +73,11 @@ GPU_TYPES = ("cuda",)
 MAX_HEAD_DIM = 256
 """Widest d' a program holds in registers."""
 TILE_ELEMS = 4096
-"""Elements of one gathered [BLOCK_R, BLOCK_E, d'] tile: sized for registers, not tuned on a
-GPU yet (the blocks are chosen by :func:`blocks`)."""
+"""Elements of one gathered [BLOCK_R, BLOCK_E, HG, BLOCK_D] tile: sized for registers, not
+tuned on a GPU yet (the blocks are chosen by :func:`blocks`)."""
+GROUP_ELEMS = 512
+"""Widest HG·BLOCK_D of one program's head group: at 512 a step still holds 8 edges of every
+row under :data:`TILE_ELEMS`; h·d' = 128 (8 heads of 16, the benchmarks') takes all heads."""
 EDGE_STAGES = 3
 """Software-pipeline stages of the edge loops (``tl.range(num_stages=...)``): index loads and
 gathers of the next steps in flight while one step computes. Not tuned on a GPU yet."""
@@ -99,17 +107,32 @@ def supports(q: Tensor) -> bool:
     return q.device.type in GPU_TYPES or (q.device.type == "cpu" and interpreted())
 
 
-def blocks(num_rows: int, num_edges: int, head_dim: int) -> tuple[int, int, int]:
-    """(BLOCK_R, BLOCK_E, BLOCK_D): d' rounded up to a power of two, edges per step about the
-    mean degree (16..64) but no more than one row's tile of :data:`TILE_ELEMS` holds, and as
-    many rows as fill it. The tile BLOCK_R·BLOCK_E·BLOCK_D never passes the cap (it did at
-    d' = 256 with a mean degree over 16: one row of 64 edges, four times the cap, spilled)."""
+class Blocks(NamedTuple):
+    """One launch configuration: ``block_r`` segments and ``heads`` heads (HG) per program,
+    ``block_e`` edges per step, ``block_d`` lanes per head (d' rounded up to a power of two)."""
+
+    block_r: int
+    block_e: int
+    heads: int
+    block_d: int
+
+
+def blocks(num_rows: int, num_edges: int, head_dim: int, heads: int = 1) -> Blocks:
+    """The launch configuration: d' and the head group rounded up to powers of two (Triton's
+    block shapes must be), all h heads in one program while h·d' fits :data:`GROUP_ELEMS`
+    (one edge one gather of HG·d' contiguous elements, one index read for HG heads), edges
+    per step about the mean degree (16..64) but no more than one row's tile of
+    :data:`TILE_ELEMS` holds, and as many rows as fill it. The tile
+    BLOCK_R·BLOCK_E·HG·BLOCK_D never passes the cap (it did at d' = 256 with a mean degree
+    over 16: one row of 64 edges, four times the cap, spilled)."""
     block_d = triton.next_power_of_2(max(head_dim, 1))
+    group = min(triton.next_power_of_2(max(heads, 1)), max(1, GROUP_ELEMS // block_d))
+    width = group * block_d
     mean = num_edges / max(num_rows, 1)
     block_e = min(64, max(16, triton.next_power_of_2(max(1, math.ceil(mean)))))
-    block_e = min(block_e, max(1, TILE_ELEMS // block_d))
-    block_r = max(1, min(64, TILE_ELEMS // (block_e * block_d)))
-    return block_r, block_e, block_d
+    block_e = min(block_e, max(1, TILE_ELEMS // width))
+    block_r = max(1, min(64, TILE_ELEMS // (block_e * width)))
+    return Blocks(block_r, block_e, group, block_d)
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -129,29 +152,49 @@ def row_delta(y: Tensor, dy: Tensor) -> Tensor:
     """[h, Nr] rowsum(dY ∘ Y) per head in the accumulation dtype: FlashAttention-2's
     delta_r = sum_e P dP, from the output instead of a second walk over the row's edges."""
     acc = _acc_dtype(y.dtype)
-    return torch.einsum("nhd,nhd->hn", dy.to(acc), y.to(acc)).contiguous()
+    return torch.einsum("nhd,nhd->nh", dy.to(acc), y.to(acc)).t()  # stored node-major
 
 
-# The launches are torch custom operators, so the dispatcher sees one op per kernel call: device
-# checks (and the test suite's device audit) apply to them like to any aten op, and torch.compile
-# could trace around them. Optional outputs come back as empty tensors (an op returns tensors).
 def _split(block_e: int) -> int:
     """Edges per segment of a long row: :data:`SPLIT_STEPS` edge steps."""
     return SPLIT_STEPS * block_e
 
 
-def _merge_rows(block_d: int) -> int:
-    return max(1, min(16, TILE_ELEMS // block_d))
+def _tile(cfg: Blocks) -> dict[str, int]:
+    return dict(BLOCK_R=cfg.block_r, BLOCK_E=cfg.block_e, HG=cfg.heads, BLOCK_D=cfg.block_d)
 
 
-def _sched(graph: CSRGraph, head_dim: int) -> Schedule:
-    _, be, _ = blocks(graph.num_rows, graph.num_edges, head_dim)
-    return schedule(graph, _split(be))
+def _grid(n: int, h: int, cfg: Blocks) -> tuple[int, int]:
+    """Programs of a launch over n segments (or long rows): row blocks x head groups."""
+    return triton.cdiv(n, cfg.block_r), triton.cdiv(h, cfg.heads)
+
+
+def _merge_cfg(cfg: Blocks) -> Blocks:
+    """The merge kernels' configuration: the launch's head group, rows to fill a tile of
+    [BLOCK_R, HG, BLOCK_D] (no edge axis), at most 16."""
+    return cfg._replace(block_r=max(1, min(16, TILE_ELEMS // (cfg.heads * cfg.block_d))))
+
+
+def _merge(cfg: Blocks) -> dict[str, int]:
+    return dict(BLOCK_R=cfg.block_r, HG=cfg.heads, BLOCK_D=cfg.block_d)
+
+
+def _sched(graph: CSRGraph, q: Tensor) -> Schedule:
+    """The schedule of ``graph`` for q [N, h, d']: segments of SPLIT_STEPS steps of the
+    launch's BLOCK_E."""
+    cfg = blocks(graph.num_rows, graph.num_edges, q.shape[-1], q.shape[1])
+    return schedule(graph, _split(cfg.block_e))
 
 
 def _arrays(s: Schedule) -> list[Tensor]:
     return [s.light_row, s.light_start, s.light_end, s.long_row, s.long_ptr, s.seg_row,
             s.seg_start, s.seg_end]
+
+
+def _stats(n: int, h: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """An [h, n] per-(row, head) array stored node-major ([n, h] transposed): the column
+    backward reads a gathered row's HG values in one load."""
+    return torch.empty(n, h, dtype=dtype, device=device).t()
 
 
 # The launches are torch custom operators, so the dispatcher sees one op per kernel call: device
@@ -163,32 +206,32 @@ def _forward_op(sched: list[Tensor], indices: Tensor, q: Tensor, k: Tensor, v: T
                 bias: Tensor | None, y: Tensor, res: Tensor | None, scale: float) -> Tensor:
     nr, h, d = q.shape
     acc_dt = _acc_dtype(q.dtype)
-    lse = torch.empty(h, nr, dtype=acc_dt, device=q.device)
+    lse = _stats(nr, h, acc_dt, q.device)
     if nr == 0 or h == 0:
         return lse
     lr, ls, le, long_row, long_ptr, sr, ss, se = sched
-    br, be, bd = blocks(nr, indices.numel(), d)
+    cfg = blocks(nr, indices.numel(), d, h)
     sc = torch.full((1,), scale, dtype=acc_dt, device=q.device)
     qkv = (*_strides(q), *_strides(k), *_strides(v))
-    flags = dict(D=d, BLOCK_R=br, BLOCK_E=be, BLOCK_D=bd, HAS_BIAS=bias is not None)
+    flags = dict(D=d, HAS_BIAS=bias is not None, STAGES=EDGE_STAGES, **_tile(cfg))
     b_arg = q if bias is None else bias
-    fwd_kernel[(triton.cdiv(nr, br), h)](
-        lr, ls, le, nr, indices, q, k, v, b_arg, y, y if res is None else res, lse, sc, nr,
-        *qkv, *_strides(y), *_strides(res), *_strides(bias), **flags,
-        ACCUMULATE=res is not None, PARTIAL=False, STAGES=EDGE_STAGES)
+    res_arg = y if res is None else res
+    fwd_kernel[_grid(nr, h, cfg)](
+        lr, ls, le, nr, indices, q, k, v, b_arg, y, res_arg, lse, sc, h, *qkv, *_strides(y),
+        *_strides(res), *_strides(bias), *_strides(lse), **flags,
+        ACCUMULATE=res is not None, PARTIAL=False)
     w, n_long = sr.numel(), long_row.numel()
     if w:  # long rows: segments into (acc, max, sum) partials, folded per row in slot order
         pacc = torch.empty(w, h, d, dtype=acc_dt, device=q.device)
-        pm = torch.empty(h, w, dtype=acc_dt, device=q.device)
-        pl = torch.empty(h, w, dtype=acc_dt, device=q.device)
-        fwd_kernel[(triton.cdiv(w, br), h)](
-            sr, ss, se, w, indices, q, k, v, b_arg, pacc, pl, pm, sc, w, *qkv,
-            *_strides(pacc), 0, 0, *_strides(bias), **flags, ACCUMULATE=False, PARTIAL=True,
-            STAGES=EDGE_STAGES)
-        mr = _merge_rows(bd)
-        merge_fwd_kernel[(triton.cdiv(n_long, mr), h)](
-            long_row, long_ptr, n_long, pm, pl, pacc, w, y, y if res is None else res, lse,
-            nr, *_strides(pacc), *_strides(y), *_strides(res), D=d, BLOCK_R=mr, BLOCK_D=bd,
+        pm, pl = _stats(w, h, acc_dt, q.device), _stats(w, h, acc_dt, q.device)
+        fwd_kernel[_grid(w, h, cfg)](
+            sr, ss, se, w, indices, q, k, v, b_arg, pacc, pl, pm, sc, h, *qkv,
+            *_strides(pacc), 0, 0, *_strides(bias), *_strides(pm), **flags, ACCUMULATE=False,
+            PARTIAL=True)
+        mc = _merge_cfg(cfg)
+        merge_fwd_kernel[_grid(n_long, h, mc)](
+            long_row, long_ptr, n_long, pm, pl, pacc, h, y, res_arg, lse, *_strides(pacc),
+            *_strides(pm), *_strides(y), *_strides(res), *_strides(lse), D=d, **_merge(mc),
             ACCUMULATE=res is not None)
     return lse
 
@@ -206,28 +249,29 @@ def _backward_rows_op(sched: list[Tensor], indices: Tensor, q: Tensor, k: Tensor
     lr, ls, le, long_row, long_ptr, sr, ss, se = sched
     acc_dt = _acc_dtype(q.dtype)
     sc = torch.full((1,), scale, dtype=acc_dt, device=q.device)
-    br, be, bd = blocks(nr, indices.numel(), d)
+    cfg = blocks(nr, indices.numel(), d, h)
     dq_arg = dq if need_q else q  # never written when NEED_DQ is off
     db_arg = db if db.numel() else q
     ins = (q, k, v, q if bias is None else bias, dy, lse, delta)
     qkv = (*_strides(q), *_strides(k), *_strides(v), *_strides(dy))
-    tail = (*_strides(bias), *_strides(db if db.numel() else None))
-    flags = dict(D=d, BLOCK_R=br, BLOCK_E=be, BLOCK_D=bd, HAS_BIAS=bias is not None,
-                 NEED_DQ=need_q, NEED_DB=bool(db.numel()))
-    bwd_rows_kernel[(triton.cdiv(nr, br), h)](
-        lr, ls, le, nr, indices, *ins, dq_arg, db_arg, sc, nr, *qkv, *_strides(dq_arg), *tail,
-        **flags, PARTIAL=False, STAGES=EDGE_STAGES)
+    tail = (*_strides(bias), *_strides(db if db.numel() else None), *_strides(lse),
+            *_strides(delta))
+    flags = dict(D=d, HAS_BIAS=bias is not None, NEED_DQ=need_q, NEED_DB=bool(db.numel()),
+                 STAGES=EDGE_STAGES, **_tile(cfg))
+    bwd_rows_kernel[_grid(nr, h, cfg)](
+        lr, ls, le, nr, indices, *ins, dq_arg, db_arg, sc, h, *qkv, *_strides(dq_arg), *tail,
+        **flags, PARTIAL=False)
     w, n_long = sr.numel(), long_row.numel()
     if w:  # long rows: each segment's share of dQ (dBias is per edge: stored directly)
         pdq = torch.empty(w, h, d, dtype=acc_dt, device=q.device) if need_q else q
-        bwd_rows_kernel[(triton.cdiv(w, br), h)](
-            sr, ss, se, w, indices, *ins, pdq, db_arg, sc, nr, *qkv, *_strides(pdq), *tail,
-            **flags, PARTIAL=True, STAGES=EDGE_STAGES)
+        bwd_rows_kernel[_grid(w, h, cfg)](
+            sr, ss, se, w, indices, *ins, pdq, db_arg, sc, h, *qkv, *_strides(pdq), *tail,
+            **flags, PARTIAL=True)
         if need_q:
-            mr = _merge_rows(bd)
-            merge_sum_kernel[(triton.cdiv(n_long, mr), h)](
-                long_row, long_ptr, n_long, pdq, dq, *_strides(pdq), *_strides(dq), D=d,
-                BLOCK_R=mr, BLOCK_D=bd, ACCUMULATE=False)
+            mc = _merge_cfg(cfg)
+            merge_sum_kernel[_grid(n_long, h, mc)](
+                long_row, long_ptr, n_long, pdq, dq, h, *_strides(pdq), *_strides(dq), D=d,
+                **_merge(mc), ACCUMULATE=False)
     return dq, db
 
 
@@ -244,33 +288,32 @@ def _backward_cols_op(sched: list[Tensor], tindices: Tensor, tperm: Tensor, q: T
     lr, ls, le, long_col, long_ptr, sr, ss, se = sched
     acc_dt = _acc_dtype(q.dtype)
     sc = torch.full((1,), scale, dtype=acc_dt, device=q.device)
-    cr, ce, bd = blocks(nc, tindices.numel(), d)
+    cfg = blocks(nc, tindices.numel(), d, h)
     dk_arg = dk if need_k else k  # never written when NEED_DK is off
     dv_arg = dv if need_v else v
     ins = (tperm, q, k, v, q if bias is None else bias, dy, lse, delta)
     qkv = (*_strides(q), *_strides(k), *_strides(v), *_strides(dy))
-    flags = dict(D=d, BLOCK_R=cr, BLOCK_E=ce, BLOCK_D=bd, HAS_BIAS=bias is not None,
-                 NEED_DK=need_k, NEED_DV=need_v)
-    bwd_cols_kernel[(triton.cdiv(nc, cr), h)](
-        lr, ls, le, nc, tindices, *ins, dk_arg, dv_arg, sc, nr, *qkv, *_strides(dk_arg),
-        *_strides(dv_arg), *_strides(bias), **flags, ACCUMULATE=accumulate, PARTIAL=False,
-        STAGES=EDGE_STAGES)
+    tail = (*_strides(bias), *_strides(lse), *_strides(delta))
+    flags = dict(D=d, HAS_BIAS=bias is not None, NEED_DK=need_k, NEED_DV=need_v,
+                 STAGES=EDGE_STAGES, **_tile(cfg))
+    bwd_cols_kernel[_grid(nc, h, cfg)](
+        lr, ls, le, nc, tindices, *ins, dk_arg, dv_arg, sc, h, *qkv, *_strides(dk_arg),
+        *_strides(dv_arg), *tail, **flags, ACCUMULATE=accumulate, PARTIAL=False)
     w, n_long = sr.numel(), long_col.numel()
     if w:  # long columns (super nodes, hubs): each segment's share of dK, dV, then summed
         def part(need: bool, x: Tensor) -> Tensor:
             return torch.empty(w, h, d, dtype=acc_dt, device=q.device) if need else x
 
         pdk, pdv = part(need_k, k), part(need_v, v)
-        bwd_cols_kernel[(triton.cdiv(w, cr), h)](
-            sr, ss, se, w, tindices, *ins, pdk, pdv, sc, nr, *qkv, *_strides(pdk),
-            *_strides(pdv), *_strides(bias), **flags, ACCUMULATE=False, PARTIAL=True,
-            STAGES=EDGE_STAGES)
-        mr = _merge_rows(bd)
+        bwd_cols_kernel[_grid(w, h, cfg)](
+            sr, ss, se, w, tindices, *ins, pdk, pdv, sc, h, *qkv, *_strides(pdk),
+            *_strides(pdv), *tail, **flags, ACCUMULATE=False, PARTIAL=True)
+        mc = _merge_cfg(cfg)
         for need, p, out in ((need_k, pdk, dk), (need_v, pdv, dv)):
             if need:
-                merge_sum_kernel[(triton.cdiv(n_long, mr), h)](
-                    long_col, long_ptr, n_long, p, out, *_strides(p), *_strides(out), D=d,
-                    BLOCK_R=mr, BLOCK_D=bd, ACCUMULATE=accumulate)
+                merge_sum_kernel[_grid(n_long, h, mc)](
+                    long_col, long_ptr, n_long, p, out, h, *_strides(p), *_strides(out), D=d,
+                    **_merge(mc), ACCUMULATE=accumulate)
 
 
 def fused_forward(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, scale: float,
@@ -284,7 +327,7 @@ def fused_forward(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, scale: float
     a hub row, against 0.5 % from a float32 one)."""
     y = torch.empty(q.shape, dtype=_acc_dtype(q.dtype), device=q.device)
     _, ix = graph.compact_index()
-    return y, _forward_op(_arrays(_sched(graph, q.shape[-1])), ix, q, k, v, bias, y, out, scale)
+    return y, _forward_op(_arrays(_sched(graph, q)), ix, q, k, v, bias, y, out, scale)
 
 
 def fused_backward(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, lse: Tensor,
@@ -301,7 +344,7 @@ def fused_backward(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, lse: Tensor
     _, ix = graph.compact_index()
     dq = db = None
     if need[0] or (need_bias and bias is not None):
-        dq, db = _backward_rows_op(_arrays(_sched(graph, q.shape[-1])), ix, q, k, v, bias, dy,
+        dq, db = _backward_rows_op(_arrays(_sched(graph, q)), ix, q, k, v, bias, dy,
                                    lse, delta, scale, need[0], need_bias and bias is not None)
     dk = dv = None
     if need[1] or need[2]:
@@ -314,7 +357,7 @@ def fused_backward(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, lse: Tensor
             outs = (dkv[0] if need[1] else none, dkv[1] if need[2] else none.clone())
         gt = graph.transpose()
         _, tix = gt.compact_index()
-        _backward_cols_op(_arrays(_sched(gt, q.shape[-1])), tix, graph.compact_transpose_perm(),
+        _backward_cols_op(_arrays(_sched(gt, q)), tix, graph.compact_transpose_perm(),
                           q, k, v, bias, dy, lse, delta, *outs, scale, dkv is not None)
     return (dq if need[0] else None, dk, dv, db if need_bias and bias is not None else None)
 

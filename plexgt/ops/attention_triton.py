@@ -191,6 +191,23 @@ def _arrays(s: Schedule) -> list[Tensor]:
             s.seg_start, s.seg_end]
 
 
+def _work(s: Schedule, q: Tensor) -> Tensor:
+    """The schedule's partial buffer, big enough for any launch of q's h·d' (forward
+    W·h·(d' + 2), column backward 2·W·h·d'); empty where no row is long."""
+    w, (h, d) = s.seg_row.numel(), q.shape[1:]
+    return s.partials(w * h * max(d + 2, 2 * d), _acc_dtype(q.dtype)) if w else q.new_empty(0)
+
+
+def _carve(work: Tensor, *shapes: tuple[int, ...]) -> list[Tensor]:
+    """Consecutive contiguous views of the given shapes from the front of ``work``."""
+    out, at = [], 0
+    for shape in shapes:
+        n = math.prod(shape)
+        out.append(work[at:at + n].view(shape))
+        at += n
+    return out
+
+
 def _stats(n: int, h: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """An [h, n] per-(row, head) array stored node-major ([n, h] transposed): the column
     backward reads a gathered row's HG values in one load."""
@@ -201,9 +218,10 @@ def _stats(n: int, h: int, dtype: torch.dtype, device: torch.device) -> Tensor:
 # checks (and the test suite's device audit) apply to them like to any aten op, and torch.compile
 # could trace around them. Optional outputs come back as empty tensors (an op returns tensors).
 # ``sched`` is :func:`_arrays` of the pattern's (the transpose's) :class:`Schedule`.
-@torch.library.custom_op("plexgt::fused_attention_forward", mutates_args=("y", "res"))
-def _forward_op(sched: list[Tensor], indices: Tensor, q: Tensor, k: Tensor, v: Tensor,
-                bias: Tensor | None, y: Tensor, res: Tensor | None, scale: float) -> Tensor:
+@torch.library.custom_op("plexgt::fused_attention_forward", mutates_args=("y", "res", "work"))
+def _forward_op(sched: list[Tensor], work: Tensor, indices: Tensor, q: Tensor, k: Tensor,
+                v: Tensor, bias: Tensor | None, y: Tensor, res: Tensor | None,
+                scale: float) -> Tensor:
     nr, h, d = q.shape
     acc_dt = _acc_dtype(q.dtype)
     lse = _stats(nr, h, acc_dt, q.device)
@@ -222,8 +240,8 @@ def _forward_op(sched: list[Tensor], indices: Tensor, q: Tensor, k: Tensor, v: T
         ACCUMULATE=res is not None, PARTIAL=False)
     w, n_long = sr.numel(), long_row.numel()
     if w:  # long rows: segments into (acc, max, sum) partials, folded per row in slot order
-        pacc = torch.empty(w, h, d, dtype=acc_dt, device=q.device)
-        pm, pl = _stats(w, h, acc_dt, q.device), _stats(w, h, acc_dt, q.device)
+        pacc, pm, pl = _carve(work, (w, h, d), (w, h), (w, h))
+        pm, pl = pm.t(), pl.t()  # [h, W] views, node-major
         fwd_kernel[_grid(w, h, cfg)](
             sr, ss, se, w, indices, q, k, v, b_arg, pacc, pl, pm, sc, h, *qkv,
             *_strides(pacc), 0, 0, *_strides(bias), *_strides(pm), **flags, ACCUMULATE=False,
@@ -236,10 +254,10 @@ def _forward_op(sched: list[Tensor], indices: Tensor, q: Tensor, k: Tensor, v: T
     return lse
 
 
-@torch.library.custom_op("plexgt::fused_attention_backward_rows", mutates_args=())
-def _backward_rows_op(sched: list[Tensor], indices: Tensor, q: Tensor, k: Tensor, v: Tensor,
-                      bias: Tensor | None, dy: Tensor, lse: Tensor, delta: Tensor, scale: float,
-                      need_q: bool, need_bias: bool) -> tuple[Tensor, Tensor]:
+@torch.library.custom_op("plexgt::fused_attention_backward_rows", mutates_args=("work",))
+def _backward_rows_op(sched: list[Tensor], work: Tensor, indices: Tensor, q: Tensor, k: Tensor,
+                      v: Tensor, bias: Tensor | None, dy: Tensor, lse: Tensor, delta: Tensor,
+                      scale: float, need_q: bool, need_bias: bool) -> tuple[Tensor, Tensor]:
     nr, h, d = q.shape
     none = q.new_empty(0)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device) if need_q else none
@@ -263,7 +281,7 @@ def _backward_rows_op(sched: list[Tensor], indices: Tensor, q: Tensor, k: Tensor
         **flags, PARTIAL=False)
     w, n_long = sr.numel(), long_row.numel()
     if w:  # long rows: each segment's share of dQ (dBias is per edge: stored directly)
-        pdq = torch.empty(w, h, d, dtype=acc_dt, device=q.device) if need_q else q
+        pdq = _carve(work, (w, h, d))[0] if need_q else q
         bwd_rows_kernel[_grid(w, h, cfg)](
             sr, ss, se, w, indices, *ins, pdq, db_arg, sc, h, *qkv, *_strides(pdq), *tail,
             **flags, PARTIAL=True)
@@ -275,10 +293,11 @@ def _backward_rows_op(sched: list[Tensor], indices: Tensor, q: Tensor, k: Tensor
     return dq, db
 
 
-@torch.library.custom_op("plexgt::fused_attention_backward_cols", mutates_args=("dk", "dv"))
-def _backward_cols_op(sched: list[Tensor], tindices: Tensor, tperm: Tensor, q: Tensor,
-                      k: Tensor, v: Tensor, bias: Tensor | None, dy: Tensor, lse: Tensor,
-                      delta: Tensor, dk: Tensor, dv: Tensor, scale: float,
+@torch.library.custom_op("plexgt::fused_attention_backward_cols",
+                        mutates_args=("work", "dk", "dv"))
+def _backward_cols_op(sched: list[Tensor], work: Tensor, tindices: Tensor, tperm: Tensor,
+                      q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, dy: Tensor,
+                      lse: Tensor, delta: Tensor, dk: Tensor, dv: Tensor, scale: float,
                       accumulate: bool) -> None:
     nr, h, d = q.shape
     nc = k.shape[0]
@@ -301,10 +320,8 @@ def _backward_cols_op(sched: list[Tensor], tindices: Tensor, tperm: Tensor, q: T
         *_strides(dv_arg), *tail, **flags, ACCUMULATE=accumulate, PARTIAL=False)
     w, n_long = sr.numel(), long_col.numel()
     if w:  # long columns (super nodes, hubs): each segment's share of dK, dV, then summed
-        def part(need: bool, x: Tensor) -> Tensor:
-            return torch.empty(w, h, d, dtype=acc_dt, device=q.device) if need else x
-
-        pdk, pdv = part(need_k, k), part(need_v, v)
+        pdk, pdv = _carve(work, (w, h, d), (w, h, d))
+        pdk, pdv = pdk if need_k else k, pdv if need_v else v
         bwd_cols_kernel[_grid(w, h, cfg)](
             sr, ss, se, w, tindices, *ins, pdk, pdv, sc, h, *qkv, *_strides(pdk),
             *_strides(pdv), *tail, **flags, ACCUMULATE=False, PARTIAL=True)
@@ -327,7 +344,8 @@ def fused_forward(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, scale: float
     a hub row, against 0.5 % from a float32 one)."""
     y = torch.empty(q.shape, dtype=_acc_dtype(q.dtype), device=q.device)
     _, ix = graph.compact_index()
-    return y, _forward_op(_arrays(_sched(graph, q)), ix, q, k, v, bias, y, out, scale)
+    s = _sched(graph, q)
+    return y, _forward_op(_arrays(s), _work(s, q), ix, q, k, v, bias, y, out, scale)
 
 
 def fused_backward(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, lse: Tensor,
@@ -344,7 +362,8 @@ def fused_backward(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, lse: Tensor
     _, ix = graph.compact_index()
     dq = db = None
     if need[0] or (need_bias and bias is not None):
-        dq, db = _backward_rows_op(_arrays(_sched(graph, q)), ix, q, k, v, bias, dy,
+        s = _sched(graph, q)
+        dq, db = _backward_rows_op(_arrays(s), _work(s, q), ix, q, k, v, bias, dy,
                                    lse, delta, scale, need[0], need_bias and bias is not None)
     dk = dv = None
     if need[1] or need[2]:
@@ -357,7 +376,8 @@ def fused_backward(graph: CSRGraph, q: Tensor, k: Tensor, v: Tensor, lse: Tensor
             outs = (dkv[0] if need[1] else none, dkv[1] if need[2] else none.clone())
         gt = graph.transpose()
         _, tix = gt.compact_index()
-        _backward_cols_op(_arrays(_sched(gt, q)), tix, graph.compact_transpose_perm(),
+        s = _sched(gt, q)
+        _backward_cols_op(_arrays(s), _work(s, q), tix, graph.compact_transpose_perm(),
                           q, k, v, bias, dy, lse, delta, *outs, scale, dkv is not None)
     return (dq if need[0] else None, dk, dv, db if need_bias and bias is not None else None)
 

@@ -27,6 +27,9 @@ software-pipelines a loop without ``tl.dot`` only when asked. ``STAGES``, ``BLOC
 ``HG`` change no arithmetic (the same bits at any value); ``BLOCK_E`` only the order in which
 a row's edge steps are folded (float reassociation).
 
+``deg`` (the launch's degree bucket) is read by no kernel: it keys the autotuned launches'
+configuration (:mod:`plexgt.ops.attention_triton`).
+
 Arithmetic is in the dtype of ``scale_ptr`` (float32, float64 for float64 inputs); loads and
 the final stores use the tensors' own dtypes. Addresses are computed in int64.
 """
@@ -104,7 +107,7 @@ if triton is not None:
 
     @triton.jit
     def fwd_kernel(seg_row, seg_start, seg_end, n_seg, indices, q, k, v, bias, y, res, lse,
-                   scale_ptr, h, sq0, sq1, sk0, sk1, sv0, sv1, sy0, sy1, sr0, sr1, sb0, sb1,
+                   scale_ptr, h, deg, sq0, sq1, sk0, sk1, sv0, sv1, sy0, sy1, sr0, sr1, sb0, sb1,
                    sl0, sl1, D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
                    HG: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr,
                    ACCUMULATE: tl.constexpr, PARTIAL: tl.constexpr, STAGES: tl.constexpr):
@@ -225,7 +228,7 @@ if triton is not None:
 
     @triton.jit
     def bwd_rows_kernel(seg_row, seg_start, seg_end, n_seg, indices, q, k, v, bias, dy, lse,
-                        delta, dq, dbias, scale_ptr, h, sq0, sq1, sk0, sk1, sv0, sv1, sg0,
+                        delta, dq, dbias, scale_ptr, h, deg, sq0, sq1, sk0, sk1, sv0, sv1, sg0,
                         sg1, sdq0, sdq1, sb0, sb1, sdb0, sdb1, sl0, sl1, sd0, sd1,
                         D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
                         HG: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -267,7 +270,7 @@ if triton is not None:
 
     @triton.jit
     def bwd_cols_kernel(seg_col, seg_start, seg_end, n_seg, tindices, tperm, q, k, v, bias,
-                        dy, lse, delta, dk, dv, scale_ptr, h, sq0, sq1, sk0, sk1, sv0, sv1,
+                        dy, lse, delta, dk, dv, scale_ptr, h, deg, sq0, sq1, sk0, sk1, sv0, sv1,
                         sg0, sg1, sdk0, sdk1, sdv0, sdv1, sb0, sb1, sl0, sl1, sd0, sd1,
                         D: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_E: tl.constexpr,
                         HG: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr,

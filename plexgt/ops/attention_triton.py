@@ -39,6 +39,11 @@ Rows are walked in order of falling degree, and rows (columns, in the column bac
 than :data:`SPLIT_STEPS` edge steps are cut across programs and merged exactly in a fixed
 order (:mod:`plexgt.ops.attention_schedule`; the kernels are :mod:`plexgt.ops.attention_kernels`).
 
+Launch configurations: on a GPU each edge launch is autotuned (``triton.autotune``: a few
+candidate BLOCK_R, BLOCK_E, HG, num_warps timed on the first use of each key of d', heads,
+degree bucket, flags and dtypes, the fastest kept for the process; :func:`candidates`); under
+the interpreter and in deterministic runs the fixed :func:`blocks` (:func:`tuning`).
+
 On a machine without a GPU the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``
 set before this module is imported), which is how the test suite checks them against the
 reference.
@@ -46,8 +51,10 @@ reference.
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
+import time
 from typing import NamedTuple
 
 import torch
@@ -73,14 +80,21 @@ GPU_TYPES = ("cuda",)
 MAX_HEAD_DIM = 256
 """Widest d' a program holds in registers."""
 TILE_ELEMS = 4096
-"""Elements of one gathered [BLOCK_R, BLOCK_E, HG, BLOCK_D] tile: sized for registers, not
-tuned on a GPU yet (the blocks are chosen by :func:`blocks`)."""
+"""Elements of one gathered [BLOCK_R, BLOCK_E, HG, BLOCK_D] tile: sized for registers; the
+fixed configuration (:func:`blocks`) and every tuned candidate (:func:`candidates`) keep to
+it."""
 GROUP_ELEMS = 512
 """Widest HG·BLOCK_D of one program's head group: at 512 a step still holds 8 edges of every
 row under :data:`TILE_ELEMS`; h·d' = 128 (8 heads of 16, the benchmarks') takes all heads."""
 EDGE_STAGES = 3
 """Software-pipeline stages of the edge loops (``tl.range(num_stages=...)``): index loads and
-gathers of the next steps in flight while one step computes. Not tuned on a GPU yet."""
+gathers of the next steps in flight while one step computes. The tuned launches keep it
+(their candidates vary the tile and the warps)."""
+TUNE_WARPS = (4, 8)
+"""num_warps the autotuned launches try with each candidate tile (:func:`candidates`)."""
+TUNE_BENCH_MS = (5, 25)
+"""Warm-up and measured milliseconds per candidate when a launch is tuned on a GPU: the
+first use of each key, once per process."""
 SPLIT_STEPS = 8
 """A row (or, in the column backward, a column) with more than SPLIT_STEPS·BLOCK_E edges is
 cut into segments of that many, walked by separate programs and merged exactly
@@ -161,7 +175,8 @@ def _split(block_e: int) -> int:
 
 
 def _tile(cfg: Blocks) -> dict[str, int]:
-    return dict(BLOCK_R=cfg.block_r, BLOCK_E=cfg.block_e, HG=cfg.heads, BLOCK_D=cfg.block_d)
+    """The tuned meta-parameters of an edge launch at the fixed configuration ``cfg``."""
+    return dict(BLOCK_R=cfg.block_r, BLOCK_E=cfg.block_e, HG=cfg.heads, STAGES=EDGE_STAGES)
 
 
 def _grid(n: int, h: int, cfg: Blocks) -> tuple[int, int]:
@@ -177,6 +192,92 @@ def _merge_cfg(cfg: Blocks) -> Blocks:
 
 def _merge(cfg: Blocks) -> dict[str, int]:
     return dict(BLOCK_R=cfg.block_r, HG=cfg.heads, BLOCK_D=cfg.block_d)
+
+
+def degree_bucket(mean: float) -> int:
+    """The degree key of a launch: its mean degree rounded up to a power of two (1..1024)."""
+    return min(1024, triton.next_power_of_2(max(1, math.ceil(mean))))
+
+
+def candidates(head_dim: int, heads: int, degree: int) -> list:
+    """The configurations a launch of ``heads`` heads of ``head_dim`` over segments of
+    mean degree ``degree`` is timed at (``triton.Config``; the first is :func:`blocks`'):
+    the head group whole and halved, BLOCK_E halved, as is and doubled (8..64), rows to fill
+    :data:`TILE_ELEMS` (never past it), each at every :data:`TUNE_WARPS`. BLOCK_R, HG,
+    STAGES and num_warps change the order of no sum in the kernels' source; BLOCK_E the
+    order in which a row's steps fold, and the compiled reductions' trees may follow the
+    layout: float reassociation only."""
+    base = blocks(1, degree, head_dim, heads)
+    out = []
+    for hg in dict.fromkeys((base.heads, max(1, base.heads // 2))):
+        for be in dict.fromkeys((base.block_e, max(8, base.block_e // 2),
+                                 min(64, 2 * base.block_e))):
+            width = hg * base.block_d
+            if be * width > TILE_ELEMS:
+                continue
+            br = max(1, min(64, TILE_ELEMS // (be * width)))
+            for warps in TUNE_WARPS:
+                out.append(triton.Config(dict(BLOCK_R=br, BLOCK_E=be, HG=hg,
+                                              STAGES=EDGE_STAGES), num_warps=warps))
+    return out
+
+
+def tuning() -> bool:
+    """Whether the edge launches take the autotuned configuration: compiled kernels (not
+    Triton's interpreter, which runs one fixed configuration) and not under
+    ``torch.use_deterministic_algorithms`` (a timed choice may differ between a run and its
+    resume, and the sums' order with it: ``deterministic`` promises bit-equal reruns)."""
+    return not interpreted() and not torch.are_deterministic_algorithms_enabled()
+
+
+def _prune(configs: list, named_args: dict, **kwargs: object) -> list:
+    """triton.autotune's hook, used to give each key its own candidates (the static list is
+    two placeholders): d' from q, the heads and the degree bucket from the arguments."""
+    return candidates(named_args["q"].shape[-1], named_args["h"], named_args["deg"])
+
+
+def _bench(kernel_call, quantiles):  # noqa: ANN001, ANN202 - triton.autotune's do_bench
+    """Triton's GPU timing at :data:`TUNE_BENCH_MS`; under the interpreter (a test of the
+    tuned path) one wall-clock call."""
+    if interpreted():
+        t = time.perf_counter()
+        kernel_call()
+        return [1e3 * (time.perf_counter() - t)] * len(quantiles)
+    warm, rep = TUNE_BENCH_MS
+    return triton.testing.do_bench(kernel_call, warmup=warm, rep=rep, quantiles=quantiles)
+
+
+def _autotuned(kernel, flags: tuple[str, ...], restore: tuple[str, ...]):  # noqa: ANN001, ANN202
+    """``kernel`` autotuned per (d', heads, degree bucket, flags, dtypes: triton.autotune
+    adds every tensor argument's dtype to the key); ``restore``: the arguments a launch adds
+    into, restored after each timed candidate."""
+    kw = {}
+    if "do_bench" in inspect.signature(triton.autotune).parameters:
+        kw["do_bench"] = _bench
+    placeholders = [triton.Config({}, num_warps=4), triton.Config({}, num_warps=8)]
+    return triton.autotune(placeholders, key=["D", "h", "deg", *flags],
+                           prune_configs_by={"early_config_prune": _prune},
+                           restore_value=list(restore), **kw)(kernel)
+
+
+if triton is not None:
+    fwd_tuned = _autotuned(fwd_kernel, ("HAS_BIAS", "ACCUMULATE", "PARTIAL"), ("res",))
+    bwd_rows_tuned = _autotuned(bwd_rows_kernel, ("HAS_BIAS", "NEED_DQ", "NEED_DB", "PARTIAL"),
+                                ())
+    bwd_cols_tuned = _autotuned(bwd_cols_kernel, ("HAS_BIAS", "NEED_DK", "NEED_DV",
+                                                  "ACCUMULATE", "PARTIAL"), ("dk", "dv"))
+
+
+def _launch(kernel, tuned, n: int, h: int, cfg: Blocks, args: tuple,  # noqa: ANN001
+            **flags: object) -> None:
+    """One edge launch over n segments of h heads. ``args`` end with (h, degree bucket)
+    followed by the strides. Tuned (:func:`tuning`): the autotuned kernel picks BLOCK_R,
+    BLOCK_E, HG, STAGES and num_warps per key; else the fixed ``cfg``."""
+    if tuning():
+        tuned[lambda m: (triton.cdiv(n, m["BLOCK_R"]), triton.cdiv(h, m["HG"]))](
+            *args, **flags)
+    else:
+        kernel[_grid(n, h, cfg)](*args, **flags, **_tile(cfg))
 
 
 def _sched(graph: CSRGraph, q: Tensor) -> Schedule:
@@ -231,21 +332,22 @@ def _forward_op(sched: list[Tensor], work: Tensor, indices: Tensor, q: Tensor, k
     cfg = blocks(nr, indices.numel(), d, h)
     sc = torch.full((1,), scale, dtype=acc_dt, device=q.device)
     qkv = (*_strides(q), *_strides(k), *_strides(v))
-    flags = dict(D=d, HAS_BIAS=bias is not None, STAGES=EDGE_STAGES, **_tile(cfg))
+    flags = dict(D=d, BLOCK_D=cfg.block_d, HAS_BIAS=bias is not None)
     b_arg = q if bias is None else bias
     res_arg = y if res is None else res
-    fwd_kernel[_grid(nr, h, cfg)](
-        lr, ls, le, nr, indices, q, k, v, b_arg, y, res_arg, lse, sc, h, *qkv, *_strides(y),
-        *_strides(res), *_strides(bias), *_strides(lse), **flags,
-        ACCUMULATE=res is not None, PARTIAL=False)
+    _launch(fwd_kernel, fwd_tuned, nr, h, cfg,
+            (lr, ls, le, nr, indices, q, k, v, b_arg, y, res_arg, lse, sc, h,
+             degree_bucket(indices.numel() / nr), *qkv, *_strides(y), *_strides(res),
+             *_strides(bias), *_strides(lse)), **flags, ACCUMULATE=res is not None,
+            PARTIAL=False)
     w, n_long = sr.numel(), long_row.numel()
     if w:  # long rows: segments into (acc, max, sum) partials, folded per row in slot order
         pacc, pm, pl = _carve(work, (w, h, d), (w, h), (w, h))
         pm, pl = pm.t(), pl.t()  # [h, W] views, node-major
-        fwd_kernel[_grid(w, h, cfg)](
-            sr, ss, se, w, indices, q, k, v, b_arg, pacc, pl, pm, sc, h, *qkv,
-            *_strides(pacc), 0, 0, *_strides(bias), *_strides(pm), **flags, ACCUMULATE=False,
-            PARTIAL=True)
+        _launch(fwd_kernel, fwd_tuned, w, h, cfg,
+                (sr, ss, se, w, indices, q, k, v, b_arg, pacc, pl, pm, sc, h,
+                 degree_bucket(_split(cfg.block_e)), *qkv, *_strides(pacc), 0, 0,
+                 *_strides(bias), *_strides(pm)), **flags, ACCUMULATE=False, PARTIAL=True)
         mc = _merge_cfg(cfg)
         merge_fwd_kernel[_grid(n_long, h, mc)](
             long_row, long_ptr, n_long, pm, pl, pacc, h, y, res_arg, lse, *_strides(pacc),
@@ -274,17 +376,19 @@ def _backward_rows_op(sched: list[Tensor], work: Tensor, indices: Tensor, q: Ten
     qkv = (*_strides(q), *_strides(k), *_strides(v), *_strides(dy))
     tail = (*_strides(bias), *_strides(db if db.numel() else None), *_strides(lse),
             *_strides(delta))
-    flags = dict(D=d, HAS_BIAS=bias is not None, NEED_DQ=need_q, NEED_DB=bool(db.numel()),
-                 STAGES=EDGE_STAGES, **_tile(cfg))
-    bwd_rows_kernel[_grid(nr, h, cfg)](
-        lr, ls, le, nr, indices, *ins, dq_arg, db_arg, sc, h, *qkv, *_strides(dq_arg), *tail,
-        **flags, PARTIAL=False)
+    flags = dict(D=d, BLOCK_D=cfg.block_d, HAS_BIAS=bias is not None, NEED_DQ=need_q,
+                 NEED_DB=bool(db.numel()))
+    _launch(bwd_rows_kernel, bwd_rows_tuned, nr, h, cfg,
+            (lr, ls, le, nr, indices, *ins, dq_arg, db_arg, sc, h,
+             degree_bucket(indices.numel() / nr), *qkv, *_strides(dq_arg), *tail),
+            **flags, PARTIAL=False)
     w, n_long = sr.numel(), long_row.numel()
     if w:  # long rows: each segment's share of dQ (dBias is per edge: stored directly)
         pdq = _carve(work, (w, h, d))[0] if need_q else q
-        bwd_rows_kernel[_grid(w, h, cfg)](
-            sr, ss, se, w, indices, *ins, pdq, db_arg, sc, h, *qkv, *_strides(pdq), *tail,
-            **flags, PARTIAL=True)
+        _launch(bwd_rows_kernel, bwd_rows_tuned, w, h, cfg,
+                (sr, ss, se, w, indices, *ins, pdq, db_arg, sc, h,
+                 degree_bucket(_split(cfg.block_e)), *qkv, *_strides(pdq), *tail),
+                **flags, PARTIAL=True)
         if need_q:
             mc = _merge_cfg(cfg)
             merge_sum_kernel[_grid(n_long, h, mc)](
@@ -313,18 +417,20 @@ def _backward_cols_op(sched: list[Tensor], work: Tensor, tindices: Tensor, tperm
     ins = (tperm, q, k, v, q if bias is None else bias, dy, lse, delta)
     qkv = (*_strides(q), *_strides(k), *_strides(v), *_strides(dy))
     tail = (*_strides(bias), *_strides(lse), *_strides(delta))
-    flags = dict(D=d, HAS_BIAS=bias is not None, NEED_DK=need_k, NEED_DV=need_v,
-                 STAGES=EDGE_STAGES, **_tile(cfg))
-    bwd_cols_kernel[_grid(nc, h, cfg)](
-        lr, ls, le, nc, tindices, *ins, dk_arg, dv_arg, sc, h, *qkv, *_strides(dk_arg),
-        *_strides(dv_arg), *tail, **flags, ACCUMULATE=accumulate, PARTIAL=False)
+    flags = dict(D=d, BLOCK_D=cfg.block_d, HAS_BIAS=bias is not None, NEED_DK=need_k,
+                 NEED_DV=need_v)
+    _launch(bwd_cols_kernel, bwd_cols_tuned, nc, h, cfg,
+            (lr, ls, le, nc, tindices, *ins, dk_arg, dv_arg, sc, h,
+             degree_bucket(tindices.numel() / nc), *qkv, *_strides(dk_arg), *_strides(dv_arg),
+             *tail), **flags, ACCUMULATE=accumulate, PARTIAL=False)
     w, n_long = sr.numel(), long_col.numel()
     if w:  # long columns (super nodes, hubs): each segment's share of dK, dV, then summed
         pdk, pdv = _carve(work, (w, h, d), (w, h, d))
         pdk, pdv = pdk if need_k else k, pdv if need_v else v
-        bwd_cols_kernel[_grid(w, h, cfg)](
-            sr, ss, se, w, tindices, *ins, pdk, pdv, sc, h, *qkv, *_strides(pdk),
-            *_strides(pdv), *tail, **flags, ACCUMULATE=False, PARTIAL=True)
+        _launch(bwd_cols_kernel, bwd_cols_tuned, w, h, cfg,
+                (sr, ss, se, w, tindices, *ins, pdk, pdv, sc, h,
+                 degree_bucket(_split(cfg.block_e)), *qkv, *_strides(pdk), *_strides(pdv),
+                 *tail), **flags, ACCUMULATE=False, PARTIAL=True)
         mc = _merge_cfg(cfg)
         for need, p, out in ((need_k, pdk, dk), (need_v, pdv, dv)):
             if need:

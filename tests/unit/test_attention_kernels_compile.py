@@ -33,7 +33,7 @@ def _signature(fn, dtype: str, const: dict) -> dict[str, str]:
     for name in fn.arg_names:
         if name in const:
             sig[name] = "constexpr"
-        elif re.fullmatch(r"s[a-z]{1,3}[01]", name) or name in ("n_seg", "h", "n_long"):
+        elif re.fullmatch(r"s[a-z]{1,3}[01]", name) or name in ("n_seg", "h", "deg", "n_long"):
             sig[name] = "i32"
         else:
             sig[name] = "*i32" if name in INDEX else "*fp32" if name in STATS else "*" + dtype

@@ -13,7 +13,11 @@ timed (forward, row backward, column backward; the minimum of ``reps``) and each
 * ``bytes``: the bytes the pass must move at the least: every array it reads once (Q, K, V,
   dY, the CSR or CSC index, lse, delta, the bias) and every array it writes (Y, lse, dQ, dK,
   dV, the bias gradient). Gathers re-read K/V rows; that traffic is what the caches must
-  absorb, and is reported as ``gather_bytes`` (E rows of h·d' per gathered tensor);
+  absorb, and is reported as ``gather_bytes`` (E rows of h·d' per gathered tensor). A
+  program holds a group of HG heads of node-major K/V (:func:`plexgt.ops.attention_triton.
+  blocks`), so each edge is one gather of HG·d' contiguous elements and the index is read
+  once per head group, not once per head: ``index_bytes`` is that index traffic of one pass
+  (E·ceil(h / HG) indices; at 8 heads of 16 one group, the least; it was 8x);
 * ``gbps``: bytes / time, and ``fraction``: that over the device-to-device copy bandwidth
   measured in the same run (a copy of ``--copy-mb`` MiB: read + write bytes / time).
 
@@ -83,10 +87,11 @@ def pass_bytes(graph: CSRGraph, h: int, d: int, esize: int, bias: bool) -> dict[
     index = (nr + 1 + e) * ib
     tindex = (nc + 1 + e) * ib + (e * ib if bias else 0)  # + the transpose permutation
     b = e * h * esize if bias else 0
+    groups = -(-h // at.blocks(nr, e, d, h).heads)
     return {"forward": rows + 2 * cols + index + b + acc + stat,
             "backward_rows": 2 * rows + 2 * cols + 2 * stat + index + 2 * b + rows,
             "backward_cols": 2 * rows + 2 * cols + 2 * stat + tindex + b + 2 * cols,
-            "gather_bytes": 2 * e * h * d * esize}
+            "gather_bytes": 2 * e * h * d * esize, "index_bytes": groups * e * ib}
 
 
 def column_blocks(graph: CSRGraph, blocks: int) -> list[tuple[int, CSRGraph]]:
@@ -145,7 +150,7 @@ def run_case(graph: CSRGraph, case: str, dtype: torch.dtype, reps: int) -> dict[
     passes = {"forward": forward, "backward_rows": lambda: backward(True, False),
               "backward_cols": lambda: backward(False, True)}
     esize = torch.empty((), dtype=dtype).element_size()
-    need = {p: 0 for p in (*passes, "gather_bytes")}
+    need = {p: 0 for p in (*passes, "gather_bytes", "index_bytes")}
     for _, b in blocks:
         for key, val in pass_bytes(b, HEADS, HEAD_DIM, esize, case == "bias").items():
             need[key] += val
@@ -159,7 +164,7 @@ def run_case(graph: CSRGraph, case: str, dtype: torch.dtype, reps: int) -> dict[
             _sync(dev)
             best = min(best, time.perf_counter() - t)
         out[name] = {"min_s": best, "bytes": need[name]}
-    out["gather_bytes"] = need["gather_bytes"]
+    out["gather_bytes"], out["index_bytes"] = need["gather_bytes"], need["index_bytes"]
     return out
 
 

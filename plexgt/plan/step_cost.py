@@ -163,14 +163,33 @@ def block_moments(n_rows: int, d: int, ffn_mult: int, gcn: bool, checkpoint: boo
             "attention": n_rows * (kept_by_attention + 2) * d - dense}
 
 
+ACC_BYTES = 4
+"""Bytes per element of the float32 accumulation dtype of half-precision attention."""
+
+
+def accumulated_y_bytes(strategy: AttentionStrategy, problem: AttentionProblem, p: int) -> int:
+    """Bytes of the float32 output one attention layer keeps for its backward when the
+    activations are in a half type (``problem.esize`` < 4): the fused kernel's y
+    (:mod:`plexgt.ops.attention_triton`, whose delta = rowsum(dY ∘ Y) from a bf16 y put 3-4 %
+    errors into dq and dk of a hub row) and a ring's merged output are float32 beside the
+    half-precision y the layer returns; the strategies' Table-1 terms count that one at
+    ``esize`` only. Elements: the rank's [heads, rows, d'] of its kernels' passes
+    (:class:`~plexgt.parallel.attention.strategy.KernelWork`). 0 for float32 and float64."""
+    if problem.esize >= ACC_BYTES:
+        return 0
+    work = strategy.work(problem, p)
+    return work.heads * work.rows * problem.head_dim * ACC_BYTES
+
+
 def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int, layers: int,
                  features: int, classes: int, num_params: int, ffn_mult: int = 2,
                  gcn: bool = False, gcn_grid: Grid3D | None = None,
                  feature_density: float | None = None, pre_norm: bool = False,
                  jk: str = "none", inference: bool = False, checkpoint: bool = False
                  ) -> dict[str, int]:
-    """Per-rank bytes at a training step's peak: attention (Table 1's kept terms per layer),
-    dense activations, graphs, features, and parameters with gradients and two AdamW
+    """Per-rank bytes at a training step's peak: attention (Table 1's kept terms per layer, and
+    the float32 y a half-precision layer keeps besides: :func:`accumulated_y_bytes`), dense
+    activations, graphs, features, and parameters with gradients and two AdamW
     moments (4 copies).
 
     The peak is the largest of the top block's moments (:func:`block_moments`): the end of
@@ -233,8 +252,9 @@ def model_memory(strategy: AttentionStrategy, problem: AttentionProblem, p: int,
     elif gcn:
         graphs += graph_bytes(n_loc, p * n_loc, -(-problem.e // p)) + (
             -(-problem.e // p)) * e
+    acc_y = 0 if inference else accumulated_y_bytes(strategy, problem, p)
     out = {
-        "attention_activations": att_bytes,
+        "attention_activations": att_bytes + held * acc_y,
         "dense_activations": dense,
         "graph": graphs,
         # dense [N/p, F], or CSR used both ways (X·W, Xᵀ·dY): a graph with its transpose

@@ -29,6 +29,9 @@ def test_every_case_reports_bytes_and_its_fraction_of_the_copy_bandwidth():
             assert r["bytes"] > 0 and r["min_s"] > 0, (key, p)
             assert r["fraction"] == pytest.approx(r["gbps"] / res["copy_gbps"])
             assert r["gbps"] == pytest.approx(r["bytes"] / r["min_s"] / 1e9)
+        # node-major K/V: the 8 heads of 16 in one program, each int32 index read once per
+        # pass (the ring's blocks split the edges); a program per head read it 8 times
+        assert case["index_bytes"] == res["graphs"]["powerlaw"]["edges"] * 4, key
     plain, biased = res["cases"]["powerlaw/float32/plain"], res["cases"]["powerlaw/float32/bias"]
     e, h = res["graphs"]["powerlaw"]["edges"], bench.HEADS
     # the bias adds its [h, E] read to the forward, and read + gradient write to the rows' pass

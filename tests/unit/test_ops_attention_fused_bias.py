@@ -117,13 +117,19 @@ def test_bias_with_a_residual():
 
 
 def test_tile_never_passes_the_cap():
-    """BLOCK_R·BLOCK_E·BLOCK_D <= TILE_ELEMS for every served d' and mean degree (at
-    d' = 256 and a mean degree of 64 it was 64·256 = 4x the cap, BLOCK_R floored at 1)."""
+    """BLOCK_R·BLOCK_E·HG·BLOCK_D <= TILE_ELEMS for every served d', head count and mean
+    degree (at d' = 256 and a mean degree of 64 it was 64·256 = 4x the cap, BLOCK_R floored
+    at 1); the head group is a power of two (Triton's block shapes), holds every head while
+    h·d' fits GROUP_ELEMS and never more than the heads there are, rounded up."""
     for d in range(1, attention_triton.MAX_HEAD_DIM + 1):
-        for mean in (0, 1, 5, 17, 40, 64, 1000):
-            br, be, bd = attention_triton.blocks(100, 100 * mean, d)
-            assert br * be * bd <= attention_triton.TILE_ELEMS, (d, mean, br, be, bd)
-            assert br >= 1 and be >= 1 and bd >= d
+        for h in (1, 3, 8, 16):
+            for mean in (0, 1, 5, 17, 40, 64, 1000):
+                br, be, hg, bd = attention_triton.blocks(100, 100 * mean, d, h)
+                assert br * be * hg * bd <= attention_triton.TILE_ELEMS, (d, h, mean)
+                assert br >= 1 and be >= 1 and bd >= d and hg & (hg - 1) == 0
+                assert hg < 2 * h and hg * bd <= max(bd, attention_triton.GROUP_ELEMS)
+                if h * bd <= attention_triton.GROUP_ELEMS:
+                    assert hg >= h, (d, h)
 
 
 def test_indices_are_int32_on_every_device():

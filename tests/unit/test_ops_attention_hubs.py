@@ -43,11 +43,11 @@ def hub_and_super_graph(hub_degree: int = 85) -> CSRGraph:
     return graph
 
 
-def _split_in_use(graph: CSRGraph, d: int) -> tuple[int, int]:
-    """(segments of long rows, of long columns) the launches use at this d'."""
+def _split_in_use(graph: CSRGraph, h: int, d: int) -> tuple[int, int]:
+    """(segments of long rows, of long columns) the launches use at h heads of d'."""
     out = []
     for g in (graph, graph.transpose()):
-        _, be, _ = attention_triton.blocks(g.num_rows, g.num_edges, d)
+        be = attention_triton.blocks(g.num_rows, g.num_edges, d, h).block_e
         s = schedule(g, attention_triton.SPLIT_STEPS * be)
         out.append(int((s.seg_row >= 0).sum()))
     return out[0], out[1]
@@ -75,7 +75,7 @@ def test_schedule_covers_every_edge_once():
 def test_hub_and_super_columns_float64_and_bitwise_repeatable(steps, h, d, monkeypatch):
     monkeypatch.setattr(attention_triton, "SPLIT_STEPS", steps)
     graph = hub_and_super_graph()
-    long_rows, long_cols = _split_in_use(graph, d)
+    long_rows, long_cols = _split_in_use(graph, h, d)
     assert long_rows >= 2 and (long_cols >= 6 or steps == 4), (long_rows, long_cols)
     args = _inputs(graph, h, d, torch.float64, seed=h * d)
     res = torch.randn(NR, h * d, dtype=torch.float64)
@@ -115,4 +115,50 @@ def test_pipeline_stages_change_no_bits(monkeypatch):
         y, grads = _run(graph, *args, 0.3, "fused")
         runs.append((y, *grads))
     for a, b, what in zip(*runs, NAMES):
+        assert torch.equal(a, b), what
+
+
+@pytest.mark.parametrize(("h", "d", "group_elems"), [(5, 16, 32), (3, 256, None)])
+def test_head_groups_with_masked_heads(h, d, group_elems, monkeypatch):
+    """A program owns a group of HG heads (a power of two), fewer than h when h·d' passes
+    GROUP_ELEMS: 5 heads of 16 in groups of 2 under a cap of 32, and 3 heads of 256 in
+    groups of 2 under the real cap; the last group holds one real head and one masked.
+    Hub rows and super columns split (SPLIT_STEPS = 1), with bias and residual: float64
+    against torch's kernels."""
+    if group_elems is not None:
+        monkeypatch.setattr(attention_triton, "GROUP_ELEMS", group_elems)
+    monkeypatch.setattr(attention_triton, "SPLIT_STEPS", 1)
+    graph = hub_and_super_graph()
+    hg = attention_triton.blocks(graph.num_rows, graph.num_edges, d, h).heads
+    assert hg == 2 and h % hg
+    assert min(_split_in_use(graph, h, d)) >= 2
+    args = _inputs(graph, h, d, torch.float64, seed=h + d)
+    res = torch.randn(NR, h * d, dtype=torch.float64)
+    y_ref, g_ref = _reference(graph, *args, 0.3, res)
+    y, grads = _run(graph, *args, 0.3, "fused", res)
+    for a, b, what in zip((y, *grads), (y_ref.reshape(y.shape), *g_ref), NAMES):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-11, msg=what)
+
+
+def test_partial_buffers_are_allocated_once_per_schedule(monkeypatch):
+    """The split launches' partial buffer lives with the schedule: a second forward and
+    backward on the same pattern reuse the row and column schedules' buffers (same storage,
+    nothing new allocated) and give the same bits. Before, every call allocated W·h·d' of
+    partials per launch (~40 MB at E = 20M, h·d' = 128)."""
+    monkeypatch.setattr(attention_triton, "SPLIT_STEPS", 1)
+    graph = hub_and_super_graph()
+    h, d = 2, 8
+    args = _inputs(graph, h, d, torch.float64, seed=4)
+    first = _run(graph, *args, 0.3, "fused")
+    scheds = [schedule(g, attention_triton.SPLIT_STEPS
+                       * attention_triton.blocks(g.num_rows, g.num_edges, d, h).block_e)
+              for g in (graph, graph.transpose())]
+    bufs = [s.work[torch.float64] for s in scheds]
+    w = [int(s.seg_row.numel()) for s in scheds]
+    assert all(n > 0 for n in w)
+    assert [b.numel() for b in bufs] == [n * h * max(d + 2, 2 * d) for n in w]
+    second = _run(graph, *args, 0.3, "fused")
+    assert [list(s.work) for s in scheds] == [[torch.float64]] * 2
+    assert [s.work[torch.float64].data_ptr() for s in scheds] == [b.data_ptr() for b in bufs]
+    for a, b, what in zip((first[0], *first[1]), (second[0], *second[1]), NAMES):
         assert torch.equal(a, b), what

@@ -9,9 +9,10 @@ SIGTERM and SIGUSR1 (Slurm's pre-timeout signal) only set a flag; at the end of 
 ranks agree on it, write a checkpoint and leave ``STOPPED`` in the checkpoint directory (the job
 script requeues on it) if there is one, say which, and exit cleanly. A batch-trained model
 (hgt) takes many optimizer steps an epoch, which can outlast Slurm's grace period: its ranks
-also agree on the flag between steps (one all-reduce of two integers a step) and stop there
-with a mid-epoch checkpoint (:class:`EpochPart`), from which ``--resume`` continues at that
-step; ``checkpoint_every_steps`` writes such checkpoints periodically.
+also agree on the flag between steps (:class:`MidEpoch`: one all-reduce of one integer in
+host memory a step) and stop there with a mid-epoch checkpoint (:class:`EpochPart`), from
+which ``--resume`` continues at that step; ``checkpoint_every_steps`` writes such
+checkpoints periodically.
 """
 
 from __future__ import annotations
@@ -400,9 +401,11 @@ def _epochs(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opt
         flags = host_group(ctx) if batched else None
         for epoch in range(state.start, cfg.epochs):
             part = state.part if epoch == state.start else None
-            between = MidEpoch(cfg, ctx, task, opt, stop, epoch, best, state.run, log, flags)
+            between = (MidEpoch(cfg, ctx, task, opt, stop, epoch, best, state.run, log, flags)
+                       if batched else None)
             loss, step_s, wait_s = step(cfg, task, opt, epoch, ctx.device, part, between)
             if loss is None:  # stopped between two steps, checkpointed there
+                assert between is not None
                 return _summary(_why(between.signum), state.start, last, best, task.metric,
                                 root, between.done)
             row, new_best = epoch_row(cfg, ctx, task, opt, epoch, loss, step_s, wait_s, best)

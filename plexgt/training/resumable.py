@@ -49,8 +49,8 @@ class RunState:
     """Epoch, validation and test metric (the task's: accuracy or ROC-AUC) of the best
     validation epoch."""
     run: str = ""
-    """The run's identity (:func:`_new_run_id`): a resumed run keeps the one its checkpoint
-    records; '' until one is given."""
+    """The run's identity (:func:`plexgt.training.loop._new_run_id`): a resumed run keeps the
+    one its checkpoint records; '' until one is given."""
     part: EpochPart | None = None
     """Where epoch ``start`` stands (resumed from a mid-epoch checkpoint); None: at its
     start."""

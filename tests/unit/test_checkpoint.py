@@ -696,3 +696,17 @@ def test_another_runs_mid_epoch_checkpoints_are_never_pruned(tmp_path):
         _write_at(tmp_path, e, 1)
     assert sorted(p.name for p in tmp_path.glob("epoch_*")) == [
         "epoch_000001_step_000002", "epoch_000003_step_000001", "epoch_000004_step_000001"]
+
+
+def test_predict_finds_a_mid_epoch_checkpoint_by_its_directory_or_as_the_newest(tmp_path):
+    """plexgt predict/evaluate's lookup: the newest by (epoch, step) is the mid-epoch one,
+    read from its own directory (before: epoch_000002, which does not exist), and naming
+    that directory finds it."""
+    from plexgt.training.inference import find_checkpoint
+
+    _write_at(tmp_path, 1, 0)
+    _write_at(tmp_path, 2, 4)
+    d = tmp_path / "epoch_000002_step_000004"
+    for path in (tmp_path, d):
+        cp = find_checkpoint(path)
+        assert (cp.epoch, cp.dir) == (2, d)

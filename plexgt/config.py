@@ -299,6 +299,10 @@ class TrainConfig:
     """Directory of checkpoints; empty = no checkpoints."""
     checkpoint_every: int = 0
     """Checkpoint every K epochs (0 = only on SIGTERM/SIGUSR1 and at the end)."""
+    checkpoint_every_steps: int = 0
+    """Batch-trained models (hgt): also checkpoint every K optimizer steps inside an epoch
+    (0 = none; SIGTERM/SIGUSR1 checkpoint between steps regardless). For epochs longer than
+    the time a failed node may cost; not part of the computation (hash)."""
     resume: bool = False
     """Continue from the latest complete checkpoint in ``checkpoint_dir``."""
     stop_after: int = 0
@@ -335,8 +339,8 @@ class TrainConfig:
             if node[key] == old:
                 node.pop(key)
         for k in ("data", "metrics", "tensorboard", "checkpoint_dir", "checkpoint_every",
-                  "resume", "progress", "eval_every", "stop_after", "epochs", "parallel",
-                  "patience"):
+                  "checkpoint_every_steps", "resume", "progress", "eval_every", "stop_after",
+                  "epochs", "parallel", "patience"):
             d.pop(k)
         d["model"].pop("checkpoint")  # recomputation computes the same model
         if d["batch"] == dataclasses.asdict(BatchConfig()):
@@ -522,9 +526,10 @@ def validate(cfg: TrainConfig) -> None:
     if not (math.isfinite(cfg.parallel.timeout_s) and cfg.parallel.timeout_s > 0):
         raise ConfigError(f"config key 'parallel.timeout_s': {cfg.parallel.timeout_s!r} must "
                           "be a finite number of seconds > 0")
-    if cfg.epochs < 1 or cfg.eval_every < 1 or cfg.checkpoint_every < 0 or cfg.stop_after < 0:
+    if (cfg.epochs < 1 or cfg.eval_every < 1 or cfg.checkpoint_every < 0 or cfg.stop_after < 0
+            or cfg.checkpoint_every_steps < 0):
         raise ConfigError("config keys epochs, eval_every must be >= 1; checkpoint_every, "
-                          "stop_after >= 0")
+                          "checkpoint_every_steps, stop_after >= 0")
     if cfg.resume and not cfg.checkpoint_dir:
         raise ConfigError("config key 'resume' needs 'checkpoint_dir'")
     par = cfg.parallel

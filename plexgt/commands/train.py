@@ -160,7 +160,9 @@ def final_line(summary: dict[str, Any]) -> str:
     checkpoint its end wrote, only when it wrote one."""
     status = f"stopped by {summary['stopped']}" if summary["stopped"] else "finished"
     last = summary["last_epoch"]
-    if last == summary["start_epoch"]:
+    if summary.get("last_step"):  # a batch-trained run stopped between two steps
+        status += f" after step {summary['last_step']} of epoch {last + 1}"
+    elif last == summary["start_epoch"]:
         status += f" after epoch {last} (nothing left to train: resumed at the last epoch)"
     else:
         status += f" after epoch {last}"

@@ -7,6 +7,12 @@ sha256 of every file), written by rank 0 after every rank has hashed the files i
 A crash mid-write leaves a directory without COMPLETE, which :func:`latest_complete` skips, so
 ``--resume`` always starts from a checkpoint that loads; the newest two complete ones are kept.
 
+A batch-trained model (hgt: an epoch of many optimizer steps) may also stop mid-epoch:
+``DIR/epoch_000041_step_000005/`` holds the state after 41 epochs and 5 steps of the next, and
+its COMPLETE adds ``epoch_step`` (5) and ``epoch_loss_sum`` (the float64 sum of those steps'
+losses). Checkpoints are ordered by (epoch, step), an epoch's end being step 0 of the next:
+``epoch_000042`` supersedes every ``epoch_000041_step_*``.
+
 The state is *canonical*: parameters and AdamW moments under the single-process model's names
 and shapes (a 3D GCN's blocks reassembled, a row-parallel model's replicated copy), so any
 world size, grid or strategy resumes it, each rank slicing what it holds. DCP writes each
@@ -51,8 +57,20 @@ FORMAT = 2
 """COMPLETE's ``format``: 2 = canonical DCP state (1 was one torch.save shard per rank)."""
 
 
-def epoch_dir(root: Path, epoch: int) -> Path:
-    return root / f"epoch_{epoch:06d}"
+def epoch_dir(root: Path, epoch: int, step: int = 0) -> Path:
+    """The directory of the checkpoint after ``epoch`` epochs and ``step`` optimizer steps of
+    the next (0: at the epoch's end, the full-graph models' only kind)."""
+    return root / (f"epoch_{epoch:06d}" if not step else f"epoch_{epoch:06d}_step_{step:06d}")
+
+
+def step_of(meta: dict[str, Any]) -> int:
+    """The optimizer steps into its epoch a COMPLETE records (0: an epoch's end)."""
+    return int(meta.get("epoch_step", 0))
+
+
+def position(meta: dict[str, Any]) -> tuple[int, int]:
+    """(epoch, step) of a COMPLETE: the order of a run's checkpoints."""
+    return int(meta["epoch"]), step_of(meta)
 
 
 def _world() -> tuple[int, int]:
@@ -79,12 +97,13 @@ def _why(e: BaseException) -> str:
     return lines[-1].strip() if lines else type(e).__name__
 
 
-def write_state(root: Path, epoch: int, state: dict[str, Any]) -> dict[str, str]:
+def write_state(root: Path, epoch: int, state: dict[str, Any], step: int = 0
+                ) -> dict[str, str]:
     """Write ``state`` (every rank the same keys and shapes; collective) under
-    ``epoch_dir(root, epoch)``, each file created anew and none through a symlink; returns
+    ``epoch_dir(root, epoch, step)``, each file created anew and none through a symlink; returns
     {file name: sha256} of the files this rank hashed (file i of the sorted listing goes to
     rank i mod P)."""
-    d = epoch_dir(root, epoch)
+    d = epoch_dir(root, epoch, step)
     try:
         _make_dir(d)
         dcp.save(state, storage_writer=dcp_safe.Writer(d))
@@ -204,12 +223,12 @@ def _remove_epoch(d: Path, names: list[str]) -> None:
                               f"({e.strerror or e})") from None
 
 
-def clear_epoch(root: Path, epoch: int, run: str = "") -> None:
+def clear_epoch(root: Path, epoch: int, run: str = "", step: int = 0) -> None:
     """Rank 0, before a write: remove what a killed run of this one left under this epoch, so
     that no COMPLETE ever covers a mix of two writes. Only DCP's and plexgt's files are
     removed; a directory holding anything else, a symlink, or another run's complete
     checkpoint is refused."""
-    d = epoch_dir(root, epoch)
+    d = epoch_dir(root, epoch, step)
     names = _epoch_files(d)
     if names is None:
         return
@@ -225,8 +244,8 @@ def _complete_of(d: Path) -> dict[str, Any] | None:
     """An epoch directory's COMPLETE, None if it has none that reads as one."""
     try:
         meta = json.loads(ownfiles.read_text(d / COMPLETE))
-        int(meta["epoch"])
-    except (CheckpointError, ValueError, KeyError, TypeError):
+        position(meta)
+    except (CheckpointError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return meta if isinstance(meta, dict) else None
 
@@ -249,7 +268,7 @@ def verify_files(root: Path, epoch: int, meta: dict[str, Any]) -> None:
     """Check this rank's share of the checkpoint's files (file i of COMPLETE's list goes to
     rank i mod P) against the sha256 recorded in COMPLETE: a damaged or missing file is
     refused rather than trained on."""
-    d = epoch_dir(root, epoch)
+    d = epoch_dir(root, epoch, step_of(meta))
     sums = meta.get("sha256")
     if not isinstance(sums, dict) or not sums:
         raise CheckpointError(f"{d / COMPLETE}: no file checksums (format {meta.get('format')}; "
@@ -275,16 +294,17 @@ def verify_files(root: Path, epoch: int, meta: dict[str, Any]) -> None:
                                   f"the one recorded in {d / COMPLETE})")
 
 
-def saved_keys(root: Path, epoch: int) -> set[str]:
-    """The state keys the checkpoint of ``epoch`` holds (its checked DCP metadata): what a
-    template may read from it."""
-    return set(dcp_safe.read_metadata(epoch_dir(root, epoch)).state_dict_metadata)
+def saved_keys(root: Path, epoch: int, step: int = 0) -> set[str]:
+    """The state keys the checkpoint of ``epoch`` (and ``step``) holds (its checked DCP
+    metadata): what a template may read from it."""
+    return set(dcp_safe.read_metadata(epoch_dir(root, epoch, step)).state_dict_metadata)
 
 
-def read_state(root: Path, epoch: int, template: dict[str, Any]) -> dict[str, Any]:
+def read_state(root: Path, epoch: int, template: dict[str, Any], step: int = 0
+               ) -> dict[str, Any]:
     """Read a checkpoint into ``template`` (this run's tensors of the canonical shapes;
     collective) and return it."""
-    d = epoch_dir(root, epoch)
+    d = epoch_dir(root, epoch, step)
     try:
         dcp_safe.load(d, template)  # runs nothing a crafted checkpoint holds
     except CheckpointError:
@@ -307,16 +327,17 @@ def check_meta(root: Path, epoch: int, meta: dict[str, Any], expect: dict[str, A
     """Refuse a checkpoint whose computation differs from this run's: another dataset (both
     named), node order, or configuration (the first key that differs). The layout (world
     size, grid, strategy) may differ: the state is canonical."""
+    d = epoch_dir(root, epoch, step_of(meta))
     if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{epoch_dir(root, epoch) / COMPLETE}: checkpoint format "
+        raise CheckpointError(f"{d / COMPLETE}: checkpoint format "
                               f"{meta.get('format', 1)}, this plexgt reads format {FORMAT}")
     if meta.get("dataset") and expect.get("dataset") and meta["dataset"] != expect["dataset"]:
-        raise CheckpointError(f"{epoch_dir(root, epoch)}: trained on "
+        raise CheckpointError(f"{d}: trained on "
                               f"{meta.get('dataset_name') or 'another dataset'}, this run's data "
                               f"is {expect.get('dataset_name') or 'another'}; resume on the "
                               "dataset it was trained on")  # (older checkpoints record none)
     if expect.get("node_order") and meta.get("node_order") != expect["node_order"]:
-        raise CheckpointError(f"{epoch_dir(root, epoch)}: its node embedding's rows follow "
+        raise CheckpointError(f"{d}: its node embedding's rows follow "
                               "another prepared directory's node order; resume on the "
                               "directory it was trained on")
     if meta.get("config_hash") == expect.get("config_hash"):
@@ -325,9 +346,9 @@ def check_meta(root: Path, epoch: int, meta: dict[str, Any], expect: dict[str, A
         diff = _first_difference(meta["config"], expect["config"])
         if diff is not None:
             key, old, new = diff
-            raise CheckpointError(f"{epoch_dir(root, epoch)}: written with {key}={old!r}, this "
+            raise CheckpointError(f"{d}: written with {key}={old!r}, this "
                                   f"run has {key}={new!r}; resume with the same {key}")
-    raise CheckpointError(f"{epoch_dir(root, epoch)}: written by another configuration "
+    raise CheckpointError(f"{d}: written by another configuration "
                           f"(hash {meta.get('config_hash')!r}, this run "
                           f"{expect.get('config_hash')!r})")
 
@@ -370,12 +391,12 @@ def lock(root: Path) -> Any:
 
 
 def mark_complete(root: Path, epoch: int, meta: dict[str, Any], keep: int = 2) -> None:
-    """Rank 0, once every rank's files are written and hashed: declare ``epoch`` complete
-    (``meta`` holds the checksums and the run's id) and drop all but the ``keep`` newest
-    complete ones of this run. Another run's checkpoints are never removed: a directory that
-    held a later epoch of another run, sorted by name, once lost each new checkpoint just
-    after it was written."""
-    d = epoch_dir(root, epoch)
+    """Rank 0, once every rank's files are written and hashed: declare ``epoch`` (and
+    ``meta``'s ``epoch_step``, if any) complete (``meta`` holds the checksums and the run's id)
+    and drop all but the ``keep`` newest complete ones of this run by (epoch, step). Another
+    run's checkpoints are never removed: a directory that held a later epoch of another run,
+    sorted by name, once lost each new checkpoint just after it was written."""
+    d = epoch_dir(root, epoch, step_of(meta))
     missing = [n for n in meta.get("sha256", {}) if not (d / n).exists()]
     if missing:
         raise CheckpointError(f"{d}: checkpoint files {missing} are missing")
@@ -388,7 +409,7 @@ def mark_complete(root: Path, epoch: int, meta: dict[str, Any], keep: int = 2) -
     run = meta.get("run")
     if not run:
         return
-    mine = sorted((int(m["epoch"]), p) for p, m in _completes(root) if m.get("run") == run)
+    mine = sorted((position(m), p) for p, m in _completes(root) if m.get("run") == run)
     for _, old in mine[:-keep]:
         try:  # what holds anything but DCP's and plexgt's files is left as it is
             _remove_epoch(old, _epoch_files(old) or [])
@@ -417,8 +438,10 @@ def check_fresh(root: Path) -> None:
 
 
 def latest_complete(root: Path) -> tuple[int, dict[str, Any]] | None:
-    """(epoch, meta) of the newest complete checkpoint under ``root``, or None."""
-    best = None
+    """(epoch, meta) of the newest complete checkpoint under ``root`` by (epoch, step)
+    (:func:`position`; ``step_of(meta)`` says where in the epoch), or None. A COMPLETE must
+    name its own directory: one copied under another name would resume another position."""
+    best: tuple[tuple[int, int], dict[str, Any]] | None = None
     for d in sorted(root.glob("epoch_*")):
         if d.is_symlink():
             raise ownfiles.symlink_error(d)
@@ -426,11 +449,17 @@ def latest_complete(root: Path) -> tuple[int, dict[str, Any]] | None:
         if os.path.lexists(f):
             try:
                 meta = json.loads(ownfiles.read_text(f))
-                best = (int(meta["epoch"]), meta)
-            except (ValueError, KeyError, TypeError) as e:
+                at = position(meta)
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
                 raise CheckpointError(f"{f}: corrupt checkpoint marker ({e}); remove {d} to "
                                       "resume from the one before") from None
-    return best
+            if epoch_dir(root, *at) != d:
+                raise CheckpointError(f"{f}: records epoch {at[0]}"
+                                      f"{f' step {at[1]}' if at[1] else ''}, not its "
+                                      f"directory's; remove {d} to resume from the one before")
+            if best is None or at > best[0]:
+                best = (at, meta)
+    return None if best is None else (best[0][0], best[1])
 
 
 def _first_difference(old: dict[str, Any], new: dict[str, Any], prefix: str = ""

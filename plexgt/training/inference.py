@@ -72,7 +72,7 @@ class Checkpoint:
 
     @property
     def dir(self) -> Path:
-        return ckpt.epoch_dir(self.root, self.epoch)
+        return ckpt.epoch_dir(self.root, self.epoch, ckpt.step_of(self.meta))
 
 
 def find_checkpoint(path: str | Path) -> Checkpoint:
@@ -85,10 +85,10 @@ def find_checkpoint(path: str | Path) -> Checkpoint:
     if ownfiles.kind(marker) is not None:
         try:
             meta = json.loads(ownfiles.read_text(marker))
-            epoch = int(meta["epoch"])
-        except (ValueError, KeyError, TypeError) as e:
+            epoch, step = ckpt.position(meta)
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"{marker}: corrupt checkpoint marker ({e})") from None
-        if ckpt.epoch_dir(p.parent, epoch).name != p.name:
+        if ckpt.epoch_dir(p.parent, epoch, step).name != p.name:
             raise CheckpointError(f"{marker}: records epoch {epoch}, not its directory's")
         return Checkpoint(p.parent, epoch, meta)
     found = ckpt.latest_complete(p)
@@ -172,7 +172,8 @@ def load_weights(cp: Checkpoint, cfg: TrainConfig, ctx: DistContext, task: Task)
     model = task.model
     params = {n: p.detach() for n, p in model.named_parameters()}
     template = {f"model/{k}": v for k, v in model.to_canonical(params).items()}
-    state = agreed(lambda: ckpt.read_state(cp.root, cp.epoch, template), ctx.device)
+    state = agreed(lambda: ckpt.read_state(cp.root, cp.epoch, template,
+                                           ckpt.step_of(cp.meta)), ctx.device)
     local = model.from_canonical({k.removeprefix("model/"): v for k, v in state.items()})
     with torch.no_grad():
         for n, p in model.named_parameters():

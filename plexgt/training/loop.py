@@ -7,7 +7,12 @@ compute (the rest); rank 0 writes their max and mean over ranks to the metrics J
 
 SIGTERM and SIGUSR1 (Slurm's pre-timeout signal) only set a flag; at the end of the epoch the
 ranks agree on it, write a checkpoint and leave ``STOPPED`` in the checkpoint directory (the job
-script requeues on it) if there is one, say which, and exit cleanly.
+script requeues on it) if there is one, say which, and exit cleanly. A batch-trained model
+(hgt) takes many optimizer steps an epoch, which can outlast Slurm's grace period: its ranks
+also agree on the flag between steps (:class:`MidEpoch`: one all-reduce of one integer in
+host memory a step) and stop there with a mid-epoch checkpoint (:class:`EpochPart`), from
+which ``--resume`` continues at that step; ``checkpoint_every_steps`` writes such
+checkpoints periodically.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import signal
 import sys
 import time
 import tomllib
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,13 +38,13 @@ import torch.distributed as dist
 from plexgt.config import TrainConfig, read_config, to_toml
 from plexgt.distributed.agree import agreed
 from plexgt.distributed.bootstrap import DistContext
-from plexgt.errors import CheckpointError, ConfigError, TrainingError, mark_agreed
+from plexgt.errors import ConfigError, TrainingError, mark_agreed
 from plexgt.tasks.metrics import task_roc_auc
 from plexgt.tasks.task import Task
 from plexgt.training import checkpoint as ckpt
 from plexgt.training import ownfiles
 from plexgt.training.optim import EarlyStop, clip_gradients, make_optimizer
-from plexgt.training.state import canonical_state, fit_rng, load_canonical_state
+from plexgt.training.resumable import EpochPart, RunState, resume, save
 from plexgt.training.tensorboard import TensorBoardLog
 from plexgt.util.progress import Progress
 
@@ -119,7 +124,8 @@ def synchronize(device: torch.device) -> None:
 
 
 class StopFlag:
-    """Set by SIGTERM / SIGUSR1; acted on at the end of an epoch, never inside one."""
+    """Set by SIGTERM / SIGUSR1; acted on at the end of an epoch, or between the optimizer
+    steps of a batch-trained one, never inside a step."""
 
     def __init__(self) -> None:
         self.signal: int = 0
@@ -141,93 +147,22 @@ def _stats(values: list[float], device: torch.device) -> tuple[list[float], list
     return both[0], both[1]
 
 
-@dataclass
-class RunState:
-    """Where a run stands: the epoch to start from and the best validation epoch so far."""
-
-    start: int = 0
-    best: dict[str, Any] = field(
-        default_factory=lambda: {"epoch": -1, "valid": -1.0, "test": 0.0})
-    """Epoch, validation and test metric (the task's: accuracy or ROC-AUC) of the best
-    validation epoch."""
-    run: str = ""
-    """The run's identity (:func:`_new_run_id`): a resumed run keeps the one its checkpoint
-    records; '' until one is given."""
-
-
-def run_meta(ctx: DistContext, task: Task, cfg: TrainConfig) -> dict[str, Any]:
-    """What a checkpoint records of the run that wrote it. The configuration hash and the
-    dataset's identity must match on resume, and with a node embedding the data's node order
-    (the table's rows follow it); the layout is informational (the state is canonical)."""
-    meta = {"world_size": ctx.world_size, "grid": task.grid, "strategy": task.strategy,
-            "config_hash": cfg.hash(), "config": cfg.computation(),
-            "dataset": task.dataset, "dataset_name": task.dataset_name}
-    if task.node_order:
-        meta["node_order"] = task.node_order
-    return meta
-
-
-def resume(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimizer,
-           log: Any) -> RunState:
-    """Load the newest complete checkpoint into the model, optimiser and RNG, on whatever
-    world size, grid or strategy this run has."""
-    root = Path(cfg.checkpoint_dir)
-
-    def find() -> tuple[int, dict[str, Any]]:
-        found = ckpt.latest_complete(root)
-        if found is None:
-            raise CheckpointError(f"{root}: no complete checkpoint to resume from")
-        epoch, cmeta = found
-        ckpt.check_meta(root, epoch, cmeta, run_meta(ctx, task, cfg))
-        ckpt.verify_files(root, epoch, cmeta)  # this rank's share of the files
-        return epoch, cmeta
-
-    epoch, meta = agreed(find, ctx.device)  # one rank's bad file stops every rank
-    saved = agreed(lambda: ckpt.saved_keys(root, epoch), ctx.device)
-    # across device types: a CPU checkpoint has no rng/cuda for a GPU run to read
-    template, _ = fit_rng(canonical_state(task.model, opt), saved)
-    state = agreed(lambda: ckpt.read_state(root, epoch, template), ctx.device)
-    seeded = load_canonical_state(task.model, opt, state, cfg.seed, epoch)
-    if seeded and ctx.rank == 0:
-        log(f"plexgt train: {ckpt.epoch_dir(root, epoch)} holds no CUDA RNG state (written "
-            f"on a CPU); the CUDA RNG is seeded from seed {cfg.seed} and epoch {epoch}")
-    if hasattr(task.model, "step"):
-        task.model.step = int(meta["step"])
-    if ctx.rank == 0:
-        how = "" if (meta.get("world_size"), meta.get("grid"), meta.get("strategy")) == (
-            ctx.world_size, task.grid, task.strategy) else (
-            f", written by {meta.get('world_size')} ranks on {meta.get('grid')} "
-            f"{meta.get('strategy')}")
-        log(f"plexgt train: resumed from {ckpt.epoch_dir(root, epoch)} (epoch {epoch}{how})")
-    return RunState(epoch, dict(meta["best"]), str(meta.get("run") or ""))
-
-
-def save(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Optimizer,
-         epoch: int, best: dict[str, Any], run: str = "") -> None:
-    """Every rank writes its part of the canonical state (collective); rank 0 marks the
-    checkpoint complete once all have written and hashed their files, as run ``run``'s."""
-    if not cfg.checkpoint_dir:
-        return
-    root = Path(cfg.checkpoint_dir)
-    state = canonical_state(task.model, opt)
-    agreed(lambda: ckpt.clear_epoch(root, epoch, run) if ctx.rank == 0 else None, ctx.device)
-    sums = agreed(lambda: ckpt.write_state(root, epoch, state), ctx.device)
-    parts: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(parts, sums)
-    meta = {**run_meta(ctx, task, cfg), "step": int(getattr(task.model, "step", 0)),
-            "best": best, "run": run,
-            "sha256": {k: v for part in parts for k, v in part.items()}}
-    agreed(lambda: ckpt.mark_complete(root, epoch, meta) if ctx.rank == 0 else None,
-           ctx.device)
+Between = Callable[[int, torch.Tensor], bool]
+"""Called by a batch-trained epoch after each of its optimizer steps but the last, with the
+steps done and their loss sum (a float64 device tensor): True stops the epoch there (every
+rank must answer the same)."""
 
 
 def step(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int,
-         device: torch.device | None = None) -> tuple[torch.Tensor, float, float]:
+         device: torch.device | None = None, part: EpochPart | None = None,
+         between: Between | None = None) -> tuple[torch.Tensor | None, float, float]:
     """One exact full-graph step: (loss, seconds of the step, seconds waiting for the others).
 
     On a GPU the step's boundaries are device synchronisations, so its time is the work's, not
     the launches'; the wait is the barrier after it, also synchronised. Nothing inside the step
-    waits for the device."""
+    waits for the device. A batch-trained model's epoch (:func:`_batch_steps`) starts at
+    ``part`` (a resumed mid-epoch checkpoint's) and asks ``between`` after each step; the
+    loss is None where that stopped it."""
     device = torch.device("cpu") if device is None else device
     for g in opt.param_groups:
         g["lr"] = lr_at(cfg, epoch)
@@ -236,8 +171,9 @@ def step(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int,
     reset_peak_memory(device)
     synchronize(device)
     t0 = time.perf_counter()
+    loss: torch.Tensor | None
     if getattr(task, "train_step", None) is not None and task.steps is not None:
-        loss = _batch_steps(cfg, task, opt, epoch, device)
+        loss = _batch_steps(cfg, task, opt, epoch, device, part, between)
     else:
         opt.zero_grad(set_to_none=True)
         try:
@@ -262,14 +198,21 @@ def step(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int,
 
 
 def _batch_steps(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch: int,
-                 device: torch.device) -> torch.Tensor:
+                 device: torch.device, part: EpochPart | None = None,
+                 between: Between | None = None) -> torch.Tensor | None:
     """A batch-trained model's epoch: ``task.steps(epoch)`` optimizer steps, each the task's
     forward and backward (its pipeline schedule and gradient sums) then the loop's clipping
-    and optimizer step; returns the mean of the steps' losses (replicated)."""
+    and optimizer step; returns the mean of the steps' losses (replicated), or None where
+    ``between`` stopped the epoch after a step. Resumed at ``part``: from step ``part.done``,
+    the sum starting from the recorded one. Exact because nothing a step computes depends on
+    where the run started: the sequences are a function of (seed, epoch, index), dropout of
+    the model's step counter (checkpointed), the learning rate of the epoch."""
     assert task.train_step is not None and task.steps is not None
-    total = torch.zeros((), dtype=torch.float64, device=device)  # no host sync a step
+    # no host sync a step (but ``between``'s)
+    total = torch.full((), part.loss_sum if part is not None else 0.0, dtype=torch.float64,
+                       device=device)
     n = task.steps(epoch)
-    for i in range(n):
+    for i in range(part.done if part is not None else 0, n):
         opt.zero_grad(set_to_none=True)
         try:
             with autocast(task, device):
@@ -280,6 +223,8 @@ def _batch_steps(cfg: TrainConfig, task: Task, opt: torch.optim.Optimizer, epoch
             clip_gradients(task.model, cfg.optim.clip_norm, device)
         opt.step()
         total += loss.detach().to(device=device, dtype=torch.float64)
+        if between is not None and i + 1 < n and between(i + 1, total):
+            return None
     return total / max(1, n)
 
 
@@ -452,8 +397,17 @@ def _epochs(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opt
         return _summary(early.why, state.start, last, best, task.metric, root)
     out = agreed(lambda: EpochLog(cfg, rank0, state.start), ctx.device)
     try:
+        batched = getattr(task, "train_step", None) is not None and task.steps is not None
+        flags = host_group(ctx) if batched else None
         for epoch in range(state.start, cfg.epochs):
-            loss, step_s, wait_s = step(cfg, task, opt, epoch, ctx.device)
+            part = state.part if epoch == state.start else None
+            between = (MidEpoch(cfg, ctx, task, opt, stop, epoch, best, state.run, log, flags)
+                       if batched else None)
+            loss, step_s, wait_s = step(cfg, task, opt, epoch, ctx.device, part, between)
+            if loss is None:  # stopped between two steps, checkpointed there
+                assert between is not None
+                return _summary(_why(between.signum), state.start, last, best, task.metric,
+                                root, between.done)
             row, new_best = epoch_row(cfg, ctx, task, opt, epoch, loss, step_s, wait_s, best)
             if new_best["epoch"] != best["epoch"]:
                 early.keep(task.model)
@@ -493,6 +447,64 @@ def _epochs(cfg: TrainConfig, ctx: DistContext, task: Task, opt: torch.optim.Opt
     return _summary("", state.start, last, best, task.metric, root)
 
 
+def host_group(ctx: DistContext) -> Any:
+    """The world as a group whose collectives take host tensors, for the stop flag a
+    batch-trained epoch agrees on between its steps: the world group itself under gloo
+    (returned as None, the default group), a gloo group over every rank under NCCL (created
+    here, collectively, with the run's timeout). Why not the world group's device tensors:
+    reading the agreed flag back would wait for the step's kernels at every step (a host
+    sync the loop otherwise never makes inside an epoch)."""
+    if ctx.world_size == 1 or ctx.backend == "gloo":
+        return None
+    return dist.new_group(backend="gloo", timeout=ctx.timeout)
+
+
+class MidEpoch:
+    """The :data:`Between` of epoch ``epoch``'s steps: the ranks agree on a pending stop
+    signal after every step, over ``group`` (:func:`host_group`: host memory, no device
+    sync; one all-reduce of one integer, measured by perf/bench_stop_flag.py). On a signal,
+    or every ``checkpoint_every_steps`` steps, every rank writes the mid-epoch checkpoint
+    (:class:`EpochPart`); on a signal the run then stops as at an epoch's end: ``STOPPED``
+    left for the job script, one line saying where."""
+
+    def __init__(self, cfg: TrainConfig, ctx: DistContext, task: Task,
+                 opt: torch.optim.Optimizer, stop: StopFlag, epoch: int, best: dict[str, Any],
+                 run: str, log: Any, group: Any = None) -> None:
+        self.cfg, self.ctx, self.task, self.opt, self.stop = cfg, ctx, task, opt, stop
+        self.epoch, self.best, self.run, self.log = epoch, best, run, log
+        self.group = group
+        self.signum = 0
+        self.done = 0
+
+    def __call__(self, done: int, total: torch.Tensor) -> bool:
+        cfg, ctx = self.cfg, self.ctx
+        flag = torch.tensor([self.stop.signal], dtype=torch.int64)  # host memory
+        if ctx.world_size > 1:
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        signum = int(flag[0])
+        every = cfg.checkpoint_every_steps
+        if not signum and not (every and done % every == 0):
+            return False
+        save(cfg, ctx, self.task, self.opt, self.epoch, self.best, self.run,
+             EpochPart(done, float(total.item())))
+        if not signum:
+            return False
+        self.signum, self.done = signum, done
+        root = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+        if root is not None:
+            agreed(lambda: _mark_stopped(root, self.epoch, done) if ctx.rank == 0 else None,
+                   ctx.device)
+        if ctx.rank == 0:
+            n = self.task.steps(self.epoch) if self.task.steps is not None else done
+            self.log(f"plexgt train: stopped by {_why(signum)} after step {done} of {n} of "
+                     f"epoch {self.epoch + 1}; "
+                     + (f"checkpoint {ckpt.epoch_dir(root, self.epoch, done)} written; "
+                        "continue with --resume" if root is not None else
+                        "no checkpoint written (no --checkpoint-dir): a new run starts "
+                        "from epoch 0"))
+        return True
+
+
 def _new_run_id() -> str:
     """A fresh run's identity: recorded in each COMPLETE it writes (and kept by a run resumed
     from one), it says whose checkpoints pruning may remove. Only rank 0 writes COMPLETE and
@@ -507,7 +519,8 @@ def _why(signum: int) -> str:
 CONFIG = "config.toml"
 CONFIG_MARK = "# plexgt train: the configuration of the run checkpointed here\n"
 """config.toml's first line: what marks the file as plexgt's to replace."""
-STOPPED_TEXT = re.compile(r"\d+\n")
+STOPPED_TEXT = re.compile(r"\d+(?: \d+)?\n")
+"""STOPPED's line: the epochs done, then the steps of the next where it stopped mid-epoch."""
 
 
 def _own_config(text: str) -> bool:
@@ -535,19 +548,22 @@ def _prepare_dir(root: Path, cfg: TrainConfig) -> None:
     ownfiles.replace_own(root / CONFIG, CONFIG_MARK + to_toml(cfg), _own_config)
 
 
-def _mark_stopped(root: Path, epoch: int) -> None:
-    """Rank 0: leave STOPPED (the epoch) for the job script, which requeues on it."""
-    ownfiles.replace_own(root / ckpt.STOPPED, f"{epoch}\n", STOPPED_TEXT.fullmatch)
+def _mark_stopped(root: Path, epoch: int, step: int = 0) -> None:
+    """Rank 0: leave STOPPED (the epoch, and the step of a mid-epoch stop) for the job
+    script, which requeues on it."""
+    ownfiles.replace_own(root / ckpt.STOPPED, f"{epoch} {step}\n" if step else f"{epoch}\n",
+                         STOPPED_TEXT.fullmatch)
 
 
 def _summary(stopped: str, start: int, last: int, best: dict[str, Any], metric: str,
-             root: Path | None) -> dict[str, Any]:
+             root: Path | None, step: int = 0) -> dict[str, Any]:
     """What the run did, for its last line. ``stopped``: why it stopped early ('signal 10',
     'stop_after'), '' if it ran out; ``start``: the epoch it resumed at (0: a fresh run);
-    ``checkpoint``: the one its end wrote ('' when none: no directory, or nothing trained);
-    ``best_epoch`` -1 while no epoch has been evaluated."""
-    wrote = root is not None and last > start
-    return {"stopped": stopped, "start_epoch": start, "last_epoch": last,
+    ``last_step``: the steps into epoch ``last_epoch + 1`` where it stopped (0: at an epoch's
+    end); ``checkpoint``: the one its end wrote ('' when none: no directory, or nothing
+    trained); ``best_epoch`` -1 while no epoch has been evaluated."""
+    wrote = root is not None and (last > start or step > 0)
+    return {"stopped": stopped, "start_epoch": start, "last_epoch": last, "last_step": step,
             "best_epoch": best["epoch"], "metric": metric, "best_valid": best["valid"],
             "test_at_best": best["test"],
-            "checkpoint": str(ckpt.epoch_dir(root, last)) if wrote and root else ""}
+            "checkpoint": str(ckpt.epoch_dir(root, last, step)) if wrote and root else ""}

@@ -576,7 +576,7 @@ def _resumable(tmp_path, state: dict, epoch: int = 4):
     from types import SimpleNamespace
 
     from plexgt.distributed.bootstrap import DistContext
-    from plexgt.training.loop import run_meta
+    from plexgt.training.resumable import run_meta
 
     cfg = load_config(None, {"data": "x", "checkpoint_dir": str(tmp_path), "resume": True,
                              "seed": 7})
@@ -609,7 +609,7 @@ def test_a_checkpoint_written_on_a_cpu_resumes_on_a_gpu(tmp_path, monkeypatch):
     """A CPU run's checkpoint has no rng/cuda, which a GPU run's load template asked for
     (DCP: missing key, 'cannot read the checkpoint into this run'): now the state loads and
     the CUDA RNG is seeded from the run's seed and epoch, and the run says so."""
-    from plexgt.training.loop import resume
+    from plexgt.training.resumable import resume
 
     torch.manual_seed(0)
     src = RowParallel(GraphTransformer(5, 8, 3, num_layers=1, heads=2), None, None)
@@ -632,7 +632,7 @@ def test_a_checkpoint_written_on_a_gpu_resumes_on_a_cpu(tmp_path, monkeypatch):
     """The other way: the GPU checkpoint's rng/cuda is not read by a CPU run (no CUDA RNG to
     set), the rest loads; and a GPU run reading it sets its CUDA RNG from it, seeding
     nothing."""
-    from plexgt.training.loop import resume
+    from plexgt.training.resumable import resume
 
     torch.manual_seed(0)
     src = RowParallel(GraphTransformer(5, 8, 3, num_layers=1, heads=2), None, None)
@@ -646,3 +646,67 @@ def test_a_checkpoint_written_on_a_gpu_resumes_on_a_cpu(tmp_path, monkeypatch):
     calls = _fake_gpu(monkeypatch)
     resume(cfg, ctx, task, opt, lambda m: None)
     assert [c[0] for c in calls] == ["set"] and torch.equal(calls[0][1], state["rng/cuda"])
+
+
+def _write_at(root: Path, epoch: int, step: int, run: str = "r") -> None:
+    """A complete checkpoint at (epoch, step) of run ``run``, as plexgt train writes one."""
+    sums = ckpt.write_state(root, epoch, {"w": torch.full((3,), float(epoch * 100 + step))},
+                            step)
+    extra = {"epoch_step": step, "epoch_loss_sum": 1.5} if step else {}
+    ckpt.mark_complete(root, epoch, {"config_hash": "h", "run": run, "sha256": sums,
+                                     **extra})
+
+
+def test_mid_epoch_checkpoints_order_by_epoch_then_step_and_an_epoch_end_supersedes(
+        tmp_path):
+    """epoch_000004_step_000003 (4 epochs and 3 steps) is newer than epoch_000004 and
+    epoch_000003_step_000009, older than epoch_000005 (the end of the epoch it was taken
+    in); its own directory name, and pruning keeps the two newest by (epoch, step)."""
+    _write_at(tmp_path, 3, 9)
+    assert ckpt.epoch_dir(tmp_path, 3, 9).name == "epoch_000003_step_000009"
+    _write_at(tmp_path, 4, 0)
+    _write_at(tmp_path, 4, 3)
+    epoch, meta = ckpt.latest_complete(tmp_path)
+    assert ckpt.position(meta) == (4, 3) and epoch == 4 and meta["epoch_loss_sum"] == 1.5
+    assert sorted(p.name for p in tmp_path.glob("epoch_*")) == [
+        "epoch_000004", "epoch_000004_step_000003"]  # (3, 9) pruned: two kept
+    _write_at(tmp_path, 5, 0)
+    epoch, meta = ckpt.latest_complete(tmp_path)
+    assert (epoch, ckpt.step_of(meta)) == (5, 0) and "epoch_step" not in meta
+    assert sorted(p.name for p in tmp_path.glob("epoch_*")) == [
+        "epoch_000004_step_000003", "epoch_000005"]
+    got = ckpt.read_state(tmp_path, 4, {"w": torch.zeros(3)}, 3)
+    assert torch.equal(got["w"], torch.full((3,), 403.0))
+
+
+def test_a_complete_that_names_another_position_than_its_directory_is_refused(tmp_path):
+    """A mid-epoch COMPLETE copied under an epoch's name would resume another position (and
+    read another directory's files): refused, naming both."""
+    _write_at(tmp_path, 2, 4)
+    src = ckpt.epoch_dir(tmp_path, 2, 4)
+    src.rename(tmp_path / "epoch_000002")
+    with pytest.raises(CheckpointError, match=r"epoch_000002/COMPLETE: records epoch 2 step "
+                                              r"4, not its directory's; remove "):
+        ckpt.latest_complete(tmp_path)
+
+
+def test_another_runs_mid_epoch_checkpoints_are_never_pruned(tmp_path):
+    _write_at(tmp_path, 1, 2, run="other")
+    for e in (2, 3, 4):
+        _write_at(tmp_path, e, 1)
+    assert sorted(p.name for p in tmp_path.glob("epoch_*")) == [
+        "epoch_000001_step_000002", "epoch_000003_step_000001", "epoch_000004_step_000001"]
+
+
+def test_predict_finds_a_mid_epoch_checkpoint_by_its_directory_or_as_the_newest(tmp_path):
+    """plexgt predict/evaluate's lookup: the newest by (epoch, step) is the mid-epoch one,
+    read from its own directory (before: epoch_000002, which does not exist), and naming
+    that directory finds it."""
+    from plexgt.training.inference import find_checkpoint
+
+    _write_at(tmp_path, 1, 0)
+    _write_at(tmp_path, 2, 4)
+    d = tmp_path / "epoch_000002_step_000004"
+    for path in (tmp_path, d):
+        cp = find_checkpoint(path)
+        assert (cp.epoch, cp.dir) == (2, d)

@@ -40,8 +40,9 @@ def test_inference_prices_less_memory_and_fits_where_training_does_not(model):
     t = choose(SIZES, train, 4, sysm, coef).plan
     i = choose(SIZES, infer, 4, sysm, coef).plan
     # gcn: 2.69 against 3.17 GiB (training keeps each layer's saved tensors plus one layer's
-    # working set, not every layer's working set); gt, gps: 0.43 of training's
-    assert i.memory_bytes < (0.9 if model == "gcn" else 0.5) * t.memory_bytes, \
+    # working set, not every layer's working set); gt, gps: 0.52-0.54 of training's (priced
+    # at its peak moment since issue 35's fix; 0.43 when every temporary was added at once)
+    assert i.memory_bytes < (0.9 if model == "gcn" else 0.6) * t.memory_bytes, \
         (i.memory_bytes, t.memory_bytes)
     limit = (i.memory_bytes + t.memory_bytes) // 2
     with pytest.raises(NothingFits) as e:

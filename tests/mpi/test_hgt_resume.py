@@ -11,9 +11,7 @@ groups the session's (conftest.mesh_groups: groups made later could hang gloo).
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
@@ -28,6 +26,7 @@ from plexgt.plan.knobs import load_config
 from plexgt.tasks import build_task
 from plexgt.training import checkpoint as ckpt
 from plexgt.training import loop
+from tests.signals import signal_during_step
 
 from .conftest import RANK, WORLD, prepare_on_rank0
 
@@ -80,14 +79,7 @@ def _run(graph, dist_ctx, mesh_groups, monkeypatch, mesh, metrics, kill_at=None,
     task = build_task(cfg, dist_ctx, CommLedger())
     assert task.grid == str(mesh)
     if kill_at is not None and RANK == 0:
-        inner = task.train_step
-
-        def train_step(epoch, i):
-            if (epoch, i) == kill_at:
-                os.kill(os.getpid(), signal.SIGUSR1)
-            return inner(epoch, i)
-
-        task.train_step = train_step
+        signal_during_step(task, kill_at)
     out = [] if logs is None else logs
     return task, loop.train(cfg, dist_ctx, task, log=out.append)
 

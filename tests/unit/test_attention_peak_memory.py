@@ -9,7 +9,6 @@ import weakref
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -63,13 +62,6 @@ def prepared(tmp_path_factory):
     prepare(MemorySource(g), PrepOptions(out=path, symmetrize=True, progress=False))
     return path
 
-
-@pytest.fixture(scope="module")
-def world():
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("model,layers,checkpoint", [

@@ -13,7 +13,6 @@ CUDA autocast, the step's syncs) are recorded-call tests in test_cuda_branches.p
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from plexgt.data.loader import PreparedGraph
@@ -65,15 +64,6 @@ def prepared(tmp_path_factory):
     prepare(MemorySource(g), PrepOptions(out=path, symmetrize=True, progress=False))
     return path
 
-
-@pytest.fixture(scope="module")
-def world():
-    """A one-rank gloo group (the collectives' code paths, without peers)."""
-    if not dist.is_initialized():
-        store = dist.HashStore()
-        dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 @pytest.fixture(scope="module")

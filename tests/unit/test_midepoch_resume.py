@@ -6,13 +6,10 @@ in-process rank, float64, dropout on; the multi-rank case is tests/mpi/test_hgt_
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from plexgt.commands.train import final_line
 from plexgt.data.shard import PrepOptions, prepare
@@ -24,6 +21,7 @@ from plexgt.plan.knobs import load_config
 from plexgt.tasks import build_task
 from plexgt.training import checkpoint as ckpt
 from plexgt.training import loop
+from tests.signals import signal_during_step
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.filterwarnings("ignore::UserWarning")]
 
@@ -43,14 +41,6 @@ def prepared(tmp_path_factory):
     return path
 
 
-@pytest.fixture(scope="module")
-def world():
-    """A one-rank gloo group (the collectives' code paths, without peers)."""
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
 
 def _run(prepared, tmp, kill_at=None, logs=None, **keys):
     """(task, summary) of ``plexgt train`` on one rank; ``kill_at`` = (epoch, step): SIGUSR1
@@ -60,14 +50,7 @@ def _run(prepared, tmp, kill_at=None, logs=None, **keys):
     ctx = DistContext(0, 1, 0, 1, "gloo", torch.device("cpu"), "single")
     task = build_task(cfg, ctx, CommLedger())
     if kill_at is not None:
-        inner = task.train_step
-
-        def train_step(epoch, i):
-            if (epoch, i) == kill_at:
-                os.kill(os.getpid(), signal.SIGUSR1)
-            return inner(epoch, i)
-
-        task.train_step = train_step
+        signal_during_step(task, kill_at)
     out = [] if logs is None else logs
     return task, loop.train(cfg, ctx, task, log=out.append)
 

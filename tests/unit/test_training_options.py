@@ -5,7 +5,6 @@ test_gt_options.py's)."""
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
@@ -28,14 +27,6 @@ def prepared(tmp_path_factory):
     prepare(MemorySource(g), PrepOptions(out=path, symmetrize=True, progress=False))
     return path
 
-
-@pytest.fixture(scope="module")
-def world():
-    """A one-rank gloo group (the collectives' code paths, without peers)."""
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _run(prepared, **keys):

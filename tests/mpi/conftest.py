@@ -80,14 +80,7 @@ def grid_groups(dist_ctx):
     """
     from plexgt.distributed.grid import build_groups
 
-    cache = {}
-
-    def get(grid):
-        if grid not in cache:
-            cache[grid] = build_groups(grid, dist_ctx.rank, dist_ctx.world_size)
-        return cache[grid]
-
-    return get
+    return _cached(lambda grid: build_groups(grid, dist_ctx.rank, dist_ctx.world_size))
 
 
 @pytest.fixture(scope="session")
@@ -101,12 +94,17 @@ def mesh_groups(dist_ctx):
     """
     from plexgt.distributed.mesh import build_mesh_groups
 
+    return _cached(lambda mesh: build_mesh_groups(mesh, dist_ctx.rank, dist_ctx.world_size))
+
+
+def _cached(build):
+    """``build`` memoised per argument for the session (groups are built once)."""
     cache = {}
 
-    def get(mesh):
-        if mesh not in cache:
-            cache[mesh] = build_mesh_groups(mesh, dist_ctx.rank, dist_ctx.world_size)
-        return cache[mesh]
+    def get(key):
+        if key not in cache:
+            cache[key] = build(key)
+        return cache[key]
 
     return get
 

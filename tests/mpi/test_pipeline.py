@@ -201,16 +201,22 @@ def test_twenty_sgd_steps_follow_the_single_process_curve(dist_ctx, mesh_groups,
         torch.testing.assert_close(prm.detach(), ref_params[n].detach(), rtol=1e-11, atol=1e-12)
 
 
-@pytest.mark.parametrize("mesh", factorizations(WORLD), ids=str)
-def test_mesh_groups_match_rank_arithmetic(dist_ctx, mesh_groups, mesh):
-    mg = mesh_groups(mesh)
-    me = dist_ctx.rank
+def _check_groups(mg, mesh, me: int) -> None:
+    """Each of rank ``me``'s mesh groups holds the ranks the mesh's arithmetic names, and an
+    all-reduce over it sums exactly them."""
     for group, members in ((mg.cp, mesh.cp_members(me)), (mg.stage, mesh.stage_members(me)),
                            (mg.dp, mesh.dp_members(me)), (mg.pipe, mesh.pipe_members(me))):
         assert dist.get_process_group_ranks(group) == members
         t = torch.tensor([float(me)])
         dist.all_reduce(t, group=group)
         assert t.item() == sum(members)
+
+
+@pytest.mark.parametrize("mesh", factorizations(WORLD), ids=str)
+def test_mesh_groups_match_rank_arithmetic(dist_ctx, mesh_groups, mesh):
+    mg = mesh_groups(mesh)
+    me = dist_ctx.rank
+    _check_groups(mg, mesh, me)
     assert (mg.prev, mg.next) == (mesh.prev_rank(me), mesh.next_rank(me))
     assert mg.first == (mesh.coords(me)[1] == 0) and mg.last == (mesh.coords(me)[1] == mesh.pp - 1)
 
@@ -226,12 +232,7 @@ def test_mesh_groups_agree_after_a_group_not_every_rank_joined(dist_ctx):
     me = dist_ctx.rank
     for mesh in factorizations(WORLD):
         mg = build_mesh_groups(mesh, me, WORLD)
-        for group, members in ((mg.cp, mesh.cp_members(me)), (mg.stage, mesh.stage_members(me)),
-                               (mg.dp, mesh.dp_members(me)), (mg.pipe, mesh.pipe_members(me))):
-            assert dist.get_process_group_ranks(group) == members
-            t = torch.tensor([float(me)])
-            dist.all_reduce(t, group=group)
-            assert t.item() == sum(members)
+        _check_groups(mg, mesh, me)
 
 
 @pytest.mark.skipif(WORLD < 2, reason="needs two stages")

@@ -98,6 +98,14 @@ def partition_group(groups: Sequence[Sequence[int]], rank: int, **kw: Any) -> An
     return mine
 
 
+def groups_held() -> int:
+    """How many process groups this rank holds (is a member of, the world's included): what
+    torch (2.x, ``_hash_ranks_to_str``) hashes with a group's ranks into the name of a
+    members-only group (``use_local_synchronization``), so ranks that hold different counts
+    name the same members-only group differently."""
+    return len(dist.distributed_c10d._world.pg_names)
+
+
 @dataclass(frozen=True)
 class CommOp:
     """One collective call of one rank: operation name and its bytes sent / received."""

@@ -10,7 +10,8 @@ is innermost is a free choice (``Grid3D.order``, ``parallel.axis_order``): the p
 it, since the axis whose groups stay inside a node is the one whose collectives are cheap.
 
 Everything here except :func:`build_groups` is a pure function of integers and is tested without
-MPI. The groups are created on every rank in the same order, as torch.distributed requires.
+MPI. Every rank calls :func:`build_groups` in step; it names the groups alike on every rank
+whatever groups the job made before (see there).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from plexgt.distributed.collectives import partition_group
 from plexgt.errors import GridError
 
 AXES: tuple[str, str, str] = ("x", "y", "z")
@@ -258,23 +260,32 @@ def build_groups(grid: Grid3D, rank: int, world_size: int,
                  timeout: datetime.timedelta | None = None) -> GridGroups:
     """Create this rank's axis and plane groups (every rank calls it, in step).
 
-    Each rank creates only the groups it belongs to (three axes, three planes), with
-    ``use_local_synchronization``: the barrier ending a group's creation is among its members,
-    not the world. Creating every group on every rank (what ``new_group`` asks without it)
-    costs one world-wide store barrier per group, P/Gx + P/Gy + P/Gz + Gx + Gy + Gz of them
-    (about 350 at P = 1024): minutes of start-up at P = 2048. Every rank creates its groups in
-    the same order (axes x, y, z, then planes), so the local barriers cannot deadlock.
+    Each axis's groups, and each plane's, partition the world's ranks;
+    :func:`~plexgt.distributed.collectives.partition_group` creates them, axes x, y, z then
+    planes xy, yz, zx, each partition's groups in :meth:`Grid3D.all_axis_groups` /
+    :meth:`Grid3D.all_plane_groups` order, the same on every rank, so that a group's ranks
+    agree on it whatever groups the job made before. Each rank used to create only its own
+    six groups members-only (``use_local_synchronization``); on gloo torch names such a group
+    by a hash of its ranks and of how many groups the calling rank holds, so after a group
+    not every rank joined (a test's world-minus-one group) the members disagreed on the name
+    and waited in gloo's rendezvous until the store timed out.
+
+    On gloo every rank therefore creates every group of the grid, P/Gx + P/Gy + P/Gz +
+    Gx + Gy + Gz calls (352 at P = 1024 as 8x8x16), globally synchronised: a non-member's
+    call returns at once (torch adds a world-wide store barrier per group only under
+    ``TORCH_DIST_INIT_BARRIER=1``). Bound to a device (NCCL) each ``new_group`` is a split of
+    the world's communicator that every rank joins, so creating every group would be 352
+    world-wide splits; there each rank still creates only its own six, members-only: six
+    splits in all, each rank splitting off its own group.
 
     ``timeout`` bounds every collective of the new groups (the run's
     ``parallel.timeout_s``): torch gives a sub-group its own default of 30 minutes otherwise,
     so a stopped peer would hang the job long after the world group's timeout."""
     check_world_size(grid, world_size)
     gg = GridGroups(grid=grid, rank=rank, world=dist.group.WORLD)
-    kw = {} if timeout is None else {"timeout": timeout}
+    kw: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
     for axis in AXES:
-        gg.axis[axis] = dist.new_group(grid.axis_members(rank, axis),
-                                       use_local_synchronization=True, **kw)
+        gg.axis[axis] = partition_group(grid.all_axis_groups(axis), rank, **kw)
     for plane in PLANES:
-        gg.plane[plane] = dist.new_group(grid.plane_members(rank, plane),
-                                         use_local_synchronization=True, **kw)
+        gg.plane[plane] = partition_group(grid.all_plane_groups(plane), rank, **kw)
     return gg

@@ -5,6 +5,7 @@ import os
 import pytest
 import torch
 
+from plexgt.distributed import collectives
 from plexgt.distributed import grid as grid_mod
 from plexgt.distributed.bootstrap import check_distinct_gpus, pick_gpu
 from plexgt.distributed.grid import build_groups, parse_grid
@@ -36,23 +37,31 @@ def test_two_ranks_on_one_gpu_is_an_error():
         check_distinct_gpus(["GPU-a", "GPU-b", "GPU-a"], "n1")
 
 
-def test_groups_cost_six_creations_per_rank_at_any_size(monkeypatch):
-    """At P = 2048 a rank creates its own 3 axis and 3 plane groups, each synchronised among
-    its members only, instead of all P/Gx + P/Gy + P/Gz + Gx + Gy + Gz groups of the grid
-    with a world-wide barrier each."""
+@pytest.mark.parametrize("bound", [True, False])
+def test_groups_cost_six_splits_per_rank_at_any_size_on_a_device(monkeypatch, bound):
+    """At P = 2048 bound to a device (NCCL) a rank creates its own 3 axis and 3 plane groups,
+    each synchronised among its members only: six splits of the world, instead of one per
+    group of the grid, P/Gx + P/Gy + P/Gz + Gx + Gy + Gz = 688. On gloo it creates all 688,
+    globally synchronised (a non-member's call returns at once), so that the groups' names
+    agree whatever groups came before."""
     calls = []
 
     def fake_new_group(ranks, **kw):
         calls.append((tuple(ranks), kw))
         return ("group", tuple(ranks))
 
+    monkeypatch.setattr(collectives, "world_bound_to_device", lambda: bound)
     monkeypatch.setattr(grid_mod.dist, "new_group", fake_new_group)
     monkeypatch.setattr(grid_mod.dist, "group", type("G", (), {"WORLD": "world"}))
     g = parse_grid("16x16x8")
     gg = build_groups(g, 1234, 2048)
-    assert len(calls) == 6
-    assert all(kw["use_local_synchronization"] for _, kw in calls)
-    assert all(1234 in ranks for ranks, _ in calls)
+    if bound:
+        assert len(calls) == 6
+        assert all(kw["use_local_synchronization"] for _, kw in calls)
+        assert all(1234 in ranks for ranks, _ in calls)
+    else:
+        assert len(calls) == 2048 // 16 + 2048 // 16 + 2048 // 8 + 16 + 16 + 8
+        assert not any(kw.get("use_local_synchronization") for _, kw in calls)
     assert {a: len(gg.axis[a][1]) for a in "xyz"} == {"x": 16, "y": 16, "z": 8}
     assert sorted(len(gg.plane[p][1]) for p in ("xy", "yz", "zx")) == [128, 128, 256]
 

@@ -23,7 +23,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from plexgt.distributed.collectives import Comm, CommLedger, CommOp, world_bound_to_device
+from plexgt.distributed.collectives import (
+    Comm,
+    CommLedger,
+    CommOp,
+    groups_held,
+    partition_group,
+    world_bound_to_device,
+)
 from plexgt.parallel.attention.heads import heads_to_nodes, my_heads, nodes_to_heads
 from plexgt.parallel.attention.ring import (
     Ring,
@@ -70,15 +77,22 @@ def make_groups(comm: Comm, a: int, ledger: CommLedger, timeout: timedelta | Non
                 ) -> dict[str, Comm]:
     """This rank's 'heads' (a consecutive ranks of ``comm``) and 'ring' (stride a) groups.
 
-    When ``comm`` spans the job (a training run), collective over it: every rank creates
-    every head group and then every ring group, in the same order (p/a + a groups). With the
-    world group bound to a GPU (``device_id``, NCCL), each ``new_group`` is an
-    ``ncclCommSplit`` of the world's communicator, which every world rank must join, members
-    or not, in the same order; a rank that skipped one (as ranks outside a sub-group ``comm``
-    would) leaves the others waiting in it for ever. So there a sub-group ``comm`` is refused
-    (ValueError) rather than hanging. A world not bound to a device (gloo) creates a
-    sub-group's groups among its own ranks (local synchronisation: the others take no part),
-    which the multi-rank tests use to run p of P ranks. An axis of extent p is ``comm``'s own
+    When ``comm`` spans the job (a training run), collective over it: the head groups, then
+    the ring groups, each a partition of the world's ranks, created by
+    :func:`~plexgt.distributed.collectives.partition_group` (gloo: every rank creates every
+    group, p/a + a of them, globally synchronised; bound to a GPU, NCCL: each rank splits off
+    its own, members-only, two splits of the world in all), so that a group's ranks agree on
+    it whatever groups the job made before. With the world bound to a device each
+    ``new_group`` is an ``ncclCommSplit`` of the world's communicator, which every world rank
+    must join in the same order; a rank outside a sub-group ``comm`` would skip it and leave
+    the others waiting in it for ever, so there a sub-group ``comm`` is refused (ValueError)
+    rather than hanging. A world not bound to a device (gloo) creates a sub-group's groups
+    among its own ranks (members-only: the others take no part), which the multi-rank tests
+    use to run p of P ranks. Torch names a members-only group by its ranks and by how many
+    groups the calling rank holds, so ``comm``'s ranks first compare those counts (one
+    all-gather over ``comm``): after an earlier group that some of them joined and others did
+    not, they would name their groups differently and wait in gloo's rendezvous until the
+    store timed out; that is refused (ValueError) too. An axis of extent p is ``comm``'s own
     group, of extent 1 a trivial one: neither creates a group, on every rank alike.
     """
     p = comm.size
@@ -96,6 +110,8 @@ def make_groups(comm: Comm, a: int, ledger: CommLedger, timeout: timedelta | Non
     kw = {} if timeout is None else {"timeout": timeout}
     axes = (("heads", a, [[members[gg * a + j] for j in range(a)] for gg in range(b)], g),
             ("ring", b, [[members[j * a + kk] for j in range(b)] for kk in range(a)], k))
+    if local and 1 < a < p:
+        _check_groups_held_alike(comm)
     out = {}
     for name, size, all_groups, mine in axes:
         if size == 1:
@@ -106,9 +122,23 @@ def make_groups(comm: Comm, a: int, ledger: CommLedger, timeout: timedelta | Non
             grp = dist.new_group(all_groups[mine], use_local_synchronization=True, **kw)
             out[name] = Comm.from_group(grp, name, ledger)
         else:
-            made = [dist.new_group(ranks, **kw) for ranks in all_groups]
-            out[name] = Comm.from_group(made[mine], name, ledger)
+            grp = partition_group(all_groups, members[comm.rank], **kw)
+            out[name] = Comm.from_group(grp, name, ledger)
     return out
+
+
+def _check_groups_held_alike(comm: Comm) -> None:
+    """Refuse (ValueError) when ``comm``'s ranks hold different numbers of process groups:
+    their members-only groups would get different names (see :func:`make_groups`)."""
+    held = torch.tensor([groups_held()], dtype=torch.int64)
+    seen = [torch.zeros_like(held) for _ in range(comm.size)]
+    dist.all_gather(seen, held, group=comm.group)
+    counts = [int(t.item()) for t in seen]
+    if len(set(counts)) > 1:
+        raise ValueError(f"gp_2d: the {comm.size} ranks of a sub-group comm hold {counts} "
+                         "process groups (an earlier group joined by some of them only), so "
+                         "torch would name their members-only groups differently and they "
+                         "would wait for each other until the store timed out")
 
 
 def _prepare(shard: AttentionShard) -> AttentionShard:

@@ -268,6 +268,11 @@ class TrainConfig:
 
     data: str = ""
     """Prepared directory (``plexgt prep``)."""
+    split_index: int | str = "default"
+    """Which of the directory's stored splits trains and evaluates: 'default' (the one prep
+    kept; split 0 of a ``prep --split-index all`` directory), an index it holds, or 'all': one
+    complete run per stored split, reported as mean ± std (``plexgt train`` only; each run's
+    outputs get ``split<k>`` in their paths, as ``--seeds``' get ``seed<k>``)."""
     epochs: int = 200
     """Epochs to train (a resumed run continues up to this count)."""
     eval_every: int = 1
@@ -356,11 +361,14 @@ class TrainConfig:
 ADDED_LATER = {"optim.schedule": "cosine", "optim.name": "adamw", "optim.decay": "all",
                "optim.clip_norm": 0.0, "model.residual": "none", "model.norm": "auto",
                "model.pre_norm": False, "model.jk": "none", "model.input_proj": False,
-               "model.head": False, "model.init": "torch"}
+               "model.head": False, "model.init": "torch", "split_index": "default"}
 """Keys added after checkpoints first recorded their configuration, with the value that
 computes what runs before them computed: :meth:`TrainConfig.computation` leaves them out at
 that value, so the hash of such a configuration, and the checkpoints that record it, stay
 what they were (a resume of them is not refused as another configuration)."""
+
+SPLIT_WORDS = ("default", "all")
+"""The words ``split_index`` takes besides an index."""
 
 CHOICES = {
     "metric": ("auto", "accuracy", "rocauc"),
@@ -382,7 +390,18 @@ CHOICES = {
 check_config`)."""
 
 
+INT_OR_WORD = int | str
+"""A key that is a number or a word (``split_index``: 3 or 'all')."""
+
+
 def _coerce(key: str, typ: Any, value: Any) -> Any:
+    if typ == INT_OR_WORD:
+        if isinstance(value, str):
+            text = value.strip()
+            return int(text) if re.fullmatch(r"[+-]?\d+", text) else text
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"config key '{key}': {value!r} is not a number or a word")
     if isinstance(value, str) and typ is not str:
         text = value.strip()
         try:
@@ -530,6 +549,10 @@ def validate(cfg: TrainConfig) -> None:
             or cfg.checkpoint_every_steps < 0):
         raise ConfigError("config keys epochs, eval_every must be >= 1; checkpoint_every, "
                           "checkpoint_every_steps, stop_after >= 0")
+    if isinstance(cfg.split_index, str) and cfg.split_index not in SPLIT_WORDS or (
+            isinstance(cfg.split_index, int) and cfg.split_index < 0):
+        raise ConfigError(f"config key 'split_index': {cfg.split_index!r} must be a split "
+                          f"index >= 0 or one of {', '.join(SPLIT_WORDS)}")
     if cfg.resume and not cfg.checkpoint_dir:
         raise ConfigError("config key 'resume' needs 'checkpoint_dir'")
     par = cfg.parallel

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> i
     agreed(lambda: writer.check() if rank0 else None, ctx.device)
     task = agreed(lambda: build_task(cfg, ctx, CommLedger(device=ctx.device), registry,
                                      inference=True), ctx.device)
-    pg = PreparedGraph(cfg.data)
+    pg = PreparedGraph(cfg.data, split=cfg.split_index)  # the split column: the run's split
     layer = agreed(lambda: resolve_embeddings(task, args.embeddings), ctx.device)
     writer.schema = predictions_schema(task, pg, cfg, cp, layer, args.embeddings)
     load_weights(cp, cfg, ctx, task)

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from plexgt.config import TrainConfig, describe_keys, notes, to_toml
+from plexgt.data.loader import PreparedGraph
 from plexgt.distributed.agree import agreed
 from plexgt.distributed.bootstrap import DistContext, init_distributed, shutdown
 from plexgt.distributed.collectives import CommLedger
@@ -22,8 +23,10 @@ from plexgt.tasks import build_task
 from plexgt.training.loop import train
 from plexgt.training.numerics import apply_numerics
 from plexgt.training.repeats import (
+    Repeat,
+    repeat_config,
+    repeats,
     run_record,
-    seed_config,
     summarize,
     summary_line,
     write_summary,
@@ -58,9 +61,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "m.jsonl -> m.seed<k>.jsonl, checkpoint and TensorBoard directories get a "
                    "seed<k> subdirectory) and report the test value of the selection metric "
                    "at each run's best validation epoch as mean ± std (ddof 1)")
+    p.add_argument("--split-index", metavar="K|all",
+                   help="which stored split of --data trains (config key split_index; "
+                   "default: the one prep kept, split 0 of a prep --split-index all "
+                   "directory); 'all': one run per stored split, its outputs tagged "
+                   "split<k> like --seeds' seed<k> (with --seeds: every seed on every split, "
+                   "m.split<k>.seed<j>.jsonl), reported as mean ± std like --seeds")
     p.add_argument("--summary", metavar="JSON",
-                   help="--seeds: write the runs and their mean ± std here (default: beside "
-                   "--metrics as <stem>.summary.json; none without --metrics)")
+                   help="--seeds / --split-index all: write the runs and their mean ± std "
+                   "here (default: beside --metrics as <stem>.summary.json; none without "
+                   "--metrics)")
     p.set_defaults(accepts_overrides=True)
     # no abbreviated flags: an override such as --metric=accuracy would otherwise be taken
     # for --metrics (the metrics file 'accuracy'), and the metric key silently left as it was
@@ -92,6 +102,7 @@ def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> i
         "checkpoint_dir": args.checkpoint_dir, "checkpoint_every": args.checkpoint_every,
         "resume": args.resume, "deterministic": args.deterministic,
         "parallel.backend": args.backend, "stop_after": args.stop_after,
+        "split_index": getattr(args, "split_index", None),
     }
     # every rank reads the configuration; one copy of an error (rank 0's), whoever failed
     cfg = agreed(lambda: load_config(args.config, flags, args.overrides, registry))
@@ -99,40 +110,54 @@ def run(args: argparse.Namespace, registry: StrategyRegistry | None = None) -> i
         raise UsageError("--data (or data in the config file) is required")
     seeds = getattr(args, "seeds", None)
     summary_path = getattr(args, "summary", None)
-    if seeds is not None:
-        if len(set(seeds)) != len(seeds):
-            raise UsageError(f"--seeds {' '.join(map(str, seeds))}: a seed is named twice")
+    if seeds is not None and len(set(seeds)) != len(seeds):
+        raise UsageError(f"--seeds {' '.join(map(str, seeds))}: a seed is named twice")
+    splits = None
+    if cfg.split_index == "all":  # the directory's stored splits, read once (rank 0's error)
+        splits = agreed(lambda: stored_splits(cfg.data))
+    several = seeds is not None or splits is not None
+    if several:
         if cfg.resume or cfg.stop_after:
-            raise UsageError("--seeds runs every seed from epoch 0 to the end: not with "
-                             "--resume or --stop-after (resume one seed's run without --seeds, "
-                             "with --seed=<k> and its seed<k> checkpoint directory)")
+            what, one = (("--seeds", "seed") if splits is None else
+                         ("--split-index all", "split"))
+            raise UsageError(f"{what} runs every {one} from epoch 0 to the end: not with "
+                             f"--resume or --stop-after (resume one {one}'s run without "
+                             f"{what}, with --{one.replace('split', 'split-index')}=<k> and "
+                             f"its {one}<k> checkpoint directory)")
         if summary_path is None and cfg.metrics:
             m = Path(cfg.metrics)
             summary_path = str(m.with_name(f"{m.stem}.summary.json"))
     elif summary_path is not None:
-        raise UsageError("--summary goes with --seeds")
+        raise UsageError("--summary goes with --seeds or --split-index all")
     apply_numerics(cfg)
     ctx = init_distributed(cfg.parallel.backend, cfg.parallel.timeout_s)
+    plan = repeats(splits, seeds) if several else [Repeat()]
     runs = []
-    for k, seed in enumerate(seeds if seeds is not None else [cfg.seed]):
-        run_cfg = cfg if seeds is None else seed_config(cfg, seed)
-        if seeds is not None and ctx.rank == 0:
-            print(f"plexgt train: seed {seed} ({k + 1} of {len(seeds)})", file=sys.stderr,
+    for k, rep in enumerate(plan):
+        run_cfg = repeat_config(cfg, rep)
+        if several and ctx.rank == 0:
+            print(f"plexgt train: {rep.label()} ({k + 1} of {len(plan)})", file=sys.stderr,
                   flush=True)
         summary = _one_run(run_cfg, ctx, registry, header=k == 0)
-        runs.append(run_record(seed, summary, run_cfg))
+        runs.append(run_record(run_cfg.seed, summary, run_cfg, rep.split))
         if ctx.rank == 0:
             line = final_line(summary)
-            if seeds is not None:  # each seed's own line, then the summary's
-                line = line.replace("plexgt train: ", f"plexgt train: seed {seed}: ", 1)
+            if several:  # each run's own line, then the summary's
+                line = line.replace("plexgt train: ", f"plexgt train: {rep.label()}: ", 1)
             print(line, flush=True)
-    if seeds is not None and ctx.rank == 0:
-        s = summarize(summary["metric"], runs, seed_config(cfg, seeds[0]))
+    if several and ctx.rank == 0:
+        s = summarize(summary["metric"], runs, repeat_config(cfg, plan[0]))
         if summary_path:
             write_summary(summary_path, s)
         print(summary_line(s), flush=True)
     shutdown(ctx)
     return 0
+
+
+def stored_splits(data: str) -> list[int]:
+    """The split indices the prepared directory ``data`` holds (``split_index = 'all'``)."""
+    with PreparedGraph(data) as pg:
+        return pg.split_indices
 
 
 def _one_run(cfg: TrainConfig, ctx: DistContext, registry: StrategyRegistry | None,

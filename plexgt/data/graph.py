@@ -33,6 +33,9 @@ class GraphData:
     """Node-index arrays keyed 'train', 'valid', 'test' (may be empty: :func:`random_split`)."""
     edge_attr: np.ndarray | None = None
     """[E, F_e] float features of the edges (the attention's edge bias), or None."""
+    stored_splits: list[dict[str, np.ndarray]] = field(default_factory=list)
+    """Every split the source stores (K dicts like ``splits``, ``splits`` the first), when a
+    reader was asked for them all (``prep --split-index all``); [] otherwise."""
 
     @property
     def num_edge_features(self) -> int:
@@ -83,9 +86,12 @@ class GraphData:
                 raise DataError(f"{self.name}: non-finite edge feature of edge {e}")
         if self.labels is not None and self.labels.shape[:1] != (n,):
             raise DataError(f"{self.name}: {self.labels.shape[0]} labels disagree with N={n}")
-        for key, idx in self.splits.items():
-            if idx.size and (idx.min() < 0 or idx.max() >= n):
-                raise DataError(f"{self.name}: split '{key}' holds a node id outside [0, {n})")
+        for k, splits in enumerate([self.splits, *self.stored_splits]):
+            for key, idx in splits.items():
+                if idx.size and (idx.min() < 0 or idx.max() >= n):
+                    which = f" of stored split {k - 1}" if k else ""
+                    raise DataError(f"{self.name}: split '{key}'{which} holds a node id "
+                                    f"outside [0, {n})")
 
 
 def class_ids(raw: np.ndarray, where: str) -> np.ndarray:

@@ -117,20 +117,29 @@ has none of its own: the manifest records it as ``split: {"origin": "random", ..
 def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int, bool,
                                        dict[str, Any]]:
     """nodes.h5: permutations, then labels, degrees (summed from the tile files) and split
-    masks in both orders. Returns (its record, nodes per split, C, whether the labels are
-    multi-label: then C counts tasks, where the split came from)."""
+    masks in both orders: of each stored split with ``--split-index all`` (K x 2 x 3 [N]
+    bool datasets, N bytes each; every one checked disjoint, with a labelled train node, as
+    the one split is). Returns (its record, nodes per split of the default split, C, whether
+    the labels are multi-label: then C counts tasks, where the split came from: with several,
+    ``num_splits`` and each one's ``sizes``)."""
     n = run.n
     labels = _labels(run)
     multilabel = labels.ndim == 2
     c = labels.shape[1] if multilabel else int(labels.max()) + 1 if labels.size else 0
-    splits = run.src.splits()
+    stored = run.src.stored_splits()  # every split, with --split-index all; else []
+    splits = stored[0] if stored else run.src.splits()
     origin = run.src.split_origin()
     if not splits:  # the documented fallback: a seeded random 60/20/20 split
         splits = random_split(n, run.opts.seed, RANDOM_SPLIT[:2])
         origin = {"origin": "random", "fractions": list(RANDOM_SPLIT), "seed": run.opts.seed}
-    check_train_labels(run.src.name, labels, splits.get("train"))
-    sizes = {k: int(np.asarray(splits.get(k, [])).size) for k in SPLITS}
-    _check_disjoint(run.src.name, n, splits)
+    every = stored or [splits]
+    for k, sp in enumerate(every):
+        name = f"{run.src.name} (stored split {k})" if stored else run.src.name
+        check_train_labels(name, labels, sp.get("train"))
+        _check_disjoint(name, n, sp)
+    sizes = [{k: int(np.asarray(sp.get(k, [])).size) for k in SPLITS} for sp in every]
+    if stored:  # the manifest says what each stored split holds
+        origin = {**origin, "num_splits": len(stored), "sizes": sizes}
     degs = {}
     for kind in MATRICES:
         parts = []
@@ -151,17 +160,18 @@ def write_nodes(run: PrepRun) -> tuple[dict[str, Any], dict[str, int], int, bool
         for order, perm in (("P", p), ("Q", q)):
             dataset(f, labels_ds(order), labels[perm])
             dataset(f, deg_ds(order), degs[order])
-            for k in SPLITS:
-                m = np.zeros(n, dtype=bool)
-                idx = np.asarray(splits.get(k, []), dtype=np.int64)
-                if idx.size and (idx.min() < 0 or idx.max() >= n):
-                    raise DataError(f"{run.src.name}: split '{k}' holds an id outside "
-                                    f"[0, {n})")
-                m[idx] = True
-                dataset(f, mask_ds(k, order), m[perm])
+            for i, sp in enumerate(every):  # split 0 under the plain names (mask_ds)
+                for k in SPLITS:
+                    m = np.zeros(n, dtype=bool)
+                    idx = np.asarray(sp.get(k, []), dtype=np.int64)
+                    if idx.size and (idx.min() < 0 or idx.max() >= n):
+                        raise DataError(f"{run.src.name}: split '{k}' holds an id outside "
+                                        f"[0, {n})")
+                    m[idx] = True
+                    dataset(f, mask_ds(k, order, i or None), m[perm])
 
     rec = write_h5_atomic(run.path(NODES), fill)
-    return rec, sizes, c, multilabel, origin
+    return rec, sizes[0], c, multilabel, origin
 
 
 def manifest_of(run: PrepRun, nodes_rec: dict[str, Any], split_sizes: dict[str, int], c: int,

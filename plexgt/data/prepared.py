@@ -9,7 +9,9 @@ Layout of a prepared directory (format version 1; the manifest describes it full
 
     manifest.json          written last: its presence means the directory is complete
     nodes.h5               perm_p, perm_q [N] (new position -> original id); labels_P/_Q [N];
-                           mask_{train,valid,test}_P/_Q [N] bool; deg_P, deg_Q [N]
+                           mask_{train,valid,test}_P/_Q [N] bool; deg_P, deg_Q [N];
+                           with --split-index all, mask_{train,valid,test}_P/_Q_<k> [N]
+                           bool of stored split k = 1..K-1 (split 0: the plain names)
     A1/rows_00000.h5       tile row-block ti of A1 = P A Q^T; per tile a group t00000..:
     A2/rows_00000.h5       counts [rows] (uint8/16/32: nonzeros per row), anchors [rows/1024+1]
                            int64 (offset of every 1024th row; the last = nnz), indices [nnz]
@@ -117,9 +119,12 @@ def labels_ds(order: str) -> str:
     return f"labels_{order}"
 
 
-def mask_ds(split: str, order: str) -> str:
-    """[N] bool mask of ``split`` in ``order``, in nodes.h5."""
-    return f"mask_{split}_{order}"
+def mask_ds(split: str, order: str, index: int | None = None) -> str:
+    """[N] bool mask of ``split`` in ``order``, in nodes.h5: of the directory's default split
+    (``index`` None), or of the source's stored split ``index`` other than it, which only a
+    ``prep --split-index all`` directory holds (``mask_train_P_3``): the default names keep
+    split 0 there, so readers that know nothing of several splits read one, unchanged."""
+    return f"mask_{split}_{order}" if index is None else f"mask_{split}_{order}_{index}"
 
 
 def deg_ds(order: str) -> str:

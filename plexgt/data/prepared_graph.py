@@ -55,7 +55,7 @@ from plexgt.data.prepared import (
     tile_file,
     tile_group,
 )
-from plexgt.errors import DataError
+from plexgt.errors import ConfigError, DataError
 from plexgt.util.files import read_json
 
 Range = tuple[int, int]
@@ -64,7 +64,9 @@ Range = tuple[int, int]
 class PreparedGraph:
     """A prepared directory opened for reading (see :mod:`plexgt.data.prepared` for the layout)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, split: int | str | None = None) -> None:
+        """``split``: which stored split the masks are read of (:meth:`select_split`; None:
+        the directory's default)."""
         self.path = Path(path)
         mpath = self.path / MANIFEST
         if not mpath.exists():
@@ -98,6 +100,44 @@ class PreparedGraph:
         """Payload bytes of every hyperslab read so far."""
         self._files: dict[str, h5py.File] = {}
         self._check_sizes(mpath)
+        rec = m.get("split") if isinstance(m.get("split"), dict) else {}
+        try:
+            stored = int(rec.get("num_splits", 0))
+        except (TypeError, ValueError) as e:
+            raise DataError(f"{mpath}: bad field split.num_splits ({e})") from None
+        k = rec.get("split_index", 0)
+        self.split_indices = (list(range(stored)) if stored else
+                              [k if isinstance(k, int) and not isinstance(k, bool) else 0])
+        """The source's split indices whose masks the directory holds: 0..K-1 when prep kept
+        them all (``--split-index all``), else the one it kept (0 for a random split or an
+        external split file). The first is the default, stored under the plain names."""
+        self.split = self.split_indices[0]
+        """The split :meth:`read_mask` reads."""
+        if split is not None:
+            self.select_split(split)
+
+    def select_split(self, split: int | str) -> None:
+        """Read the masks of the source's stored split ``split`` (an index the directory
+        holds; 'default': its first) from now on. A split it does not hold is a DataError
+        naming the ones it does; 'all' (several runs) is the train command's to expand."""
+        if split == "default":
+            split = self.split_indices[0]
+        if not isinstance(split, int) or isinstance(split, bool):
+            raise ConfigError(f"config key 'split_index': {split!r} names no one split of "
+                              f"{self.path} (its splits: {_listed(self.split_indices)}); "
+                              "'all' is plexgt train's, one run per split")
+        if split not in self.split_indices:
+            several = len(self.split_indices) > 1
+            again = ("" if several else
+                     "; plexgt prep --split-index all keeps every split the source stores")
+            raise DataError(f"{self.path}: holds split{'s' if several else ''} "
+                            f"{_listed(self.split_indices)}; split_index {split} is not one "
+                            f"of them{again}")
+        self.split = split
+
+    def _split_slot(self) -> int | None:
+        """The :func:`mask_ds` index of the selected split (None: the plain names)."""
+        return None if self.split == self.split_indices[0] else self.split
 
     def _check_sizes(self, mpath: Path) -> None:
         """The manifest's N, F and C against what nodes.h5 records (prep writes both): an
@@ -333,17 +373,20 @@ class PreparedGraph:
         return labels
 
     def read_mask(self, split: str, rows: Range | None = None, order: str = "P") -> np.ndarray:
-        """[rows] bool mask of split 'train' | 'valid' | 'test' in P or Q order."""
+        """[rows] bool mask of split 'train' | 'valid' | 'test' in P or Q order, of the
+        selected stored split (:attr:`split`); only ``rows`` are read (a rank's share)."""
         if split not in SPLITS:
             raise DataError(f"split {split!r}: expected train, valid or test")
         lo, hi = self._range(rows, self.N, "mask row")
-        return self._read(NODES, mask_ds(split, self._order(order)), np.s_[lo:hi])
+        return self._read(NODES, mask_ds(split, self._order(order), self._split_slot()),
+                          np.s_[lo:hi])
 
     def read_masks(self, rows: Range | None = None, order: str = "P") -> dict[str, np.ndarray]:
         """Every split's [rows] mask in P or Q order, checked to put no node in two splits."""
         masks = {s: self.read_mask(s, rows, order) for s in SPLITS}
         lo, hi = self._range(rows, self.N, "mask row")
-        check_masks(f"{self.path / NODES}[{mask_ds('{train,valid,test}', order)}]", masks,
+        slot = self._split_slot()
+        check_masks(f"{self.path / NODES}[{mask_ds('{train,valid,test}', order, slot)}]", masks,
                     hi - lo)
         return masks
 
@@ -381,6 +424,13 @@ class PreparedGraph:
         out = np.empty_like(values)
         out[perm] = values
         return out
+
+
+def _listed(indices: list[int]) -> str:
+    """0..9 for a run of indices, else them listed."""
+    if len(indices) > 2 and indices == list(range(indices[0], indices[-1] + 1)):
+        return f"{indices[0]}..{indices[-1]}"
+    return ", ".join(map(str, indices))
 
 
 def csr_from_rows(rr: list[np.ndarray], cc: list[np.ndarray], shape: tuple[int, int]

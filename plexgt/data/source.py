@@ -101,6 +101,11 @@ class GraphSource:
         """Node-index arrays keyed train/valid/test, or {} (prep then draws a random split)."""
         return {}
 
+    def stored_splits(self) -> list[dict[str, np.ndarray]]:
+        """Every split the source stores, each like :meth:`splits` (the first is it), when
+        the run keeps them all (``prep --split-index all``: prep writes each); [] otherwise."""
+        return []
+
     def split_origin(self) -> dict[str, Any]:
         """Where :meth:`splits` come from, for the manifest: ``{"origin": "dataset"}`` (the
         source's own), or ``"column"``, ``"file"``, ``"random"`` with what names them."""
@@ -313,6 +318,9 @@ class MemorySource(GraphSource):
     def splits(self) -> dict[str, np.ndarray]:
         return dict(self.g.splits)
 
+    def stored_splits(self) -> list[dict[str, np.ndarray]]:
+        return [dict(s) for s in self.g.stored_splits]
+
 
 class NodeDataOver(GraphSource):
     """A source whose edges are ``self.base``'s, passed through unchanged; a subclass gives
@@ -346,6 +354,9 @@ class NodeDataOver(GraphSource):
 
     def splits(self) -> dict[str, np.ndarray]:
         return self.base.splits()
+
+    def stored_splits(self) -> list[dict[str, np.ndarray]]:
+        return self.base.stored_splits()
 
     def split_origin(self) -> dict[str, Any]:
         return self.base.split_origin()

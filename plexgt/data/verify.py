@@ -99,27 +99,37 @@ def _check_nodes(pg: PreparedGraph, bad: _Problems) -> tuple[np.ndarray, np.ndar
         if not is_permutation(perm, n):
             bad.add(f"{where}: {name} is not a permutation of 0..{n - 1}")
             return None
-    labels, masks = {}, {}
+    labels = {}
     for o in ORDERS:  # each read checks the ranges and the splits the reader checks
         try:
             labels[o] = pg.read_labels(None, o)
         except DataError as e:
             bad.add(str(e))
-        try:
-            masks[o] = pg.read_masks(None, o)
-        except DataError as e:
-            bad.add(str(e))
     if len(labels) == 2 and not np.array_equal(_orig(labels["P"], p), _orig(labels["Q"], q)):
         bad.add(f"{where}: {labels_ds('P')} and {labels_ds('Q')} disagree on some node")
-    if len(masks) == 2:
+    rec = pg.manifest.get("split") if isinstance(pg.manifest.get("split"), dict) else {}
+    sizes = rec.get("sizes") or [pg.manifest.get("splits", {})]
+    for i, k in enumerate(pg.split_indices):  # every stored split (--split-index all)
+        pg.select_split(k)
+        slot = None if i == 0 else k
+        masks = {}
+        for o in ORDERS:
+            try:
+                masks[o] = pg.read_masks(None, o)
+            except DataError as e:
+                bad.add(str(e))
+        if len(masks) < 2:
+            continue
+        want = sizes[i] if i < len(sizes) and isinstance(sizes[i], dict) else {}
         for s in SPLITS:
             op = _orig(masks["P"][s], p)
             if not np.array_equal(op, _orig(masks["Q"][s], q)):
-                bad.add(f"{where}: {mask_ds(s, 'P')} and {mask_ds(s, 'Q')} disagree on some "
-                        "node")
-            if int(op.sum()) != pg.manifest.get("splits", {}).get(s, -1):
-                bad.add(f"{where}: split {s} holds {int(op.sum())} nodes, manifest says "
-                        f"{pg.manifest.get('splits', {}).get(s)}")
+                bad.add(f"{where}: {mask_ds(s, 'P', slot)} and {mask_ds(s, 'Q', slot)} "
+                        "disagree on some node")
+            if int(op.sum()) != want.get(s, -1):
+                bad.add(f"{where}: split {s}{f' (stored split {k})' if slot else ''} holds "
+                        f"{int(op.sum())} nodes, manifest says {want.get(s)}")
+    pg.select_split(pg.split_indices[0])
     return p, q
 
 

@@ -40,5 +40,5 @@ def build_task(cfg: TrainConfig, ctx: DistContext, ledger: CommLedger,
     from ``registry`` (default: the built-in ones); ``inference``: what the configuration
     leaves open is planned for one forward pass (``plexgt predict``), not a training step."""
     spec = model_spec(cfg)
-    return BUILDERS[spec.layout](cfg, ctx, PreparedGraph(cfg.data), ledger, registry,
-                                 inference)
+    pg = PreparedGraph(cfg.data, split=cfg.split_index)  # its masks: the run's split
+    return BUILDERS[spec.layout](cfg, ctx, pg, ledger, registry, inference)

@@ -298,6 +298,7 @@ def predictions_schema(task: Task, pg: PreparedGraph, cfg: TrainConfig, cp: Chec
             "epoch": cp.epoch, "model": cfg.model.name, "dataset": task.dataset,
             "dataset_name": task.dataset_name, "data": str(Path(cfg.data).resolve()),
             "metric": task.metric, "multilabel": pg.multilabel, "classes": pg.C,
+            "split_index": pg.split,
             "node_id_base": node_id_base(pg), "embedding_layer": layer or "",
             "embedding_name": name or "", "layers": layer_names(task.model)}
     return Schema(pg.N, pg.C, pg.multilabel, dtype, width, meta)
@@ -320,9 +321,13 @@ def evaluate_file(path: str | Path, data: str | Path, metric: str | None = None
     and splits (read in the raw input's order), streamed a chunk of rows at a time: the
     accuracy of ``pred``, or the ROC-AUC of the logits (binary: logit 1 - logit 0). The file
     must be of this dataset: its N, its description's dataset (where it has one), its node
-    ids in order and its split column must match."""
+    ids in order and its split column must match (the stored split its run trained on, which
+    its description names, of a directory holding several)."""
     pg = PreparedGraph(data)
     f = PredictionsFile(Path(path))
+    k = f.meta.get("split_index")
+    if isinstance(k, int) and k in pg.split_indices:  # the split the predicting run had
+        pg.select_split(k)
     if f.n != pg.N:
         raise DataError(f"{f.path}: {f.n} rows, but {pg.path} has N={pg.N} nodes; "
                         "predictions of another dataset")

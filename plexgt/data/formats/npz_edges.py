@@ -11,7 +11,8 @@ Keys (the first of each pair found is used):
   unlabelled) (optional);
 * ``train_masks`` / ``val_masks`` / ``test_masks`` (or ``train_mask`` ...): [N] booleans (one
   split: ``split_index`` 0), or several splits as [K, N] (or [N, K]; [N, N] is [K, N]), one
-  chosen by ``split_index`` (an index the file does not hold is an error);
+  chosen by ``split_index`` (an index the file does not hold is an error), or all K kept
+  (``--split-index all``: the heterophilous benchmarks report mean ± std over their 10);
 * ``edge_feat``: [E, F_e] (or [E]) numeric edge features, kept as the ring-attention issue
   stores them.
 
@@ -78,26 +79,79 @@ def _edge_pairs(path: Path, key: str, e: np.ndarray) -> np.ndarray:
     return e.T if two_by_e else e
 
 
-def _mask(path: Path, key: str, m: np.ndarray, n: int, split: int) -> np.ndarray:
+def _mask_rows(path: Path, key: str, m: np.ndarray, n: int) -> np.ndarray:
+    """[K, n] bool: the K stored splits' masks of ``key`` (one row for an [N] mask)."""
     m = np.asarray(m)
     if m.dtype != bool and not (m.dtype.kind in "iu" and set(np.unique(m)) <= {0, 1}):
         raise DataError(f"{path}: '{key}' has dtype {m.dtype}; masks are booleans")
     m = m.astype(bool)
     if m.ndim == 2 and m.shape[0] == n and m.shape[1] != n:
         m = m.T
-    k = m.shape[0] if m.ndim == 2 else 1
+    if m.ndim == 1:
+        m = m[None]
+    if m.ndim != 2 or m.shape[1] != n:
+        raise DataError(f"{path}: '{key}' has shape {m.shape}; expected [{n}] or [K, {n}]")
+    return m
+
+
+def _mask(path: Path, key: str, m: np.ndarray, n: int, split: int) -> np.ndarray:
+    """Node ids of stored split ``split`` of mask ``key`` (an index it lacks: DataError)."""
+    rows = _mask_rows(path, key, m, n)
+    k = rows.shape[0]
     if not 0 <= split < k:
         raise DataError(f"{path}: '{key}' holds {k} split{'s' if k > 1 else ''}; "
                         f"--split-index {split} is not one of them")
-    if m.ndim == 2:
-        m = m[split]
-    if m.shape != (n,):
-        raise DataError(f"{path}: '{key}' has shape {m.shape}; expected [{n}] or [K, {n}]")
-    return np.flatnonzero(m)
+    return np.flatnonzero(rows[split])
 
 
-def read_edge_npz(path: str | Path, split_index: int = 0) -> GraphData:
-    """The graph of an edge-index npz (module docstring), validated."""
+ALL = "all"
+"""``--split-index all``: keep every stored split (prep writes each; ``plexgt train
+--split-index all`` trains one run per split)."""
+
+
+def split_index_arg(text: str) -> int | str:
+    """``--split-index``'s value: a split's index, or :data:`ALL`."""
+    if text.strip().lower() == ALL:
+        return ALL
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a split index (0, 1, ...) or "
+                                         f"'{ALL}'") from None
+
+
+def read_masks(path: Path, found: dict[str, tuple[str, np.ndarray]], n: int,
+               split_index: int | None) -> tuple[dict[str, np.ndarray],
+                                                  list[dict[str, np.ndarray]]]:
+    """(the split ``split_index`` of the masks ``found`` ({split: (key, array)}), and [])
+    or, ``split_index`` None, (split 0, every stored split): the K of every key must then
+    agree, since split k is the k-th row of each."""
+    if split_index is not None:
+        return {s: _mask(path, key, m, n, split_index) for s, (key, m) in found.items()}, []
+    rows = {s: (key, _mask_rows(path, key, m, n)) for s, (key, m) in found.items()}
+    counts = {key: r.shape[0] for key, r in rows.values()}
+    if len(set(counts.values())) > 1:
+        raise DataError(f"{path}: the masks hold different numbers of splits ("
+                        + ", ".join(f"'{k}' {c}" for k, c in counts.items())
+                        + f"); --split-index {ALL} needs the same K in each")
+    k = next(iter(counts.values()), 0)
+    if k == 0:
+        raise DataError(f"{path}: holds no split masks; --split-index {ALL} has none to keep")
+    stored = [{s: np.flatnonzero(r[i]) for s, (_, r) in rows.items()} for i in range(k)]
+    return stored[0], stored
+
+
+def dataset_split(split_index: int | str | None, stored: int) -> dict[str, object]:
+    """The manifest's ``split`` record of a source's own split(s): the index prep kept, or
+    ``all`` and how many (``stored``)."""
+    if split_index == ALL:
+        return {"origin": "dataset", "split_index": ALL, "num_splits": stored}
+    return {"origin": "dataset", "split_index": split_index or 0}
+
+
+def read_edge_npz(path: str | Path, split_index: int | None = 0) -> GraphData:
+    """The graph of an edge-index npz (module docstring), validated; ``split_index`` None:
+    every stored split kept (``stored_splits``), the first its ``splits``."""
     path = Path(path)
     if not path.is_file():
         raise DataError(f"{path}: no such file")
@@ -131,11 +185,9 @@ def read_edge_npz(path: str | Path, split_index: int = 0) -> GraphData:
                             f"{max(int(src[bad]), int(dst[bad]))}, beyond the {n} nodes")
         if y is not None and y.shape[0] != n:
             raise DataError(f"{path}: '{lab[0]}' has {y.shape[0]} labels for {n} nodes")
-        splits = {}
-        for name, keys in MASK_KEYS.items():
-            m = _first(z, path, keys)
-            if m is not None:
-                splits[name] = _mask(path, m[0], m[1], n, split_index)
+        found = {name: m for name, keys in MASK_KEYS.items()
+                 if (m := _first(z, path, keys)) is not None}
+        splits, stored = read_masks(path, found, n, split_index)
         if not splits and split_index != 0:
             raise DataError(f"{path}: holds no split masks; --split-index {split_index} "
                             "has none to choose")
@@ -148,15 +200,16 @@ def read_edge_npz(path: str | Path, split_index: int = 0) -> GraphData:
             if attr.ndim == 1:
                 attr = attr[:, None]
             attr = attr.astype(np.float32)
-    g = GraphData(str(path), n, src, dst, x, y, splits, edge_attr=attr)
+    g = GraphData(str(path), n, src, dst, x, y, splits, edge_attr=attr, stored_splits=stored)
     g.validate()
     return g
 
 
 SPLIT_INDEX = option(
-    "--split-index", "which of several stored splits (masks [K, N]) to use (default 0)",
-    type=int, refused="--split-index chooses among an npz's stored splits; --format {fmt} "
-    "has none to choose")
+    "--split-index", "which of several stored splits (masks [K, N]) to use (default 0), or "
+    "'all': keep every one (plexgt train --split-index all trains one run per split)",
+    type=split_index_arg, metavar="K|all", refused="--split-index chooses among an npz's "
+    "stored splits; --format {fmt} has none to choose")
 
 
 def _recognise(probe: Probe) -> bool:
@@ -164,9 +217,9 @@ def _recognise(probe: Probe) -> bool:
 
 
 def _open(args: argparse.Namespace, comm: HostComm | None) -> GraphSource:
-    k = args.split_index or 0
-    return MemorySource(read_edge_npz(args.input, k), [args.input],
-                        split_origin={"origin": "dataset", "split_index": k})
+    k = args.split_index
+    g = read_edge_npz(args.input, None if k == ALL else k or 0)
+    return MemorySource(g, [args.input], split_origin=dataset_split(k, len(g.stored_splits)))
 
 
 SPEC = FormatSpec(

@@ -4,10 +4,10 @@ saved likewise, or a PyG / OGB dataset root (``processed/*.pt`` of an ``InMemory
 Keys (a ``Data``'s attributes or the dict's): ``edge_index`` [2, E] int (row 0 the source,
 as PyG's message passing reads it), ``x`` [N, F] float, ``y`` [N] class ids or [N, T]
 multi-label, ``train_mask`` / ``val_mask`` / ``test_mask`` [N] or [N, K] (K stored splits,
-one chosen by ``--split-index``), ``edge_attr`` [E] or [E, F_e], ``num_nodes``. A dataset
-root's file is PyG >= 2.4's ``(data dict, slices, Data class)`` or the older
-``(Data, slices)``, one graph; an OGB root's ``split/<kind>/{train,valid,test}.csv.gz`` give
-the split where the data holds no masks.
+one chosen by ``--split-index``, or all kept by ``--split-index all``), ``edge_attr`` [E] or
+[E, F_e], ``num_nodes``. A dataset root's file is PyG >= 2.4's ``(data dict, slices, Data
+class)`` or the older ``(Data, slices)``, one graph; an OGB root's
+``split/<kind>/{train,valid,test}.csv.gz`` give the split where the data holds no masks.
 
 Export (``plexgt export --format pyg``) writes a predictions file of ``plexgt predict``
 (Parquet, HDF5 or ``.npy``) as a Data-compatible dict of tensors saved with ``torch.save``,
@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from plexgt.data.formats.npz_edges import SPLIT_INDEX, _mask
+from plexgt.data.formats.npz_edges import ALL, SPLIT_INDEX, dataset_split, read_masks
 from plexgt.data.formats.spec import FormatSpec, Probe
 from plexgt.data.graph import GraphData, integer_ids, node_labels
 from plexgt.data.predictions import PredictionsFile
@@ -157,8 +157,10 @@ def processed_file(root: Path) -> Path:
     return found[0]
 
 
-def read_pyg(path: str | Path, split_index: int = 0) -> GraphData:
-    """The graph of a PyG file or dataset root (module docstring), validated."""
+def read_pyg(path: str | Path, split_index: int | None = 0) -> GraphData:
+    """The graph of a PyG file or dataset root (module docstring), validated; ``split_index``
+    None: every stored split kept (``stored_splits``; an OGB root's one split where the data
+    holds no masks), the first its ``splits``."""
     path = Path(path)
     root = path if path.is_dir() else None
     file = processed_file(path) if root is not None else path
@@ -189,13 +191,16 @@ def read_pyg(path: str | Path, split_index: int = 0) -> GraphData:
     for key, arr in (("x", x), ("y", y)):
         if arr is not None and arr.shape[0] != n:
             raise DataError(f"{file}: '{key}' has {arr.shape[0]} rows for {n} nodes")
-    splits = {}
+    found = {}
     for name, keys in MASKS.items():
         key = next((k for k in keys if d.get(k) is not None), None)
         if key is not None:
-            splits[name] = _mask(file, key, _array(d, key, file), n, split_index)
-    if not splits and root is not None:
-        splits = _ogb_splits(root, n)
+            found[name] = (key, _array(d, key, file))
+    ogb = _ogb_splits(root, n) if not found and root is not None else {}
+    if ogb:
+        splits, stored = ogb, [ogb] if split_index is None else []
+    else:
+        splits, stored = read_masks(file, found, n, split_index)
     if not splits and split_index != 0:
         raise DataError(f"{file}: holds no split masks; --split-index {split_index} has none "
                         "to choose")
@@ -205,7 +210,7 @@ def read_pyg(path: str | Path, split_index: int = 0) -> GraphData:
             raise DataError(f"{file}: 'edge_attr' has shape {attr.shape} and dtype "
                             f"{attr.dtype}; expected numbers [E] or [E, F_e], E={src.size}")
         attr = (attr[:, None] if attr.ndim == 1 else attr).astype(np.float32)
-    g = GraphData(str(path), n, src, dst, x, y, splits, edge_attr=attr)
+    g = GraphData(str(path), n, src, dst, x, y, splits, edge_attr=attr, stored_splits=stored)
     g.validate()
     return g
 
@@ -216,10 +221,10 @@ def _recognise(probe: Probe) -> bool:
 
 
 def _open(args: argparse.Namespace, comm: HostComm | None) -> GraphSource:
-    k = args.split_index or 0
+    k = args.split_index
     files = ([processed_file(args.input)] if args.input.is_dir() else [args.input])
-    return MemorySource(read_pyg(args.input, k), files,
-                        split_origin={"origin": "dataset", "split_index": k})
+    g = read_pyg(args.input, None if k == ALL else k or 0)
+    return MemorySource(g, files, split_origin=dataset_split(k, len(g.stored_splits)))
 
 
 EXPORT_MASKS = (("train_mask", 1), ("val_mask", 2), ("test_mask", 3))

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from plexgt.config import TrainConfig, describe_keys, notes, to_toml
+from plexgt.config import TrainConfig, notes, to_toml
+from plexgt.config.keys import describe_keys
 from plexgt.data.loader import PreparedGraph
 from plexgt.distributed.agree import agreed
 from plexgt.distributed.bootstrap import DistContext, init_distributed, shutdown
@@ -82,9 +83,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_epilog(width: int = 100) -> str:
     """``train --help``'s list of every config key: its default (as TOML writes it) and its
     docstring's first sentence on one line, generated from the dataclasses in
-    plexgt/config.py, which hold the whole docstrings."""
+    plexgt/config/__init__.py, which hold the whole docstrings."""
     lines = ["config keys, each with its default and its docstring's first sentence (whole",
-             "in plexgt/config.py); set any as --key=value, dotted for tables",
+             "in plexgt/config/__init__.py); set any as --key=value, dotted for tables",
              "(--model.hidden=256 --optim.lr=0.005), or in the --config TOML file:"]
     for k in describe_keys():
         lines.append(f"  {k.key} = {json.dumps(k.default)}")

@@ -251,7 +251,8 @@ def test_train_help_lists_every_config_key_with_its_default_and_docstring(capsys
     """``plexgt train --help`` said "see plexgt/config.py"; it now lists every key of the
     dataclasses, its default as TOML writes it, and its docstring's first sentence on one
     line (every key has one: the project's rule for config fields)."""
-    from plexgt.config import TrainConfig, describe_keys
+    from plexgt.config import TrainConfig
+    from plexgt.config.keys import describe_keys
 
     with pytest.raises(SystemExit):
         main(["train", "--help"])
@@ -271,7 +272,7 @@ def test_field_docstrings_are_read_from_any_dataclass():
     """The list is generated: a new field appears with its docstring, with no list to edit."""
     import dataclasses
 
-    from plexgt.config import KeyDoc, field_docs
+    from plexgt.config.keys import KeyDoc, field_docs
 
     @dataclasses.dataclass(frozen=True)
     class Toy:

@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 
 from plexgt.distributed.collectives import all_reduce_bytes, reduce_scatter_bytes
 from plexgt.distributed.grid import Grid3D, factorizations
-from plexgt.distributed.layout3d import LayerLayout
+from plexgt.distributed.layout3d import LayerLayout, row_blocks
 from plexgt.models.gcn import GCNOp, jk_hops, layer_widths
-from plexgt.parallel.attention.strategy import graph_bytes
+from plexgt.parallel.attention.strategy import INDEX_BYTES, graph_bytes
 from plexgt.plan.balance import Balance
 from plexgt.plan.host import Host, across_group_sizes
 from plexgt.plan.placement import Topology
@@ -230,6 +230,31 @@ class RankCost(NamedTuple):
     grid's axis order."""
     traffic: Traffic = ()
     """The same calls and bytes by axis and operation."""
+    memory: MemoryParts | None = None
+    """``mem`` by what holds it."""
+
+
+class MemoryParts(NamedTuple):
+    """A rank's peak bytes (:class:`RankCost` ``mem``) by what holds them."""
+
+    base: int
+    """The process before any data (:data:`PROCESS_BASE_BYTES`)."""
+    graph: int
+    """The adjacency blocks (and the identity's: residuals, jumping knowledge's hops), with
+    their transposes for backward; jumping knowledge's hops' working sets and stack."""
+    inputs: int
+    """The task's input features (:func:`input_bytes`)."""
+    parameters: int
+    """The weights' shards, their gradients and AdamW's two moments (the shards alone for
+    inference)."""
+    activations: int
+    """What a step creates beyond the gradients: the tensors every layer keeps for its
+    backward, and the largest layer's working set at its peak moment (the forward's or the
+    backward's)."""
+
+    @property
+    def total(self) -> int:
+        return self.base + self.graph + self.inputs + self.parameters + self.activations
 
 
 def group_extent(grid: Grid3D, name: str) -> int:
@@ -268,17 +293,26 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
     :mod:`plexgt.plan.balance`), per call, per output row·column and per nonzero·column,
     each layer's collectives waiting for it. Bytes and calls are rank ``r``'s (equal on
     every rank: blocks are padded to equal shapes); memory too, but with the fullest
-    adjacency block's CSR (the peak that must fit is the busiest rank's)."""
+    adjacency block's CSR (the peak that must fit is the busiest rank's), by part
+    (:class:`MemoryParts`); a training step's activations are its peak moment: what the
+    layers before one keep, beside that layer's forward working set, its aggregation's
+    forward or backward, or its input gradient's reduce-scatter, as the live tensors of a
+    step count them (tests/mpi/test_plexus_peak_memory.py)."""
     checkpoint = checkpoint and not inference
     bal = balance or Balance()
     sparse = input_density is not None
     lays = chain_layouts(grid, r, n, dims, order, sparse, ops)
     host, p = coef.host, grid.size
     nbytes, calls, flops_s, mem, comm = 0, 0, 0.0, 0, 0.0
+    params = 0  # the weights' shards, their gradients and Adam's moments (in ``mem``)
     # activations: every layer's kept tensors (checkpointing: its input alone; inference:
     # none) and the largest layer's rest, its working set (checkpointing: recomputed, one
     # at a time; inference: all of it, each layer's freed as the next consumes it)
-    kept, largest = 0, 0
+    kept, largest, peak = 0, 0, 0
+    resident = input_bytes(lays[0], esize, input_density)
+    # gloo, the CPU ranks' backend, reduce-scatters a copy of its input (counted by the
+    # live tensors of a step)
+    staged = host.device == "cpu"
     adj_copies = 1 if inference else 2  # Â's CSR block, and its transpose for backward
     w_copies = 1 if inference else 4  # W shard, and its gradient and Adam's two moments
     traffic: dict[tuple[str, str], list[int]] = {}
@@ -302,9 +336,12 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
         # the busiest rank's block: the mean times the split's imbalance (conv layers)
         blk_nnz = (nnz * bal.imbalance(lay.matrix, gc, ga) if lay.kind == "conv" else n
                    ) / (ga * gc)
-        shard = cols_pad * lay.d_in // (gb * gc) * (2 if lay.layer == 0 else 1)
+        # the input shard, or its staging copy for the all-gather over c (layer 0's own
+        # shard is the task's, in ``resident``)
+        shard = cols_pad * lay.d_in // (gb * gc)
+        w_shard = lay.d_in // (gb * gc) * dout_a * esize  # [d_in/(Gb·Gc), d_out/Ga]
         mem += int(blk_nnz * 12 * adj_copies)  # 8-byte index + 4-byte value
-        mem += din_b * dout_a * esize * w_copies
+        params += w_shard * w_copies
         act = 0  # the layer's activations (what checkpointing drops)
         if lay.order == "gemm_first":
             # the SpMM runs forward and backward on d_out/Gb columns; GEMM on input rows;
@@ -324,18 +361,42 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
                    + gemm / (3 if lay.layer else 2) * coef.gemm_s_per_fma
                    + coef.spmm_s_per_call
                    + rows_pad * (lay.d_out // gb) * coef.spmm_s_per_row_col)
-            # input shard (+ staging on layer 0), gathered input (staged twice), whole W
-            # block, H·W before and after its reduce-scatter, the aggregate; a sparse input
-            # is read already gathered over c: its CSR block alone, no staging and no
-            # gathered copies, but used both ways (X·W, Xᵀ·dY), so with its transpose and
-            # index caches as a graph keeps them, and both value arrays
-            inputs = (shard + 2 * cols_pad * din_b) * esize
-            if sparse and lay.layer == 0:
-                nnz_in = int(cols_pad * din_b * input_density)
-                inputs = graph_bytes(cols_pad, din_b, nnz_in) + 2 * nnz_in * esize
-            act += inputs + (din_b * lay.d_out + cols_pad * lay.d_out
-                             + cols_pad * lay.d_out // gb + rows_pad * lay.d_out // gb
-                             ) * esize
+            # the forward's moments up to the aggregation (counted by the live tensors of a
+            # step): the input gathered over c [cols_pad, d_in/Gb] beside its transposed
+            # staging copy (where c splits it; else the input itself, kept by the layer
+            # before or the task's; a sparse input is read already gathered, ``resident``);
+            # the gathered input beside the whole W block [d_in/Gb, d_out], H·W
+            # [cols_pad, d_out] and, where b splits it, its transposed staging copy, gloo's
+            # (CPU ranks) and the reduce-scatter's result (and, as aggregate_first's, the
+            # staging copy gloo's worker may still hold)
+            gathered = cols_pad * din_b if gc > 1 and not (sparse and lay.layer == 0) else 0
+            hw = cols_pad * lay.d_out
+            act += max(shard + gathered if gathered else 0,
+                       gathered + (shard if gathered and staged else 0) + din_b * lay.d_out
+                       + hw + ((1 + staged) * hw + hw // gb if gb > 1 else 0)) * esize
+            # the aggregation's backward (its peak moment on every grid counted here, by
+            # the live tensors of a step): dY [rows_pad, d_out/(Ga·Gb)], its all-gather over
+            # a [Ga·rows_pad, ·], the gathered rows reordered to [rows_pad, d_out/Gb] (a
+            # copy where a splits, one row block at a time) and Âᵀ·dY's three
+            # [cols_pad, d_out/Gb]: dT, the SpMM's product and the zeros it adds to. On a
+            # grid that splits the rows over a (x at layer 0) the gathered and reordered
+            # dY are N rows each, which nothing else of the step reaches
+            # (a residual's T is stacked under H·W: Âᵀ·dY on twice the rows)
+            dout_b = lay.d_out // gb
+            step = max(r1 - r0 for r0, r1 in row_blocks(rows_pad, block_rows))
+            res_rows = 2 if op is not None and op.residual != "none" else 1
+            back = (rows_pad * dout_ab + rows_pad * dout_b + (step * dout_b if ga > 1 else 0)
+                    + 3 * res_rows * cols_pad * dout_b) * esize
+            # and its forward's: T [cols_pad, d_out/Gb] (and, where b splits, H·W
+            # [cols_pad, d_out] it was reduce-scattered from, which the layer holds until it
+            # returns), the output [rows_pad, d_out/(Ga·Gb)], a row block's Â·T with the
+            # zeros the SpMM adds to or, where a splits, every block's product reordered by
+            # column block for the reduce-scatter, which gloo (CPU ranks) reduces in a copy
+            # of its own
+            forward = (res_rows * cols_pad * (dout_b + (lay.d_out if gb > 1 else 0))
+                       + rows_pad * dout_ab + step * dout_b
+                       + (rows_pad * dout_b * (1 + staged) if ga > 1 else step * dout_b)
+                       ) * esize
         else:
             spmm = blk_nnz * din_b * (2 if lay.layer > 0 else 1)
             spmm_fixed = ((2 if lay.layer > 0 else 1) * coef.spmm_s_per_call
@@ -344,16 +405,43 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
             gemm = rows_pad * din_b * dout_a * 3
             fwd = (blk_nnz * din_b * coef.spmm_s_per_nnz_col + gemm / 3 * coef.gemm_s_per_fma
                    + coef.spmm_s_per_call + rows_pad * din_b * coef.spmm_s_per_row_col)
-            # input shard (and its staging copy on layer 0), gathered input (twice: the
-            # backend stages the gather), aggregate, partial product
-            act += (shard + 2 * cols_pad * din_b + rows_pad * din_b + rows_pad * dout_a
-                    ) * esize
+            # the forward's moments (counted by the live tensors of a step): the input
+            # gathered over c [cols_pad, d_in/Gb] beside its transposed staging copy (where c
+            # splits it; else the input itself, kept by the layer before or the task's);
+            # the aggregate Z [rows_pad, d_in/Gb] (twice the rows beside a residual's
+            # identity) beside the gathered input and a row block's SpMM product with the
+            # zeros it adds to; Z beside the partial product [rows_pad, d_out/Ga], its
+            # transposed staging copy and gloo's (CPU ranks) for the reduce-scatter over b,
+            # and its result. gloo's worker may hold a gather's staging copy into the next
+            # op (a run sees it there or not): counted there
+            res_rows = 2 if op is not None and op.residual != "none" else 1
+            step = max(r1 - r0 for r0, r1 in row_blocks(res_rows * rows_pad, block_rows))
+            gathered = cols_pad * din_b if gc > 1 else 0
+            z = res_rows * rows_pad * din_b
+            act += max(shard + gathered if gc > 1 else 0,
+                       gathered + (shard if gathered and staged else 0) + z
+                       + 2 * step * din_b,
+                       z + rows_pad * dout_a * (1 + (1 + staged if gb > 1 else 0))
+                       + rows_pad * dout_ab) * esize
+            # the aggregation's backward, once the GEMM's has freed what it kept: dZ and its
+            # copy [rows_pad, d_in/Gb] (twice the rows beside a residual's identity), and
+            # Âᵀ·dZ's three [cols_pad, d_in/Gb]: dH, the SpMM's product and its zeros (none
+            # where the input needs no gradient: dense features, layer 0)
+            back = (2 * z + 3 * cols_pad * din_b) * esize if lay.layer > 0 or input_grad \
+                else 0
+            forward = 0
+        # the input's gradient reduce-scattered over c (the gather's adjoint), once the
+        # layer's own backward has freed what it kept: dX [cols_pad, d_in/Gb], its
+        # transposed staging copy, gloo's copy of that, and the [·, d_in/(Gb·Gc)] result
+        grads_in = lay.layer > 0 or input_grad
+        gather_back = ((2 + staged) * cols_pad * din_b + cols_pad * din_b // gc) * esize \
+            if gc > 1 and grads_in and not (sparse and lay.layer == 0) else 0
         if op is not None and op.residual != "none":
             # the residual path: the identity's block beside Â's, its weight (a learned one
             # with its gradient and Adam's moments), and its operands as the conv's
             eye = n / (ga * gc)
-            mem += int(eye * 12 * adj_copies) + (din_b * dout_a * esize * w_copies
-                                                 if op.residual == "linear" else 0)
+            mem += int(eye * 12 * adj_copies)
+            params += w_shard * w_copies if op.residual == "linear" else 0
             fwd += eye * (lay.d_out // gb if lay.order == "gemm_first" else din_b) * \
                 coef.spmm_s_per_nnz_col + (cols_pad * din_b * lay.d_out if lay.order ==
                                            "gemm_first" else rows_pad * din_b * dout_a
@@ -396,17 +484,26 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
             largest = max(largest, act)
             continue
         flops_s += spmm * coef.spmm_s_per_nnz_col + spmm_fixed + gemm * coef.gemm_s_per_fma
+        # the backward's moment comes once the ReLU's backward has replaced its output
+        # by dY (counted in ``back``)
+        relu = rows_pad * dout_ab * esize if post else 0
         if not checkpoint:
-            # every layer's kept tensors, and one layer's working set at a time
+            # the layer's moments beside what the layers before it keep: its forward's
+            # working set, its aggregation's forward and backward (gemm_first: beside the
+            # gathered input the GEMM's backward still needs), its input gradient's
+            # reduce-scatter; then it keeps its own
             held = min(held, act)
+            during = held - relu if lay.order == "gemm_first" else 0
+            peak = max(peak, kept + act, kept + held - relu + forward, kept + during + back,
+                       kept + gather_back)
             kept += held
-            largest = max(largest, act - held)
             continue
-        # the block's input shard stays (checkpoint's saved input); the rest is rebuilt in
-        # backward, one block at a time
+        # the block's input shard stays (checkpoint's saved input; the working sets above
+        # hold no copy of it); the rest is rebuilt in backward, one block at a time, and its
+        # backward runs beside what it keeps
         inp = cols_pad * lay.d_in // (gb * gc) * esize
         kept += inp
-        largest = max(largest, act - inp)
+        largest = max(largest, act, min(held, act) - relu + max(forward, back), gather_back)
         flops_s += fwd
     for path in ({} if ops is None else jk_hops(ops)).values():
         for m in path:
@@ -424,16 +521,34 @@ def rank_cost(grid: Grid3D, r: int, n: int, nnz: int, dims: list[int], esize: in
     if ops is not None and any(op.jk for op in ops):
         head = lays[-1]
         mem += 2 * head.cols_pad * head.d_in // (head.g[1] * head.g[2]) * esize
+    if not (inference or checkpoint):  # the step's peak moment, or the loss's
+        kept, largest = max(peak, kept), 0
     if inference:
-        # the input shard stays (it is the task's), and the last layer's logits shard,
-        # which predict's all-to-all reads and sends
-        first, last = lays[0], lays[-1]
-        kept = (first.cols_pad * first.d_in // (first.g[1] * first.g[2])
-                + last.rows_pad * last.d_out // (last.g[0] * last.g[1])) * esize
-    mem += PROCESS_BASE_BYTES + kept + largest
+        # the last layer's logits shard, which predict's all-to-all reads and sends (the
+        # input is the task's, ``resident``)
+        last = lays[-1]
+        kept = last.rows_pad * last.d_out // (last.g[0] * last.g[1]) * esize
+    parts = MemoryParts(PROCESS_BASE_BYTES, mem, resident, params,
+                        kept + largest)
     flops_s *= coef.compute_scale * host.compute_factor(p)
-    return RankCost(nbytes, calls, flops_s, mem, comm,
-                    tuple((a, op, c, b) for (a, op), (c, b) in traffic.items()))
+    return RankCost(nbytes, calls, flops_s, parts.total, comm,
+                    tuple((a, op, c, b) for (a, op), (c, b) in traffic.items()), parts)
+
+
+def input_bytes(first: LayerLayout, esize: int, density: float | None = None) -> int:
+    """The task's input features on a rank, there before a step and after it: the dense
+    shard [N/Ga, d_in/(Gb·Gc)] of layer 0's layout; or, CSR-stored (``density``: the share
+    of nonzeros), the block [N/Ga, d_in/Gb] read already gathered over c, used both ways
+    (X·W, Xᵀ·dT), so with its transpose and index caches as a
+    :class:`~plexgt.ops.csr.CSRGraph` keeps them (:func:`graph_bytes`) but one edge
+    permutation (the transpose's own, which only attention builds), and both value arrays:
+    40 + 2·esize bytes a nonzero, measured on Coauthor Physics' blocks."""
+    ga, gb, gc = first.g
+    if density is None:
+        return first.cols_pad * first.d_in // (gb * gc) * esize
+    cols = first.d_in // gb
+    nnz = int(first.cols_pad * cols * density)
+    return graph_bytes(first.cols_pad, cols, nnz) - nnz * INDEX_BYTES + 2 * nnz * esize
 
 
 def rank_grids(world_size: int, n: int, nnz: int, dims: list[int], esize: int,

@@ -5,12 +5,8 @@ freed), on one rank: the activations every block keeps, plus the top block's lar
 were added on top of every block's kept activations, and gps's dense activations counted
 three norm outputs a layer that nothing keeps: 1.2-1.4x over."""
 
-import weakref
-
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from plexgt.data.loader import PreparedGraph
 from plexgt.data.shard import PrepOptions, prepare
@@ -25,34 +21,10 @@ from plexgt.plan.knobs import load_config
 from plexgt.tasks import build_task
 from plexgt.tasks.task import graph_sizes
 from plexgt.training import loop
+from tests.live_tensors import LiveTensors
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.filterwarnings("ignore::UserWarning")]
-
-
-class LiveTensors(TorchDispatchMode):
-    """Bytes of the storages created inside the mode and still alive; their peak."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live: dict[int, int] = {}
-        self.now = self.peak = 0
-
-    def _freed(self, key: int) -> None:
-        self.now -= self.live.pop(key, 0)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.layout == torch.strided:
-                st = t.untyped_storage()
-                key = st.data_ptr()
-                if st.nbytes() and key not in self.live:
-                    self.live[key] = st.nbytes()
-                    self.now += st.nbytes()
-                    weakref.finalize(st, self._freed, key)
-        self.peak = max(self.peak, self.now)
-        return out
 
 
 @pytest.fixture(scope="module")

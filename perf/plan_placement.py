@@ -114,6 +114,10 @@ def plexus_memory_gib(x: int, y: int, z: int) -> float:
     return (adj + weights + agg + act + once + labels) * 4 / 2**30
 
 
+def _span(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}x" if values else "none"
+
+
 def plexus_best(machine: str, p: int, limit_gib: float) -> dict:
     rows = [(plexus_comm_s(machine, *g), plexus_memory_gib(*g), g) for g in pow2_grids(p)]
     fitting = [r for r in rows if r[1] <= limit_gib] or rows
@@ -171,14 +175,27 @@ def main() -> None:
                          f"({theirs['memory_gib']:.3g} GiB) | {theirs['comm_s']:.4g} | "
                          f"{on_theirs.time_s:.4g} |")
             fields[f"{name}_p{p}"] = str(rp.grid)
+    ratios = [(r["plexgt_on_plexus_grid"]["memory_gib"] / r["plexus_model"]["memory_gib"],
+               r["plexus_model"]["grid"]) for r in rows]
+    ratios += [(r["memory_gib"] / r["plexus_memory_on_choice_gib"], r["grid"]) for r in rows]
+    long_y = {g for q, g in ratios if q > 1}
+    short = [q for q, g in ratios if g not in long_y]
+    longr = [q for q, g in ratios if g in long_y]
     lines += ["", "Memory per GPU, GiB, the two models side by side on the same grids (model "
               "projections): plexgt's count (blocks padded to equal shapes, the busiest "
               "rank's, its process base included) and the Plexus authors' "
               "(``performance/mem_model.py``, 4-byte elements, no process or library "
-              "memory), on the Plexus model's pick and on plexgt's choice. Where Y is long "
-              "(8x32x4, 4x64x4, 8x64x4) plexgt counts 1.4-2.5x more: it pads every width to a "
-              "multiple of the previous layer's Ga·Gb (hidden 128 -> 256 on 4x64x4) and "
-              "holds the padded blocks, which the Plexus count does not pad.", "",
+              "memory), on the Plexus model's pick and on plexgt's choice. plexgt counts a "
+              "step's peak moment: what every layer keeps for its backward plus the largest "
+              "layer's working set (checked on the 2-core VM against the measured peak, "
+              "validate_plan.md); the Plexus count adds every layer's aggregate and "
+              "activation with a gradient of each, as if all were alive at once. So plexgt's "
+              f"count is the lower one ({_span(short)} of theirs) but on "
+              f"{', '.join(sorted(long_y)) or 'no grid here'} ({_span(longr)}), grids with a "
+              "long Y, where plexgt "
+              "pads every width to a multiple of the previous layer's Ga·Gb (hidden 128 -> "
+              "256 on 4x64x4) and holds the padded blocks, which the Plexus count does not "
+              "pad.", "",
               "| machine | P | Plexus pick | plexgt GiB | Plexus model GiB | plexgt / Plexus "
               "| plexgt choice | plexgt GiB | Plexus model GiB | plexgt / Plexus |",
               "|---|---|---|---|---|---|---|---|---|---|"]

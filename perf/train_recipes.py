@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from perf import harness
 from perf.harness import (
     DATASETS_DIR,
     ROOT,
@@ -36,6 +37,7 @@ from perf.harness import (
 )
 from plexgt.config import read_recipe
 from plexgt.plan.knobs import load_config
+from plexgt.training.repeats import mean_std
 
 CONFIGS = ROOT / "configs"
 RECIPES = ("computers", "photo", "cs", "physics")
@@ -108,6 +110,35 @@ def run_recipe(name: str, seeds: list[int] | None, epochs: int | None, work: Pat
     }
 
 
+def with_stored_runs(rec: dict[str, Any], stored: dict[str, Any] | None) -> dict[str, Any]:
+    """``rec`` with the runs of other seeds that ``stored`` (the results file's earlier
+    payload) holds for the same recipe at the same epochs, summarised again over all of them:
+    a recipe's seeds are independent runs (each its own initialisation, the same prepared
+    split), so three seeds measured on three occasions are the same three runs as one
+    invocation's. Smoke runs are never combined. Each run keeps the date it was measured."""
+    date = rec.setdefault("measured", today())
+    for run in rec["per_run"]:
+        run.setdefault("measured", date)
+    if stored is None or rec["smoke"]:
+        return rec
+    old = next((r for r in stored.get("recipes", []) if r["recipe"] == rec["recipe"]
+                and r["epochs"] == rec["epochs"] and not r["smoke"]), None)
+    if old is None:
+        return rec
+    have = {run["seed"] for run in rec["per_run"]}
+    extra = [{**run, "measured": run.get("measured", stored.get("date", ""))}
+             for run in old["per_run"] if run["seed"] not in have]
+    runs = sorted(extra + rec["per_run"], key=lambda run: run["seed"])
+    mean, std = mean_std([100 * run["test"] for run in runs])
+    return {**rec, "seeds": [run["seed"] for run in runs], "per_run": runs,
+            "test_acc_mean": mean, "test_acc_std": std,
+            "valid_acc_mean": sum(100 * run["valid"] for run in runs) / len(runs),
+            "difference": mean - rec["published_mean"],
+            "within": abs(mean - rec["published_mean"]) <= WITHIN,
+            "train_seconds": rec["train_seconds"] + old["train_seconds"] * len(extra)
+            / max(1, len(old["per_run"]))}
+
+
 def estimate_line(rec: dict[str, Any]) -> str:
     """The full run's wall time on this machine, estimated from this run's: the train
     command's wall time per epoch trained (training step, evaluation, start-up spread over
@@ -120,12 +151,16 @@ def estimate_line(rec: dict[str, Any]) -> str:
 
 
 def main(names: list[str], seeds: list[int] | None, epochs: int | None, out: str,
-         datasets: Path = DATASETS_DIR) -> int:
-    """Run the recipes ``names`` (empty: all) and write ``out``.json/.md in perf/results."""
+         datasets: Path = DATASETS_DIR, keep: bool = False) -> int:
+    """Run the recipes ``names`` (empty: all) and write ``out``.json/.md in perf/results;
+    ``keep``: add the runs of other seeds stored in ``out``.json (:func:`with_stored_runs`)."""
     names = names or list(RECIPES)
+    stored_path = harness.RESULTS_DIR / f"{out}.json"
+    stored = json.loads(stored_path.read_text()) if keep and stored_path.is_file() else None
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="plexgt-recipes-") as tmp:
-        recs = [run_recipe(n, seeds, epochs, Path(tmp), datasets) for n in names]
+        recs = [with_stored_runs(run_recipe(n, seeds, epochs, Path(tmp), datasets), stored)
+                for n in names]
     total = time.perf_counter() - t0
     payload = {"what": "configs/ recipes: plexgt prep + plexgt train --seeds, single process, "
                "test accuracy at each run's best validation epoch, mean ± std (ddof 1)",
@@ -140,7 +175,7 @@ def main(names: list[str], seeds: list[int] | None, epochs: int | None, out: str
           "single-process over its seeds; test accuracy (%) at each run's best validation "
           "epoch, mean ± std (ddof 1) beside the published mean ± std.", "",
           "| dataset | recipe | plexgt | published | difference | within 0.5 | seeds | "
-          "epochs | train (s) |", "|---|---|---|---|---|---|---|---|---|"]
+          "epochs | train (s) | runs measured |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in recs:
         ep = f"{r['epochs']}" + (f" of {r['epochs_recipe']} (smoke: not comparable)"
                                  if r["smoke"] else "")
@@ -148,7 +183,9 @@ def main(names: list[str], seeds: list[int] | None, epochs: int | None, out: str
                   f"{r['test_acc_std']:.2f} | {r['published_mean']:.2f} ± "
                   f"{r['published_std']:.2f} | {r['difference']:+.2f} | "
                   f"{'yes' if r['within'] else 'no'} | {len(r['seeds'])} of "
-                  f"{r['runs_published']} | {ep} | {r['train_seconds']:.0f} |")
+                  f"{r['runs_published']} | {ep} | {r['train_seconds']:.0f} | "
+                  + ", ".join(f"seed {run['seed']} {run['measured']}" for run in r["per_run"])
+                  + " |")
     md += ["", "Estimated wall time of the full recipes here, from this run's epochs:", ""]
     md += [f"- {estimate_line(r)}" for r in recs]
     write_text(f"{out}.md", "\n".join(md) + "\n")

@@ -170,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="override config fields, e.g. --set hidden=128 dropout=0.3")
     ap.add_argument("--out", default="reference_accuracy", help="results file stem")
+    ap.add_argument("--keep", action="store_true",
+                    help="--recipes: add the runs of other seeds already stored in --out's "
+                    "JSON (same recipe and epochs) and summarise all of them")
     args = ap.parse_args(argv)
     if not (DATASETS_DIR / "gnn-benchmark").is_dir():
         print(f"datasets not found at {DATASETS_DIR}", file=sys.stderr)
@@ -179,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.datasets != ap.get_default("datasets"):
             ap.error("--recipes runs the recipes as configs/ has them: not with --set, "
                      "--models or --datasets")
-        return train_recipes.main(args.recipes, args.seeds, args.epochs, args.out)
+        return train_recipes.main(args.recipes, args.seeds, args.epochs, args.out,
+                                  keep=args.keep)
     args.seeds = [0, 1, 2] if args.seeds is None else args.seeds
     overrides: dict = {}
     for kv in args.set:

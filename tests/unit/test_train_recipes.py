@@ -55,3 +55,30 @@ def test_a_recipe_runs_and_is_written_beside_the_published_number(tmp_path, monk
     assert "| Amazon Photo | `configs/tunedgnn-gcn-photo.toml` |" in md
     assert "96.10 ± 0.46" in md and "2 of 1000 (smoke: not comparable)" in md
     assert "1000 epochs x 3 runs ~" in md
+
+
+def _rec(seeds, tests, epochs=1000, smoke=False, train_seconds=100.0):
+    runs = [{"seed": k, "test": t, "valid": t, "best_epoch": 1, "last_epoch": epochs}
+            for k, t in zip(seeds, tests)]
+    return {"recipe": "configs/tunedgnn-gcn-photo.toml", "epochs": epochs, "smoke": smoke,
+            "seeds": seeds, "per_run": runs, "published_mean": 96.10,
+            "test_acc_mean": 100 * sum(tests) / len(tests), "train_seconds": train_seconds}
+
+
+def test_stored_runs_of_other_seeds_are_added_and_summarised_again():
+    stored = {"date": "2026-12-05T10:12:44Z",
+              "recipes": [_rec([0], [0.9595]), _rec([7], [0.5], smoke=True, epochs=30)]}
+    got = train_recipes.with_stored_runs(_rec([1, 2], [0.9601, 0.9633],
+                                              train_seconds=200.0), stored)
+    assert got["seeds"] == [0, 1, 2]
+    assert [run["measured"] for run in got["per_run"]][0] == "2026-12-05T10:12:44Z"
+    assert got["test_acc_mean"] == pytest.approx((95.95 + 96.01 + 96.33) / 3)
+    assert got["test_acc_std"] == pytest.approx(np.std([95.95, 96.01, 96.33], ddof=1))
+    assert got["within"] and got["difference"] == pytest.approx(got["test_acc_mean"] - 96.10)
+    assert got["train_seconds"] == pytest.approx(300.0)
+    # a seed run again replaces its stored run; smoke runs and other epochs never combine
+    again = train_recipes.with_stored_runs(_rec([0], [0.95]), stored)
+    assert again["seeds"] == [0] and again["per_run"][0]["test"] == 0.95
+    smoke = train_recipes.with_stored_runs(_rec([1], [0.9], smoke=True, epochs=30), stored)
+    assert smoke["seeds"] == [1]
+    assert train_recipes.with_stored_runs(_rec([1], [0.9], epochs=500), stored)["seeds"] == [1]

@@ -14,6 +14,9 @@ import numpy as np
 import scipy.sparse as sp
 
 from plexgt.data.graph import GraphData
+from plexgt.data.shard import PrepOptions, prepare
+from plexgt.data.source import MemorySource
+from plexgt.data.synthetic import sbm
 
 
 def small_graph(n: int = 37, e: int = 150, f: int = 5, c: int = 3, seed: int = 0) -> GraphData:
@@ -29,6 +32,14 @@ def small_graph(n: int = 37, e: int = 150, f: int = 5, c: int = 3, seed: int = 0
     a, b = int(0.5 * n), int(0.75 * n)
     splits = {"train": np.sort(perm[:a]), "valid": np.sort(perm[a:b]), "test": np.sort(perm[b:])}
     return GraphData("small", n, src, dst, feats, labels, splits)
+
+
+def prepared_sbm(out: Path, num_nodes: int, num_edges: int, **sbm_keys) -> Path:
+    """``out``: a symmetrised SBM graph (``plexgt.data.synthetic.sbm`` with ``sbm_keys``)
+    prepared on one tile, progress bars off: the small trainable graph most tests start from."""
+    prepare(MemorySource(sbm(num_nodes, num_edges, **sbm_keys)),
+            PrepOptions(out=out, symmetrize=True, progress=False))
+    return out
 
 
 def one_sided(n: int = 60, e: int = 240, seed: int = 0) -> GraphData:

@@ -12,9 +12,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from perf import bench_hgt_ablation as bench
-from plexgt.data.shard import PrepOptions, prepare
-from plexgt.data.source import MemorySource
-from plexgt.data.synthetic import sbm
+from tests.datagen import prepared_sbm
 
 MB = 1_000_000
 
@@ -89,10 +87,8 @@ def test_the_summary_reads_megagraphs_claims_off_the_rows():
 
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory):
-    path = tmp_path_factory.mktemp("abl") / "g"
-    prepare(MemorySource(sbm(300, 3000, num_classes=4, num_features=16, seed=1)),
-            PrepOptions(out=path, symmetrize=True, progress=False))
-    return path
+    return prepared_sbm(tmp_path_factory.mktemp("abl") / "g", 300, 3000, num_classes=4,
+                        num_features=16, seed=1)
 
 
 @pytest.mark.parametrize("world", [2, 4])

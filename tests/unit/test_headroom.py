@@ -10,13 +10,11 @@ import pytest
 import torch
 
 from plexgt.data.loader import PreparedGraph
-from plexgt.data.shard import PrepOptions, prepare
-from plexgt.data.source import MemorySource
-from plexgt.data.synthetic import sbm
 from plexgt.errors import ConfigError
 from plexgt.plan.knobs import load_config
 from plexgt.plan.machine import MachineError, load_machine, usable_memory
 from plexgt.tasks.task import memory_limit, run_plan
+from tests.datagen import prepared_sbm
 
 GiB = 2**30
 GPU = torch.device("cuda", 0)
@@ -24,10 +22,8 @@ GPU = torch.device("cuda", 0)
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    path = tmp_path_factory.mktemp("headroom") / "prep"
-    prepare(MemorySource(sbm(90, 600, num_features=6, num_classes=3, seed=3)),
-            PrepOptions(out=path, symmetrize=True, progress=False))
-    return PreparedGraph(path)
+    return PreparedGraph(prepared_sbm(tmp_path_factory.mktemp("headroom") / "prep", 90, 600,
+                                      num_features=6, num_classes=3, seed=3))
 
 
 def _gpu_of(monkeypatch, total: int) -> None:

@@ -12,15 +12,13 @@ import pytest
 import torch
 
 from plexgt.commands.train import final_line
-from plexgt.data.shard import PrepOptions, prepare
-from plexgt.data.source import MemorySource
-from plexgt.data.synthetic import sbm
 from plexgt.distributed.bootstrap import DistContext
 from plexgt.distributed.collectives import CommLedger
 from plexgt.plan.knobs import load_config
 from plexgt.tasks import build_task
 from plexgt.training import checkpoint as ckpt
 from plexgt.training import loop
+from tests.datagen import prepared_sbm
 from tests.signals import signal_during_step
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.filterwarnings("ignore::UserWarning")]
@@ -35,10 +33,8 @@ KEYS = {"model.name": "hgt", "model.hidden": 8, "model.heads": 2, "model.layers"
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    path = tmp_path_factory.mktemp("midepoch") / "prep"
-    prepare(MemorySource(sbm(120, 900, num_features=6, num_classes=3, seed=4)),
-            PrepOptions(out=path, symmetrize=True, progress=False))
-    return path
+    return prepared_sbm(tmp_path_factory.mktemp("midepoch") / "prep", 120, 900,
+                        num_features=6, num_classes=3, seed=4)
 
 
 

@@ -6,18 +6,14 @@ import sys
 
 import pytest
 
-from plexgt.data.shard import PrepOptions, prepare
-from plexgt.data.source import MemorySource
-from plexgt.data.synthetic import sbm
+from tests.datagen import prepared_sbm
 
 pytestmark = pytest.mark.timeout(240)
 
 
 @pytest.mark.parametrize("model", ["gcn", "gps"])  # gps: attention and the 1D GCN path
 def test_bfloat16_follows_the_float32_curve(model, tmp_path):
-    data = tmp_path / "prep"
-    prepare(MemorySource(sbm(600, 6000, num_features=16, num_classes=4, seed=2)),
-            PrepOptions(out=data, symmetrize=True, progress=False))
+    data = prepared_sbm(tmp_path / "prep", 600, 6000, num_features=16, num_classes=4, seed=2)
     curves = {}
     for dt in ("float32", "bfloat16"):
         m = tmp_path / f"{dt}.jsonl"

@@ -18,11 +18,11 @@ from plexgt.data.loader import PreparedGraph
 from plexgt.data.node_batches import NodeBatches, collate
 from plexgt.data.shard import PrepOptions, prepare
 from plexgt.data.source import MemorySource
-from plexgt.data.synthetic import sbm
 from plexgt.errors import ConfigError
 from plexgt.models.hgt import HierarchicalGT
 from plexgt.models.sequence import sequence_loss
 from plexgt.plan.knobs import load_config
+from tests.datagen import prepared_sbm
 
 N, F = 150, 6
 
@@ -252,9 +252,8 @@ def test_the_sampler_refuses_bad_batches_itself(graph):
 
 def test_a_training_loop_over_sequences_lowers_the_loss(tmp_path):
     """The smoke: 1 process, sampler -> model -> loss over the step's targets -> AdamW."""
-    prepare(MemorySource(sbm(240, 2400, num_classes=3, num_features=8, seed=4,
-                             centroid_scale=1.0)),
-            PrepOptions(out=tmp_path / "g", symmetrize=True, progress=False))
+    prepared_sbm(tmp_path / "g", 240, 2400, num_classes=3, num_features=8, seed=4,
+                 centroid_scale=1.0)
     torch.manual_seed(0)
     with PreparedGraph(tmp_path / "g") as pg:
         cfg = BatchConfig(targets=16, size=40, sequences=2, context="hop1", global_nodes=1)

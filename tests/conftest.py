@@ -52,3 +52,28 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> LoadScope
     if config.getvalue("dist") != "loadgroup":
         return None
     return _GroupByDirectory(config, log)
+
+
+NUMERICS_ENV = ("CUBLAS_WORKSPACE_CONFIG", "MKL_CBWR")
+
+
+@pytest.fixture(autouse=True)
+def _restore_numerics():
+    """Undo what a run's ``apply_numerics`` set in this process, after every test.
+
+    A run owns its process, so ``plexgt train --deterministic`` sets torch's switches for good;
+    a test that trains in-process would pass them on to whatever runs next on its xdist worker.
+    Deterministic mode changes which kernels run and so what a step allocates: a peak-memory
+    test that followed one measured an [N, hidden] tensor less (fresh-clone CI, 2026-12-05)."""
+    det = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    env = {k: os.environ.get(k) for k in NUMERICS_ENV}
+    yield
+    torch.use_deterministic_algorithms(det, warn_only=warn_only)
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

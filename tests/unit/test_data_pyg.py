@@ -3,6 +3,7 @@ anything else pickled refused unrun; the round trip gives the native source's ti
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 from pathlib import Path
@@ -95,6 +96,26 @@ def test_a_pyg_dataset_root_with_stored_splits(native, tmp_path):
     assert np.array_equal(g.splits["test"], np.arange(350, n))
     with pytest.raises(DataError, match="holds 2 splits; --split-index 2"):
         read_pyg(tmp_path / "ds", split_index=2)
+
+
+def test_an_ogb_root_s_one_split_is_split_0_and_no_other(native, tmp_path):
+    """A dataset root without masks beside OGB's split/<kind>/*.csv.gz: split 0 (and
+    ``--split-index all``) is that split; --split-index 3 is one line, not that split."""
+    _, a = native
+    root = tmp_path / "ogb"
+    (root / "processed").mkdir(parents=True)
+    torch.save(_tensors(a), root / "processed" / "data.pt")
+    (root / "split" / "random").mkdir(parents=True)
+    ids = {"train": np.arange(0, 200), "valid": np.arange(200, 300), "test": np.arange(300, 400)}
+    for name, arr in ids.items():
+        with gzip.open(root / "split" / "random" / f"{name}.csv.gz", "wt") as fh:
+            fh.write("\n".join(map(str, arr)) + "\n")
+    g = read_pyg(root, split_index=0)
+    for name, arr in ids.items():
+        assert np.array_equal(g.splits[name], arr)
+    assert len(read_pyg(root, split_index=None).stored_splits) == 1
+    with pytest.raises(DataError, match="holds one split .*--split-index 3 is not one of it"):
+        read_pyg(root, split_index=3)
 
 
 class _Payload:

@@ -198,6 +198,9 @@ def read_pyg(path: str | Path, split_index: int | None = 0) -> GraphData:
             found[name] = (key, _array(d, key, file))
     ogb = _ogb_splits(root, n) if not found and root is not None else {}
     if ogb:
+        if split_index not in (0, None):  # not silently the one split there is
+            raise DataError(f"{root}: holds one split (its split/ directory); --split-index "
+                            f"{split_index} is not one of it")
         splits, stored = ogb, [ogb] if split_index is None else []
     else:
         splits, stored = read_masks(file, found, n, split_index)

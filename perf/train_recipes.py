@@ -156,11 +156,13 @@ def main(names: list[str], seeds: list[int] | None, epochs: int | None, out: str
     ``keep``: add the runs of other seeds stored in ``out``.json (:func:`with_stored_runs`)."""
     names = names or list(RECIPES)
     stored_path = harness.RESULTS_DIR / f"{out}.json"
-    stored = json.loads(stored_path.read_text()) if keep and stored_path.is_file() else None
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="plexgt-recipes-") as tmp:
-        recs = [with_stored_runs(run_recipe(n, seeds, epochs, Path(tmp), datasets), stored)
-                for n in names]
+        runs = [run_recipe(n, seeds, epochs, Path(tmp), datasets) for n in names]
+    # read when the runs end, not when they start: a seed run beside this one (another
+    # invocation, the cores shared) that finished meanwhile is kept, not overwritten
+    stored = json.loads(stored_path.read_text()) if keep and stored_path.is_file() else None
+    recs = [with_stored_runs(rec, stored) for rec in runs]
     total = time.perf_counter() - t0
     payload = {"what": "configs/ recipes: plexgt prep + plexgt train --seeds, single process, "
                "test accuracy at each run's best validation epoch, mean ± std (ddof 1)",

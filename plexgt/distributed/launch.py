@@ -10,8 +10,13 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import time
 import traceback
 from typing import Any
+
+ABORT_GRACE_S = 0.5
+"""Seconds a failing rank waits between printing its error and MPI Abort (the launcher's
+output forwarding; see install_abort_on_error)."""
 
 
 def launch_rank() -> tuple[int, int]:
@@ -71,6 +76,11 @@ def install_abort_on_error(rank: int, comm: Any | None) -> None:
         sys.stderr.write(f"plexgt: rank {rank}: uncaught {exc_type.__name__}: {exc}\n{msg}")
         sys.stderr.flush()
         if comm is not None and comm.Get_size() > 1:
+            # The line is in the pipe to the launcher's proxy, which forwards it in its own
+            # time; Abort reaches mpiexec by another socket and the job is torn down at once.
+            # A fresh-clone CI run under load lost the line (and MPICH's own abort message)
+            # that way: the user is left not knowing which rank failed. A moment first.
+            time.sleep(ABORT_GRACE_S)
             comm.Abort(1)
         end_job(1)
 

@@ -35,8 +35,12 @@ class LiveTensors(TorchDispatchMode):
     def __enter__(self) -> LiveTensors:
         with warnings.catch_warnings():  # isinstance on torch's deprecated module objects
             warnings.simplefilter("ignore")
-            self.existing = {o.untyped_storage().data_ptr() for o in gc.get_objects()
-                             if isinstance(o, torch.Tensor) and o.layout == torch.strided}
+            held = {o.untyped_storage() for o in gc.get_objects()
+                    if isinstance(o, torch.Tensor) and o.layout == torch.strided}
+        # one freed during the step gives its address back: a storage made there later is new
+        for st in held:
+            self.existing.add(st.data_ptr())
+            weakref.finalize(st, self.existing.discard, st.data_ptr())
         return super().__enter__()
 
     def _freed(self, key: int) -> None:

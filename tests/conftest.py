@@ -63,8 +63,8 @@ def _restore_numerics():
 
     A run owns its process, so ``plexgt train --deterministic`` sets torch's switches for good;
     a test that trains in-process would pass them on to whatever runs next on its xdist worker.
-    Deterministic mode changes which kernels run and so what a step allocates: a peak-memory
-    test that followed one measured an [N, hidden] tensor less (fresh-clone CI, 2026-12-05)."""
+    Deterministic mode changes which kernels run and so what a step allocates: the gt/gps
+    peak-memory test counts an [N, hidden] tensor less under it."""
     det = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
     tf32 = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)

@@ -34,11 +34,12 @@ def small_graph(n: int = 37, e: int = 150, f: int = 5, c: int = 3, seed: int = 0
     return GraphData("small", n, src, dst, feats, labels, splits)
 
 
-def prepared_sbm(out: Path, num_nodes: int, num_edges: int, **sbm_keys) -> Path:
-    """``out``: a symmetrised SBM graph (``plexgt.data.synthetic.sbm`` with ``sbm_keys``)
-    prepared on one tile, progress bars off: the small trainable graph most tests start from."""
+def prepared_sbm(out: Path, num_nodes: int, num_edges: int, *, tiles: int = 1,
+                 symmetrize: bool = True, **sbm_keys) -> Path:
+    """``out``: an SBM graph (``plexgt.data.synthetic.sbm`` with ``sbm_keys``) prepared on
+    ``tiles`` tiles, progress bars off: the small trainable graph most tests start from."""
     prepare(MemorySource(sbm(num_nodes, num_edges, **sbm_keys)),
-            PrepOptions(out=out, symmetrize=True, progress=False))
+            PrepOptions(out=out, tiles=tiles, symmetrize=symmetrize, progress=False))
     return out
 
 

@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from plexgt.data.shard import PrepOptions, prepare
-from plexgt.data.source import MemorySource
-from plexgt.data.synthetic import sbm
+from tests import datagen
 
 BIN = Path(sys.executable).parent
 
@@ -48,7 +46,5 @@ def run_job(args: list[str], timeout: float = 180, **extra: str) -> subprocess.C
 def prepared_sbm(root: Path, seed: int) -> Path:
     """A small prepared SBM graph (600 nodes, 6000 edges, 4 classes) under ``root``: the
     training jobs' input."""
-    out = root / "sbm"
-    g = sbm(num_nodes=600, num_edges=6000, num_classes=4, num_features=16, seed=seed)
-    prepare(MemorySource(g), PrepOptions(out=out, tiles=2, progress=False))
-    return out
+    return datagen.prepared_sbm(root / "sbm", 600, 6000, num_classes=4, num_features=16,
+                                seed=seed, tiles=2, symmetrize=False)

@@ -27,6 +27,7 @@ from plexgt.models.gps import GPS
 from plexgt.models.layers import ModelGraph, gcn_conv
 from plexgt.ops.csr import CSRGraph
 from plexgt.ops.gcn import gcn_norm
+from tests.datagen import prepared_sbm
 
 from .conftest import mpiexec, run_job
 
@@ -242,8 +243,8 @@ def test_bad_input_is_one_line_and_leaves_no_file(graph, gcn_ckpt, tmp_path):
     g, data = graph
     ck, _ = gcn_ckpt
     other = tmp_path / "other"
-    prepare(MemorySource(sbm(num_nodes=600, num_edges=6000, num_classes=4, num_features=16,
-                             seed=2)), PrepOptions(out=other, tiles=2, progress=False))
+    prepared_sbm(other, 600, 6000, num_classes=4, num_features=16, seed=2, tiles=2,
+                 symmetrize=False)
     out = tmp_path / "out"
     out.mkdir()
     (out / "exists.npy").write_text("mine")

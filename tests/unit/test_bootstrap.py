@@ -70,10 +70,7 @@ def test_groups_cost_six_splits_per_rank_at_any_size_on_a_device(monkeypatch, bo
 def restore_numerics(monkeypatch):
     for k in ("CUBLAS_WORKSPACE_CONFIG", "MKL_CBWR"):
         monkeypatch.delenv(k, raising=False)
-    yield
-    torch.use_deterministic_algorithms(False)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = True
+    # tests/conftest.py puts torch's switches back after the test
 
 
 def test_deterministic_numerics(restore_numerics):

@@ -33,9 +33,7 @@ ATOMIC_ON_CUDA = ("aten.index_add", "aten.scatter_add", "aten.scatter_reduce",
 def deterministic(monkeypatch):
     for k in ("CUBLAS_WORKSPACE_CONFIG", "MKL_CBWR"):
         monkeypatch.delenv(k, raising=False)
-    apply_numerics(load_config(None, {"deterministic": True}))
-    yield
-    torch.use_deterministic_algorithms(False)
+    apply_numerics(load_config(None, {"deterministic": True}))  # undone by tests/conftest.py
 
 
 def test_deterministic_mode_raises_instead_of_warning(deterministic):

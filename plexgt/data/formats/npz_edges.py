@@ -97,11 +97,29 @@ def _mask_rows(path: Path, key: str, m: np.ndarray, n: int) -> np.ndarray:
 def _mask(path: Path, key: str, m: np.ndarray, n: int, split: int) -> np.ndarray:
     """Node ids of stored split ``split`` of mask ``key`` (an index it lacks: DataError)."""
     rows = _mask_rows(path, key, m, n)
-    k = rows.shape[0]
-    if not 0 <= split < k:
-        raise DataError(f"{path}: '{key}' holds {k} split{'s' if k > 1 else ''}; "
-                        f"--split-index {split} is not one of them")
+    if not 0 <= split < rows.shape[0]:
+        raise _not_held(f"{path}: '{key}'", rows.shape[0], split)
     return np.flatnonzero(rows[split])
+
+
+def _not_held(where: str, k: int, split: int) -> DataError:
+    """The one wording of a ``--split-index`` the source lacks, whichever way it stores its
+    ``k`` splits (mask rows, an OGB root's split/ directory)."""
+    return DataError(f"{where} holds {k} split{'s' if k > 1 else ''}; --split-index {split} "
+                     "is not one of them")
+
+
+def chosen_split(where: str | Path, stored: list[dict[str, np.ndarray]],
+                 split_index: int | None) -> tuple[dict[str, np.ndarray],
+                                                   list[dict[str, np.ndarray]]]:
+    """(split ``split_index`` of the ``stored`` whole splits, []) or, ``split_index`` None,
+    (split 0, all of them): what :func:`read_masks` returns, for a source that stores its
+    splits as whole records rather than mask rows."""
+    if split_index is None:
+        return stored[0], stored
+    if not 0 <= split_index < len(stored):
+        raise _not_held(f"{where}:", len(stored), split_index)
+    return stored[split_index], []
 
 
 ALL = "all"
@@ -137,8 +155,8 @@ def read_masks(path: Path, found: dict[str, tuple[str, np.ndarray]], n: int,
     k = next(iter(counts.values()), 0)
     if k == 0:
         raise DataError(f"{path}: holds no split masks; --split-index {ALL} has none to keep")
-    stored = [{s: np.flatnonzero(r[i]) for s, (_, r) in rows.items()} for i in range(k)]
-    return stored[0], stored
+    return chosen_split(path, [{s: np.flatnonzero(r[i]) for s, (_, r) in rows.items()}
+                               for i in range(k)], None)
 
 
 def dataset_split(split_index: int | str | None, stored: int) -> dict[str, object]:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from plexgt.data.formats.npz_edges import ALL, SPLIT_INDEX, dataset_split, read_masks
+from plexgt.data.formats.npz_edges import ALL, SPLIT_INDEX, chosen_split, dataset_split, read_masks
 from plexgt.data.formats.spec import FormatSpec, Probe
 from plexgt.data.graph import GraphData, integer_ids, node_labels
 from plexgt.data.predictions import PredictionsFile
@@ -197,11 +197,8 @@ def read_pyg(path: str | Path, split_index: int | None = 0) -> GraphData:
         if key is not None:
             found[name] = (key, _array(d, key, file))
     ogb = _ogb_splits(root, n) if not found and root is not None else {}
-    if ogb:
-        if split_index not in (0, None):  # not silently the one split there is
-            raise DataError(f"{root}: holds one split (its split/ directory); --split-index "
-                            f"{split_index} is not one of it")
-        splits, stored = ogb, [ogb] if split_index is None else []
+    if ogb:  # its split/ directory: one split, not silently split 0 for --split-index 3
+        splits, stored = chosen_split(root, [ogb], split_index)
     else:
         splits, stored = read_masks(file, found, n, split_index)
     if not splits and split_index != 0:

@@ -80,8 +80,9 @@ def _gz_lines(path: Path, lines: list[str]) -> None:
         f.write("".join(line + "\n" for line in lines))
 
 
-def _write_splits(root: Path, g: GraphData) -> None:
-    for k, ids in g.splits.items():
+def write_ogb_splits(root: Path, splits: dict[str, np.ndarray]) -> None:
+    """OGB's ``split/random/{train,valid,test}.csv.gz`` under ``root``: one node id a line."""
+    for k, ids in splits.items():
         _gz_lines(root / "split" / "random" / f"{k}.csv.gz", [str(int(i)) for i in ids])
 
 
@@ -97,7 +98,7 @@ def write_ogb_csv(root: Path, g: GraphData) -> Path:
     if g.edge_attr is not None:
         _gz_lines(raw / "edge-feat.csv.gz", [",".join(f"{v:.9g}" for v in r)
                                              for r in g.edge_attr])
-    _write_splits(root, g)
+    write_ogb_splits(root, g.splits)
     return root
 
 
@@ -113,7 +114,7 @@ def write_ogb_npz(root: Path, g: GraphData, compressed: bool = True) -> Path:
     lab = g.labels.astype(np.float32).reshape(-1, 1)
     lab[g.labels < 0] = np.nan
     save(raw / "node-label.npz", node_label=lab)
-    _write_splits(root, g)
+    write_ogb_splits(root, g.splits)
     return root
 
 

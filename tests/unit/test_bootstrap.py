@@ -67,20 +67,21 @@ def test_groups_cost_six_splits_per_rank_at_any_size_on_a_device(monkeypatch, bo
 
 
 @pytest.fixture
-def restore_numerics(monkeypatch):
+def numerics_env_unset(monkeypatch):
+    """No user setting of the numerics variables to start from (tests/conftest.py puts them
+    and torch's switches back after the test)."""
     for k in ("CUBLAS_WORKSPACE_CONFIG", "MKL_CBWR"):
         monkeypatch.delenv(k, raising=False)
-    # tests/conftest.py puts torch's switches back after the test
 
 
-def test_deterministic_numerics(restore_numerics):
+def test_deterministic_numerics(numerics_env_unset):
     got = apply_numerics(load_config(None, {"deterministic": True, "tf32": True}))
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == CUBLAS_WORKSPACE
     assert torch.are_deterministic_algorithms_enabled()
     assert got["tf32"] is False and torch.backends.cuda.matmul.allow_tf32 is False
 
 
-def test_tf32_is_an_option(restore_numerics, monkeypatch):
+def test_tf32_is_an_option(numerics_env_unset, monkeypatch):
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")  # a user's own setting wins
     assert apply_numerics(load_config(None, {"tf32": True}))["tf32"] is True
     assert torch.backends.cuda.matmul.allow_tf32 is True

@@ -3,7 +3,6 @@ anything else pickled refused unrun; the round trip gives the native source's ti
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -18,6 +17,7 @@ from plexgt.cli import main
 from plexgt.data.formats.pyg import read_pyg
 from plexgt.data.synthetic import sbm
 from plexgt.errors import DataError
+from tests.datagen import write_ogb_splits
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +106,8 @@ def test_an_ogb_root_s_one_split_is_split_0_and_no_other(native, tmp_path):
     root = tmp_path / "ogb"
     (root / "processed").mkdir(parents=True)
     torch.save(_tensors(a), root / "processed" / "data.pt")
-    (root / "split" / "random").mkdir(parents=True)
     ids = {"train": np.arange(0, 200), "valid": np.arange(200, 300), "test": np.arange(300, 400)}
-    for name, arr in ids.items():
-        with gzip.open(root / "split" / "random" / f"{name}.csv.gz", "wt") as fh:
-            fh.write("\n".join(map(str, arr)) + "\n")
+    write_ogb_splits(root, ids)
     g = read_pyg(root, split_index=0)
     for name, arr in ids.items():
         assert np.array_equal(g.splits[name], arr)

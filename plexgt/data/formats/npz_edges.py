@@ -155,8 +155,8 @@ def read_masks(path: Path, found: dict[str, tuple[str, np.ndarray]], n: int,
     k = next(iter(counts.values()), 0)
     if k == 0:
         raise DataError(f"{path}: holds no split masks; --split-index {ALL} has none to keep")
-    return chosen_split(path, [{s: np.flatnonzero(r[i]) for s, (_, r) in rows.items()}
-                               for i in range(k)], None)
+    stored = [{s: np.flatnonzero(r[i]) for s, (_, r) in rows.items()} for i in range(k)]
+    return stored[0], stored
 
 
 def dataset_split(split_index: int | str | None, stored: int) -> dict[str, object]:
